@@ -1,0 +1,100 @@
+//! The agent's HTTP listener: `/metrics`, `/healthz` and the JSON API.
+//!
+//! hyper 1 on a tokio listener, one connection task each. Handlers answer from in-memory state
+//! (and kernel maps, for metrics); nothing here blocks on I/O beyond the socket.
+
+use std::{convert::Infallible, net::SocketAddr, sync::Arc};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{body::Incoming, header, server::conn::http1, service::service_fn, Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::{net::TcpListener, sync::watch};
+
+use crate::metrics::Metrics;
+
+/// Something that answers JSON API paths (everything under `/api/`).
+pub trait ApiHandler: Send + Sync + 'static {
+    /// Returns the status and JSON body for `path` (with query), or None for an unknown path.
+    fn get(&self, path: &str, query: Option<&str>) -> Option<(StatusCode, String)>;
+}
+
+/// What the listener serves.
+pub struct Routes {
+    pub metrics: Metrics,
+    pub api: Option<Arc<dyn ApiHandler>>,
+}
+
+/// Why the listener could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The address is in use or not ours to bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Binds `addr`; serving starts with [`serve`].
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
+    TcpListener::bind(addr).await.map_err(|source| HttpError::Bind { addr, source })
+}
+
+/// Serves until `shutdown` turns true.
+pub async fn serve(listener: TcpListener, routes: Arc<Routes>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.changed() => return,
+        };
+        let (stream, _) = match accepted {
+            Ok(pair) => pair,
+            Err(err) => {
+                // EMFILE and friends: log and keep serving; the next accept may succeed.
+                log::warn!("accept on the metrics listener failed: {err}");
+                continue;
+            }
+        };
+        let routes = Arc::clone(&routes);
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                let routes = Arc::clone(&routes);
+                async move { Ok::<_, Infallible>(route(&routes, &request)) }
+            });
+            if let Err(err) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+                log::debug!("HTTP connection ended with an error: {err}");
+            }
+        });
+    }
+}
+
+fn route(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    if request.method() != Method::GET {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "only GET is served\n");
+    }
+    let path = request.uri().path();
+    match path {
+        "/metrics" => Response::builder()
+            .header(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
+            .body(Full::new(Bytes::from(routes.metrics.render())))
+            .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n")),
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        _ if path.starts_with("/api/") => match routes.api.as_ref().and_then(|api| api.get(path, request.uri().query())) {
+            Some((status, body)) => Response::builder()
+                .status(status)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n")),
+            None => text(StatusCode::NOT_FOUND, "no such API path\n"),
+        },
+        _ => text(StatusCode::NOT_FOUND, "try /metrics, /healthz or /api/v1/containers\n"),
+    }
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *response.status_mut() = status;
+    response
+}

@@ -1,0 +1,11 @@
+//! lifecycle's node agent as a library: the binary in main.rs is a thin CLI over it, and the
+//! privileged integration tests drive the same pieces.
+//!
+//! Layers: [`sensor`] owns the kernel programs (the only aya user); [`event`] decodes records;
+//! [`cgroupfs`] is the discovery side for cgroups; [`metrics`] and [`http`] are the surfaces.
+
+pub mod cgroupfs;
+pub mod event;
+pub mod http;
+pub mod metrics;
+pub mod sensor;

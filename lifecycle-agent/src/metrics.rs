@@ -1,0 +1,176 @@
+//! Prometheus exposition: one registry, passed explicitly, and collectors that read kernel maps
+//! at scrape time (the kernel's counters are the source of truth; nothing is copied on a timer).
+
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc,
+};
+
+use lifecycle_common::EventKind;
+use prometheus::{
+    core::{Collector, Desc},
+    proto::MetricFamily,
+    Encoder, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::sensor::{FeatureState, SensorMaps};
+
+/// Metric name prefix.
+pub const NAMESPACE: &str = "lifecycle";
+
+/// Agent-side counters that the kernel does not keep.
+#[derive(Debug, Default)]
+pub struct AgentCounters {
+    /// Ring records that could not be decoded.
+    pub decode_errors: AtomicU64,
+    /// Records read from the ring.
+    pub events_read: AtomicU64,
+}
+
+/// The registry and what feeds it.
+pub struct Metrics {
+    registry: Registry,
+}
+
+/// Why metrics could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// Two collectors claimed the same metric, or a name was invalid.
+    #[error("metric registration failed: {0}")]
+    Register(#[from] prometheus::Error),
+}
+
+impl Metrics {
+    /// Registers the agent-health metrics: per-kind delivery and loss read from the kernel, the
+    /// feature switchboard, and build info.
+    pub fn new(
+        maps: Arc<SensorMaps>,
+        features: &[FeatureState],
+        counter_capacity: u32,
+        ring_bytes: u32,
+        agent: Arc<AgentCounters>,
+    ) -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+
+        let enabled = IntGaugeVec::new(
+            Opts::new("feature_enabled", "1 when a kernel feature is attached, 0 when it is off (see the agent log for why).")
+                .namespace(NAMESPACE),
+            &["feature"],
+        )?;
+        for state in features {
+            enabled.with_label_values(&[state.feature.name()]).set(i64::from(state.enabled));
+        }
+        registry.register(Box::new(enabled))?;
+
+        let build = IntGaugeVec::new(
+            Opts::new("build_info", "Always 1; labels carry the agent version.").namespace(NAMESPACE),
+            &["version"],
+        )?;
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        registry.register(Box::new(build))?;
+
+        let ring = IntGauge::with_opts(
+            Opts::new("ring_buffer_bytes", "Size of the kernel event ring buffer.").namespace(NAMESPACE),
+        )?;
+        ring.set(i64::from(ring_bytes));
+        registry.register(Box::new(ring))?;
+
+        registry.register(Box::new(KernelStatsCollector::new(maps, counter_capacity, agent)?))?;
+        Ok(Self { registry })
+    }
+
+    /// The registry, for modules that add their own collectors.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Text exposition format, version 0.0.4.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 * 1024);
+        // Encoding into a Vec cannot fail on I/O; a collector error leaves what was written.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+/// Reads the kernel's per-kind statistics and the counters map's fill at scrape time.
+struct KernelStatsCollector {
+    maps: Arc<SensorMaps>,
+    agent: Arc<AgentCounters>,
+    submitted: IntCounterVec,
+    lost: IntCounterVec,
+    map_full: IntCounterVec,
+    decode_errors: IntCounterVec,
+    map_entries: IntGaugeVec,
+    descs: Vec<Desc>,
+}
+
+impl KernelStatsCollector {
+    fn new(maps: Arc<SensorMaps>, capacity: u32, agent: Arc<AgentCounters>) -> Result<Self, prometheus::Error> {
+        let submitted = IntCounterVec::new(
+            Opts::new("events_total", "Event records the kernel programs sent to the agent, by kind.")
+                .namespace(NAMESPACE),
+            &["kind"],
+        )?;
+        let lost = IntCounterVec::new(
+            Opts::new("events_lost_total", "Event records lost because the ring buffer was full, by kind. Counters stay exact; only the records are missing.")
+                .namespace(NAMESPACE),
+            &["kind"],
+        )?;
+        let map_full = IntCounterVec::new(
+            Opts::new("counter_map_full_total", "Counter updates dropped because the per-cgroup counters map was full, by kind.")
+                .namespace(NAMESPACE),
+            &["kind"],
+        )?;
+        let decode_errors = IntCounterVec::new(
+            Opts::new("event_decode_errors_total", "Ring records the agent could not decode.").namespace(NAMESPACE),
+            &[],
+        )?;
+        let map_entries = IntGaugeVec::new(
+            Opts::new("kernel_map_entries", "Entries in a kernel map, with its capacity as a separate series.")
+                .namespace(NAMESPACE),
+            &["map", "measure"],
+        )?;
+        map_entries.with_label_values(&["cgroup_counters", "capacity"]).set(i64::from(capacity));
+        let descs = [&submitted.desc(), &lost.desc(), &map_full.desc(), &decode_errors.desc(), &map_entries.desc()]
+            .into_iter()
+            .flat_map(|d| d.iter().map(|desc| (*desc).clone()))
+            .collect();
+        Ok(Self { maps, agent, submitted, lost, map_full, decode_errors, map_entries, descs })
+    }
+}
+
+impl Collector for KernelStatsCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let stats = self.maps.kind_stats();
+        for kind in EventKind::ALL {
+            let s = stats[kind as usize];
+            set_counter(&self.submitted, kind.name(), s.submitted);
+            set_counter(&self.lost, kind.name(), s.lost);
+            set_counter(&self.map_full, kind.name(), s.counter_map_full);
+        }
+        let decode = self.decode_errors.with_label_values(&[] as &[&str]);
+        let seen = self.agent.decode_errors.load(Ordering::Relaxed);
+        decode.inc_by(seen.saturating_sub(decode.get()));
+        let entries = self.maps.cgroup_counters().len();
+        self.map_entries
+            .with_label_values(&["cgroup_counters", "used"])
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+        let mut out = Vec::new();
+        for c in [&self.submitted, &self.lost, &self.map_full, &self.decode_errors] {
+            out.extend(c.collect());
+        }
+        out.extend(self.map_entries.collect());
+        out
+    }
+}
+
+/// Moves a counter up to the kernel's monotonic value.
+fn set_counter(vec: &IntCounterVec, label: &str, value: u64) {
+    let counter = vec.with_label_values(&[label]);
+    counter.inc_by(value.saturating_sub(counter.get()));
+}

@@ -1,0 +1,391 @@
+//! The sensor: lifecycle's kernel programs and maps, loaded, attached and read as one unit.
+//!
+//! This is the only module that imports aya. It computes struct offsets from BTF, mounts tracefs
+//! when a classic tracepoint needs it, loads the embedded object, attaches each program, and
+//! degrades feature by feature when a program cannot attach: only process exec/exit tracking is
+//! essential. Dropping the [`Sensor`] detaches every program.
+
+pub mod layout;
+mod ring;
+
+use std::{
+    ffi::CString,
+    io,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
+    programs::{BtfTracePoint, TracePoint},
+    Btf, Ebpf, EbpfLoader,
+};
+use lifecycle_common::{names, CgroupCounters, KindStats, ProgramSettings, EVENT_KIND_COUNT};
+
+pub use self::ring::{EventStream, StreamError};
+use self::layout::{KernelBtf, LayoutError};
+
+/// The compiled kernel programs, embedded at build time.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifecycle"));
+
+/// Groups of programs that are switched on or off together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Feature {
+    ProcessExec,
+    ProcessExit,
+    Signals,
+    OomKills,
+    TcpSockets,
+    TcpAccepts,
+    CgroupEvents,
+}
+
+impl Feature {
+    pub const ALL: [Feature; 7] = [
+        Feature::ProcessExec,
+        Feature::ProcessExit,
+        Feature::Signals,
+        Feature::OomKills,
+        Feature::TcpSockets,
+        Feature::TcpAccepts,
+        Feature::CgroupEvents,
+    ];
+
+    /// Label value for `lifecycle_feature_enabled{feature}`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Feature::ProcessExec => "process_exec",
+            Feature::ProcessExit => "process_exit",
+            Feature::Signals => "signals",
+            Feature::OomKills => "oom_kills",
+            Feature::TcpSockets => "tcp_sockets",
+            Feature::TcpAccepts => "tcp_accepts",
+            Feature::CgroupEvents => "cgroup_events",
+        }
+    }
+
+    /// Without exec and exit there is no container state at all; everything else is optional.
+    pub fn is_core(self) -> bool {
+        matches!(self, Feature::ProcessExec | Feature::ProcessExit)
+    }
+
+    fn attachments(self) -> &'static [Attachment] {
+        use Attachment::{Btf, Tracepoint};
+        match self {
+            Feature::ProcessExec => &[Btf(names::PROG_EXEC)],
+            Feature::ProcessExit => &[Btf(names::PROG_EXIT)],
+            Feature::Signals => &[Btf(names::PROG_SIGNAL)],
+            Feature::OomKills => &[Btf(names::PROG_OOM)],
+            Feature::TcpSockets => &[Btf(names::PROG_SOCK_STATE)],
+            Feature::TcpAccepts => &[
+                Tracepoint("syscalls", names::PROG_ACCEPT4),
+                Tracepoint("syscalls", names::PROG_ACCEPT),
+            ],
+            Feature::CgroupEvents => &[Btf(names::PROG_CGROUP_MKDIR), Btf(names::PROG_CGROUP_RMDIR)],
+        }
+    }
+}
+
+/// How one program attaches. The program name equals the tracepoint name in both cases.
+#[derive(Clone, Copy, Debug)]
+enum Attachment {
+    /// A BTF-typed raw tracepoint (`tp_btf`); needs BTF, not tracefs.
+    Btf(&'static str),
+    /// A classic tracepoint in a tracefs category; needs tracefs mounted.
+    Tracepoint(&'static str, &'static str),
+}
+
+/// Whether a feature runs, and why not when it does not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FeatureState {
+    pub feature: Feature,
+    pub enabled: bool,
+    pub reason: Option<String>,
+}
+
+/// Settings for loading the sensor.
+#[derive(Clone, Debug)]
+pub struct SensorConfig {
+    /// Kernel BTF, normally /sys/kernel/btf/vmlinux.
+    pub btf_path: PathBuf,
+    /// Where tracefs is (or gets) mounted, normally /sys/kernel/tracing.
+    pub tracefs_path: PathBuf,
+    /// Ring buffer size in bytes: a power of two and a multiple of the page size.
+    pub ring_bytes: u32,
+    /// Capacity of the per-cgroup counters map.
+    pub counter_entries: u32,
+    /// Bytes waiting in the ring before the kernel wakes the reader.
+    pub wakeup_bytes: u64,
+    /// A process whose own events are not recorded (the agent's pid), or 0.
+    pub ignore_tgid: u32,
+    /// Features not to attach at all.
+    pub disabled: Vec<Feature>,
+}
+
+impl Default for SensorConfig {
+    fn default() -> Self {
+        Self {
+            btf_path: PathBuf::from("/sys/kernel/btf/vmlinux"),
+            tracefs_path: PathBuf::from("/sys/kernel/tracing"),
+            ring_bytes: lifecycle_common::defaults::RING_BYTES,
+            counter_entries: lifecycle_common::defaults::COUNTER_ENTRIES,
+            wakeup_bytes: ProgramSettings::default().wakeup_bytes,
+            ignore_tgid: 0,
+            disabled: Vec::new(),
+        }
+    }
+}
+
+/// Why the sensor could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SensorError {
+    /// The process lacks the capabilities to load eBPF programs.
+    #[error("lifecycle-agent needs root, or CAP_BPF with CAP_PERFMON (or CAP_SYS_ADMIN), to load its kernel programs")]
+    NotPrivileged,
+    /// Kernel BTF is missing or lacks something the programs read.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// The ring size is not usable by the kernel.
+    #[error("ring buffer size {0} is not a power of two and a multiple of the page size")]
+    BadRingSize(u32),
+    /// aya could not parse or prepare the object.
+    #[error("cannot load the kernel programs: {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    /// An essential program failed; without it nothing can be tracked.
+    #[error("cannot start essential feature {feature}: {reason}")]
+    CoreFeature { feature: &'static str, reason: String },
+    /// A map the agent reads is absent from the object.
+    #[error("kernel object has no map {0}")]
+    MissingMap(&'static str),
+    /// A map exists but could not be opened as the expected type.
+    #[error("kernel map {name} cannot be used: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+}
+
+/// Maps read at scrape time by other tasks.
+pub struct SensorMaps {
+    counters: Mutex<BpfHashMap<MapData, u64, CgroupCounters>>,
+    stats: PerCpuArray<MapData, KindStats>,
+}
+
+impl SensorMaps {
+    /// Every cgroup's counters, as the kernel holds them now.
+    pub fn cgroup_counters(&self) -> Vec<(u64, CgroupCounters)> {
+        let counters = self.counters.lock().unwrap_or_else(|poison| poison.into_inner());
+        // An entry deleted between iteration steps yields an error for that key; skip it.
+        counters.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Counters of one cgroup, if it has any.
+    pub fn counters_of(&self, cgroup_id: u64) -> Option<CgroupCounters> {
+        let counters = self.counters.lock().unwrap_or_else(|poison| poison.into_inner());
+        counters.get(&cgroup_id, 0).ok()
+    }
+
+    /// Removes a departed cgroup's entry, returning its final counts.
+    pub fn take_counters(&self, cgroup_id: u64) -> Option<CgroupCounters> {
+        let mut counters = self.counters.lock().unwrap_or_else(|poison| poison.into_inner());
+        let last = counters.get(&cgroup_id, 0).ok()?;
+        let _ = counters.remove(&cgroup_id);
+        Some(last)
+    }
+
+    /// Delivery statistics per event kind, summed over CPUs.
+    pub fn kind_stats(&self) -> [KindStats; EVENT_KIND_COUNT] {
+        let mut out = [KindStats::default(); EVENT_KIND_COUNT];
+        for (index, slot) in out.iter_mut().enumerate() {
+            if let Ok(per_cpu) = self.stats.get(&(index as u32), 0) {
+                for cpu in per_cpu.iter() {
+                    slot.submitted += cpu.submitted;
+                    slot.lost += cpu.lost;
+                    slot.counter_map_full += cpu.counter_map_full;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The loaded programs. Dropping it detaches them all.
+pub struct Sensor {
+    _ebpf: Ebpf,
+    features: Vec<FeatureState>,
+    maps: Arc<SensorMaps>,
+    events: Option<EventStream>,
+}
+
+impl Sensor {
+    /// Loads and attaches everything the kernel allows. Fails only when core tracking (process
+    /// exec and exit) is impossible; other failures are reported in [`Sensor::features`].
+    pub fn load(config: &SensorConfig) -> Result<Self, SensorError> {
+        if !has_bpf_privileges() {
+            return Err(SensorError::NotPrivileged);
+        }
+        let page = page_size();
+        if !config.ring_bytes.is_power_of_two() || config.ring_bytes as usize % page != 0 {
+            return Err(SensorError::BadRingSize(config.ring_bytes));
+        }
+        let kernel_btf = KernelBtf::open(&config.btf_path)?;
+        let offsets = kernel_btf.offsets()?;
+        let settings = ProgramSettings {
+            wakeup_bytes: config.wakeup_bytes,
+            agent_tgid: config.ignore_tgid,
+            _pad: 0,
+        };
+        let aya_btf = Btf::parse_file(&config.btf_path, aya::Endianness::default())
+            .map_err(|e| SensorError::Load(Box::new(aya::EbpfError::BtfError(e))))?;
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&aya_btf))
+            .override_global(names::OFFSETS_GLOBAL, &offsets, true)
+            .override_global(names::SETTINGS_GLOBAL, &settings, true)
+            .map_max_entries(names::EVENTS_MAP, config.ring_bytes)
+            .map_max_entries(names::COUNTERS_MAP, config.counter_entries)
+            .load(OBJECT)
+            .map_err(|e| SensorError::Load(Box::new(e)))?;
+
+        let tracefs = ensure_tracefs(&config.tracefs_path);
+        let mut features = Vec::new();
+        for feature in Feature::ALL {
+            let state = if config.disabled.contains(&feature) {
+                FeatureState { feature, enabled: false, reason: Some("disabled by flag".into()) }
+            } else {
+                match attach_feature(&mut ebpf, feature, &aya_btf, &kernel_btf, &tracefs) {
+                    Ok(()) => FeatureState { feature, enabled: true, reason: None },
+                    Err(reason) if feature.is_core() => {
+                        return Err(SensorError::CoreFeature { feature: feature.name(), reason })
+                    }
+                    Err(reason) => FeatureState { feature, enabled: false, reason: Some(reason) },
+                }
+            };
+            features.push(state);
+        }
+
+        let counters = take_map(&mut ebpf, names::COUNTERS_MAP)?;
+        let counters = BpfHashMap::try_from(counters)
+            .map_err(|source| SensorError::Map { name: names::COUNTERS_MAP, source })?;
+        let stats = take_map(&mut ebpf, names::STATS_MAP)?;
+        let stats = PerCpuArray::try_from(stats)
+            .map_err(|source| SensorError::Map { name: names::STATS_MAP, source })?;
+        let ring = take_map(&mut ebpf, names::EVENTS_MAP)?;
+        let ring = aya::maps::RingBuf::try_from(ring)
+            .map_err(|source| SensorError::Map { name: names::EVENTS_MAP, source })?;
+        Ok(Self {
+            _ebpf: ebpf,
+            features,
+            maps: Arc::new(SensorMaps { counters: Mutex::new(counters), stats }),
+            events: Some(EventStream::new(ring)),
+        })
+    }
+
+    /// What runs and what does not, with reasons.
+    pub fn features(&self) -> &[FeatureState] {
+        &self.features
+    }
+
+    /// Shared handle on the counter and statistics maps.
+    pub fn maps(&self) -> Arc<SensorMaps> {
+        Arc::clone(&self.maps)
+    }
+
+    /// The event stream; there is one, handed out once.
+    pub fn take_events(&mut self) -> Option<EventStream> {
+        self.events.take()
+    }
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, SensorError> {
+    ebpf.take_map(name).ok_or(SensorError::MissingMap(name))
+}
+
+/// Loads and attaches every program of a feature, or says why not.
+fn attach_feature(
+    ebpf: &mut Ebpf,
+    feature: Feature,
+    aya_btf: &Btf,
+    kernel_btf: &KernelBtf,
+    tracefs: &Result<(), String>,
+) -> Result<(), String> {
+    for attachment in feature.attachments() {
+        match *attachment {
+            Attachment::Btf(name) => {
+                if !kernel_btf.has_raw_tracepoint(name) {
+                    return Err(format!("kernel has no tracepoint {name}"));
+                }
+                let program: &mut BtfTracePoint = program_mut(ebpf, name)?;
+                program.load(name, aya_btf).map_err(|e| format!("loading {name}: {e}"))?;
+                program.attach().map_err(|e| format!("attaching {name}: {e}"))?;
+            }
+            Attachment::Tracepoint(category, name) => {
+                tracefs.clone().map_err(|e| format!("{name} needs tracefs: {e}"))?;
+                let program: &mut TracePoint = program_mut(ebpf, name)?;
+                program.load().map_err(|e| format!("loading {name}: {e}"))?;
+                program.attach(category, name).map_err(|e| format!("attaching {category}/{name}: {e}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, String>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let program = ebpf.program_mut(name).ok_or_else(|| format!("object has no program {name}"))?;
+    program.try_into().map_err(|e| format!("program {name}: {e}"))
+}
+
+/// Makes sure tracefs is reachable, mounting it when the host has not. Classic tracepoints need
+/// it; aya looks at /sys/kernel/tracing, then /sys/kernel/debug/tracing, and caches the answer, so
+/// this runs before the first attach.
+fn ensure_tracefs(path: &Path) -> Result<(), String> {
+    let debugfs_tracing = Path::new("/sys/kernel/debug/tracing/events");
+    if path.join("events").is_dir() || debugfs_tracing.is_dir() {
+        return Ok(());
+    }
+    let target = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("tracefs path {} contains a NUL byte", path.display()))?;
+    let fstype = c"tracefs";
+    // SAFETY: all pointers are valid NUL-terminated strings that outlive the call; data is null.
+    let rc = unsafe {
+        libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
+    };
+    if rc != 0 {
+        return Err(format!(
+            "tracefs is not mounted and mounting it at {} failed: {}",
+            path.display(),
+            io::Error::last_os_error()
+        ));
+    }
+    log::info!("mounted tracefs at {}", path.display());
+    Ok(())
+}
+
+/// CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON, in the effective set.
+fn has_bpf_privileges() -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        // Without /proc we cannot tell; let the kernel decide at load time.
+        return true;
+    };
+    let Some(effective) = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+    else {
+        return true;
+    };
+    let has = |cap: u32| effective & (1 << cap) != 0;
+    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).unwrap_or(4096)
+}
