@@ -353,6 +353,8 @@ pub mod defaults {
     pub const RING_BYTES: u32 = 4 * 1024 * 1024;
     /// Entries in the per-cgroup counters map.
     pub const COUNTER_ENTRIES: u32 = 16 * 1024;
+    /// Entries in the listening-socket -> port map.
+    pub const LISTENER_ENTRIES: u32 = 16 * 1024;
 }
 
 // Sizes are part of the ABI: the decoder checks record lengths against these.

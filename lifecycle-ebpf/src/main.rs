@@ -83,6 +83,11 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(defaults::RING_BYTES, 0);
 static CGROUP_COUNTERS: HashMap<u64, CgroupCounters> =
     HashMap::with_max_entries(defaults::COUNTER_ENTRIES, 0);
 
+/// Listening sockets -> their port. By the time LISTEN -> CLOSE is traced the kernel has already
+/// released the port (skc_num reads 0), so the close event takes the port remembered at listen.
+#[map]
+static LISTENER_PORTS: HashMap<u64, u16> = HashMap::with_max_entries(defaults::LISTENER_ENTRIES, 0);
+
 #[map]
 static KIND_STATS: PerCpuArray<KindStats> =
     PerCpuArray::with_max_entries(EVENT_KIND_COUNT as u32, 0);
@@ -103,6 +108,7 @@ const SIGCHLD: u32 = 17;
 const IPPROTO_TCP: u16 = 6;
 const TCP_ESTABLISHED: i32 = 1;
 const TCP_SYN_RECV: i32 = 3;
+const TCP_CLOSE: i32 = 7;
 const TCP_LISTEN: i32 = 10;
 /// `cgrp_dfl_root`, the v2 hierarchy, always gets hierarchy id 0.
 const DEFAULT_HIERARCHY_ID: i32 = 0;
@@ -437,7 +443,9 @@ fn try_sock_state(ctx: &BtfTracePointContext) -> Result<(), i64> {
     let new_state = ctx.arg::<u64>(2) as i32;
     let (kind, field) = if new_state == TCP_LISTEN {
         (EventKind::TcpListen, offset_of!(CgroupCounters, tcp_listens))
-    } else if old_state == TCP_LISTEN {
+    } else if old_state == TCP_LISTEN && new_state == TCP_CLOSE {
+        // Only LISTEN -> CLOSE: a child socket is cloned in LISTEN and moved to SYN_RECV, which
+        // is a handshake, not the listener going away.
         (EventKind::TcpListenClose, usize::MAX)
     } else if old_state == TCP_SYN_RECV && new_state == TCP_ESTABLISHED {
         (EventKind::TcpEstablished, offset_of!(CgroupCounters, tcp_established))
@@ -448,7 +456,22 @@ fn try_sock_state(ctx: &BtfTracePointContext) -> Result<(), i64> {
     if read::<u16>(sk, off!(sock_protocol))? != IPPROTO_TCP {
         return Ok(());
     }
-    let facts = socket_facts(sk)?;
+    let mut facts = socket_facts(sk)?;
+    let key = sk as u64;
+    match kind {
+        EventKind::TcpListen => {
+            // A full map only costs the port on the close record; the listen is still counted.
+            let _ = LISTENER_PORTS.insert(&key, &facts.local_port, 0);
+        }
+        EventKind::TcpListenClose => {
+            // SAFETY: the value is copied out immediately; the entry is removed right after.
+            if let Some(port) = unsafe { LISTENER_PORTS.get(&key) } {
+                facts.local_port = *port;
+            }
+            let _ = LISTENER_PORTS.remove(&key);
+        }
+        _ => {}
+    }
     if field != usize::MAX {
         bump(facts.cgroup_id, field, kind);
     }

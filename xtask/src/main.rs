@@ -1,1 +1,92 @@
-fn main() {}
+//! `cargo xtask`: bootstrap, run, test tiers and benchmarks. Not the normal build: the agent
+//! builds with plain cargo once `bootstrap` has installed the eBPF toolchain.
+
+mod bench;
+mod packages;
+mod shell;
+mod tiers;
+mod toolchain;
+
+use std::{os::unix::process::CommandExt as _, path::PathBuf, process::Command};
+
+use anyhow::{Context as _, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "lifecycle's developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the pinned nightly, rust-src, bpf-linker and the build's Debian packages.
+    Bootstrap,
+    /// Bootstrap, build the agent in release mode, and start it on this host.
+    Run {
+        /// Arguments for `lifecycle-agent run` (e.g. --listen 0.0.0.0:9890).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Bootstrap and run every test tier (unit, privileged kernel, runtime end-to-end, checks).
+    Test {
+        /// Run only these tiers (repeatable): unit, kernel, runtime, checks.
+        #[arg(long = "tier", value_enum)]
+        tiers: Vec<tiers::Tier>,
+    },
+    /// Benchmarks; results are printed and appended to BENCHMARKS.md by hand.
+    Bench {
+        #[command(subcommand)]
+        which: bench::Bench,
+    },
+}
+
+/// The workspace root (xtask's parent directory).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default()
+}
+
+/// A cargo command at the workspace root on the pinned stable toolchain.
+pub fn cargo() -> Command {
+    let mut command = Command::new("cargo");
+    command.arg(format!("+{}", toolchain::STABLE)).current_dir(workspace_root());
+    command
+}
+
+fn bootstrap() -> Result<()> {
+    // bpf-linker lands in $CARGO_HOME/bin; aya-build looks it up on PATH.
+    if let Some(bin) = toolchain::bpf_linker_path().parent() {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut parts = vec![bin.to_path_buf()];
+        parts.extend(std::env::split_paths(&path));
+        let joined = std::env::join_paths(parts).context("building PATH")?;
+        // SAFETY: single-threaded at this point; no other thread reads the environment.
+        unsafe { std::env::set_var("PATH", joined) };
+    }
+    toolchain::ensure()?;
+    packages::ensure(packages::BUILD)
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Task::Bootstrap => bootstrap(),
+        Task::Run { args } => {
+            bootstrap()?;
+            shell::run(cargo().args(["build", "--release", "-p", "lifecycle-agent"]))?;
+            let binary = workspace_root().join("target/release/lifecycle-agent");
+            eprintln!("xtask: starting {} run {}", binary.display(), args.join(" "));
+            let err = Command::new(&binary).arg("run").args(&args).exec();
+            Err(err).with_context(|| format!("starting {}", binary.display()))
+        }
+        Task::Test { tiers } => {
+            bootstrap()?;
+            tiers::run(&tiers)
+        }
+        Task::Bench { which } => {
+            bootstrap()?;
+            bench::run(which)
+        }
+    }
+}

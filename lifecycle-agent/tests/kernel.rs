@@ -1,0 +1,401 @@
+//! Privileged tier: the real kernel programs, loaded into this kernel, watching real processes in
+//! fresh cgroups. Every field of every event is checked against what the test itself knows (pids
+//! it spawned, the cgroup directory's inode, its own netns), so a wrong BTF offset or a wrong
+//! cgroup attribution fails here. Skips with a printed reason when not root.
+
+mod support {
+    pub mod cgroup;
+    pub mod hub;
+}
+
+use std::{
+    io::{BufRead as _, BufReader},
+    net::TcpStream,
+    process::{Command, Stdio},
+};
+
+use lifecycle_agent::{
+    event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
+    sensor::{Sensor, SensorConfig},
+};
+use support::{
+    cgroup::{own_cgroup_id, own_netns, own_thread_comm, TestCgroup},
+    hub::Hub,
+};
+
+const PYTHON: &str = "/usr/bin/python3";
+
+fn exec_of(events: &[Event], tgid: u32) -> Option<&Event> {
+    events.iter().find(|e| e.tgid == tgid && matches!(e.detail, Detail::Exec { .. }))
+}
+
+fn is_exit_of(e: &Event, tgid: u32) -> bool {
+    e.tgid == tgid && matches!(e.detail, Detail::Exit { group_dead: true, .. })
+}
+
+/// Waits for the exec and the final exit of `pid`, returning them.
+fn exec_and_exit(hub: &Hub, cg: &TestCgroup, pid: u32) -> (Event, Event) {
+    let found = hub.wait_for(
+        &format!("exec and exit of {pid}"),
+        |e| e.cgroup_id == cg.id && e.tgid == pid,
+        |m| exec_of(m, pid).is_some() && m.iter().any(|e| is_exit_of(e, pid)),
+    );
+    let exec = exec_of(&found, pid).cloned().expect("exec");
+    let exit = found.iter().find(|e| is_exit_of(e, pid)).cloned().expect("exit");
+    (exec, exit)
+}
+
+#[test]
+fn process_exiting_3_reports_exec_and_exit_fields_exactly() {
+    require_privileges!();
+    let hub = Hub::get();
+    let mut cg = TestCgroup::new("exit3");
+    let mut child = cg.spawn(Command::new("/bin/sh").args(["-c", "exit 3"]));
+    let pid = child.id();
+    assert_eq!(child.wait().expect("wait").code(), Some(3));
+    let (exec, exit) = exec_and_exit(hub, &cg, pid);
+    let me = std::process::id();
+
+    let Detail::Exec { parent_tgid, start_time_ns, comm } = &exec.detail else { unreachable!() };
+    assert_eq!((exec.pid, exec.tgid, exec.cgroup_id), (pid, pid, cg.id));
+    assert_eq!((*parent_tgid, comm.as_str()), (me, "sh"));
+    let exec_start = *start_time_ns;
+    assert!(exec_start > 0 && exec_start <= exec.time_ns, "start {exec_start} <= exec {}", exec.time_ns);
+
+    let Detail::Exit { exit_status, signal, core_dumped, group_dead, parent_tgid, start_time_ns, cpu_time_ns, comm } =
+        &exit.detail
+    else {
+        unreachable!()
+    };
+    assert_eq!((*exit_status, *signal, *core_dumped, *group_dead), (Some(3), None, false, true));
+    assert_eq!((*parent_tgid, *start_time_ns, comm.as_str()), (me, exec_start, "sh"));
+    // A shell that only exits runs for well under a second of CPU.
+    assert!(*cpu_time_ns < 1_000_000_000, "cpu {cpu_time_ns}");
+    assert_eq!((exit.pid, exit.tgid, exit.cgroup_id), (pid, pid, cg.id));
+    assert!(exit.time_ns > exec.time_ns);
+
+    let counters = hub.maps.counters_of(cg.id).expect("kernel counters for the cgroup");
+    assert_eq!((counters.execs, counters.process_exits), (1, 1));
+}
+
+fn killed_by(signal: i32, name: &str) {
+    let hub = Hub::get();
+    let mut cg = TestCgroup::new(name);
+    let mut child = cg.spawn(&mut Command::new("/bin/sleep").arg("1000"));
+    let pid = child.id();
+    // Signal only once the kernel has reported the exec: the target is then `sleep`, not the
+    // forked test binary, and its comm is known.
+    hub.wait_for("exec of sleep", |e| e.tgid == pid && e.cgroup_id == cg.id, |m| exec_of(m, pid).is_some());
+    let sender_comm = own_thread_comm();
+    // SAFETY: kill has no memory-safety preconditions; pid is our own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+    let status = child.wait().expect("wait");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(signal));
+
+    let (_, exit) = exec_and_exit(hub, &cg, pid);
+    let Detail::Exit { exit_status, signal: got, core_dumped, .. } = exit.detail else { unreachable!() };
+    assert_eq!((exit_status, got, core_dumped), (None, Some(signal as u8), false));
+
+    let me = std::process::id();
+    let sent = hub.wait_for(
+        "the signal from the test",
+        |e| matches!(e.detail, Detail::Signal { target_tgid, signal: s, .. } if target_tgid == pid && s == signal as u32),
+        |m| !m.is_empty(),
+    );
+    assert_eq!(sent.len(), 1, "{sent:#?}");
+    let e = &sent[0];
+    assert_eq!((e.tgid, e.cgroup_id), (me, own_cgroup_id()));
+    assert_eq!(
+        e.detail,
+        Detail::Signal {
+            signal: signal as u32,
+            result: SignalResult::Delivered,
+            group: true,
+            target_pid: pid,
+            target_tgid: pid,
+            target_cgroup_id: cg.id,
+            sender_comm,
+            target_comm: "sleep".into(),
+        }
+    );
+    let counters = hub.maps.counters_of(cg.id).expect("counters");
+    assert!(counters.signals_received >= 1);
+}
+
+#[test]
+fn process_killed_by_sigterm_reports_the_signal_and_its_sender() {
+    require_privileges!();
+    killed_by(libc::SIGTERM, "sigterm");
+}
+
+#[test]
+fn process_killed_by_sigkill_reports_the_signal_and_its_sender() {
+    require_privileges!();
+    killed_by(libc::SIGKILL, "sigkill");
+}
+
+#[test]
+fn memory_limit_oom_kill_reports_the_victim_in_its_cgroup() {
+    require_privileges!();
+    let hub = Hub::get();
+    let mut cg = TestCgroup::new("oom");
+    cg.limit_memory(32 << 20);
+    // dd reads /dev/zero into one 256 MiB buffer, touching every page: far over the limit.
+    let mut child = cg.spawn(
+        Command::new("/bin/dd")
+            .args(["if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"])
+            .stderr(Stdio::null()),
+    );
+    let pid = child.id();
+    let status = child.wait().expect("wait");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+
+    let oom = hub.wait_for(
+        "OOM victim",
+        |e| matches!(e.detail, Detail::OomVictim { victim_cgroup_id, .. } if victim_cgroup_id == cg.id),
+        |m| !m.is_empty(),
+    );
+    assert_eq!(oom.len(), 1, "{oom:#?}");
+    assert_eq!(
+        oom[0].detail,
+        Detail::OomVictim { victim_pid: pid, victim_tgid: pid, victim_cgroup_id: cg.id, victim_comm: "dd".into() }
+    );
+    let (_, exit) = exec_and_exit(hub, &cg, pid);
+    assert!(matches!(exit.detail, Detail::Exit { signal: Some(9), exit_status: None, .. }), "{exit:?}");
+    assert_eq!(hub.maps.counters_of(cg.id).expect("counters").oom_kills, 1);
+}
+
+#[test]
+fn signal_between_two_processes_of_one_cgroup_names_both() {
+    require_privileges!();
+    let hub = Hub::get();
+    let mut cg = TestCgroup::new("sig2");
+    // The shell waits (without forking) until its child has exec'd sleep, then signals it.
+    let script = "sleep 1000 & p=$!; until read c < /proc/$p/comm && [ \"$c\" = sleep ]; do :; done; kill -USR1 $p; wait $p; exit 0";
+    let mut child = cg.spawn(Command::new("/bin/sh").args(["-c", script]));
+    let shell = child.id();
+    assert!(child.wait().expect("wait").success());
+
+    let sent = hub.wait_for(
+        "SIGUSR1 between the shell and sleep",
+        |e| e.tgid == shell && matches!(e.detail, Detail::Signal { signal: 10, .. }),
+        |m| !m.is_empty(),
+    );
+    assert_eq!(sent.len(), 1, "{sent:#?}");
+    let sleeper = hub
+        .events_of(cg.id)
+        .into_iter()
+        .find_map(|e| match e.detail {
+            Detail::Exec { ref comm, parent_tgid, .. } if comm == "sleep" && parent_tgid == shell => Some(e.tgid),
+            _ => None,
+        })
+        .expect("exec of sleep in the cgroup");
+    let e = &sent[0];
+    assert_eq!((e.pid, e.tgid, e.cgroup_id), (shell, shell, cg.id));
+    assert_eq!(
+        e.detail,
+        Detail::Signal {
+            signal: 10,
+            result: SignalResult::Delivered,
+            group: true,
+            target_pid: sleeper,
+            target_tgid: sleeper,
+            target_cgroup_id: cg.id,
+            sender_comm: "sh".into(),
+            target_comm: "sleep".into(),
+        }
+    );
+    let (_, exit) = exec_and_exit(hub, &cg, sleeper);
+    assert!(matches!(exit.detail, Detail::Exit { signal: Some(10), .. }), "{exit:?}");
+}
+
+/// A Python listener in the cgroup: prints its port, then accepts `accepts` connections (or, with
+/// -1, never accepts) and exits when stdin closes.
+const LISTENER: &str = r#"
+import socket, sys
+n = int(sys.argv[1])
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(64)
+print(l.getsockname()[1], flush=True)
+for _ in range(max(n, 0)):
+    s, _ = l.accept(); s.close()
+sys.stdin.read()
+"#;
+
+fn tcp_events(hub: &Hub, cg: &TestCgroup, port: u16, what: &str, done: impl Fn(&[Event]) -> bool) -> Vec<Event> {
+    hub.wait_for(
+        what,
+        |e| match &e.detail {
+            Detail::TcpListen(t) | Detail::TcpListenClose(t) | Detail::TcpEstablished(t) | Detail::TcpAccept(t) => {
+                t.socket_cgroup_id == cg.id && t.local_port == port
+            }
+            _ => false,
+        },
+        done,
+    )
+}
+
+fn count(events: &[Event], kind: fn(&Detail) -> bool) -> usize {
+    events.iter().filter(|e| kind(&e.detail)).count()
+}
+
+#[test]
+fn tcp_listener_accepting_clients_from_inside_and_outside_its_cgroup() {
+    require_privileges!();
+    let hub = Hub::get();
+    let mut cg = TestCgroup::new("accept");
+    const OUTSIDE: usize = 3;
+    const INSIDE: usize = 2;
+    let mut listener = cg.spawn(
+        Command::new(PYTHON)
+            .args(["-c", LISTENER, &(OUTSIDE + INSIDE).to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped()),
+    );
+    let server = listener.id();
+    let mut port = String::new();
+    BufReader::new(listener.stdout.take().expect("stdout")).read_line(&mut port).expect("port");
+    let port: u16 = port.trim().parse().expect("port number");
+
+    let outside: Vec<TcpStream> = (0..OUTSIDE).map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect")).collect();
+    let inside_client = format!(
+        "import socket\nfor _ in range({INSIDE}): socket.create_connection(('127.0.0.1', {port})).close()"
+    );
+    assert!(cg.spawn(Command::new(PYTHON).args(["-c", &inside_client])).wait().expect("client").success());
+
+    let events = tcp_events(hub, &cg, port, "listen, established and accepts", |m| {
+        count(m, |d| matches!(d, Detail::TcpAccept(_))) == OUTSIDE + INSIDE
+            && count(m, |d| matches!(d, Detail::TcpEstablished(_))) == OUTSIDE + INSIDE
+    });
+    let netns = own_netns();
+    let expected = |remote_port: u16, fd: Option<i32>| TcpDetail {
+        socket_cgroup_id: cg.id,
+        netns,
+        family: libc::AF_INET as u16,
+        local_port: port,
+        remote_port,
+        fd,
+    };
+    let listens: Vec<&Event> = events.iter().filter(|e| matches!(e.detail, Detail::TcpListen(_))).collect();
+    assert_eq!(listens.len(), 1);
+    assert_eq!((listens[0].tgid, listens[0].cgroup_id), (server, cg.id));
+    assert_eq!(listens[0].detail, Detail::TcpListen(expected(0, None)));
+
+    // Every handshake is charged to the listener's cgroup, whoever the client was.
+    let mut remote_ports: Vec<u16> = events
+        .iter()
+        .filter_map(|e| match e.detail {
+            Detail::TcpEstablished(t) => {
+                assert_eq!(t, expected(t.remote_port, None));
+                Some(t.remote_port)
+            }
+            _ => None,
+        })
+        .collect();
+    remote_ports.sort_unstable();
+    let mut outside_ports: Vec<u16> = outside.iter().map(|s| s.local_addr().expect("addr").port()).collect();
+    outside_ports.sort_unstable();
+    assert!(outside_ports.iter().all(|p| remote_ports.contains(p)), "{outside_ports:?} in {remote_ports:?}");
+
+    for accept in events.iter().filter(|e| matches!(e.detail, Detail::TcpAccept(_))) {
+        assert_eq!((accept.tgid, accept.cgroup_id), (server, cg.id));
+        let Detail::TcpAccept(t) = accept.detail else { unreachable!() };
+        assert!(t.fd.is_some_and(|fd| fd >= 0));
+        assert_eq!(t, expected(t.remote_port, t.fd));
+        assert!(remote_ports.contains(&t.remote_port));
+    }
+
+    drop(listener.stdin.take());
+    assert!(listener.wait().expect("listener").success());
+    let closed = tcp_events(hub, &cg, port, "listen close", |m| count(m, |d| matches!(d, Detail::TcpListenClose(_))) == 1);
+    assert_eq!(closed.iter().find(|e| matches!(e.detail, Detail::TcpListenClose(_))).map(|e| e.detail.clone()), Some(Detail::TcpListenClose(expected(0, None))));
+    let counters = hub.maps.counters_of(cg.id).expect("counters");
+    assert_eq!(
+        (counters.tcp_listens, counters.tcp_established, counters.tcp_accepts),
+        (1, (OUTSIDE + INSIDE) as u64, (OUTSIDE + INSIDE) as u64)
+    );
+}
+
+/// rx_queue of the LISTEN socket on `port` in /proc/<pid>/net/tcp: the accept-queue depth.
+fn accept_queue_depth(pid: u32, port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local_port = u16::from_str_radix(fields.get(1)?.rsplit(':').next()?, 16).ok()?;
+        let (_, rx) = fields.get(4)?.split_once(':')?;
+        (local_port == port && *fields.get(3)? == "0A").then(|| u64::from_str_radix(rx, 16).ok()).flatten()
+    })
+}
+
+#[test]
+fn tcp_listener_that_never_accepts_shows_connections_waiting() {
+    require_privileges!();
+    let hub = Hub::get();
+    let mut cg = TestCgroup::new("noaccept");
+    const CLIENTS: usize = 4;
+    let mut listener = cg.spawn(
+        Command::new(PYTHON).args(["-c", LISTENER, "-1"]).stdin(Stdio::piped()).stdout(Stdio::piped()),
+    );
+    let mut port = String::new();
+    BufReader::new(listener.stdout.take().expect("stdout")).read_line(&mut port).expect("port");
+    let port: u16 = port.trim().parse().expect("port number");
+    // Connecting succeeds: the kernel completes the handshake into the backlog (why a tcpSocket
+    // probe passes for an app that stopped accepting).
+    let clients: Vec<TcpStream> = (0..CLIENTS).map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect")).collect();
+    let events = tcp_events(hub, &cg, port, "established connections", |m| {
+        count(m, |d| matches!(d, Detail::TcpEstablished(_))) == CLIENTS
+    });
+    assert_eq!(count(&events, |d| matches!(d, Detail::TcpAccept(_))), 0);
+    let counters = hub.maps.counters_of(cg.id).expect("counters");
+    let waiting = counters.tcp_established - counters.tcp_accepts;
+    assert_eq!(waiting, CLIENTS as u64);
+    assert_eq!(accept_queue_depth(listener.id(), port), Some(waiting), "kernel's own accept-queue depth agrees");
+    drop(clients);
+    drop(listener.stdin.take());
+    assert!(listener.wait().expect("listener").success());
+}
+
+#[test]
+fn cgroup_creation_and_removal_report_id_and_path() {
+    require_privileges!();
+    let hub = Hub::get();
+    let cg = TestCgroup::new("mkdir");
+    let (id, path) = (cg.id, cg.path.clone());
+    let detail = CgroupDetail { id, path: path.clone(), truncated: false };
+    let created = hub.wait_for("cgroup mkdir", |e| matches!(&e.detail, Detail::CgroupMkdir(c) if c.id == id), |m| !m.is_empty());
+    assert_eq!(created[0].detail, Detail::CgroupMkdir(detail.clone()));
+    drop(cg);
+    let removed = hub.wait_for("cgroup rmdir", |e| matches!(&e.detail, Detail::CgroupRmdir(c) if c.id == id), |m| !m.is_empty());
+    assert_eq!(removed[0].detail, Detail::CgroupRmdir(detail));
+}
+
+#[test]
+fn ring_overflow_is_counted_exactly_never_dropped_silently() {
+    require_privileges!();
+    // A private sensor with the smallest ring, whose reader stays paused during the burst.
+    let config = SensorConfig { ring_bytes: 16 * 1024, ..SensorConfig::default() };
+    let mut sensor = Sensor::load(&config).expect("load sensor");
+    let mut stream = sensor.take_events().expect("stream");
+    let maps = sensor.maps();
+    let before = maps.kind_stats();
+    let mut cg = TestCgroup::new("overflow");
+    const RUNS: usize = 600;
+    let burst = format!("i=0; while [ $i -lt {RUNS} ]; do /bin/true; i=$((i+1)); done");
+    assert!(cg.spawn(Command::new("/bin/sh").args(["-c", &burst])).wait().expect("burst").success());
+
+    // The burst is over (we reaped the shell); read everything that made it into the ring.
+    let mut received = Vec::new();
+    while stream.drain_into(&mut received) > 0 {}
+    let ours: Vec<&Event> = received.iter().filter(|e| e.cgroup_id == cg.id).collect();
+    let counters = maps.counters_of(cg.id).expect("counters");
+    // The shell's exec plus RUNS execs of true, and as many process exits.
+    assert_eq!((counters.execs, counters.process_exits), ((RUNS + 1) as u64, (RUNS + 1) as u64));
+    let sent = counters.execs + counters.process_exits;
+    assert!(counters.events_lost > 0, "a 16 KiB ring cannot hold {sent} records");
+    assert_eq!(ours.len() as u64 + counters.events_lost, sent, "sent == received + counted lost");
+    let after = maps.kind_stats();
+    let lost_globally: u64 = after.iter().zip(&before).map(|(a, b)| a.lost - b.lost).sum();
+    assert!(lost_globally >= counters.events_lost);
+    drop(cg);
+    drop(stream);
+    drop(sensor);
+}

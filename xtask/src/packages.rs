@@ -1,0 +1,43 @@
+//! Debian packages the tiers need, installed when missing (apt-get update runs at most once).
+
+use std::process::Command;
+
+use anyhow::Result;
+
+use crate::shell::run;
+
+/// Needed to build the agent at all (the CRI protos are compiled by protoc).
+pub const BUILD: &[&str] = &["protobuf-compiler"];
+/// The real components the test tiers drive.
+pub const TEST: &[&str] = &[
+    "protobuf-compiler",
+    "runc",
+    "containerd",
+    "busybox-static",
+    "prometheus",
+    "iproute2",
+    "python3-venv",
+];
+/// Peers and tools the benchmarks compare against.
+pub const BENCH: &[&str] = &["bpftrace", "runc", "busybox-static", "iproute2", "protobuf-compiler", "containerd"];
+
+fn is_installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${db:Status-Abbrev}", package])
+        .output()
+        .is_ok_and(|o| o.status.success() && o.stdout.starts_with(b"ii"))
+}
+
+/// Installs the packages that are not installed yet; does nothing when all are.
+pub fn ensure(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !is_installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
+    run(Command::new("apt-get").args(["update", "-qq"]).env("DEBIAN_FRONTEND", "noninteractive"))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}

@@ -1,0 +1,94 @@
+//! Test tiers. `unit` needs nothing; `kernel` loads the real programs into this kernel; `runtime`
+//! drives a real containerd + runc; `checks` validates dashboards, manifests and rules with real
+//! tools. Tiers that need root say so and are skipped when not root.
+
+use std::process::Command;
+
+use anyhow::{bail, Result};
+
+use crate::{cargo, packages, shell, workspace_root};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Tier {
+    Unit,
+    Kernel,
+    Runtime,
+    Checks,
+}
+
+impl Tier {
+    const ALL: [Tier; 4] = [Tier::Unit, Tier::Kernel, Tier::Runtime, Tier::Checks];
+
+    fn needs_root(self) -> bool {
+        matches!(self, Tier::Kernel | Tier::Runtime)
+    }
+}
+
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1))
+            == Some("0")
+    })
+}
+
+/// Runs the chosen tiers (all when none are named), stopping at the first failing tier.
+pub fn run(chosen: &[Tier]) -> Result<()> {
+    let tiers: Vec<Tier> = if chosen.is_empty() { Tier::ALL.to_vec() } else { chosen.to_vec() };
+    packages::ensure(packages::TEST)?;
+    let mut failed = Vec::new();
+    for tier in tiers {
+        if tier.needs_root() && !is_root() {
+            eprintln!("xtask: skipped tier {tier:?}: it loads eBPF programs and creates cgroups, which needs root");
+            continue;
+        }
+        eprintln!("xtask: ==== tier {tier:?} ====");
+        let result = match tier {
+            Tier::Unit => shell::run(cargo().args(["test", "--lib", "--bins"])),
+            Tier::Kernel => shell::run(cargo().args(["test", "-p", "lifecycle-agent", "--test", "kernel"])),
+            Tier::Runtime => shell::run(
+                cargo()
+                    .args(["test", "-p", "lifecycle-agent", "--test", "containerd_harness"])
+                    .args(["--", "--test-threads=1"]),
+            ),
+            Tier::Checks => checks(),
+        };
+        if let Err(err) = result {
+            eprintln!("xtask: tier {tier:?} failed: {err:#}");
+            failed.push(tier);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("failing tiers: {failed:?}");
+    }
+    Ok(())
+}
+
+/// The Python-side checks: dashboards' structure and the deploy manifests and alert rules.
+fn checks() -> Result<()> {
+    let venv = workspace_root().join("target/pyenv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        shell::run(Command::new("/usr/bin/python3").arg("-m").arg("venv").arg(&venv))?;
+    }
+    let requirements = workspace_root().join("deploy/requirements.txt");
+    if requirements.exists() {
+        shell::run(Command::new(&python).args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "-r"]).arg(&requirements))?;
+    }
+    let root = workspace_root();
+    for script in ["dashboards/check_dashboards.py", "deploy/check_manifests.py"] {
+        let path = root.join(script);
+        if !path.exists() {
+            bail!("{script} is missing");
+        }
+        let mut command = Command::new(&python);
+        command.arg(&path).current_dir(&root);
+        if script.starts_with("dashboards") {
+            command.arg("--structure");
+        }
+        shell::run(&mut command)?;
+    }
+    Ok(())
+}
