@@ -75,9 +75,14 @@ impl CgroupRoot {
         self.mount.join(cgroup_path.trim_start_matches('/'))
     }
 
-    /// The v2 id of a cgroup directory (absolute, or relative to the mount).
+    /// The v2 id of a cgroup: a directory under the mount, or a cgroup path as the kernel and
+    /// /proc/<pid>/cgroup spell it (`/kubepods/...`, relative to the mount).
     pub fn id_of(&self, path: &Path) -> Result<u64, CgroupFsError> {
-        let dir = if path.is_absolute() { path.to_owned() } else { self.mount.join(path) };
+        let dir = if path.starts_with(&self.mount) {
+            path.to_owned()
+        } else {
+            self.dir_of(&path.to_string_lossy())
+        };
         let meta = std::fs::metadata(&dir).map_err(|_| CgroupFsError::NotACgroup {
             path: path.to_owned(),
             root: self.mount.clone(),
@@ -173,6 +178,9 @@ mod tests {
         let root = CgroupRoot::at(&dir);
         let expected = std::fs::metadata(&dir).expect("tmp").ino();
         assert_eq!(root.id_of(&dir).expect("dir id"), expected);
+        let name = dir.file_name().expect("name").to_string_lossy().into_owned();
+        let parent = CgroupRoot::at(dir.parent().expect("parent"));
+        assert_eq!(parent.id_of(Path::new(&format!("/{name}"))).expect("kernel-style path"), expected);
         let outside = root.id_of(Path::new("/etc/hostname")).unwrap_err();
         assert!(outside.to_string().contains("is not a cgroup directory"), "{outside}");
     }

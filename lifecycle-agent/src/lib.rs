@@ -4,8 +4,13 @@
 //! Layers: [`sensor`] owns the kernel programs (the only aya user); [`event`] decodes records;
 //! [`cgroupfs`] is the discovery side for cgroups; [`metrics`] and [`http`] are the surfaces.
 
+pub mod backoff;
 pub mod cgroupfs;
+pub mod container_state;
+pub mod cri;
 pub mod event;
 pub mod http;
+pub mod identity;
 pub mod metrics;
 pub mod sensor;
+pub mod termination;

@@ -118,9 +118,9 @@ impl KernelStatsCollector {
             &["kind"],
         )?;
         let map_full = IntCounterVec::new(
-            Opts::new("counter_map_full_total", "Counter updates dropped because the per-cgroup counters map was full, by kind.")
+            Opts::new("kernel_map_full_total", "Updates a kernel map refused because it was full, by map and event kind.")
                 .namespace(NAMESPACE),
-            &["kind"],
+            &["map", "kind"],
         )?;
         let decode_errors = IntCounterVec::new(
             Opts::new("event_decode_errors_total", "Ring records the agent could not decode.").namespace(NAMESPACE),
@@ -149,13 +149,14 @@ impl Collector for KernelStatsCollector {
         let stats = self.maps.kind_stats();
         for kind in EventKind::ALL {
             let s = stats[kind as usize];
-            set_counter(&self.submitted, kind.name(), s.submitted);
-            set_counter(&self.lost, kind.name(), s.lost);
-            set_counter(&self.map_full, kind.name(), s.counter_map_full);
+            set_counter(&self.submitted.with_label_values(&[kind.name()]), s.submitted);
+            set_counter(&self.lost.with_label_values(&[kind.name()]), s.lost);
+            set_counter(&self.map_full.with_label_values(&["cgroup_counters", kind.name()]), s.counter_map_full);
         }
-        let decode = self.decode_errors.with_label_values(&[] as &[&str]);
-        let seen = self.agent.decode_errors.load(Ordering::Relaxed);
-        decode.inc_by(seen.saturating_sub(decode.get()));
+        set_counter(
+            &self.decode_errors.with_label_values(&[] as &[&str]),
+            self.agent.decode_errors.load(Ordering::Relaxed),
+        );
         let entries = self.maps.cgroup_counters().len();
         self.map_entries
             .with_label_values(&["cgroup_counters", "used"])
@@ -169,8 +170,7 @@ impl Collector for KernelStatsCollector {
     }
 }
 
-/// Moves a counter up to the kernel's monotonic value.
-fn set_counter(vec: &IntCounterVec, label: &str, value: u64) {
-    let counter = vec.with_label_values(&[label]);
+/// Moves a counter up to a monotonic value kept elsewhere (a kernel map, an atomic).
+pub fn set_counter(counter: &prometheus::IntCounter, value: u64) {
     counter.inc_by(value.saturating_sub(counter.get()));
 }

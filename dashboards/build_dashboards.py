@@ -1,0 +1,618 @@
+#!/usr/bin/env python3
+"""Generates the four lifecycle Grafana dashboards as JSON (schemaVersion 39).
+
+The JSON files in this directory are the deliverable that Grafana imports; this script is how they
+are written, so that ids, grid positions, variables and datasource references stay consistent.
+Edit the panel lists below, then run:
+
+    python3 dashboards/build_dashboards.py           # rewrite the JSON files
+    python3 dashboards/build_dashboards.py --check   # exit 1 if a JSON file differs from the output
+
+Standard library only. `check_dashboards.py --structure` runs the `--check` comparison too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCHEMA_VERSION = 39
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+# Label selectors. Container series carry the kube-state-metrics labels; agent-health series carry
+# only the labels the scrape adds (the agent's own namespace/pod and, with the PodMonitor in deploy/,
+# `node`), so they are filtered by node only.
+S = 'namespace=~"$namespace", pod=~"$pod", node=~"$node"'
+N = 'node=~"$node"'
+
+TERMINATION_UID = "lifecycle-termination"
+RESTARTS_UID = "lifecycle-restarts"
+PROBES_UID = "lifecycle-probes"
+OVERVIEW_UID = "lifecycle-overview"
+
+
+# ----------------------------------------------------------------------------------------------
+# Panel builders. Each returns a dict without id/gridPos; `layout` assigns both.
+# ----------------------------------------------------------------------------------------------
+
+def target(expr: str, legend: str = "__auto", ref: str = "A", instant: bool = False, fmt: str = "time_series") -> dict:
+    return {
+        "datasource": DS,
+        "editorMode": "code",
+        "expr": expr,
+        "format": fmt,
+        "instant": instant,
+        "legendFormat": legend,
+        "range": not instant,
+        "refId": ref,
+    }
+
+
+def targets(*specs: tuple, instant: bool = False, fmt: str = "time_series") -> list[dict]:
+    """specs are (expr, legend) pairs; refIds are A, B, C..."""
+    return [target(expr, legend, chr(ord("A") + i), instant, fmt) for i, (expr, legend) in enumerate(specs)]
+
+
+def thresholds(*steps: tuple) -> dict:
+    """steps: (value or None for the base, colour)."""
+    return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
+
+
+GREEN_ONLY = thresholds((None, "green"))
+ANY_IS_RED = thresholds((None, "green"), (1, "red"))
+
+
+def field_defaults(unit: str, thr: dict, custom: dict | None = None, mappings: list | None = None,
+                   links: list | None = None, min_: float | None = None) -> dict:
+    defaults: dict = {"color": {"mode": "palette-classic"}, "mappings": mappings or [], "thresholds": thr, "unit": unit}
+    if custom is not None:
+        defaults["custom"] = custom
+    if links:
+        defaults["links"] = links
+    if min_ is not None:
+        defaults["min"] = min_
+    return {"defaults": defaults, "overrides": []}
+
+
+def timeseries(title: str, description: str, tgts: list[dict], unit: str = "short", w: int = 12, h: int = 8,
+               bars: bool = False, stack: bool = False, interpolation: str = "linear") -> dict:
+    custom = {
+        "axisBorderShow": False,
+        "axisCenteredZero": False,
+        "axisColorMode": "text",
+        "axisLabel": "",
+        "axisPlacement": "auto",
+        "barAlignment": 0,
+        "drawStyle": "bars" if bars else "line",
+        "fillOpacity": 60 if bars else 10,
+        "gradientMode": "none",
+        "hideFrom": {"legend": False, "tooltip": False, "viz": False},
+        "insertNulls": False,
+        "lineInterpolation": interpolation,
+        "lineWidth": 1,
+        "pointSize": 4,
+        "scaleDistribution": {"type": "linear"},
+        "showPoints": "auto",
+        "spanNulls": False,
+        "stacking": {"group": "A", "mode": "normal" if stack else "none"},
+        "thresholdsStyle": {"mode": "off"},
+    }
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": tgts,
+        "fieldConfig": field_defaults(unit, GREEN_ONLY, custom=custom),
+        "options": {
+            "legend": {"calcs": ["max", "lastNotNull"], "displayMode": "table", "placement": "right", "showLegend": True},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+        "_size": (w, h),
+    }
+
+
+def stat(title: str, description: str, expr: str, unit: str = "short", thr: dict = GREEN_ONLY, w: int = 4, h: int = 4,
+         legend: str = "__auto", mappings: list | None = None, links: list | None = None, instant: bool = True) -> dict:
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": [target(expr, legend, instant=instant)],
+        "fieldConfig": field_defaults(unit, thr, mappings=mappings, links=links),
+        "options": {
+            "colorMode": "value",
+            "graphMode": "none",
+            "justifyMode": "auto",
+            "orientation": "auto",
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "showPercentChange": False,
+            "textMode": "auto",
+            "wideLayout": True,
+        },
+        "_size": (w, h),
+    }
+
+
+def table(title: str, description: str, expr: str, unit: str = "short", w: int = 24, h: int = 8,
+          links: list | None = None, hide: tuple = ("Time",)) -> dict:
+    return {
+        "type": "table",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": [target(expr, "__auto", instant=True, fmt="table")],
+        "fieldConfig": field_defaults(unit, GREEN_ONLY, custom={"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False},
+                                      links=links),
+        "options": {
+            "cellHeight": "sm",
+            "footer": {"countRows": False, "fields": "", "reducer": ["sum"], "show": False},
+            "showHeader": True,
+            "sortBy": [{"desc": True, "displayName": "Value"}],
+        },
+        "transformations": [{"id": "organize", "options": {"excludeByName": {name: True for name in hide}, "indexByName": {}, "renameByName": {}}}],
+        "_size": (w, h),
+    }
+
+
+def bargauge(title: str, description: str, expr: str, legend: str, unit: str = "short", w: int = 12, h: int = 8) -> dict:
+    return {
+        "type": "bargauge",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": [target(expr, legend, instant=True)],
+        "fieldConfig": field_defaults(unit, GREEN_ONLY, min_=0),
+        "options": {
+            "displayMode": "gradient",
+            "maxVizHeight": 300,
+            "minVizHeight": 16,
+            "minVizWidth": 8,
+            "namePlacement": "auto",
+            "orientation": "horizontal",
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "showUnfilled": True,
+            "sizing": "auto",
+            "valueMode": "color",
+        },
+        "_size": (w, h),
+    }
+
+
+def heatmap(title: str, description: str, expr: str, unit: str, w: int = 12, h: int = 8) -> dict:
+    return {
+        "type": "heatmap",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": [target(expr, "{{le}}", fmt="heatmap")],
+        "fieldConfig": {"defaults": {"custom": {"hideFrom": {"legend": False, "tooltip": False, "viz": False},
+                                                "scaleDistribution": {"type": "linear"}}}, "overrides": []},
+        "options": {
+            "calculate": False,
+            "cellGap": 1,
+            "color": {"exponent": 0.5, "fill": "dark-orange", "mode": "scheme", "reverse": False, "scale": "exponential",
+                      "scheme": "Oranges", "steps": 64},
+            "exemplars": {"color": "rgba(255,0,255,0.7)"},
+            "filterValues": {"le": 1e-9},
+            "legend": {"show": True},
+            "rowsFrame": {"layout": "auto"},
+            "tooltip": {"mode": "single", "showColorScale": False, "yHistogram": True},
+            "yAxis": {"axisPlacement": "left", "reverse": False, "unit": unit},
+        },
+        "_size": (w, h),
+    }
+
+
+PASS_FAIL = [{"type": "value", "options": {"0": {"color": "red", "index": 1, "text": "fail"},
+                                           "1": {"color": "green", "index": 0, "text": "pass"}}}]
+ON_OFF = [{"type": "value", "options": {"0": {"color": "red", "index": 1, "text": "off"},
+                                        "1": {"color": "green", "index": 0, "text": "on"}}}]
+
+
+def state_timeline(title: str, description: str, expr: str, legend: str, w: int = 24, h: int = 8) -> dict:
+    return {
+        "type": "state-timeline",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": [target(expr, legend)],
+        "fieldConfig": field_defaults("short", thresholds((None, "red"), (1, "green")),
+                                      custom={"fillOpacity": 80, "hideFrom": {"legend": False, "tooltip": False, "viz": False},
+                                              "lineWidth": 0},
+                                      mappings=PASS_FAIL),
+        "options": {
+            "alignValue": "left",
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "mergeValues": True,
+            "rowHeight": 0.9,
+            "showValue": "auto",
+            "tooltip": {"mode": "single", "sort": "none"},
+        },
+        "_size": (w, h),
+    }
+
+
+def row(title: str) -> dict:
+    return {"type": "row", "title": title, "collapsed": False, "panels": [], "_size": (24, 1)}
+
+
+def link_to(uid: str, slug: str, title: str) -> list[dict]:
+    """A data link that opens another lifecycle dashboard on the clicked series' pod."""
+    return [{
+        "title": title,
+        "url": f"/d/{uid}/{slug}?var-namespace=${{__field.labels.namespace}}&var-pod=${{__field.labels.pod}}&${{__url_time_range}}",
+    }]
+
+
+# ----------------------------------------------------------------------------------------------
+# Layout and dashboard shell.
+# ----------------------------------------------------------------------------------------------
+
+def layout(panels: list[dict]) -> list[dict]:
+    """Assigns ids in order and packs panels left to right into 24 columns, starting a new line when
+    a panel does not fit and always for a row."""
+    out, x, y, line_h = [], 0, 0, 0
+    for number, panel in enumerate(panels, start=1):
+        w, h = panel.pop("_size")
+        if panel["type"] == "row" or x + w > 24:
+            y, x, line_h = y + line_h, 0, 0
+        panel = {"id": number, "gridPos": {"h": h, "w": w, "x": x, "y": y}, **panel}
+        out.append(panel)
+        x += w
+        line_h = max(line_h, h)
+        if panel["type"] == "row":
+            y, x, line_h = y + h, 0, 0
+    return out
+
+
+def query_variable(name: str, label: str, query: str) -> dict:
+    return {
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "datasource": DS,
+        "hide": 0,
+        "includeAll": True,
+        "label": label,
+        "multi": True,
+        "name": name,
+        "options": [],
+        "query": {"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+        "refresh": 2,
+        "regex": "",
+        "skipUrlSync": False,
+        "sort": 1,
+        "type": "query",
+    }
+
+
+def templating() -> dict:
+    return {"list": [
+        {
+            "current": {},
+            "hide": 0,
+            "includeAll": False,
+            "label": "Data source",
+            "multi": False,
+            "name": "datasource",
+            "options": [],
+            "query": "prometheus",
+            "refresh": 1,
+            "regex": "",
+            "skipUrlSync": False,
+            "type": "datasource",
+        },
+        query_variable("node", "Node", "label_values(lifecycle_build_info, node)"),
+        query_variable("namespace", "Namespace", 'label_values(lifecycle_container_state{node=~"$node"}, namespace)'),
+        query_variable("pod", "Pod", 'label_values(lifecycle_container_state{node=~"$node", namespace=~"$namespace"}, pod)'),
+    ]}
+
+
+def dashboard(uid: str, title: str, description: str, panels: list[dict]) -> dict:
+    return {
+        "annotations": {"list": [{
+            "builtIn": 1,
+            "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+            "enable": True,
+            "hide": True,
+            "iconColor": "rgba(0, 211, 255, 1)",
+            "name": "Annotations & Alerts",
+            "type": "dashboard",
+        }]},
+        "description": description,
+        "editable": True,
+        "fiscalYearStartMonth": 0,
+        "graphTooltip": 1,
+        "links": [{
+            "asDropdown": True,
+            "icon": "external link",
+            "includeVars": True,
+            "keepTime": True,
+            "tags": ["lifecycle"],
+            "targetBlank": False,
+            "title": "Lifecycle dashboards",
+            "tooltip": "",
+            "type": "dashboards",
+            "url": "",
+        }],
+        "liveNow": False,
+        "panels": layout(panels),
+        "refresh": "30s",
+        "schemaVersion": SCHEMA_VERSION,
+        "tags": ["lifecycle", "kubernetes", "ebpf"],
+        "templating": templating(),
+        "time": {"from": "now-3h", "to": "now"},
+        "timepicker": {},
+        "timezone": "browser",
+        "title": title,
+        "uid": uid,
+        "version": 1,
+        "weekStart": "",
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# The dashboards.
+# ----------------------------------------------------------------------------------------------
+
+def overview() -> dict:
+    to_term = link_to(TERMINATION_UID, "termination-and-grace", "Termination and grace for this pod")
+    panels = [
+        row("Containers"),
+        stat("Running containers", "Containers whose current state is running.",
+             f'sum(lifecycle_container_state{{{S}, state="running"}})'),
+        stat("Waiting containers", "Containers whose current state is waiting (ContainerCreating or CrashLoopBackOff).",
+             f'sum(lifecycle_container_state{{{S}, state="waiting"}})'),
+        stat("In CrashLoopBackOff", "Containers waiting in CrashLoopBackOff now.",
+             f'sum(lifecycle_container_waiting_reason{{{S}, reason="CrashLoopBackOff"}})', thr=ANY_IS_RED),
+        stat("Restarts (time range)", "Container restarts seen in the selected time range.",
+             f"sum(increase(lifecycle_container_restarts_total{{{S}}}[$__range]))"),
+        stat("Grace-period violations (time range)",
+             "Containers SIGKILLed after their grace period ran out. Open 'Termination and grace' to find the pod.",
+             f"sum(increase(lifecycle_grace_period_violations_total{{{S}}}[$__range]))", thr=ANY_IS_RED,
+             links=[{"title": "Termination and grace", "url": f"/d/{TERMINATION_UID}/termination-and-grace?${{__all_variables}}&${{__url_time_range}}"}]),
+        stat("OOM kills (time range)", "Processes the kernel OOM killer chose inside containers.",
+             f"sum(increase(lifecycle_oom_kills_total{{{S}}}[$__range]))", thr=ANY_IS_RED),
+        timeseries("Containers by state", "Number of containers in each state.",
+                   targets((f"sum by (state) (lifecycle_container_state{{{S}}})", "{{state}}")), stack=True),
+        timeseries("Restarts by container", "Restarts per container in each interval.",
+                   targets((f"sum by (namespace, pod, container) (increase(lifecycle_container_restarts_total{{{S}}}[$__rate_interval]))",
+                            "{{namespace}}/{{pod}}/{{container}}")), bars=True),
+        timeseries("Terminations by outcome", "How containers that stopped ended: within grace, SIGKILLed after grace, killed without grace, OOM-killed, or exited on their own.",
+                   targets((f"sum by (outcome) (increase(lifecycle_terminations_total{{{S}}}[$__rate_interval]))", "{{outcome}}")),
+                   bars=True, stack=True),
+        timeseries("Container exits by reason", "Container exits by the reason the agent derived (Completed, Error, OOMKilled, Signal).",
+                   targets((f"sum by (reason) (increase(lifecycle_container_exits_total{{{S}}}[$__rate_interval]))", "{{reason}}")),
+                   bars=True, stack=True),
+        table("Container states", "One row per container with its current state. Click a row to open its termination view.",
+              f"lifecycle_container_state{{{S}}} == 1", links=to_term, hide=("Time", "Value", "__name__", "instance", "job", "endpoint")),
+        row("Processes, signals and sockets"),
+        timeseries("Process execs / s", "exec() calls inside containers.",
+                   targets((f"sum by (namespace, pod) (rate(lifecycle_process_execs_total{{{S}}}[$__rate_interval]))", "{{namespace}}/{{pod}}")),
+                   unit="ops", w=8),
+        timeseries("Process exits / s", "Process exits inside containers.",
+                   targets((f"sum by (namespace, pod) (rate(lifecycle_process_exits_total{{{S}}}[$__rate_interval]))", "{{namespace}}/{{pod}}")),
+                   unit="ops", w=8),
+        timeseries("Signals received by sender", "Signals delivered to container processes, by who sent them.",
+                   targets((f"sum by (sender) (rate(lifecycle_signals_received_total{{{S}}}[$__rate_interval]))", "{{sender}}")),
+                   unit="ops", w=8),
+        timeseries("TCP accepts / s", "Connections accepted by the application, per listening port.",
+                   targets((f"sum by (namespace, pod, port) (rate(lifecycle_tcp_accepts_total{{{S}}}[$__rate_interval]))", "{{namespace}}/{{pod}}:{{port}}")),
+                   unit="ops", w=8),
+        timeseries("TCP connections established / s", "Handshakes the kernel completed, per listening port (before the application accepts).",
+                   targets((f"sum by (namespace, pod, port) (rate(lifecycle_tcp_connections_established_total{{{S}}}[$__rate_interval]))", "{{namespace}}/{{pod}}:{{port}}")),
+                   unit="ops", w=8),
+        timeseries("Accept queue depth", "Connections waiting in a listener's accept queue. A queue that stays above zero while accepts stay flat is an accept stall.",
+                   targets((f"max by (namespace, pod, container, port) (lifecycle_tcp_accept_queue_depth{{{S}}})", "{{namespace}}/{{pod}}/{{container}}:{{port}}")),
+                   w=8),
+        row("Agent health"),
+        stat("Agents reporting", "Agents whose build_info series is present.", f"count(lifecycle_build_info{{{N}}})"),
+        stat("Events lost (time range)", "Event records dropped because the ring buffer was full. States derived from events may be stale; counters stay exact.",
+             f"sum(increase(lifecycle_events_lost_total{{{N}}}[$__range]))", thr=ANY_IS_RED),
+        stat("Counter-map full (time range)", "Counter updates dropped because the per-cgroup counters map was full.",
+             f"sum(increase(lifecycle_kernel_map_full_total{{{N}}}[$__range]))", thr=ANY_IS_RED),
+        stat("Decode errors (time range)", "Ring records the agent could not decode (kernel/agent layout mismatch).",
+             f"sum(increase(lifecycle_event_decode_errors_total{{{N}}}[$__range]))", thr=ANY_IS_RED),
+        stat("Ring buffer size", "Size of the kernel event ring buffer (largest across agents).",
+             f"max(lifecycle_ring_buffer_bytes{{{N}}})", unit="bytes"),
+        stat("Event to state p99", "99th percentile of the time from a kernel event to the state being visible in the agent.",
+             f"histogram_quantile(0.99, sum by (le) (rate(lifecycle_event_to_state_seconds_bucket{{{N}}}[$__rate_interval])))", unit="s"),
+        stat("Kernel features", "Each kernel feature, off if any agent has it off (the agent log says why).",
+             f"min by (feature) (lifecycle_feature_enabled{{{N}}})", legend="{{feature}}", mappings=ON_OFF,
+             thr=thresholds((None, "red"), (1, "green")), w=24, h=4),
+        timeseries("Events / s by kind", "Event records the kernel programs sent, by kind.",
+                   targets((f"sum by (kind) (rate(lifecycle_events_total{{{N}}}[$__rate_interval]))", "{{kind}}")), unit="ops", w=8),
+        timeseries("Lost events / s by kind", "Event records lost to a full ring buffer, by kind.",
+                   targets((f"sum by (kind) (rate(lifecycle_events_lost_total{{{N}}}[$__rate_interval]))", "{{kind}}")), unit="ops", w=8),
+        timeseries("Kernel map fill", "Used entries over capacity, per agent and map. At 100% new containers lose their counters.",
+                   targets((f'lifecycle_kernel_map_entries{{{N}, measure="used"}} / ignoring (measure) lifecycle_kernel_map_entries{{{N}, measure="capacity"}}',
+                            "{{node}} {{map}}")), unit="percentunit", w=8),
+        timeseries("Event to state latency", "Time from a kernel event to the state being visible, quantiles over all agents.",
+                   targets((f"histogram_quantile(0.5, sum by (le) (rate(lifecycle_event_to_state_seconds_bucket{{{N}}}[$__rate_interval])))", "p50"),
+                           (f"histogram_quantile(0.99, sum by (le) (rate(lifecycle_event_to_state_seconds_bucket{{{N}}}[$__rate_interval])))", "p99")),
+                   unit="s"),
+        table("Agent versions", "Agents by version.", f"count by (version) (lifecycle_build_info{{{N}}})", w=12),
+    ]
+    return dashboard(OVERVIEW_UID, "Lifecycle / Node overview",
+                     "Every container on the selected nodes as the kernel sees it, plus the health of the lifecycle agent itself.", panels)
+
+
+def termination() -> dict:
+    to_self = link_to(TERMINATION_UID, "termination-and-grace", "Show only this pod")
+    killed = 'outcome=~"sigkilled_after_grace|killed_without_grace"'
+    panels = [
+        row("From the alert to the pod"),
+        stat("Grace-period violations (time range)", "Containers SIGKILLed after their grace period ran out (GracePeriodViolation alert).",
+             f"sum(increase(lifecycle_grace_period_violations_total{{{S}}}[$__range]))", thr=ANY_IS_RED, w=6),
+        stat("Terminations (time range)", "Container terminations of any outcome.",
+             f"sum(increase(lifecycle_terminations_total{{{S}}}[$__range]))", w=6),
+        stat("Ended by SIGKILL", "Share of terminations that ended with SIGKILL (after the grace period or without one).",
+             f"sum(increase(lifecycle_terminations_total{{{S}, {killed}}}[$__range])) / sum(increase(lifecycle_terminations_total{{{S}}}[$__range]))",
+             unit="percentunit", thr=thresholds((None, "green"), (0.01, "orange"), (0.1, "red")), w=6),
+        stat("OOM-killed terminations (time range)", "Terminations whose cause was the OOM killer.",
+             f'sum(increase(lifecycle_terminations_total{{{S}, outcome="oom_killed"}}[$__range]))', thr=ANY_IS_RED, w=6),
+        table("Violations by container (time range)", "Containers with grace-period violations, most first. Click a row to narrow the dashboard to that pod.",
+              f"sum by (namespace, pod, container, uid) (increase(lifecycle_grace_period_violations_total{{{S}}}[$__range]))",
+              links=to_self, h=7),
+        timeseries("Violations", "Grace-period violations per container in each interval.",
+                   targets((f"sum by (namespace, pod, container) (increase(lifecycle_grace_period_violations_total{{{S}}}[$__rate_interval]))",
+                            "{{namespace}}/{{pod}}/{{container}}")), bars=True),
+        timeseries("Terminations by outcome", "How stopping containers ended.",
+                   targets((f"sum by (outcome) (increase(lifecycle_terminations_total{{{S}}}[$__rate_interval]))", "{{outcome}}")),
+                   bars=True, stack=True),
+        row("Stop signals"),
+        timeseries("Signals by sender and signal", "Signals delivered to container processes: runtime (StopContainer), kubelet, the container itself, or another host process.",
+                   targets((f"sum by (sender, signal) (increase(lifecycle_signals_received_total{{{S}}}[$__rate_interval]))", "{{sender}} {{signal}}")),
+                   bars=True, stack=True),
+        table("Signals by container (time range)", "Who signalled which container, and with what.",
+              f"sum by (namespace, pod, container, signal, sender) (increase(lifecycle_signals_received_total{{{S}}}[$__range]))", w=12),
+        row("Grace used and termination duration"),
+        heatmap("Grace period used", "Fraction of the grace period a container took to exit after its stop signal; 1 and above means the runtime had to SIGKILL it.",
+                f"sum by (le) (increase(lifecycle_termination_grace_used_ratio_bucket{{{S}}}[$__rate_interval]))", unit="percentunit"),
+        timeseries("Termination duration by outcome", "Stop signal to exit, quantiles per outcome.",
+                   targets((f"histogram_quantile(0.5, sum by (outcome, le) (rate(lifecycle_termination_duration_seconds_bucket{{{S}}}[$__rate_interval])))", "p50 {{outcome}}"),
+                           (f"histogram_quantile(0.9, sum by (outcome, le) (rate(lifecycle_termination_duration_seconds_bucket{{{S}}}[$__rate_interval])))", "p90 {{outcome}}"),
+                           (f"histogram_quantile(0.99, sum by (outcome, le) (rate(lifecycle_termination_duration_seconds_bucket{{{S}}}[$__rate_interval])))", "p99 {{outcome}}")),
+                   unit="s"),
+        timeseries("Median grace used by container", "Median fraction of the grace period used, per container.",
+                   targets((f"histogram_quantile(0.5, sum by (namespace, pod, container, le) (rate(lifecycle_termination_grace_used_ratio_bucket{{{S}}}[$__rate_interval])))",
+                            "{{namespace}}/{{pod}}/{{container}}")), unit="percentunit"),
+        table("Last termination per container", "Last terminated reason (label) and exit code (value) of each container.",
+              f"max by (namespace, pod, container, uid, reason) (lifecycle_container_last_terminated_reason{{{S}}} == 1)"
+              f" * on (namespace, pod, container, uid) group_left () max by (namespace, pod, container, uid) (lifecycle_container_last_terminated_exit_code{{{S}}})",
+              w=12),
+    ]
+    return dashboard(TERMINATION_UID, "Lifecycle / Termination and grace",
+                     "From a GracePeriodViolation alert to the pod: violations, termination outcomes, who sent the stop signals, how much of the grace period was used.",
+                     panels)
+
+
+def restarts() -> dict:
+    per_container = "namespace, pod, container"
+    panels = [
+        row("Back-off: observed against the kubelet's rules"),
+        stat("Abnormal back-off verdicts (time range)", "Restarts that came too early or too late for the kubelet's back-off rules (CrashLoopAbnormalBackoff alert).",
+             f'sum(increase(lifecycle_backoff_verdicts_total{{{S}, verdict!="within_tolerance"}}[$__range]))', thr=ANY_IS_RED, w=6),
+        stat("In CrashLoopBackOff", "Containers waiting in CrashLoopBackOff now.",
+             f'sum(lifecycle_container_waiting_reason{{{S}, reason="CrashLoopBackOff"}})', thr=ANY_IS_RED, w=6),
+        stat("Restarts (time range)", "Container restarts.", f"sum(increase(lifecycle_container_restarts_total{{{S}}}[$__range]))", w=6),
+        stat("Exits (time range)", "Container exits of any reason.", f"sum(increase(lifecycle_container_exits_total{{{S}}}[$__range]))", w=6),
+        timeseries("Observed vs expected back-off (last restart)",
+                   "For each container's last restart: the delay the agent measured between exit and restart, and the delay the kubelet's rules call for (10 s doubling to 300 s by default).",
+                   targets((f"max by ({per_container}) (lifecycle_backoff_observed_seconds{{{S}}})", "observed {{namespace}}/{{pod}}/{{container}}"),
+                           (f"max by ({per_container}) (lifecycle_backoff_expected_seconds{{{S}}})", "expected {{namespace}}/{{pod}}/{{container}}")),
+                   unit="s", w=24, interpolation="stepAfter"),
+        timeseries("Observed / expected", "Ratio of observed to expected back-off; 1 is on schedule. Containers whose expected delay is 0 (first restart) are left out.",
+                   targets((f"max by ({per_container}) (lifecycle_backoff_observed_seconds{{{S}}}) / max by ({per_container}) (lifecycle_backoff_expected_seconds{{{S}}} > 0)",
+                            "{{namespace}}/{{pod}}/{{container}}")), unit="none", interpolation="stepAfter"),
+        timeseries("Back-off verdicts", "Verdicts on each restart: within tolerance, too early, too late.",
+                   targets((f"sum by (verdict) (increase(lifecycle_backoff_verdicts_total{{{S}}}[$__rate_interval]))", "{{verdict}}")),
+                   bars=True, stack=True),
+        table("Verdicts by container (time range)", "Back-off verdicts per container; abnormal ones first when sorted.",
+              f"sum by (namespace, pod, container, verdict) (increase(lifecycle_backoff_verdicts_total{{{S}}}[$__range]))"),
+        row("Restarts and exits"),
+        timeseries("Restarts by container", "Restarts per container in each interval.",
+                   targets((f"sum by ({per_container}) (increase(lifecycle_container_restarts_total{{{S}}}[$__rate_interval]))",
+                            "{{namespace}}/{{pod}}/{{container}}")), bars=True),
+        timeseries("Exits by reason", "Container exits by reason.",
+                   targets((f"sum by (reason) (increase(lifecycle_container_exits_total{{{S}}}[$__rate_interval]))", "{{reason}}")),
+                   bars=True, stack=True),
+        table("Exits by reason, exit code and signal (time range)", "Every distinct way containers exited.",
+              f"sum by (namespace, pod, container, reason, exit_code, signal) (increase(lifecycle_container_exits_total{{{S}}}[$__range]))", w=12),
+        bargauge("Exit codes (time range)", "Container exits per exit code.",
+                 f"sum by (exit_code) (increase(lifecycle_container_exits_total{{{S}}}[$__range]))", "exit {{exit_code}}"),
+        timeseries("OOM kills", "OOM-killer victims per container in each interval.",
+                   targets((f"sum by ({per_container}) (increase(lifecycle_oom_kills_total{{{S}}}[$__rate_interval]))",
+                            "{{namespace}}/{{pod}}/{{container}}")), bars=True),
+        table("Waiting reasons", "Current waiting reason per container (1 = the container is waiting for this reason).",
+              f"max by (namespace, pod, container, reason) (lifecycle_container_waiting_reason{{{S}}})", w=12),
+    ]
+    return dashboard(RESTARTS_UID, "Lifecycle / Restarts and back-off",
+                     "Restart back-off as observed from the kernel against what the kubelet's rules say, with restarts and exits by reason and code.",
+                     panels)
+
+
+def probes() -> dict:
+    per_container = "namespace, pod, container"
+    panels = [
+        row("Probe results"),
+        stat("Failing checks", "Probe-listener checks that fail now.", f"sum(1 - lifecycle_probe_result{{{S}}})", thr=ANY_IS_RED, w=6),
+        stat("Check transitions (time range)", "Pass/fail flips; many flips mean a flapping check.",
+             f"sum(increase(lifecycle_probe_transitions_total{{{S}}}[$__range]))", w=6),
+        stat("Probe requests / s", "Requests to the per-pod probe listener.",
+             f"sum(rate(lifecycle_probe_requests_total{{{S}}}[$__rate_interval]))", unit="reqps", w=6, instant=False),
+        stat("Exec-probe CPU", "CPU the runtime-spawned processes (exec probes, exec sessions, hooks) use, in cores.",
+             f"sum(rate(lifecycle_exec_probe_cpu_seconds_total{{{S}}}[$__rate_interval]))", unit="short", w=6, instant=False),
+        state_timeline("Check results", "Result of each probe-listener check over time.",
+                       f"max by (namespace, pod, container, check) (lifecycle_probe_result{{{S}}})", "{{namespace}}/{{pod}}/{{container}} {{check}}"),
+        timeseries("Check transitions", "Pass/fail transitions per check.",
+                   targets((f"sum by (namespace, pod, check) (increase(lifecycle_probe_transitions_total{{{S}}}[$__rate_interval]))",
+                            "{{namespace}}/{{pod}} {{check}}")), bars=True),
+        timeseries("Probe requests by check and code", "Requests to the probe listener by check and HTTP status.",
+                   targets((f"sum by (check, code) (rate(lifecycle_probe_requests_total{{{S}}}[$__rate_interval]))", "{{check}} {{code}}")),
+                   unit="reqps"),
+        timeseries("Probe listener latency by check (all pods)",
+                   "Time the probe listener took to answer, per check. This histogram has only the check label, so the namespace and pod selections do not apply.",
+                   targets((f"histogram_quantile(0.5, sum by (check, le) (rate(lifecycle_probe_duration_seconds_bucket{{{N}}}[$__rate_interval])))", "p50 {{check}}"),
+                           (f"histogram_quantile(0.99, sum by (check, le) (rate(lifecycle_probe_duration_seconds_bucket{{{N}}}[$__rate_interval])))", "p99 {{check}}")),
+                   unit="s", w=24),
+        row("Exec-probe cost"),
+        timeseries("Exec-probe processes / s", "Processes the runtime spawned into each container outside its init's process tree.",
+                   targets((f"sum by ({per_container}) (rate(lifecycle_exec_probe_processes_total{{{S}}}[$__rate_interval]))",
+                            "{{namespace}}/{{pod}}/{{container}}")), unit="ops"),
+        timeseries("Exec-probe CPU by container", "CPU those processes used, in cores.",
+                   targets((f"sum by ({per_container}) (rate(lifecycle_exec_probe_cpu_seconds_total{{{S}}}[$__rate_interval]))",
+                            "{{namespace}}/{{pod}}/{{container}}")), unit="short"),
+        timeseries("CPU per exec-probe process", "Average CPU time of one exec-probe process.",
+                   targets((f"sum by ({per_container}) (rate(lifecycle_exec_probe_cpu_seconds_total{{{S}}}[$__rate_interval]))"
+                            f" / sum by ({per_container}) (rate(lifecycle_exec_probe_processes_total{{{S}}}[$__rate_interval]) > 0)",
+                            "{{namespace}}/{{pod}}/{{container}}")), unit="s"),
+        timeseries("Exec-probe share of all execs", "Runtime-spawned processes as a share of all exec() calls in the selected containers.",
+                   targets((f"sum(rate(lifecycle_exec_probe_processes_total{{{S}}}[$__rate_interval])) / sum(rate(lifecycle_process_execs_total{{{S}}}[$__rate_interval]))",
+                            "share")), unit="percentunit"),
+        bargauge("Top 10 containers by exec-probe CPU (time range)", "CPU seconds spent in exec probes, sessions and hooks.",
+                 f"topk(10, sum by ({per_container}) (increase(lifecycle_exec_probe_cpu_seconds_total{{{S}}}[$__range])))",
+                 "{{namespace}}/{{pod}}/{{container}}", unit="s", w=24),
+    ]
+    return dashboard(PROBES_UID, "Lifecycle / Probes and probe cost",
+                     "Probe-listener results, transitions and latency, and what exec probes cost the node.", panels)
+
+
+DASHBOARDS = {
+    "node-lifecycle-overview.json": overview,
+    "termination-and-grace.json": termination,
+    "restarts-and-backoff.json": restarts,
+    "probes-and-probe-cost.json": probes,
+}
+
+
+def render(builder) -> str:
+    return json.dumps(builder(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 on a difference")
+    args = parser.parse_args()
+    stale = []
+    for name, builder in DASHBOARDS.items():
+        path = HERE / name
+        text = render(builder)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print("out of date (run dashboards/build_dashboards.py): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Serves synthetic lifecycle_* metrics for exercising the dashboards without an agent.
+
+    python3 dashboards/sample_exporter.py --listen 127.0.0.1:19890     # serve /metrics
+    python3 dashboards/sample_exporter.py --print                      # print one exposition
+
+Every metric of the catalogue in docs/metrics.md is present, with the documented types and labels,
+for two pods and the plain-host mode (namespace="host", pod=""). Counters and histograms grow with
+the time since start, so rate() and increase() panels have data after two scrapes. The values are
+made up: this checks that every dashboard query matches the catalogue, not that the agent is right.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import sys
+import time
+
+START = time.time()
+
+CONTAINERS = [
+    # (namespace, pod, container, uid)
+    ("shop", "cart-0", "app", "6f1c-cart"),
+    ("jobs", "crashy-0", "worker", "91aa-crashy"),
+    ("host", "", "/system.slice/containerd.service", ""),
+]
+TERMINATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1, 1.1, 1.5)
+LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1)
+EVENT_KINDS = ("exec", "exit", "signal", "oom_victim", "tcp_listen", "tcp_listen_close", "tcp_established",
+               "tcp_accept", "cgroup_mkdir", "cgroup_rmdir")
+FEATURES = ("process_exec", "process_exit", "signals", "oom_kills", "tcp_sockets", "tcp_accepts", "cgroup_events")
+
+
+def labels(**pairs: str) -> str:
+    body = ",".join(f'{k}="{v}"' for k, v in pairs.items())
+    return "{" + body + "}" if body else ""
+
+
+class Exposition:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str) -> None:
+        self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+
+    def sample(self, name: str, value: float, **pairs: str) -> None:
+        self.lines.append(f"{name}{labels(**pairs)} {value:g}")
+
+    def histogram(self, name: str, bounds: tuple, observations: int, typical: float, **pairs: str) -> None:
+        for bound in bounds:
+            self.sample(f"{name}_bucket", observations if bound >= typical else 0, **pairs, le=f"{bound:g}")
+        self.sample(f"{name}_bucket", observations, **pairs, le="+Inf")
+        self.sample(f"{name}_sum", observations * typical, **pairs)
+        self.sample(f"{name}_count", observations, **pairs)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def render() -> str:
+    tick = int((time.time() - START) // 5) + 1  # grows every 5 s
+    e = Exposition()
+    per = [dict(namespace=n, pod=p, container=c, uid=u) for n, p, c, u in CONTAINERS]
+    short = [dict(namespace=n, pod=p, container=c) for n, p, c, _ in CONTAINERS]
+
+    e.family("lifecycle_container_state", "gauge", "1 for the container's current state.")
+    for i, l in enumerate(per):
+        for state in ("waiting", "running", "terminated"):
+            e.sample("lifecycle_container_state", int(state == ("waiting" if i == 1 else "running")), **l, state=state)
+    e.family("lifecycle_container_waiting_reason", "gauge", "1 for the reason a waiting container waits.")
+    for i, l in enumerate(per):
+        for reason in ("ContainerCreating", "CrashLoopBackOff"):
+            e.sample("lifecycle_container_waiting_reason", int(i == 1 and reason == "CrashLoopBackOff"), **l, reason=reason)
+    e.family("lifecycle_container_last_terminated_reason", "gauge", "1 for the reason of the last termination.")
+    for l in per:
+        for reason in ("Completed", "Error", "OOMKilled", "Signal"):
+            e.sample("lifecycle_container_last_terminated_reason", int(reason == "Error"), **l, reason=reason)
+    e.family("lifecycle_container_last_terminated_exit_code", "gauge", "Exit code of the last termination.")
+    e.family("lifecycle_container_last_terminated_timestamp_seconds", "gauge", "When the last termination happened.")
+    for l in per:
+        e.sample("lifecycle_container_last_terminated_exit_code", 1, **l)
+        e.sample("lifecycle_container_last_terminated_timestamp_seconds", START, **l)
+    e.family("lifecycle_container_restarts_total", "counter", "Container restarts.")
+    for l in per:
+        e.sample("lifecycle_container_restarts_total", tick, **l)
+    e.family("lifecycle_container_exits_total", "counter", "Container exits.")
+    for l in short:
+        e.sample("lifecycle_container_exits_total", tick, **l, reason="Error", exit_code="1", signal="")
+        e.sample("lifecycle_container_exits_total", tick // 2, **l, reason="Signal", exit_code="137", signal="9")
+
+    e.family("lifecycle_termination_duration_seconds", "histogram", "Stop signal to exit.")
+    e.family("lifecycle_termination_grace_used_ratio", "histogram", "Fraction of the grace period used.")
+    e.family("lifecycle_terminations_total", "counter", "Terminations by outcome.")
+    for l in short:
+        e.histogram("lifecycle_termination_duration_seconds", TERMINATION_BUCKETS, tick, 2, **l, outcome="exited_within_grace")
+        e.histogram("lifecycle_termination_duration_seconds", TERMINATION_BUCKETS, tick // 3, 30, **l, outcome="sigkilled_after_grace")
+        e.histogram("lifecycle_termination_grace_used_ratio", RATIO_BUCKETS, tick, 0.5, **l)
+        for outcome in ("exited_within_grace", "sigkilled_after_grace", "killed_without_grace", "oom_killed", "exited_without_stop_signal"):
+            e.sample("lifecycle_terminations_total", tick if outcome == "exited_within_grace" else tick // 3, **l, outcome=outcome)
+    e.family("lifecycle_grace_period_violations_total", "counter", "SIGKILLs after the grace period.")
+    for l in per:
+        e.sample("lifecycle_grace_period_violations_total", tick // 3, **l)
+
+    e.family("lifecycle_backoff_observed_seconds", "gauge", "Observed back-off before the last restart.")
+    e.family("lifecycle_backoff_expected_seconds", "gauge", "Expected back-off before the last restart.")
+    for l in per:
+        e.sample("lifecycle_backoff_observed_seconds", 41, **l)
+        e.sample("lifecycle_backoff_expected_seconds", 40, **l)
+    e.family("lifecycle_backoff_verdicts_total", "counter", "Back-off verdicts.")
+    for l in short:
+        for verdict in ("within_tolerance", "too_early", "too_late"):
+            e.sample("lifecycle_backoff_verdicts_total", tick if verdict == "within_tolerance" else 0, **l, verdict=verdict)
+
+    e.family("lifecycle_signals_received_total", "counter", "Signals received.")
+    e.family("lifecycle_oom_kills_total", "counter", "OOM-killer victims.")
+    e.family("lifecycle_process_execs_total", "counter", "exec() calls.")
+    e.family("lifecycle_process_exits_total", "counter", "Process exits.")
+    for l in short:
+        e.sample("lifecycle_signals_received_total", tick, **l, signal="15", sender="runtime")
+        e.sample("lifecycle_signals_received_total", tick // 3, **l, signal="9", sender="runtime")
+        e.sample("lifecycle_oom_kills_total", tick // 10, **l)
+        e.sample("lifecycle_process_execs_total", tick * 7, **l)
+        e.sample("lifecycle_process_exits_total", tick * 7, **l)
+
+    e.family("lifecycle_tcp_listeners", "gauge", "Listening sockets per port.")
+    e.family("lifecycle_tcp_connections_established_total", "counter", "Handshakes completed.")
+    e.family("lifecycle_tcp_accepts_total", "counter", "Connections accepted.")
+    e.family("lifecycle_tcp_accept_queue_depth", "gauge", "Connections waiting to be accepted.")
+    for l in short[:2]:
+        e.sample("lifecycle_tcp_listeners", 1, **l, port="8080")
+        e.sample("lifecycle_tcp_connections_established_total", tick * 20, **l, port="8080")
+        e.sample("lifecycle_tcp_accepts_total", tick * 20, **l, port="8080")
+        e.sample("lifecycle_tcp_accept_queue_depth", tick % 3, **l, port="8080")
+
+    e.family("lifecycle_probe_result", "gauge", "1 when the check passes.")
+    e.family("lifecycle_probe_transitions_total", "counter", "Pass/fail transitions.")
+    e.family("lifecycle_probe_requests_total", "counter", "Probe-listener requests.")
+    for l in short[:2]:
+        for check in ("tcp", "process", "file"):
+            e.sample("lifecycle_probe_result", int(check != "file"), **l, check=check)
+            e.sample("lifecycle_probe_transitions_total", tick // 4, **l, check=check)
+            e.sample("lifecycle_probe_requests_total", tick * 2, **l, check=check, code="200")
+    e.family("lifecycle_probe_duration_seconds", "histogram", "Probe-listener answer time.")
+    for check in ("tcp", "process", "file"):
+        e.histogram("lifecycle_probe_duration_seconds", LATENCY_BUCKETS, tick * 4, 0.001, check=check)
+    e.family("lifecycle_exec_probe_processes_total", "counter", "Runtime-spawned processes.")
+    e.family("lifecycle_exec_probe_cpu_seconds_total", "counter", "CPU of runtime-spawned processes.")
+    for l in short:
+        e.sample("lifecycle_exec_probe_processes_total", tick * 2, **l)
+        e.sample("lifecycle_exec_probe_cpu_seconds_total", tick * 0.01, **l)
+
+    e.family("lifecycle_events_total", "counter", "Events sent by the kernel.")
+    e.family("lifecycle_events_lost_total", "counter", "Events lost to a full ring buffer.")
+    e.family("lifecycle_kernel_map_full_total", "counter", "Counter updates lost to a full map.")
+    for kind in EVENT_KINDS:
+        e.sample("lifecycle_events_total", tick * 100, kind=kind)
+        e.sample("lifecycle_events_lost_total", 0, kind=kind)
+        e.sample("lifecycle_kernel_map_full_total", 0, kind=kind)
+    e.family("lifecycle_event_decode_errors_total", "counter", "Undecodable ring records.")
+    e.sample("lifecycle_event_decode_errors_total", 0)
+    e.family("lifecycle_feature_enabled", "gauge", "1 when a kernel feature is attached.")
+    for feature in FEATURES:
+        e.sample("lifecycle_feature_enabled", 1, feature=feature)
+    e.family("lifecycle_kernel_map_entries", "gauge", "Entries in a kernel map, and its capacity.")
+    e.sample("lifecycle_kernel_map_entries", 42, map="cgroup_counters", measure="used")
+    e.sample("lifecycle_kernel_map_entries", 16384, map="cgroup_counters", measure="capacity")
+    e.family("lifecycle_ring_buffer_bytes", "gauge", "Ring buffer size.")
+    e.sample("lifecycle_ring_buffer_bytes", 4194304)
+    e.family("lifecycle_build_info", "gauge", "Always 1.")
+    e.sample("lifecycle_build_info", 1, version="0.1.0")
+    e.family("lifecycle_event_to_state_seconds", "histogram", "Kernel event to visible state.")
+    e.histogram("lifecycle_event_to_state_seconds", LATENCY_BUCKETS, tick * 100, 0.0005)
+    return e.text()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        if self.path.split("?")[0] != "/metrics":
+            self.send_error(404)
+            return
+        body = render().encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--listen", default="127.0.0.1:19890", help="host:port to serve /metrics on")
+    parser.add_argument("--print", action="store_true", help="print one exposition and exit")
+    args = parser.parse_args()
+    if args.print:
+        sys.stdout.write(render())
+        return 0
+    host, port = args.listen.rsplit(":", 1)
+    http.server.ThreadingHTTPServer((host, int(port)), Handler).serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""Checks the deploy/ manifests and alert rules.
+
+    target/pyenv/bin/python deploy/check_manifests.py
+
+- every Kubernetes object in deploy/*.yaml (except the rule and rule-test files) validates with
+  kubernetes-validate in strict mode against the oldest and newest Kubernetes versions below;
+  custom resources it has no schema for (PodMonitor, PrometheusRule) are reported with a note and
+  get apiVersion/kind/metadata checks instead;
+- the DaemonSet keeps the properties the agent depends on (hostPID, capabilities, mounts, probes,
+  --listen 0.0.0.0:9890, tolerations, priority class);
+- every alert has summary, description and runbook_url annotations and a severity label;
+- deploy/alerts.rules.yaml equals the extraction of deploy/prometheusrule.yaml (extract_rules.py);
+- `promtool check rules deploy/alerts.rules.yaml` and `promtool test rules deploy/alerts.test.yaml`
+  pass, and the tests make every alert fire at least once and stay silent at least once;
+- every lifecycle_* metric the rules use is documented in docs/metrics.md.
+
+One line per check (PASS/FAIL/NOTE), then "N passed, M failed"; exit status 1 on any failure.
+Needs PyYAML and kubernetes-validate (deploy/requirements.txt) and promtool (Debian: prometheus).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+import extract_rules  # noqa: E402  (sibling module)
+
+KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")
+NOT_MANIFESTS = {"alerts.rules.yaml", "alerts.test.yaml"}
+CRD_GROUPS = {"monitoring.coreos.com"}
+EXPECTED_CAPABILITIES = {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"}
+EXPECTED_MOUNTS = {"/sys/fs/cgroup", "/sys/kernel/btf", "/sys/kernel/tracing", "/host/proc", "/run/containerd/containerd.sock"}
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+class Report:
+    def __init__(self) -> None:
+        self.passed = 0
+        self.failed = 0
+
+    def check(self, what: str, problems: list[str], note: str = "") -> None:
+        if problems:
+            self.failed += 1
+            print(f"FAIL {what}: " + "; ".join(problems))
+        else:
+            self.passed += 1
+            print(f"PASS {what}" + (f" ({note})" if note else ""))
+
+
+def manifests() -> list[tuple[Path, int, dict]]:
+    out = []
+    for path in sorted(HERE.glob("*.yaml")):
+        if path.name in NOT_MANIFESTS:
+            continue
+        for index, doc in enumerate(yaml.safe_load_all(path.read_text())):
+            if doc:
+                out.append((path, index, doc))
+    return out
+
+
+def basic_problems(doc: dict) -> list[str]:
+    problems = []
+    if not re.fullmatch(r"([a-z0-9.-]+/)?v[0-9]+((alpha|beta)[0-9]+)?", str(doc.get("apiVersion", ""))):
+        problems.append(f"apiVersion {doc.get('apiVersion')!r}")
+    if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", str(doc.get("kind", ""))):
+        problems.append(f"kind {doc.get('kind')!r}")
+    meta = doc.get("metadata")
+    if not isinstance(meta, dict) or not NAME_RE.match(str(meta.get("name", ""))):
+        problems.append("metadata.name missing or not a DNS name")
+    elif "namespace" in meta and not NAME_RE.match(str(meta["namespace"])):
+        problems.append(f"metadata.namespace {meta['namespace']!r}")
+    for key in ("labels", "annotations"):
+        if isinstance(meta, dict) and key in meta and not all(isinstance(v, str) for v in (meta[key] or {}).values()):
+            problems.append(f"metadata.{key} values must be strings")
+    return problems
+
+
+def validate(report: Report, path: Path, index: int, doc: dict) -> None:
+    import kubernetes_validate
+
+    what = f"{path.name}[{index}] {doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
+    problems = basic_problems(doc)
+    group = str(doc.get("apiVersion", "")).split("/")[0]
+    if group in CRD_GROUPS:
+        print(f"NOTE {what}: kubernetes-validate has no schema for {doc.get('apiVersion')} {doc.get('kind')}; checked apiVersion/kind/metadata and spec below")
+        problems += crd_problems(doc)
+        report.check(what, problems, "custom resource")
+        return
+    for version in KUBERNETES_VERSIONS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            location = ".".join(str(p) for p in err.path)
+            problems.append(f"k8s {version}: {location}: {err.message}")
+        except kubernetes_validate.SchemaNotFoundError as err:
+            problems.append(f"k8s {version}: no schema ({err})")
+    report.check(what, problems, f"kubernetes-validate strict, k8s {' and '.join(KUBERNETES_VERSIONS)}")
+
+
+def crd_problems(doc: dict) -> list[str]:
+    """The few spec fields whose mistakes would silently disable scraping or alerting."""
+    spec = doc.get("spec") or {}
+    problems = []
+    if doc.get("kind") == "PodMonitor":
+        endpoints = spec.get("podMetricsEndpoints") or []
+        if not spec.get("selector", {}).get("matchLabels"):
+            problems.append("PodMonitor without spec.selector.matchLabels")
+        if not endpoints:
+            problems.append("PodMonitor without podMetricsEndpoints")
+        for endpoint in endpoints:
+            if endpoint.get("port") != "metrics":
+                problems.append("endpoint port is not the container port name `metrics`")
+            if endpoint.get("honorLabels") is not True:
+                problems.append("honorLabels must be true (the agent's namespace/pod/container labels)")
+    elif doc.get("kind") == "PrometheusRule":
+        if not spec.get("groups"):
+            problems.append("PrometheusRule without spec.groups")
+    else:
+        problems.append(f"unexpected custom resource kind {doc.get('kind')}")
+    return problems
+
+
+def daemonset_problems(doc: dict) -> list[str]:
+    pod = doc["spec"]["template"]["spec"]
+    problems = []
+    if pod.get("hostPID") is not True:
+        problems.append("hostPID must be true")
+    if pod.get("priorityClassName") != "system-node-critical":
+        problems.append("priorityClassName must be system-node-critical")
+    if not any(t.get("operator") == "Exists" and "key" not in t for t in pod.get("tolerations", [])):
+        problems.append("needs a toleration {operator: Exists} to run on every node")
+    agent = pod["containers"][0]
+    security = agent.get("securityContext", {})
+    caps = set(security.get("capabilities", {}).get("add", []))
+    if security.get("privileged"):
+        problems.append("privileged: true (use the listed capabilities)")
+    if caps != EXPECTED_CAPABILITIES:
+        problems.append(f"capabilities {sorted(caps)} != {sorted(EXPECTED_CAPABILITIES)}")
+    if security.get("capabilities", {}).get("drop") != ["ALL"]:
+        problems.append("capabilities.drop must be [ALL]")
+    mounts = {m["mountPath"] for m in agent.get("volumeMounts", [])}
+    if EXPECTED_MOUNTS - mounts:
+        problems.append(f"missing mounts {sorted(EXPECTED_MOUNTS - mounts)}")
+    args = agent.get("args", [])
+    if "--listen" not in args or args[args.index("--listen") + 1] != "0.0.0.0:9890":
+        problems.append("args must contain --listen 0.0.0.0:9890")
+    ports = {p.get("name"): p.get("containerPort") for p in agent.get("ports", [])}
+    if ports.get("metrics") != 9890:
+        problems.append("container port `metrics` must be 9890")
+    for probe in ("livenessProbe", "readinessProbe"):
+        get = (agent.get(probe) or {}).get("httpGet") or {}
+        if get.get("path") != "/healthz" or get.get("port") not in ("metrics", 9890):
+            problems.append(f"{probe} must be httpGet /healthz on 9890")
+    resources = agent.get("resources", {})
+    if not resources.get("requests") or not resources.get("limits"):
+        problems.append("resources.requests and resources.limits are required")
+    return problems
+
+
+def rule_problems(groups: list[dict]) -> list[str]:
+    problems = []
+    for group in groups:
+        for rule in group.get("rules", []):
+            if "alert" not in rule:
+                continue
+            annotations = rule.get("annotations", {})
+            missing = [a for a in ("summary", "description", "runbook_url") if not annotations.get(a)]
+            if missing:
+                problems.append(f"{rule['alert']}: no {', '.join(missing)}")
+            if "{{ $labels.pod }}" not in annotations.get("summary", ""):
+                problems.append(f"{rule['alert']}: summary does not name the pod")
+            if not rule.get("labels", {}).get("severity"):
+                problems.append(f"{rule['alert']}: no severity label")
+    return problems
+
+
+def alerts_in(groups: list[dict]) -> list[str]:
+    return [r["alert"] for g in groups for r in g.get("rules", []) if "alert" in r]
+
+
+def test_coverage_problems(alerts: list[str], tests: dict) -> list[str]:
+    fires, silent = set(), set()
+    for test in tests.get("tests", []):
+        for case in test.get("alert_rule_test", []):
+            (fires if case.get("exp_alerts") else silent).add(case.get("alertname"))
+    problems = []
+    for alert in alerts:
+        if alert not in fires:
+            problems.append(f"{alert} is never expected to fire")
+        if alert not in silent:
+            problems.append(f"{alert} is never expected to stay silent")
+    return problems
+
+
+def run(command: list[str]) -> tuple[int, str]:
+    result = subprocess.run(command, cwd=HERE, capture_output=True, text=True)
+    return result.returncode, (result.stdout + result.stderr).strip()
+
+
+def main() -> int:
+    report = Report()
+
+    docs = manifests()
+    for path, index, doc in docs:
+        validate(report, path, index, doc)
+    for path, index, doc in docs:
+        if doc.get("kind") == "DaemonSet":
+            report.check(f"{path.name}[{index}] DaemonSet agent requirements", daemonset_problems(doc))
+
+    rule = next((doc for _, _, doc in docs if doc.get("kind") == "PrometheusRule"), None)
+    groups = (rule or {}).get("spec", {}).get("groups", [])
+    report.check("prometheusrule.yaml: alerts have severity, summary naming the pod, description, runbook_url",
+                 rule_problems(groups) if rule else ["no PrometheusRule found"], f"{len(alerts_in(groups))} alerts")
+
+    rules_file = HERE / "alerts.rules.yaml"
+    extracted = extract_rules.extract()
+    current = rules_file.read_text() if rules_file.exists() else ""
+    report.check("alerts.rules.yaml equals extract_rules.py output of prometheusrule.yaml",
+                 [] if current == extracted else ["differs: run `python3 deploy/extract_rules.py`"])
+
+    promtool = shutil.which("promtool")
+    if not promtool:
+        report.check("promtool available", ["promtool not on PATH (apt-get install --no-install-recommends prometheus)"])
+    else:
+        code, output = run([promtool, "check", "rules", "alerts.rules.yaml"])
+        report.check("promtool check rules alerts.rules.yaml", [output] if code else [], output.splitlines()[-1].strip() if output else "")
+        code, output = run([promtool, "test", "rules", "alerts.test.yaml"])
+        report.check("promtool test rules alerts.test.yaml", [output] if code else [])
+
+    tests_file = HERE / "alerts.test.yaml"
+    tests = yaml.safe_load(tests_file.read_text()) if tests_file.exists() else {}
+    report.check("alerts.test.yaml: every alert fires in a test and stays silent in one", test_coverage_problems(alerts_in(groups), tests or {}))
+
+    doc_path = ROOT / "docs" / "metrics.md"
+    if doc_path.exists():
+        documented = set(re.findall(r"`(lifecycle_[a-z0-9_]+)", doc_path.read_text()))
+        used = set(re.findall(r"\b(lifecycle_[a-z0-9_]+)", " ".join(str(r.get("expr", "")) for g in groups for r in g.get("rules", []))))
+        report.check("metrics used by the rules are documented in docs/metrics.md",
+                     [f"undocumented: {', '.join(sorted(used - documented))}"] if used - documented else [])
+    else:
+        report.check("metrics used by the rules are documented in docs/metrics.md", [f"{doc_path} is missing"])
+
+    print(f"{report.passed} passed, {report.failed} failed")
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

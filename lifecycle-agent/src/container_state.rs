@@ -1,0 +1,657 @@
+//! A container's status as the kubelet would show it — Waiting, Running, Terminated, the last
+//! state and the restart count — built from what the kernel saw of its instances.
+//!
+//! Owns the state transitions (instance cgroup created -> Waiting/ContainerCreating; first exec
+//! -> Running; init exit -> Terminated) and the restart decision: pod restartPolicy
+//! Always/OnFailure/Never, init containers (Always acts as OnFailure), sidecars (init containers
+//! with restartPolicy Always), and per-container `restartPolicyRules` (gate ContainerRestartRules),
+//! evaluated before the container's own restartPolicy. While a restart is due but held by the
+//! back-off, the status is Waiting/CrashLoopBackOff, as the kubelet's reason cache shows it.
+//!
+//! Pure: events and times in, a [`ContainerStatusSnapshot`] out.
+
+use serde::Serialize;
+
+use crate::backoff::BackoffTracker;
+
+/// Why a container is waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum WaitingReason {
+    /// Its cgroup exists (or it was never seen) and its init has not run yet.
+    ContainerCreating,
+    /// It exited, will be restarted, and the restart back-off holds it.
+    CrashLoopBackOff,
+}
+
+/// Why a container terminated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum TerminatedReason {
+    /// Exit status 0.
+    Completed,
+    /// A non-zero exit status.
+    Error,
+    /// The kernel's OOM killer killed the init (from the OOM event, not from exit code 137).
+    #[serde(rename = "OOMKilled")]
+    OomKilled,
+    /// Killed by a signal (SIGTERM -> exit code 143): not an "Error" of the app.
+    Signal,
+    /// The exit was seen without a status or a signal (a lost record): nothing to report.
+    Unknown,
+}
+
+/// A container's state, as in the API's `ContainerState`. Times are `CLOCK_BOOTTIME` ns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ContainerState {
+    Waiting {
+        reason: WaitingReason,
+        message: String,
+    },
+    Running {
+        started_at: u64,
+    },
+    Terminated {
+        reason: TerminatedReason,
+        /// As runtimes report it: the exit status, or 128 + the signal; -1 when unknown.
+        exit_code: i32,
+        signal: Option<u8>,
+        /// None when the start was not seen.
+        started_at: Option<u64>,
+        finished_at: u64,
+    },
+}
+
+impl ContainerState {
+    fn creating() -> Self {
+        ContainerState::Waiting { reason: WaitingReason::ContainerCreating, message: String::new() }
+    }
+}
+
+/// `restartPolicy` values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum RestartPolicy {
+    #[default]
+    Always,
+    OnFailure,
+    Never,
+}
+
+/// `restartPolicyRules[].exitCodes.operator`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum ExitCodeOperator {
+    In,
+    NotIn,
+}
+
+/// `restartPolicyRules[].action`: the API defines Restart only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum RestartRuleAction {
+    Restart,
+}
+
+/// One `restartPolicyRules` entry: when the exit code matches, take the action.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RestartRule {
+    pub action: RestartRuleAction,
+    pub operator: ExitCodeOperator,
+    pub values: Vec<i32>,
+}
+
+impl RestartRule {
+    fn matches(&self, exit_code: i32) -> bool {
+        let listed = self.values.contains(&exit_code);
+        match self.operator {
+            ExitCodeOperator::In => listed,
+            ExitCodeOperator::NotIn => !listed,
+        }
+    }
+}
+
+/// Everything that decides whether an exited container is restarted.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RestartSpec {
+    /// The pod's `spec.restartPolicy`.
+    pub pod_restart_policy: RestartPolicy,
+    /// The container's own `restartPolicy`, which overrides the pod's.
+    pub container_restart_policy: Option<RestartPolicy>,
+    /// The container's `restartPolicyRules`, evaluated in order before any restartPolicy.
+    pub restart_policy_rules: Vec<RestartRule>,
+    /// Listed in `initContainers`.
+    pub is_init_container: bool,
+}
+
+impl RestartSpec {
+    /// An init container with restartPolicy Always.
+    pub fn is_sidecar(&self) -> bool {
+        self.is_init_container && self.container_restart_policy == Some(RestartPolicy::Always)
+    }
+
+    /// Whether the kubelet restarts the container after it exited with `exit_code`.
+    pub fn should_restart(&self, exit_code: i32) -> bool {
+        if let Some(rule) = self.restart_policy_rules.iter().find(|rule| rule.matches(exit_code)) {
+            return match rule.action {
+                RestartRuleAction::Restart => true,
+            };
+        }
+        let policy = match self.container_restart_policy {
+            Some(policy) => policy,
+            // A regular init container must succeed once: Always retries only failures.
+            None if self.is_init_container && self.pod_restart_policy == RestartPolicy::Always => {
+                RestartPolicy::OnFailure
+            }
+            None => self.pod_restart_policy,
+        };
+        match policy {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => exit_code != 0,
+            RestartPolicy::Never => false,
+        }
+    }
+}
+
+/// The status of one container (pod uid + name) over its instances.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ContainerStatus {
+    pub pod_uid: String,
+    pub container_name: String,
+    state: ContainerState,
+    last_state: Option<ContainerState>,
+    restart_count: u32,
+    /// When the current instance's cgroup appeared.
+    instance_created_at: Option<u64>,
+}
+
+/// A container's status at a given time, for the API.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ContainerStatusSnapshot {
+    pub pod_uid: String,
+    pub container_name: String,
+    pub state: ContainerState,
+    pub last_state: Option<ContainerState>,
+    pub restart_count: u32,
+    /// When the current instance's cgroup appeared.
+    pub instance_created_at: Option<u64>,
+    /// The container exited and the kubelet will restart it.
+    pub restart_expected: bool,
+    /// How long the back-off still holds the restart (0 once it elapsed), while it does.
+    pub back_off_remaining_ns: Option<u64>,
+}
+
+impl ContainerStatus {
+    /// A container not created yet: Waiting/ContainerCreating, as the kubelet shows it.
+    pub fn new(pod_uid: impl Into<String>, container_name: impl Into<String>) -> Self {
+        Self {
+            pod_uid: pod_uid.into(),
+            container_name: container_name.into(),
+            state: ContainerState::creating(),
+            last_state: None,
+            restart_count: 0,
+            instance_created_at: None,
+        }
+    }
+
+    pub fn state(&self) -> &ContainerState {
+        &self.state
+    }
+
+    pub fn last_state(&self) -> Option<&ContainerState> {
+        self.last_state.as_ref()
+    }
+
+    pub fn restart_count(&self) -> u32 {
+        self.restart_count
+    }
+
+    /// A new instance's cgroup appeared. After a terminated instance this is a restart: the
+    /// terminated state becomes the last state and the count goes up, as the kubelet counts
+    /// created instances.
+    pub fn on_instance_created(&mut self, time: u64) {
+        match self.state {
+            // The first instance, or a re-created one that never started: nothing to keep.
+            ContainerState::Waiting { .. } => {}
+            ContainerState::Terminated { .. } => {
+                self.last_state = Some(std::mem::replace(&mut self.state, ContainerState::creating()));
+                self.restart_count = self.restart_count.saturating_add(1);
+            }
+            // The previous instance's exit was missed: still a new instance, but there is no
+            // terminated state to keep.
+            ContainerState::Running { .. } => {
+                self.state = ContainerState::creating();
+                self.restart_count = self.restart_count.saturating_add(1);
+            }
+        }
+        self.instance_created_at = Some(time);
+    }
+
+    /// The first exec in the instance's cgroup: Running. Later execs change nothing; a start
+    /// after a terminated instance whose new cgroup was not seen counts as a new instance.
+    pub fn on_init_started(&mut self, time: u64) {
+        match self.state {
+            ContainerState::Running { .. } => {}
+            ContainerState::Terminated { .. } => {
+                self.on_instance_created(time);
+                self.state = ContainerState::Running { started_at: time };
+            }
+            ContainerState::Waiting { .. } => self.state = ContainerState::Running { started_at: time },
+        }
+    }
+
+    /// The instance's init exited, with its exit status or the signal that killed it.
+    /// `oom_killed` only when the kernel's OOM killer killed it (see the termination module);
+    /// exit code 137 or a SIGKILL alone never makes OOMKilled. A second exit for the same
+    /// instance changes nothing.
+    pub fn on_init_exited(
+        &mut self,
+        time: u64,
+        exit_status: Option<u8>,
+        signal: Option<u8>,
+        oom_killed: bool,
+    ) {
+        let started_at = match self.state {
+            ContainerState::Terminated { .. } => return,
+            ContainerState::Running { started_at } => Some(started_at),
+            ContainerState::Waiting { .. } => None,
+        };
+        let (exit_code, reason) = match (signal, exit_status) {
+            (Some(signal), _) => (128 + i32::from(signal), TerminatedReason::Signal),
+            (None, Some(0)) => (0, TerminatedReason::Completed),
+            (None, Some(status)) => (i32::from(status), TerminatedReason::Error),
+            (None, None) => (-1, TerminatedReason::Unknown),
+        };
+        let reason = if oom_killed { TerminatedReason::OomKilled } else { reason };
+        self.state = ContainerState::Terminated { reason, exit_code, signal, started_at, finished_at: time };
+    }
+
+    /// The status at `now`. A terminated container that will be restarted shows
+    /// Waiting/CrashLoopBackOff (last state: the termination) from its exit until the restart when
+    /// the back-off delays that restart — the kubelet keeps the reason until the start succeeds —
+    /// and stays Terminated when the restart is immediate (first crash, reset back-off).
+    /// `backoff` is this container's tracker, fed the same exit.
+    pub fn state_at(
+        &self,
+        now: u64,
+        restart: &RestartSpec,
+        backoff: &BackoffTracker,
+    ) -> ContainerStatusSnapshot {
+        let mut snapshot = ContainerStatusSnapshot {
+            pod_uid: self.pod_uid.clone(),
+            container_name: self.container_name.clone(),
+            state: self.state.clone(),
+            last_state: self.last_state.clone(),
+            restart_count: self.restart_count,
+            instance_created_at: self.instance_created_at,
+            restart_expected: false,
+            back_off_remaining_ns: None,
+        };
+        let ContainerState::Terminated { exit_code, finished_at, .. } = self.state else {
+            return snapshot;
+        };
+        if !restart.should_restart(exit_code) {
+            return snapshot;
+        }
+        snapshot.restart_expected = true;
+        // Only trust the tracker when it is waiting on this very exit.
+        if backoff.pending_finished_at() != Some(finished_at) {
+            return snapshot;
+        }
+        let Some(delay) = backoff.pending_delay_ns().filter(|delay| *delay > 0) else {
+            return snapshot;
+        };
+        snapshot.back_off_remaining_ns = backoff.expected_wait_remaining(now);
+        snapshot.last_state = Some(self.state.clone());
+        snapshot.state = ContainerState::Waiting {
+            reason: WaitingReason::CrashLoopBackOff,
+            // The kubelet's wording ("back-off %s restarting failed container=%s pod=%s"); the
+            // pod is named by uid because the name is not known here.
+            message: format!(
+                "back-off {} restarting failed container={} pod={}",
+                go_duration(delay),
+                self.container_name,
+                self.pod_uid
+            ),
+        };
+        snapshot
+    }
+}
+
+/// Formats a duration the way Go's `time.Duration.String` does for the values back-off takes
+/// (`10s`, `1m20s`, `5m0s`, `1.5s`, `500ms`).
+fn go_duration(ns: u64) -> String {
+    const SECOND: u64 = 1_000_000_000;
+    if ns == 0 {
+        return "0s".to_owned();
+    }
+    if ns < SECOND {
+        let millis = ns as f64 / 1e6;
+        return format!("{millis}ms");
+    }
+    let seconds = ns / SECOND;
+    let fraction = ns % SECOND;
+    let (hours, minutes, secs) = (seconds / 3600, seconds % 3600 / 60, seconds % 60);
+    let secs = if fraction == 0 {
+        secs.to_string()
+    } else {
+        format!("{secs}.{fraction:09}").trim_end_matches('0').to_owned()
+    };
+    if hours > 0 {
+        format!("{hours}h{minutes}m{secs}s")
+    } else if minutes > 0 {
+        format!("{minutes}m{secs}s")
+    } else {
+        format!("{secs}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backoff::{BackoffPolicy, Tolerance};
+
+    const S: u64 = 1_000_000_000;
+    const UID: &str = "0b0f2e4b-2d44-4d2a-9a5f-3c1b6a7e8f90";
+
+    fn status() -> ContainerStatus {
+        ContainerStatus::new(UID, "app")
+    }
+
+    fn backoff() -> BackoffTracker {
+        BackoffTracker::new(BackoffPolicy::default(), Tolerance::default())
+    }
+
+    fn always() -> RestartSpec {
+        RestartSpec::default()
+    }
+
+    fn terminated(
+        reason: TerminatedReason,
+        exit_code: i32,
+        signal: Option<u8>,
+        started: u64,
+        finished: u64,
+    ) -> ContainerState {
+        ContainerState::Terminated {
+            reason,
+            exit_code,
+            signal,
+            started_at: Some(started),
+            finished_at: finished,
+        }
+    }
+
+    #[test]
+    fn created_then_running_then_completed() {
+        let mut c = status();
+        assert_eq!(c.state(), &ContainerState::creating());
+        c.on_instance_created(S);
+        assert_eq!(c.state(), &ContainerState::creating());
+        c.on_init_started(2 * S);
+        assert_eq!(c.state(), &ContainerState::Running { started_at: 2 * S });
+        c.on_init_started(3 * S); // a later exec is not a start
+        assert_eq!(c.state(), &ContainerState::Running { started_at: 2 * S });
+        c.on_init_exited(10 * S, Some(0), None, false);
+        assert_eq!(c.state(), &terminated(TerminatedReason::Completed, 0, None, 2 * S, 10 * S));
+        assert_eq!(c.restart_count(), 0);
+    }
+
+    #[test]
+    fn exit_reasons_and_codes() {
+        let cases = [
+            (Some(1), None, false, TerminatedReason::Error, 1, None),
+            (Some(143), None, false, TerminatedReason::Error, 143, None),
+            (None, Some(15), false, TerminatedReason::Signal, 143, Some(15)),
+            (None, Some(9), false, TerminatedReason::Signal, 137, Some(9)),
+            (None, Some(9), true, TerminatedReason::OomKilled, 137, Some(9)),
+            (None, None, false, TerminatedReason::Unknown, -1, None),
+        ];
+        for (status, signal, oom, reason, code, want_signal) in cases {
+            let mut c = status_running();
+            c.on_init_exited(10 * S, status, signal, oom);
+            assert_eq!(
+                c.state(),
+                &terminated(reason, code, want_signal, S, 10 * S),
+                "{status:?} {signal:?} {oom}"
+            );
+        }
+    }
+
+    fn status_running() -> ContainerStatus {
+        let mut c = status();
+        c.on_instance_created(0);
+        c.on_init_started(S);
+        c
+    }
+
+    #[test]
+    fn sigterm_exit_is_never_oom_killed() {
+        let mut c = status_running();
+        c.on_init_exited(10 * S, None, Some(15), false);
+        assert!(matches!(
+            c.state(),
+            ContainerState::Terminated { reason: TerminatedReason::Signal, exit_code: 143, .. }
+        ));
+    }
+
+    #[test]
+    fn a_restart_moves_the_termination_to_last_state() {
+        let mut c = status_running();
+        c.on_init_exited(10 * S, Some(1), None, false);
+        c.on_instance_created(11 * S);
+        assert_eq!(c.restart_count(), 1);
+        assert_eq!(c.state(), &ContainerState::creating());
+        assert_eq!(c.last_state(), Some(&terminated(TerminatedReason::Error, 1, None, S, 10 * S)));
+        c.on_init_started(12 * S);
+        assert_eq!(c.state(), &ContainerState::Running { started_at: 12 * S });
+        assert_eq!(c.last_state(), Some(&terminated(TerminatedReason::Error, 1, None, S, 10 * S)));
+    }
+
+    #[test]
+    fn missed_events_still_count_instances() {
+        // The new cgroup was not seen: the start after a termination is the new instance.
+        let mut c = status_running();
+        c.on_init_exited(10 * S, Some(1), None, false);
+        c.on_init_started(20 * S);
+        assert_eq!(c.restart_count(), 1);
+        assert_eq!(c.state(), &ContainerState::Running { started_at: 20 * S });
+        // The exit was not seen: a new cgroup while running is still a new instance.
+        c.on_instance_created(30 * S);
+        assert_eq!(c.restart_count(), 2);
+        assert_eq!(c.state(), &ContainerState::creating());
+        // An exit without a seen start.
+        c.on_init_exited(31 * S, Some(2), None, false);
+        assert!(matches!(c.state(), ContainerState::Terminated { started_at: None, exit_code: 2, .. }));
+        // A duplicate exit changes nothing.
+        c.on_init_exited(32 * S, Some(0), None, false);
+        assert!(
+            matches!(c.state(), ContainerState::Terminated { finished_at, .. } if *finished_at == 31 * S)
+        );
+    }
+
+    #[test]
+    fn crash_loop_back_off_is_shown_while_the_back_off_holds() {
+        let mut c = status();
+        let mut b = backoff();
+        c.on_instance_created(0);
+        c.on_init_started(S);
+        b.on_started(S, None);
+        // First crash: restarted at once, so no CrashLoopBackOff.
+        c.on_init_exited(2 * S, Some(1), None, false);
+        b.on_finished(2 * S);
+        let first = c.state_at(2 * S, &always(), &b);
+        assert!(matches!(first.state, ContainerState::Terminated { .. }));
+        assert!(first.restart_expected);
+        assert_eq!(first.back_off_remaining_ns, None);
+        c.on_instance_created(3 * S);
+        c.on_init_started(3 * S);
+        b.on_started(3 * S, None);
+        // Second crash: 10 s back-off.
+        c.on_init_exited(4 * S, Some(1), None, false);
+        b.on_finished(4 * S);
+        let waiting = c.state_at(6 * S, &always(), &b);
+        assert_eq!(
+            waiting.state,
+            ContainerState::Waiting {
+                reason: WaitingReason::CrashLoopBackOff,
+                message: format!("back-off 10s restarting failed container=app pod={UID}"),
+            }
+        );
+        assert_eq!(waiting.last_state, Some(terminated(TerminatedReason::Error, 1, None, 3 * S, 4 * S)));
+        assert_eq!(waiting.back_off_remaining_ns, Some(8 * S));
+        assert_eq!(waiting.restart_count, 1);
+        // Elapsed but not yet restarted: the kubelet still shows CrashLoopBackOff.
+        let due = c.state_at(20 * S, &always(), &b);
+        assert!(matches!(due.state, ContainerState::Waiting { reason: WaitingReason::CrashLoopBackOff, .. }));
+        assert_eq!(due.back_off_remaining_ns, Some(0));
+        // Restarted.
+        c.on_instance_created(15 * S);
+        c.on_init_started(15 * S);
+        b.on_started(15 * S, None);
+        let running = c.state_at(16 * S, &always(), &b);
+        assert_eq!(running.state, ContainerState::Running { started_at: 15 * S });
+        assert_eq!(running.restart_count, 2);
+    }
+
+    /// Drives a container to its second crash, so a restart would be held by a 10 s back-off.
+    fn second_crash(exit_status: Option<u8>, signal: Option<u8>) -> (ContainerStatus, BackoffTracker) {
+        let mut c = status();
+        let mut b = backoff();
+        c.on_instance_created(0);
+        c.on_init_started(S);
+        b.on_started(S, None);
+        c.on_init_exited(2 * S, Some(1), None, false);
+        b.on_finished(2 * S);
+        c.on_instance_created(3 * S);
+        c.on_init_started(3 * S);
+        b.on_started(3 * S, None);
+        c.on_init_exited(4 * S, exit_status, signal, false);
+        b.on_finished(4 * S);
+        (c, b)
+    }
+
+    fn shows_back_off(snapshot: &ContainerStatusSnapshot) -> bool {
+        matches!(snapshot.state, ContainerState::Waiting { reason: WaitingReason::CrashLoopBackOff, .. })
+    }
+
+    #[test]
+    fn restart_policies() {
+        let on_failure = RestartSpec { pod_restart_policy: RestartPolicy::OnFailure, ..Default::default() };
+        let never = RestartSpec { pod_restart_policy: RestartPolicy::Never, ..Default::default() };
+
+        let (c, b) = second_crash(Some(0), None);
+        assert!(shows_back_off(&c.state_at(5 * S, &always(), &b)), "Always restarts a success");
+        let done = c.state_at(5 * S, &on_failure, &b);
+        assert!(!done.restart_expected);
+        assert_eq!(done.state, terminated(TerminatedReason::Completed, 0, None, 3 * S, 4 * S));
+
+        let (c, b) = second_crash(Some(3), None);
+        assert!(shows_back_off(&c.state_at(5 * S, &on_failure, &b)));
+        let failed = c.state_at(5 * S, &never, &b);
+        assert!(!failed.restart_expected);
+        assert!(matches!(failed.state, ContainerState::Terminated { exit_code: 3, .. }));
+    }
+
+    #[test]
+    fn init_containers_and_sidecars() {
+        let init_always = RestartSpec { is_init_container: true, ..Default::default() };
+        assert!(init_always.should_restart(1));
+        assert!(!init_always.should_restart(0), "a regular init container that succeeded is done");
+        let init_never = RestartSpec {
+            is_init_container: true,
+            pod_restart_policy: RestartPolicy::Never,
+            ..Default::default()
+        };
+        assert!(!init_never.should_restart(1));
+        let sidecar = RestartSpec {
+            is_init_container: true,
+            pod_restart_policy: RestartPolicy::Never,
+            container_restart_policy: Some(RestartPolicy::Always),
+            ..Default::default()
+        };
+        assert!(sidecar.is_sidecar());
+        assert!(sidecar.should_restart(0) && sidecar.should_restart(1));
+        assert!(!always().is_sidecar());
+    }
+
+    #[test]
+    fn restart_rules_come_before_restart_policies() {
+        let retry_on_42 = RestartSpec {
+            pod_restart_policy: RestartPolicy::Always,
+            container_restart_policy: Some(RestartPolicy::Never),
+            restart_policy_rules: vec![RestartRule {
+                action: RestartRuleAction::Restart,
+                operator: ExitCodeOperator::In,
+                values: vec![42],
+            }],
+            is_init_container: false,
+        };
+        assert!(retry_on_42.should_restart(42));
+        assert!(!retry_on_42.should_restart(1), "no rule matched: the container's Never applies");
+        assert!(!retry_on_42.should_restart(0));
+
+        let retry_unless_done = RestartSpec {
+            pod_restart_policy: RestartPolicy::Never,
+            container_restart_policy: Some(RestartPolicy::Never),
+            restart_policy_rules: vec![RestartRule {
+                action: RestartRuleAction::Restart,
+                operator: ExitCodeOperator::NotIn,
+                values: vec![0, 2],
+            }],
+            is_init_container: false,
+        };
+        assert!(retry_unless_done.should_restart(1));
+        assert!(retry_unless_done.should_restart(137));
+        assert!(!retry_unless_done.should_restart(0));
+        assert!(!retry_unless_done.should_restart(2));
+
+        // The rule applies to the exit code as runtimes report it (128 + signal).
+        let (c, b) = second_crash(None, Some(9));
+        let retry_on_kill = RestartSpec {
+            pod_restart_policy: RestartPolicy::Never,
+            container_restart_policy: Some(RestartPolicy::Never),
+            restart_policy_rules: vec![RestartRule {
+                action: RestartRuleAction::Restart,
+                operator: ExitCodeOperator::In,
+                values: vec![137],
+            }],
+            is_init_container: false,
+        };
+        assert!(shows_back_off(&c.state_at(5 * S, &retry_on_kill, &b)));
+    }
+
+    #[test]
+    fn a_tracker_waiting_on_another_exit_is_not_trusted() {
+        let (c, _) = second_crash(Some(1), None);
+        let mut other = backoff();
+        other.on_started(0, None);
+        other.on_finished(S);
+        other.on_started(2 * S, None);
+        other.on_finished(99 * S);
+        let snapshot = c.state_at(100 * S, &always(), &other);
+        assert!(snapshot.restart_expected);
+        assert!(matches!(snapshot.state, ContainerState::Terminated { .. }));
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(go_duration(10 * S), "10s");
+        assert_eq!(go_duration(80 * S), "1m20s");
+        assert_eq!(go_duration(300 * S), "5m0s");
+        assert_eq!(go_duration(3600 * S), "1h0m0s");
+        assert_eq!(go_duration(S + S / 2), "1.5s");
+        assert_eq!(go_duration(S / 2), "500ms");
+        assert_eq!(go_duration(0), "0s");
+    }
+
+    #[test]
+    fn snapshots_serialize_like_the_api() {
+        let (c, b) = second_crash(None, Some(9));
+        let json = serde_json::to_value(c.state_at(5 * S, &always(), &b)).expect("json");
+        assert_eq!(json["state"]["state"], "waiting");
+        assert_eq!(json["state"]["reason"], "CrashLoopBackOff");
+        assert_eq!(json["last_state"]["reason"], "Signal");
+        assert_eq!(json["last_state"]["exit_code"], 137);
+        let mut oom = status_running();
+        oom.on_init_exited(2 * S, None, Some(9), true);
+        let json = serde_json::to_value(oom.state()).expect("json");
+        assert_eq!(json["reason"], "OOMKilled");
+    }
+}
