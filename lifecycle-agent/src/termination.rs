@@ -310,6 +310,9 @@ struct ExecSession {
     comm: String,
 }
 
+/// Records of each kind kept per instance (signals not to the init, exec sessions).
+const MAX_KEPT_RECORDS: usize = 64;
+
 /// Collects one container instance's termination evidence until its init exits.
 #[derive(Clone, Debug)]
 pub struct TerminationTracker {
@@ -320,6 +323,8 @@ pub struct TerminationTracker {
     accepts: Vec<u64>,
     /// (time, +1 listen / -1 close), to tell whether a listener was open at a given time.
     listener_changes: Vec<(u64, i32)>,
+    /// Listening sockets opened minus closed before any stop signal.
+    listeners_before_stop: i64,
     report: Option<TerminationReport>,
 }
 
@@ -332,6 +337,7 @@ impl TerminationTracker {
             exec_sessions: Vec::new(),
             accepts: Vec::new(),
             listener_changes: Vec::new(),
+            listeners_before_stop: 0,
             report: None,
         }
     }
@@ -340,8 +346,24 @@ impl TerminationTracker {
         &self.settings
     }
 
+    /// Replaces the settings, e.g. when the runtime's metadata arrives after the instance started.
+    /// The evidence collected so far is kept.
+    pub fn set_settings(&mut self, settings: TerminationSettings) {
+        self.settings = settings;
+    }
+
+    /// A kubelet-side non-KILL signal to the init has been seen: a stop may be under way.
+    fn stop_may_have_begun(&self) -> bool {
+        self.signals.iter().any(|s| s.to_init && s.signal != SIGKILL && s.sender.is_kubelet_side())
+    }
+
     /// A signal to a process of this container; `to_init` when the target is its PID 1.
     pub fn on_signal(&mut self, time: u64, signal: u8, sender: SignalSender, to_init: bool) {
+        // A container lives for months; keep memory bounded. Signals the judgement can use are
+        // those to the init; others are only kept while there is room.
+        if !to_init && self.signals.len() >= MAX_KEPT_RECORDS {
+            return;
+        }
         self.signals.push(SignalRecord { time, signal, sender, to_init });
     }
 
@@ -361,22 +383,41 @@ impl TerminationTracker {
             known.end = end.or(known.end);
             return;
         }
+        // Exec probes run every period for the container's whole life: keep the most recent
+        // sessions (the preStop hook is always among the last), dropping the oldest ended one.
+        if self.exec_sessions.len() >= MAX_KEPT_RECORDS {
+            if let Some(oldest) = self.exec_sessions.iter().position(|s| s.end.is_some()) {
+                self.exec_sessions.remove(oldest);
+            }
+        }
         self.exec_sessions.push(ExecSession { start, end, comm: comm.to_owned() });
     }
 
     /// The app opened a listening socket.
     pub fn on_listen(&mut self, time: u64) {
-        self.listener_changes.push((time, 1));
+        self.listener_change(time, 1);
     }
 
     /// The app closed a listening socket.
     pub fn on_listen_close(&mut self, time: u64) {
-        self.listener_changes.push((time, -1));
+        self.listener_change(time, -1);
+    }
+
+    /// Before a stop begins only the running total matters; after it, the timeline does.
+    fn listener_change(&mut self, time: u64, change: i32) {
+        if self.stop_may_have_begun() {
+            self.listener_changes.push((time, change));
+        } else {
+            self.listeners_before_stop += i64::from(change);
+        }
     }
 
     /// The app accepted a connection.
     pub fn on_listener_accept(&mut self, time: u64) {
-        self.accepts.push(time);
+        // Only accepts after the stop signal are judged; a busy server must not grow this list.
+        if self.stop_may_have_begun() {
+            self.accepts.push(time);
+        }
     }
 
     /// The init (PID 1 of the container) exited: judges the termination. Later calls return the
@@ -539,12 +580,13 @@ impl TerminationTracker {
     }
 
     fn listening_at(&self, time: u64) -> bool {
-        let open: i64 = self
+        let open: i64 = self.listeners_before_stop
+            + self
             .listener_changes
             .iter()
             .filter(|(at, _)| *at <= time)
             .map(|(_, change)| i64::from(*change))
-            .sum();
+            .sum::<i64>();
         open > 0
     }
 }
