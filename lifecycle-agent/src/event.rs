@@ -30,6 +30,8 @@ pub struct Event {
 pub enum Detail {
     Exec {
         parent_tgid: u32,
+        /// The parent's cgroup: outside the process's own when the runtime started it.
+        parent_cgroup_id: u64,
         start_time_ns: u64,
         comm: String,
     },
@@ -178,6 +180,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                 &r.header,
                 Detail::Exec {
                     parent_tgid: r.parent_tgid,
+                    parent_cgroup_id: r.parent_cgroup_id,
                     start_time_ns: r.start_time_ns,
                     comm: c_string(&r.comm),
                 },
@@ -397,6 +400,7 @@ mod tests {
             parent_tgid: 1,
             _pad: 0,
             start_time_ns: 2,
+            parent_cgroup_id: 3,
             comm: comm("true"),
         };
         let bytes = encode(&record);

@@ -2,7 +2,10 @@
 //! privileged integration tests drive the same pieces.
 //!
 //! Layers: [`sensor`] owns the kernel programs (the only aya user); [`event`] decodes records;
-//! [`cgroupfs`] is the discovery side for cgroups; [`metrics`] and [`http`] are the surfaces.
+//! [`cgroupfs`] and [`cri`] are discovery (cgroupfs, /proc, the runtime's socket). The pure core
+//! — [`identity`], [`container_state`], [`backoff`], [`termination`], tied together by
+//! [`tracker`] — takes events and times and returns state. [`metrics`] and [`http`] are the
+//! surfaces.
 
 pub mod backoff;
 pub mod cgroupfs;
@@ -14,3 +17,4 @@ pub mod identity;
 pub mod metrics;
 pub mod sensor;
 pub mod termination;
+pub mod tracker;

@@ -56,9 +56,9 @@ fn process_exiting_3_reports_exec_and_exit_fields_exactly() {
     let (exec, exit) = exec_and_exit(hub, &cg, pid);
     let me = std::process::id();
 
-    let Detail::Exec { parent_tgid, start_time_ns, comm } = &exec.detail else { unreachable!() };
+    let Detail::Exec { parent_tgid, parent_cgroup_id, start_time_ns, comm } = &exec.detail else { unreachable!() };
     assert_eq!((exec.pid, exec.tgid, exec.cgroup_id), (pid, pid, cg.id));
-    assert_eq!((*parent_tgid, comm.as_str()), (me, "sh"));
+    assert_eq!((*parent_tgid, *parent_cgroup_id, comm.as_str()), (me, own_cgroup_id(), "sh"));
     let exec_start = *start_time_ns;
     assert!(exec_start > 0 && exec_start <= exec.time_ns, "start {exec_start} <= exec {}", exec.time_ns);
 
@@ -186,7 +186,11 @@ fn signal_between_two_processes_of_one_cgroup_names_both() {
         .events_of(cg.id)
         .into_iter()
         .find_map(|e| match e.detail {
-            Detail::Exec { ref comm, parent_tgid, .. } if comm == "sleep" && parent_tgid == shell => Some(e.tgid),
+            Detail::Exec { ref comm, parent_tgid, parent_cgroup_id, .. }
+                if comm == "sleep" && parent_tgid == shell && parent_cgroup_id == cg.id =>
+            {
+                Some(e.tgid)
+            }
             _ => None,
         })
         .expect("exec of sleep in the cgroup");

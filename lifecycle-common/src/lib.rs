@@ -113,6 +113,9 @@ pub struct ExecEvent {
     /// The task's start time, `CLOCK_BOOTTIME` ns (`task_struct::start_boottime`); with the pid it
     /// identifies a process across pid reuse, and it matches field 22 of /proc/<pid>/stat.
     pub start_time_ns: u64,
+    /// cgroup v2 id of the parent: a process whose parent sits outside its container was started
+    /// into it by the runtime (the init, an exec probe, a hook), not forked by the app.
+    pub parent_cgroup_id: u64,
     /// The new program's `comm`.
     pub comm: [u8; TASK_COMM_LEN],
 }
@@ -359,7 +362,7 @@ pub mod defaults {
 
 // Sizes are part of the ABI: the decoder checks record lengths against these.
 const _: () = assert!(core::mem::size_of::<EventHeader>() == 32);
-const _: () = assert!(core::mem::size_of::<ExecEvent>() == 32 + 8 + 8 + 16);
+const _: () = assert!(core::mem::size_of::<ExecEvent>() == 32 + 8 + 8 + 8 + 16);
 const _: () = assert!(core::mem::size_of::<ExitEvent>() == 32 + 16 + 16 + 16);
 const _: () = assert!(core::mem::size_of::<SignalEvent>() == 32 + 16 + 8 + 8 + 32);
 const _: () = assert!(core::mem::size_of::<OomVictimEvent>() == 32 + 8 + 8 + 16);

@@ -270,6 +270,7 @@ fn try_exec() -> Result<(), i64> {
         parent_tgid: read::<u32>(parent, off!(task_tgid))?,
         _pad: 0,
         start_time_ns: read::<u64>(task, off!(task_start_boottime))?,
+        parent_cgroup_id: task_cgroup_id(parent)?,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     send(EventKind::Exec, header.cgroup_id, record);
