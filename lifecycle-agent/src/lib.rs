@@ -7,6 +7,7 @@
 //! [`tracker`] — takes events and times and returns state. [`metrics`] and [`http`] are the
 //! surfaces.
 
+pub mod agent;
 pub mod backoff;
 pub mod cgroupfs;
 pub mod container_state;
@@ -15,6 +16,9 @@ pub mod event;
 pub mod http;
 pub mod identity;
 pub mod metrics;
+pub mod probe;
 pub mod sensor;
+pub mod status;
 pub mod termination;
 pub mod tracker;
+pub mod unit_metrics;

@@ -5,18 +5,19 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     process::ExitCode,
-    sync::{atomic::Ordering, Arc},
     time::Duration,
 };
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lifecycle_agent::{
+    agent::{self, AgentConfig},
+    backoff::BackoffPolicy,
     cgroupfs::CgroupRoot,
+    container_state::RestartPolicy,
     event::Event,
-    http,
-    metrics::{AgentCounters, Metrics},
     sensor::{Feature, Sensor, SensorConfig},
+    tracker::TrackerConfig,
 };
 use tokio::sync::watch;
 
@@ -33,6 +34,27 @@ enum Command {
     Run(RunArgs),
     /// Print decoded kernel events as JSON lines (the debugging view).
     Events(EventsArgs),
+    /// Show containers as a running agent sees them (kubectl-like table).
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    /// The agent's listener.
+    #[arg(long, default_value = "127.0.0.1:9890")]
+    server: SocketAddr,
+    /// Redraw every second until interrupted.
+    #[arg(long, short)]
+    watch: bool,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value = "table")]
+    output: OutputFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OutputFormat {
+    Table,
+    Json,
 }
 
 #[derive(Args)]
@@ -40,8 +62,44 @@ struct RunArgs {
     /// Address for /metrics, /healthz and the JSON API.
     #[arg(long, default_value = "127.0.0.1:9890")]
     listen: SocketAddr,
+    /// The container runtime's CRI socket (default: containerd's, then CRI-O's).
+    #[arg(long)]
+    cri_socket: Option<PathBuf>,
+    /// How long a departed container's status and series are kept (e.g. 10m, 90s).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    series_retention: Duration,
+    /// Model the kubelet's ReduceDefaultCrashLoopBackOffDecay gate (back-off 1 s .. 60 s).
+    #[arg(long)]
+    reduced_backoff_decay: bool,
+    /// Model kubelet crashLoopBackOff.maxContainerRestartPeriod (1s .. 300s).
+    #[arg(long, value_parser = parse_duration)]
+    max_container_restart_period: Option<Duration>,
+    /// The pod restartPolicy to assume (the runtime does not report it).
+    #[arg(long, value_enum, default_value = "always")]
+    restart_policy: RestartPolicyArg,
     #[command(flatten)]
     sensor: SensorArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RestartPolicyArg {
+    Always,
+    OnFailure,
+    Never,
+}
+
+/// Parses `500ms`, `30s`, `10m`, `1h`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 500ms, 30s, 10m or 1h"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(value)),
+        "s" => Ok(Duration::from_secs(value)),
+        "m" => Ok(Duration::from_secs(value * 60)),
+        "h" => Ok(Duration::from_secs(value * 3600)),
+        _ => Err(format!("{text:?} is not a duration like 500ms, 30s, 10m or 1h")),
+    }
 }
 
 #[derive(Args)]
@@ -116,7 +174,7 @@ impl SensorArgs {
         }
     }
 
-    fn load(&self) -> anyhow::Result<Sensor> {
+    fn load_for_events(&self) -> anyhow::Result<Sensor> {
         let sensor = Sensor::load(&self.config())?;
         for state in sensor.features() {
             match (&state.reason, state.enabled) {
@@ -143,6 +201,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run(args).await,
             Command::Events(args) => events(args).await,
+            Command::Status(args) => status(args).await,
         }
     });
     match result {
@@ -171,43 +230,34 @@ fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let mut shutdown = shutdown_signal()?;
-    let config = args.sensor.config();
-    let mut sensor = args.sensor.load()?;
-    let agent = Arc::new(AgentCounters::default());
-    let metrics = Metrics::new(sensor.maps(), sensor.features(), config.counter_entries, config.ring_bytes, Arc::clone(&agent))?;
-    let listener = http::bind(args.listen).await?;
-    log::info!("serving /metrics and /healthz on http://{}", args.listen);
-    let routes = Arc::new(http::Routes { metrics, api: None });
-    let server = tokio::spawn(http::serve(listener, routes, shutdown.clone()));
-
-    let mut stream = sensor
-        .take_events()
-        .context("event stream already taken")?
-        .into_async(Duration::from_millis(args.sensor.poll_ms))?;
-    let mut batch = Vec::with_capacity(1024);
-    loop {
-        tokio::select! {
-            read = stream.next_batch(&mut batch) => {
-                read?;
-                agent.events_read.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                agent.decode_errors.store(stream.decode_errors(), Ordering::Relaxed);
-                batch.clear();
-            }
-            _ = shutdown.changed() => break,
-        }
+    let shutdown = shutdown_signal()?;
+    let mut backoff = if args.reduced_backoff_decay { BackoffPolicy::reduced_decay() } else { BackoffPolicy::default() };
+    if let Some(max) = args.max_container_restart_period {
+        let max_ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+        backoff = backoff.with_max_restart_period(max_ns).context("--max-container-restart-period")?;
     }
-    log::info!("shutting down: detaching kernel programs");
-    drop(stream);
-    drop(sensor);
-    let _ = server.await;
+    let restart_policy = match args.restart_policy {
+        RestartPolicyArg::Always => RestartPolicy::Always,
+        RestartPolicyArg::OnFailure => RestartPolicy::OnFailure,
+        RestartPolicyArg::Never => RestartPolicy::Never,
+    };
+    let config = AgentConfig {
+        listen: args.listen,
+        sensor: args.sensor.config(),
+        poll: Duration::from_millis(args.sensor.poll_ms),
+        cri_socket: args.cri_socket,
+        cri_refresh: Duration::from_secs(10),
+        series_retention: args.series_retention,
+        tracker: TrackerConfig { backoff, restart_policy, ..TrackerConfig::default() },
+    };
+    agent::run(config, shutdown).await?;
     Ok(())
 }
 
 async fn events(args: EventsArgs) -> anyhow::Result<()> {
     let mut shutdown = shutdown_signal()?;
     let filter = cgroup_filter(&args.cgroup)?;
-    let mut sensor = args.sensor.load()?;
+    let mut sensor = args.sensor.load_for_events()?;
     let mut stream = sensor
         .take_events()
         .context("event stream already taken")?
@@ -254,4 +304,25 @@ fn cgroup_filter(values: &[String]) -> anyhow::Result<Vec<u64>> {
             Err(_) => root.id_of(std::path::Path::new(value)).with_context(|| format!("--cgroup {value}")),
         })
         .collect()
+}
+
+async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    loop {
+        let body = lifecycle_agent::status::fetch(args.server).await?;
+        match args.output {
+            OutputFormat::Json => println!("{body}"),
+            OutputFormat::Table => {
+                let table = lifecycle_agent::status::render_table(&body).context("the agent's answer is not the expected JSON")?;
+                if args.watch {
+                    // Clear the screen and home the cursor, like `watch`.
+                    print!("\x1b[2J\x1b[H");
+                }
+                print!("{table}");
+            }
+        }
+        if !args.watch {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }

@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use lifecycle_common::CgroupCounters;
 use serde::Serialize;
 
 use crate::{
@@ -155,6 +156,8 @@ pub struct Unit {
     pub container_id: Option<String>,
     /// Last time anything changed (boot ns); departed units expire from it.
     pub last_change_ns: u64,
+    /// The kernel's counters of this unit's instances whose cgroups are gone.
+    pub departed_kernel_counters: CgroupCounters,
 }
 
 #[derive(Clone, Debug)]
@@ -364,6 +367,13 @@ impl NodeTracker {
         }
     }
 
+    /// The final kernel counters of a cgroup about to disappear, kept with its unit.
+    pub fn absorb_kernel_counters(&mut self, cgroup_id: u64, counters: CgroupCounters) {
+        if let Some(unit) = self.unit_of(cgroup_id) {
+            unit.departed_kernel_counters += counters;
+        }
+    }
+
     /// Forgets units that have not run for `retention_ns` and have no live instance.
     pub fn expire(&mut self, now: u64, retention_ns: u64) {
         let live: Vec<UnitKey> = self.instances.values().filter(|i| i.exit.is_none()).filter_map(|i| i.unit.clone()).collect();
@@ -500,6 +510,7 @@ impl NodeTracker {
             cgroup_id: None,
             container_id: None,
             last_change_ns: 0,
+            departed_kernel_counters: CgroupCounters::default(),
         });
         unit.labels = labels;
         unit.restart = restart;

@@ -1,0 +1,280 @@
+//! The running agent: the one owner of the loaded sensor, feeding kernel events to the tracker,
+//! keeping runtime metadata current, and serving metrics and the API. Thin plumbing around the
+//! pure core; every decision lives in `tracker` and below.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use hyper::StatusCode;
+use prometheus::{Histogram, HistogramOpts};
+use serde::Serialize;
+use tokio::sync::{watch, Notify};
+
+use crate::{
+    cgroupfs::{CgroupFsError, CgroupRoot},
+    cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
+    event::{Detail, Event},
+    http::{self, ApiHandler, HttpError, Routes},
+    metrics::{AgentCounters, Metrics, MetricsError},
+    sensor::{Sensor, SensorConfig, SensorError, StreamError},
+    tracker::{ContainerView, Notice, NodeTracker, TrackerConfig},
+    unit_metrics::{boot_time_ns, unix_minus_boot_seconds, UnitCollector},
+};
+
+/// Settings for a running agent.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub listen: SocketAddr,
+    pub sensor: SensorConfig,
+    /// How often the ring is drained when the kernel has not woken the agent.
+    pub poll: Duration,
+    /// The runtime's CRI socket; None tries containerd's, then CRI-O's default path.
+    pub cri_socket: Option<PathBuf>,
+    /// How often runtime metadata is refreshed besides on demand.
+    pub cri_refresh: Duration,
+    /// How long a departed container's series and status are kept.
+    pub series_retention: Duration,
+    pub tracker: TrackerConfig,
+}
+
+/// Why the agent stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Sensor(#[from] SensorError),
+    #[error(transparent)]
+    CgroupFs(#[from] CgroupFsError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+    /// The sensor's event stream was already taken (a programming error).
+    #[error("the sensor's event stream is already in use")]
+    StreamTaken,
+}
+
+/// Runs until `shutdown` turns true, then detaches everything.
+pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result<(), AgentError> {
+    let mut sensor = Sensor::load(&config.sensor)?;
+    for state in sensor.features() {
+        match (&state.reason, state.enabled) {
+            (_, true) => log::info!("feature {} enabled", state.feature.name()),
+            (Some(reason), false) => log::warn!("feature {} is off: {reason}", state.feature.name()),
+            (None, false) => log::warn!("feature {} is off", state.feature.name()),
+        }
+    }
+    let root = CgroupRoot::detect()?;
+    let cri = connect_cri(config.cri_socket.as_deref()).await;
+    let tracker_config = TrackerConfig { cri_available: cri.is_some(), ..config.tracker.clone() };
+    let tracker = Arc::new(Mutex::new(NodeTracker::new(tracker_config)));
+    seed(&tracker, &root);
+    let maps = sensor.maps();
+    let agent_counters = Arc::new(AgentCounters::default());
+    let metrics = Metrics::new(maps.clone(), sensor.features(), config.sensor.counter_entries, config.sensor.ring_bytes, agent_counters.clone())?;
+    let latency = Histogram::with_opts(
+        HistogramOpts::new("event_to_state_seconds", "From the kernel seeing a process exit to the container state reflecting it.")
+            .namespace(crate::metrics::NAMESPACE)
+            .buckets(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]),
+    )
+    .map_err(MetricsError::from)?;
+    metrics.registry().register(Box::new(latency.clone())).map_err(MetricsError::from)?;
+    let collector = UnitCollector::new(tracker.clone(), maps.clone(), Box::new(boot_time_ns)).map_err(MetricsError::from)?;
+    metrics.registry().register(Box::new(collector)).map_err(MetricsError::from)?;
+
+    let metadata_wanted = Arc::new(Notify::new());
+    if let Some(cri) = cri {
+        refresh_metadata(&cri, &tracker).await;
+        tokio::spawn(metadata_loop(cri, tracker.clone(), metadata_wanted.clone(), config.cri_refresh, shutdown.clone()));
+    }
+    tokio::spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));
+
+    let listener = http::bind(config.listen).await?;
+    log::info!("serving /metrics, /healthz and /api/v1/containers on http://{}", config.listen);
+    let routes = Arc::new(Routes { metrics, api: Some(Arc::new(ContainersApi { tracker: tracker.clone() })) });
+    let server = tokio::spawn(http::serve(listener, routes, shutdown.clone()));
+
+    let mut stream = sensor.take_events().ok_or(AgentError::StreamTaken)?.into_async(config.poll)?;
+    let mut batch: Vec<Event> = Vec::with_capacity(1024);
+    let mut shutdown_flag = shutdown.clone();
+    loop {
+        tokio::select! {
+            read = stream.next_batch(&mut batch) => { read?; }
+            _ = shutdown_flag.changed() => break,
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        agent_counters.events_read.fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        agent_counters.decode_errors.store(stream.decode_errors(), std::sync::atomic::Ordering::Relaxed);
+        let notices = {
+            let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+            for event in &batch {
+                if let Detail::CgroupRmdir(c) = &event.detail {
+                    // The kernel's counts of a departing cgroup move to its unit before its map
+                    // entry is freed for reuse.
+                    if let Some(last) = maps.take_counters(c.id) {
+                        tracker.absorb_kernel_counters(c.id, last);
+                    }
+                }
+                tracker.apply(event);
+            }
+            let now = boot_time_ns();
+            for event in &batch {
+                if matches!(event.detail, Detail::Exit { group_dead: true, .. }) {
+                    latency.observe(now.saturating_sub(event.time_ns) as f64 / 1e9);
+                }
+            }
+            tracker.take_notices()
+        };
+        batch.clear();
+        handle_notices(notices, &tracker, &root, &metadata_wanted);
+    }
+    log::info!("shutting down: detaching kernel programs");
+    drop(stream);
+    drop(sensor);
+    let _ = server.await;
+    Ok(())
+}
+
+fn handle_notices(notices: Vec<Notice>, tracker: &Mutex<NodeTracker>, root: &CgroupRoot, metadata_wanted: &Notify) {
+    let mut rescan = false;
+    for notice in notices {
+        match notice {
+            Notice::MetadataNeeded { .. } => metadata_wanted.notify_one(),
+            Notice::UnknownCgroup(_) => rescan = true,
+            Notice::BadCgroupPath { path, error } => log::warn!("cgroup {path}: {error}"),
+        }
+    }
+    if rescan {
+        // A cgroup's mkdir record was lost (ring overflow, counted): learn it from cgroupfs.
+        let found = root.scan();
+        let now = boot_time_ns();
+        let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+        for (id, path) in found {
+            tracker.seed_cgroup(id, &path, now);
+        }
+    }
+}
+
+/// Cgroups and processes that existed before the programs were attached.
+fn seed(tracker: &Mutex<NodeTracker>, root: &CgroupRoot) {
+    let cgroups = root.scan();
+    let by_path: std::collections::HashMap<&str, u64> = cgroups.iter().map(|(id, path)| (path.as_str(), *id)).collect();
+    let now = boot_time_ns();
+    let mut processes = Vec::new();
+    if let Ok(all) = procfs::process::all_processes() {
+        let ticks = procfs::ticks_per_second().max(1);
+        for process in all.flatten() {
+            let (Ok(stat), Ok(groups)) = (process.stat(), process.cgroups()) else { continue };
+            let Some(path) = groups.0.iter().find(|g| g.hierarchy == 0).map(|g| g.pathname.clone()) else { continue };
+            let Some(&cgroup_id) = by_path.get(path.as_str()) else { continue };
+            let start_ns = stat.starttime * (1_000_000_000 / ticks);
+            processes.push((start_ns, stat.pid as u32, stat.ppid as u32, cgroup_id, stat.comm));
+        }
+    }
+    let cgroup_of: std::collections::HashMap<u32, u64> = processes.iter().map(|p| (p.1, p.3)).collect();
+    processes.sort_by_key(|p| p.0);
+    let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+    for (id, path) in &cgroups {
+        tracker.seed_cgroup(*id, path, now);
+    }
+    for (start_ns, pid, ppid, cgroup_id, comm) in processes {
+        let parent_cgroup = cgroup_of.get(&ppid).copied().unwrap_or(0);
+        tracker.seed_process(pid, cgroup_id, parent_cgroup, start_ns, &comm);
+    }
+    log::info!("found {} cgroups at start", cgroups.len());
+}
+
+async fn connect_cri(configured: Option<&std::path::Path>) -> Option<CriClient> {
+    let candidates: Vec<PathBuf> = match configured {
+        Some(path) => vec![path.to_owned()],
+        None => vec![PathBuf::from(CONTAINERD_SOCKET), PathBuf::from(CRIO_SOCKET)],
+    };
+    let mut errors = Vec::new();
+    for path in &candidates {
+        match CriClient::connect(path).await {
+            Ok(client) => {
+                log::info!("container runtime metadata from {}", path.display());
+                return Some(client);
+            }
+            Err(err) => errors.push(err.to_string()),
+        }
+    }
+    log::warn!(
+        "no container runtime answers ({}): containers are named by their cgroup (pod uid and container id), without pod names or grace periods",
+        errors.join("; ")
+    );
+    None
+}
+
+async fn refresh_metadata(cri: &CriClient, tracker: &Mutex<NodeTracker>) {
+    match cri.list_containers().await {
+        Ok(list) => tracker.lock().unwrap_or_else(|poison| poison.into_inner()).set_metadata(list),
+        Err(err) => log::warn!("listing containers from the runtime failed: {err}"),
+    }
+}
+
+async fn metadata_loop(
+    cri: CriClient,
+    tracker: Arc<Mutex<NodeTracker>>,
+    wanted: Arc<Notify>,
+    period: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            _ = wanted.notified() => {}
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        refresh_metadata(&cri, &tracker).await;
+    }
+}
+
+async fn expiry_loop(tracker: Arc<Mutex<NodeTracker>>, retention: Duration, mut shutdown: watch::Receiver<bool>) {
+    let mut ticker = tokio::time::interval(Duration::from_secs(30).min(retention.max(Duration::from_secs(1))));
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let retention_ns = u64::try_from(retention.as_nanos()).unwrap_or(u64::MAX);
+        tracker.lock().unwrap_or_else(|poison| poison.into_inner()).expire(boot_time_ns(), retention_ns);
+    }
+}
+
+/// The body of `GET /api/v1/containers`.
+#[derive(Serialize)]
+pub struct ContainersResponse {
+    /// Add to any `*_at`/`time` field (CLOCK_BOOTTIME ns) / 1e9 to get Unix seconds.
+    pub boot_to_unix_seconds: f64,
+    /// CLOCK_BOOTTIME ns when this answer was made.
+    pub now: u64,
+    pub containers: Vec<ContainerView>,
+}
+
+struct ContainersApi {
+    tracker: Arc<Mutex<NodeTracker>>,
+}
+
+impl ApiHandler for ContainersApi {
+    fn get(&self, path: &str, _query: Option<&str>) -> Option<(StatusCode, String)> {
+        if path != "/api/v1/containers" {
+            return None;
+        }
+        let now = boot_time_ns();
+        let containers = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner()).containers(now);
+        let body = ContainersResponse { boot_to_unix_seconds: unix_minus_boot_seconds(), now, containers };
+        Some(match serde_json::to_string(&body) {
+            Ok(json) => (StatusCode::OK, json),
+            Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{{\"error\":\"{err}\"}}")),
+        })
+    }
+}

@@ -1,0 +1,176 @@
+//! `lifecycle-agent status`: asks a running agent for its containers and prints them the way
+//! `kubectl get pods` users read things — one row per container, newest facts first.
+
+use std::{fmt::Write as _, net::SocketAddr};
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// Why the agent could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// Nothing listens there, or the connection broke.
+    #[error("cannot reach the agent at {addr}: {source} (is `lifecycle-agent run` running there?)")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The agent answered something other than 200.
+    #[error("the agent at {addr} answered: {status_line}")]
+    Status { addr: SocketAddr, status_line: String },
+}
+
+/// The JSON body of `GET /api/v1/containers`.
+pub async fn fetch(addr: SocketAddr) -> Result<String, StatusError> {
+    let connect = |source| StatusError::Connect { addr, source };
+    let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(connect)?;
+    stream
+        .write_all(b"GET /api/v1/containers HTTP/1.0\r\nHost: lifecycle\r\n\r\n")
+        .await
+        .map_err(connect)?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.map_err(connect)?;
+    let response = String::from_utf8_lossy(&response);
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status_line = head.lines().next().unwrap_or_default().to_owned();
+    if !status_line.contains(" 200 ") {
+        return Err(StatusError::Status { addr, status_line });
+    }
+    Ok(body.to_owned())
+}
+
+const HEADERS: [&str; 8] = ["NAMESPACE", "POD", "CONTAINER", "STATE", "REASON", "RESTARTS", "LAST EXIT", "LAST TERMINATION"];
+
+/// Renders the API body as an aligned table; None when the body is not the API's JSON.
+pub fn render_table(body: &str) -> Option<String> {
+    let value: Value = serde_json::from_str(body).ok()?;
+    let now = value.get("now")?.as_u64()?;
+    let rows: Vec<[String; 8]> = value.get("containers")?.as_array()?.iter().map(|c| row(c, now)).collect();
+    let mut widths = HEADERS.map(str::len);
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[String]| {
+        let padded: Vec<String> = cells.iter().zip(widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        let _ = writeln!(out, "{}", padded.join("  ").trim_end());
+    };
+    line(&HEADERS.map(str::to_owned));
+    for row in &rows {
+        line(row);
+    }
+    Some(out)
+}
+
+fn text(value: &Value, key: &str) -> String {
+    value.get(key).and_then(Value::as_str).unwrap_or_default().to_owned()
+}
+
+fn row(c: &Value, now: u64) -> [String; 8] {
+    let state = c.get("state").cloned().unwrap_or(Value::Null);
+    let state_name = text(&state, "state");
+    let (shown_state, reason) = match state_name.as_str() {
+        "running" => {
+            let since = state.get("started_at").and_then(Value::as_u64).map(|t| age(now.saturating_sub(t)));
+            (format!("Running{}", since.map(|s| format!(" ({s})")).unwrap_or_default()), String::new())
+        }
+        "waiting" => ("Waiting".to_owned(), text(&state, "reason")),
+        "terminated" => ("Terminated".to_owned(), text(&state, "reason")),
+        other => (other.to_owned(), String::new()),
+    };
+    let last = match state_name.as_str() {
+        "terminated" => Some(state.clone()),
+        _ => c.get("last_state").filter(|s| !s.is_null()).cloned(),
+    };
+    let last_exit = last
+        .map(|s| {
+            let code = s.get("exit_code").and_then(Value::as_i64).unwrap_or(-1);
+            let when = s.get("finished_at").and_then(Value::as_u64).map(|t| format!(" {} ago", age(now.saturating_sub(t))));
+            format!("{} ({code}){}", text(&s, "reason"), when.unwrap_or_default())
+        })
+        .unwrap_or_else(|| "-".to_owned());
+    let termination = c
+        .get("last_termination")
+        .and_then(|t| t.get("outcome"))
+        .map(|o| {
+            let kind = text(o, "kind");
+            match kind.as_str() {
+                "sigkilled_after_grace" => {
+                    let after = o.get("stop_to_kill_ns").and_then(Value::as_u64).map(age).unwrap_or_default();
+                    format!("SIGKILLED after {after} (grace violated)")
+                }
+                "exited_within_grace" => {
+                    let ratio = o.get("grace_used_ratio").and_then(Value::as_f64).unwrap_or(0.0);
+                    format!("exited within grace ({:.0}% used)", ratio * 100.0)
+                }
+                other => other.replace('_', " "),
+            }
+        })
+        .unwrap_or_else(|| "-".to_owned());
+    [
+        text(c, "namespace"),
+        text(c, "pod"),
+        text(c, "container"),
+        shown_state,
+        reason,
+        c.get("restart_count").and_then(Value::as_u64).unwrap_or(0).to_string(),
+        last_exit,
+        termination,
+    ]
+}
+
+/// `kubectl`-style ages: 45s, 3m12s, 2h5m, 3d4h; sub-second as ms.
+fn age(ns: u64) -> String {
+    let ms = ns / 1_000_000;
+    let s = ms / 1000;
+    match s {
+        0 => format!("{ms}ms"),
+        1..=59 if ms % 1000 != 0 && s < 10 => format!("{:.1}s", ms as f64 / 1000.0),
+        1..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        assert_eq!(age(250_000_000), "250ms");
+        assert_eq!(age(3_200_000_000), "3.2s");
+        assert_eq!(age(45_000_000_000), "45s");
+        assert_eq!(age(192_000_000_000), "3m12s");
+        assert_eq!(age(7_500_000_000_000), "2h5m");
+        assert_eq!(age(273_600_000_000_000), "3d4h");
+    }
+
+    #[test]
+    fn the_table_names_violations_and_back_off() {
+        let body = serde_json::json!({
+            "now": 100_000_000_000u64,
+            "boot_to_unix_seconds": 0.0,
+            "containers": [
+                {"namespace": "shop", "pod": "web-1", "container": "app", "uid": "u", "restart_count": 4,
+                 "state": {"state": "waiting", "reason": "CrashLoopBackOff", "message": ""},
+                 "last_state": {"state": "terminated", "reason": "Error", "exit_code": 1, "finished_at": 90_000_000_000u64},
+                 "last_termination": {"outcome": {"kind": "exited_without_stop_signal"}}},
+                {"namespace": "shop", "pod": "db-0", "container": "db", "uid": "v", "restart_count": 0,
+                 "state": {"state": "terminated", "reason": "Signal", "exit_code": 137, "finished_at": 99_000_000_000u64},
+                 "last_termination": {"outcome": {"kind": "sigkilled_after_grace", "stop_to_kill_ns": 30_000_000_000u64}}}
+            ]
+        })
+        .to_string();
+        let table = render_table(&body).expect("renders");
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].starts_with("NAMESPACE  POD    CONTAINER  STATE"), "{table}");
+        assert!(lines[1].contains("Waiting") && lines[1].contains("CrashLoopBackOff") && lines[1].contains("Error (1) 10s ago"), "{table}");
+        assert!(lines[2].contains("SIGKILLED after 30s (grace violated)") && lines[2].contains("Signal (137) 1.0s ago"), "{table}");
+        assert_eq!(render_table("not json"), None);
+    }
+}
