@@ -1,0 +1,233 @@
+//! Privileged tier, end to end: a real containerd + runc driven through the CRI the way the
+//! kubelet drives it, and the real `lifecycle-agent run` binary watching from the kernel. Each
+//! scenario asserts the agent's verdicts and times from `/api/v1/containers` and `/metrics`.
+//!
+//! Run: `cargo test -p lifecycle-agent --test e2e -- --test-threads=1`
+
+#[path = "support/containerd.rs"]
+mod containerd;
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use containerd::{start_or_skip, Containerd, KubeletAnnotations, Pod};
+use serde_json::Value;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
+const SECOND: f64 = 1e9;
+
+/// The agent binary pointed at the harness's runtime; stopped (by pid) on drop.
+struct Agent {
+    child: Child,
+    addr: String,
+}
+
+impl Agent {
+    fn start(h: &Containerd, extra: &[&str]) -> Self {
+        // A free loopback port for this agent.
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+        let addr = format!("127.0.0.1:{port}");
+        let socket = h.socket().to_string_lossy().into_owned();
+        let child = Command::new(AGENT)
+            .args(["run", "--listen", &addr, "--cri-socket", &socket])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .spawn()
+            .expect("start agent");
+        let agent = Self { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while get(&agent.addr, "/healthz").is_none() {
+            assert!(Instant::now() < deadline, "agent not healthy in 30 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        agent
+    }
+
+    fn containers(&self) -> Vec<Value> {
+        let body = get(&self.addr, "/api/v1/containers").expect("api answers");
+        let value: Value = serde_json::from_str(&body).expect("JSON");
+        value["containers"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Polls the API until the pod's container satisfies `done` (the agent is the system under
+    /// test; its answer is the event being waited for).
+    fn wait(&self, pod: &Pod, container: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let found = self.containers().into_iter().find(|c| c["uid"] == pod.uid.as_str() && c["container"] == container);
+            if let Some(c) = found.as_ref().filter(|c| done(c)) {
+                return c.clone();
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}; last seen: {found:#?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn metrics(&self) -> String {
+        get(&self.addr, "/metrics").expect("metrics")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions; the pid is the agent we started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn get(addr: &str, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: e2e\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.contains(" 200 ").then(|| body.to_owned())
+}
+
+fn state(c: &Value) -> &str {
+    c["state"]["state"].as_str().unwrap_or_default()
+}
+
+fn outcome(c: &Value) -> &str {
+    c["last_termination"]["outcome"]["kind"].as_str().unwrap_or_default()
+}
+
+fn metric_line(metrics: &str, name: &str, pod: &Pod, extra: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(&format!("pod=\"{}\"", pod.name)) && l.contains(extra))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn annotations(grace_s: i64, restart_count: u32) -> KubeletAnnotations {
+    KubeletAnnotations { termination_grace_period_s: Some(grace_s), restart_count, ..KubeletAnnotations::default() }
+}
+
+#[test]
+fn app_exiting_on_sigterm_is_within_grace() {
+    let Some(mut h) = start_or_skip("app_exiting_on_sigterm_is_within_grace") else { return };
+    let agent = Agent::start(&h, &[]);
+    let pod = h.new_pod("graceful").expect("pod");
+    let script = "trap 'exit 0' TERM; while true; do sleep 0.1; done";
+    let id = h.run_container(&pod, "app", &["sh", "-c", script], &annotations(30, 0), None).expect("container");
+    let running = agent.wait(&pod, "app", "running", |c| state(c) == "running");
+    assert_eq!((running["namespace"].as_str(), running["pod"].as_str()), (Some("default"), Some("graceful")));
+    assert_eq!(running["container_id"].as_str(), Some(id.as_str()));
+
+    h.stop_container(&id, 30).expect("stop");
+    let done = agent.wait(&pod, "app", "terminated", |c| state(c) == "terminated" && !c["last_termination"].is_null());
+    assert_eq!(outcome(&done), "exited_within_grace", "{done:#}");
+    let report = &done["last_termination"];
+    assert_eq!(report["stop_signal"]["signal"], 15);
+    assert_eq!(report["stop_signal"]["sender"]["kind"], "runtime", "containerd's shim sends the stop signal");
+    assert_eq!(report["grace_ns"].as_f64(), Some(30.0 * SECOND), "grace from the kubelet's annotation");
+    // The trap runs after the current `sleep 0.1`: well under a second of the 30 s grace.
+    let duration = report["outcome"]["duration_ns"].as_f64().expect("duration") / SECOND;
+    assert!((0.0..1.0).contains(&duration), "stop took {duration} s");
+    assert_eq!(done["state"]["reason"], "Completed");
+    let metrics = agent.metrics();
+    assert_eq!(metric_line(&metrics, "lifecycle_terminations_total", &pod, "outcome=\"exited_within_grace\""), Some(1.0));
+    assert_eq!(metric_line(&metrics, "lifecycle_grace_period_violations_total", &pod, ""), Some(0.0));
+}
+
+#[test]
+fn app_ignoring_sigterm_is_sigkilled_at_the_timeout_as_a_violation() {
+    let Some(mut h) = start_or_skip("app_ignoring_sigterm_is_sigkilled_at_the_timeout_as_a_violation") else { return };
+    let agent = Agent::start(&h, &[]);
+    let pod = h.new_pod("stubborn").expect("pod");
+    // Accepting nothing, ignoring TERM: the kubelet's stop ends in SIGKILL at the grace period.
+    let script = "trap '' TERM; while true; do sleep 0.1; done";
+    let id = h.run_container(&pod, "app", &["sh", "-c", script], &annotations(2, 0), None).expect("container");
+    agent.wait(&pod, "app", "running", |c| state(c) == "running");
+    h.stop_container(&id, 2).expect("stop");
+    let done = agent.wait(&pod, "app", "judged", |c| !c["last_termination"].is_null());
+    assert_eq!(outcome(&done), "sigkilled_after_grace", "{done:#}");
+    let o = &done["last_termination"]["outcome"];
+    assert_eq!(o["grace_ns"].as_f64(), Some(2.0 * SECOND));
+    assert_eq!(o["expected_kill_after_ns"].as_f64(), Some(2.0 * SECOND));
+    assert_eq!(o["killed_early"], false);
+    // containerd arms its timer after sending TERM and kills when it fires: 2 s plus the
+    // runtime's own latency (measured 0.05-0.15 s here), never less than 2 s.
+    let stop_to_kill = o["stop_to_kill_ns"].as_f64().expect("stop_to_kill") / SECOND;
+    assert!((2.0..2.5).contains(&stop_to_kill), "SIGKILL {stop_to_kill} s after the stop signal");
+    assert_eq!(done["state"]["reason"], "Signal");
+    assert_eq!(done["state"]["exit_code"], 137);
+    let metrics = agent.metrics();
+    assert_eq!(metric_line(&metrics, "lifecycle_grace_period_violations_total", &pod, ""), Some(1.0));
+    assert_eq!(metric_line(&metrics, "lifecycle_signals_received_total", &pod, "signal=\"9\",sender=\"runtime\""), Some(1.0));
+}
+
+#[test]
+fn crash_loop_delays_are_judged_against_the_kubelet_back_off() {
+    let Some(mut h) = start_or_skip("crash_loop_delays_are_judged_against_the_kubelet_back_off") else { return };
+    // The reduced-decay gate (1 s initial) keeps the kubelet-like delays short enough for a test.
+    let agent = Agent::start(&h, &["--reduced-backoff-decay"]);
+    let pod = h.new_pod("crashloop").expect("pod");
+    // Delay before each restart, as the harness (playing the kubelet) applies it after the
+    // previous exit: immediate (first crash), 1 s (due), then 0.2 s where 2 s are due.
+    let delays = [None, Some(0.0), Some(1.0), Some(0.2)];
+    let mut finished_at = None;
+    for (attempt, delay) in delays.iter().enumerate() {
+        if let (Some(delay), Some(finished)) = (delay, finished_at) {
+            let wait = Duration::from_secs_f64(*delay).saturating_sub(Instant::elapsed(&finished));
+            std::thread::sleep(wait);
+        }
+        let id = h
+            .run_container(&pod, "crash", &["sh", "-c", "exit 1"], &annotations(30, attempt as u32), None)
+            .expect("container");
+        h.wait_exited(&id, Duration::from_secs(10)).expect("exit");
+        finished_at = Some(Instant::now());
+        agent.wait(&pod, "crash", "the exit", |c| c["restart_count"] == attempt && !c["last_termination"].is_null());
+    }
+    let c = agent.wait(&pod, "crash", "three restarts", |c| c["restart_count"] == 3);
+    let last = &c["last_backoff"];
+    assert_eq!(last["verdict"], "too_early", "{c:#}");
+    assert_eq!(last["expected_delay_ns"].as_f64(), Some(2.0 * SECOND));
+    let observed = last["observed_delay_ns"].as_f64().expect("observed") / SECOND;
+    assert!(observed < 1.0, "restarted {observed} s after the exit");
+    let metrics = agent.metrics();
+    assert_eq!(metric_line(&metrics, "lifecycle_backoff_verdicts_total", &pod, "verdict=\"within_tolerance\""), Some(2.0));
+    assert_eq!(metric_line(&metrics, "lifecycle_backoff_verdicts_total", &pod, "verdict=\"too_early\""), Some(1.0));
+    assert_eq!(metric_line(&metrics, "lifecycle_container_exits_total", &pod, "reason=\"Error\",exit_code=\"1\""), Some(4.0));
+    // Until the next restart, the kubelet would show CrashLoopBackOff for the 4 s now due.
+    assert_eq!(state(&c), "waiting");
+    assert_eq!(c["state"]["reason"], "CrashLoopBackOff");
+}
+
+#[test]
+fn memory_limit_oom_kill_is_oomkilled_from_the_kernel_event() {
+    let Some(mut h) = start_or_skip("memory_limit_oom_kill_is_oomkilled_from_the_kernel_event") else { return };
+    let agent = Agent::start(&h, &[]);
+    let pod = h.new_pod("hog").expect("pod");
+    let script = "a=xxxxxxxxxxxxxxxx; while true; do a=\"$a$a\"; done";
+    let id = h.run_container(&pod, "hog", &["sh", "-c", script], &annotations(30, 0), Some(64 << 20)).expect("container");
+    h.wait_exited(&id, Duration::from_secs(20)).expect("exit");
+    let done = agent.wait(&pod, "hog", "judged", |c| !c["last_termination"].is_null());
+    assert_eq!(outcome(&done), "oom_killed", "{done:#}");
+    assert_eq!(done["state"]["reason"], "OOMKilled");
+    assert_eq!(done["state"]["exit_code"], 137);
+    assert_eq!(metric_line(&agent.metrics(), "lifecycle_oom_kills_total", &pod, ""), Some(1.0));
+}
+
+#[test]
+fn exit_zero_is_a_completion_without_stop_signal() {
+    let Some(mut h) = start_or_skip("exit_zero_is_a_completion_without_stop_signal") else { return };
+    let agent = Agent::start(&h, &[]);
+    let pod = h.new_pod("job").expect("pod");
+    let id = h.run_container(&pod, "task", &["sh", "-c", "sleep 0.3; exit 0"], &annotations(30, 0), None).expect("container");
+    let status = h.wait_exited(&id, Duration::from_secs(10)).expect("exit");
+    let done = agent.wait(&pod, "task", "judged", |c| !c["last_termination"].is_null());
+    assert_eq!(outcome(&done), "exited_without_stop_signal", "{done:#}");
+    assert_eq!((done["state"]["reason"].as_str(), done["state"]["exit_code"].as_i64()), (Some("Completed"), Some(0)));
+    // The runtime and the kernel agree on how long it ran (the runtime's clock is Unix time,
+    // the agent's boot time: compare durations). Start differs by exec setup; allow 100 ms.
+    let ran = (done["state"]["finished_at"].as_f64().expect("finished") - done["state"]["started_at"].as_f64().expect("started")) / SECOND;
+    let runtime_ran = (status.finished_at - status.started_at) as f64 / SECOND;
+    assert!((ran - runtime_ran).abs() < 0.1, "agent {ran} s vs runtime {runtime_ran} s");
+    assert!(ran >= 0.3, "ran {ran} s");
+}
