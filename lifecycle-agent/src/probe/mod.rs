@@ -1,0 +1,47 @@
+//! Exec-free, connection-free probes for the kubelet (issue 4).
+//!
+//! exec probes fork `runc exec` plus a command every period; tcpSocket probes pass even when the
+//! app stopped accepting, because the kernel completes the handshake into the backlog. The agent
+//! already sees listeners, handshakes, accepts and processes from the kernel, so it answers
+//! probes from that: a `GET` costs a lock and a comparison, and sees a stalled accept loop.
+//!
+//! Layers:
+//! - [`check`] (pure): probe URLs -> [`check::CheckSpec`]; snapshot + time -> [`check::Verdict`].
+//! - [`tcp`] (pure): accept progress per listener from kernel events and queue samples, with
+//!   exact deadlines for stall detection.
+//! - [`observe`] (plumbing, the only /proc user here): listeners, drop counters, process state,
+//!   files read with `openat2(RESOLVE_IN_ROOT)` inside the container's root.
+//! - [`sockdiag`] (plumbing): listeners and backlogs of a netns via NETLINK_SOCK_DIAG.
+//! - [`pod`]: one container's cached snapshot, fed by events and refreshes, answering requests.
+//! - [`server`]: the listener inside each pod's netns, and the host-network router.
+//! - [`metrics`]: `lifecycle_probe_*` series.
+//!
+//! # Endpoints (on the per-pod listener, default port [`server::DEFAULT_POD_PORT`])
+//! - `/probe/tcp?port=8080[&stall=5s]` — a listener on 8080 exists and accepts within `stall`
+//!   (default 5s); fails at once when it closes, when its queue overflowed, or when connections
+//!   wait longer than `stall`.
+//! - `/probe/process[?max_d_state=10s]` — the main process is not stopped, zombie or gone.
+//! - `/probe/file?path=/tmp/healthy[&fresh=30s][&contains=ok]` — in the container's root.
+//! - `/probe/all?tcp=8080&process&file=/tmp/healthy` — all of them (modifiers stall, max_d_state,
+//!   fresh, contains apply to their kind).
+//!
+//! 200 `ok`, 503 with a one-line reason, 400 with a one-line parse error. A kubelet probe:
+//! `httpGet: {path: /probe/tcp?port=8080&stall=5s, port: 9892}`.
+//!
+//! # Host network
+//! `hostNetwork: true` pods share the node netns, so the per-pod listener cannot exist for them;
+//! the node-side listener (the agent's configurable probe port on the node) serves
+//! `/probe/<namespace>/<pod>/<container>/<kind>?...` through [`server::NodeProbes`]. Their tcp
+//! checks see every listener of the node netns on that port (ports are node-wide there anyway).
+
+pub mod check;
+pub mod metrics;
+pub mod observe;
+pub mod pod;
+pub mod server;
+pub mod sockdiag;
+pub mod tcp;
+
+pub use check::{CheckSpec, Verdict};
+pub use pod::PodProbe;
+pub use server::{bind_in_netns, serve, NodeProbes, ProbeAnswer};

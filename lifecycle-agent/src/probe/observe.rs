@@ -1,0 +1,322 @@
+//! What the probes read from /proc: a process's listeners and their accept queues, its netns's
+//! listen-drop counter, its scheduler state, and files inside its root.
+//!
+//! The only /proc user of the probe modules (listeners come from sock_diag, see `sockdiag.rs`). Parsers are pure functions (unit tested here); the
+//! readers around them do the I/O. Files inside a container are opened with `openat2(2)` and
+//! `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS` relative to `/proc/<pid>/root`, so `..`, absolute
+//! or relative symlinks and `/proc/self/root`-style magic links all stay inside (or are refused
+//! by) the container's root. A kernel without openat2 is refused, never worked around.
+
+use std::{
+    ffi::CString,
+    fs::{File, OpenOptions},
+    io::{self, Read as _},
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _},
+        unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+    },
+    path::PathBuf,
+    time::SystemTime,
+};
+
+use super::{
+    check::ProcessState,
+    sockdiag::{SockDiag, SockDiagError},
+};
+
+/// Why an observation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ObserveError {
+    /// A /proc file could not be read (the process may be gone).
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// A /proc file did not have the expected shape.
+    #[error("cannot parse {path}: {what}")]
+    Parse { path: PathBuf, what: &'static str },
+    /// The kernel has no openat2 (Linux < 5.6): files in containers cannot be opened safely.
+    #[error("openat2(2) is not available on this kernel; refusing to open {path} in the root of pid {pid} without RESOLVE_IN_ROOT")]
+    Openat2Unsupported { pid: u32, path: String },
+    /// The path could not be opened inside the container's root (missing, or an escape refused).
+    #[error("cannot open {path} inside the root of pid {pid}: {source}")]
+    Open {
+        pid: u32,
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The sock_diag dump of the listeners failed.
+    #[error(transparent)]
+    Diag(#[from] SockDiagError),
+    /// The path is not a regular file (a FIFO or device could block or never end).
+    #[error("{path} inside the root of pid {pid} is not a regular file")]
+    NotRegular { pid: u32, path: String },
+}
+
+/// A listening TCP socket seen in a process's netns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listener {
+    pub port: u16,
+    /// `libc::AF_INET` or `libc::AF_INET6`.
+    pub family: u16,
+    /// rx_queue: connections in the accept queue.
+    pub queue_depth: u32,
+    /// The listen backlog, when known: sock_diag reports it (ss's Send-Q); /proc/net/tcp does
+    /// not (for a LISTEN socket its tx_queue column is write_seq - snd_una, always 0).
+    pub backlog: Option<u32>,
+}
+
+/// TcpExt listen counters of a netns (cumulative).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListenCounters {
+    /// Accept queue full.
+    pub overflows: u64,
+    /// Every dropped incoming connection on a listener, overflows included.
+    pub drops: u64,
+}
+
+/// One sample of /proc/<pid>/stat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessSample {
+    pub state: ProcessState,
+    /// Start time in clock ticks after boot: differs when the pid was reused.
+    pub start_ticks: u64,
+}
+
+/// A file read inside a container's root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileRead {
+    pub modified: SystemTime,
+    /// The first `max_bytes` bytes (empty when none were asked for).
+    pub head: Vec<u8>,
+}
+
+fn read_proc(path: PathBuf) -> Result<String, ObserveError> {
+    std::fs::read_to_string(&path).map_err(|source| ObserveError::Read { path, source })
+}
+
+/// LISTEN sockets in the netns of `pid`, with their backlogs, from a sock_diag dump (cheap: only
+/// the listening hash is walked). For repeated samples keep a [`SockDiag`] instead.
+pub fn listeners(pid: u32) -> Result<Vec<Listener>, ObserveError> {
+    Ok(SockDiag::open_in(&PathBuf::from(format!("/proc/{pid}/ns/net")))?.listeners()?)
+}
+
+/// LISTEN sockets in the netns of `pid` from /proc/<pid>/net/tcp and tcp6: the fallback when
+/// sock_diag is unavailable. Costly on a busy node (the kernel walks the whole established hash)
+/// and without backlogs.
+pub fn listeners_from_proc(pid: u32) -> Result<Vec<Listener>, ObserveError> {
+    let mut out = Vec::new();
+    for (file, family) in [("tcp", libc::AF_INET), ("tcp6", libc::AF_INET6)] {
+        let path = PathBuf::from(format!("/proc/{pid}/net/{file}"));
+        match std::fs::read_to_string(&path) {
+            Ok(text) => out.extend(parse_listeners(&text, family as u16).map_err(|what| ObserveError::Parse { path, what })?),
+            // No IPv6 in this kernel: no tcp6 file.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && family == libc::AF_INET6 => {}
+            Err(source) => return Err(ObserveError::Read { path, source }),
+        }
+    }
+    Ok(out)
+}
+
+/// Parses a /proc/net/tcp{,6} table, keeping state 0A (LISTEN).
+pub fn parse_listeners(text: &str, family: u16) -> Result<Vec<Listener>, &'static str> {
+    let mut out = Vec::new();
+    for line in text.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 5 {
+            return Err("short line in the socket table");
+        }
+        if fields[3] != "0A" {
+            continue;
+        }
+        let port = fields[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()).ok_or("bad local address")?;
+        let (_tx, rx) = fields[4].split_once(':').ok_or("bad tx_queue:rx_queue")?;
+        let depth = u32::from_str_radix(rx, 16).map_err(|_| "bad rx_queue")?;
+        out.push(Listener { port, family, queue_depth: depth, backlog: None });
+    }
+    Ok(out)
+}
+
+/// ListenOverflows and ListenDrops of the netns of `pid`.
+pub fn netstat_overflows(pid: u32) -> Result<ListenCounters, ObserveError> {
+    let path = PathBuf::from(format!("/proc/{pid}/net/netstat"));
+    let text = read_proc(path.clone())?;
+    parse_netstat(&text).map_err(|what| ObserveError::Parse { path, what })
+}
+
+/// Finds ListenOverflows and ListenDrops in the TcpExt header/value line pair.
+pub fn parse_netstat(text: &str) -> Result<ListenCounters, &'static str> {
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next().ok_or("no TcpExt lines")?, lines.next().ok_or("no TcpExt values")?);
+    let mut counters = ListenCounters::default();
+    let mut seen = 0;
+    for (name, value) in names.split_whitespace().zip(values.split_whitespace()).skip(1) {
+        let slot = match name {
+            "ListenOverflows" => &mut counters.overflows,
+            "ListenDrops" => &mut counters.drops,
+            _ => continue,
+        };
+        *slot = value.parse().map_err(|_| "bad TcpExt value")?;
+        seen += 1;
+    }
+    if seen != 2 {
+        return Err("TcpExt lacks ListenOverflows or ListenDrops");
+    }
+    Ok(counters)
+}
+
+/// State and start time of `pid`; None when no such process exists.
+pub fn process_state(pid: u32) -> Result<Option<ProcessSample>, ObserveError> {
+    let path = PathBuf::from(format!("/proc/{pid}/stat"));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => parse_stat(&text).map(Some).map_err(|what| ObserveError::Parse { path, what }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
+        Err(source) => Err(ObserveError::Read { path, source }),
+    }
+}
+
+/// Parses /proc/<pid>/stat; the comm field may hold spaces and parentheses, so fields are
+/// counted from the last `)`.
+pub fn parse_stat(text: &str) -> Result<ProcessSample, &'static str> {
+    let after = text.rfind(')').map(|i| &text[i + 1..]).ok_or("no comm field")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // fields[0] is field 3 (state); starttime is field 22.
+    let letter = fields.first().and_then(|s| s.chars().next()).ok_or("no state field")?;
+    let start_ticks = fields.get(19).and_then(|s| s.parse().ok()).ok_or("no start time field")?;
+    let state = match letter {
+        'R' => ProcessState::Running,
+        'S' => ProcessState::Sleeping,
+        'D' => ProcessState::Uninterruptible,
+        'T' | 't' => ProcessState::Stopped,
+        'Z' => ProcessState::Zombie,
+        'X' | 'x' => ProcessState::Dead,
+        other => ProcessState::Other(other),
+    };
+    Ok(ProcessSample { state, start_ticks })
+}
+
+/// Inode of the network namespace of `pid` (what the kernel events call `netns`).
+pub fn netns_inode(pid: u32) -> Result<u32, ObserveError> {
+    let path = PathBuf::from(format!("/proc/{pid}/ns/net"));
+    // net_ns inode numbers are 32-bit (proc_inum).
+    std::fs::metadata(&path).map(|m| m.ino() as u32).map_err(|source| ObserveError::Read { path, source })
+}
+
+/// Opens `path` inside the root of `pid` and returns its mtime and first `max_bytes` bytes.
+///
+/// Resolution is done by the kernel with the container's root as `/`: `..` stops at that root,
+/// symlinks (absolute or relative) resolve inside it, magic links (`/proc/<pid>/root`,
+/// `/proc/self/fd/*`) are refused with ELOOP. Only regular files are read; O_NONBLOCK guards the
+/// open itself against FIFOs.
+pub fn read_file_in_root(pid: u32, path: &str, max_bytes: usize) -> Result<FileRead, ObserveError> {
+    let open_err = |source| ObserveError::Open { pid, path: path.to_owned(), source };
+    let root_path = PathBuf::from(format!("/proc/{pid}/root"));
+    let root = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(&root_path)
+        .map_err(|source| ObserveError::Read { path: root_path, source })?;
+    let c_path = CString::new(path).map_err(|_| open_err(io::Error::from_raw_os_error(libc::EINVAL)))?;
+    // SAFETY: open_how is a plain struct of u64s; all-zero is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: the dirfd is open for the duration of the call, c_path is NUL-terminated, and `how`
+    // is a valid open_how whose size is passed alongside.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            c_path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        let err = io::Error::last_os_error();
+        return Err(match err.raw_os_error() {
+            Some(libc::ENOSYS) => ObserveError::Openat2Unsupported { pid, path: path.to_owned() },
+            _ => open_err(err),
+        });
+    }
+    // SAFETY: openat2 returned a new fd that nothing else owns.
+    let file = unsafe { File::from_raw_fd(fd as i32) };
+    let meta = file.metadata().map_err(open_err)?;
+    if !meta.is_file() {
+        return Err(ObserveError::NotRegular { pid, path: path.to_owned() });
+    }
+    let modified = meta.modified().map_err(open_err)?;
+    let mut head = Vec::with_capacity(max_bytes.min(64 * 1024));
+    if max_bytes > 0 {
+        file.take(max_bytes as u64).read_to_end(&mut head).map_err(open_err)?;
+    }
+    Ok(FileRead { modified, head })
+}
+
+/// `CLOCK_BOOTTIME` now, in ns (the kernel events' clock).
+pub fn boottime_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// Converts a wall-clock time to `CLOCK_BOOTTIME` ns, given both clocks read now.
+/// Times before boot map to 0 (which reads as "very old").
+pub fn wall_to_boottime(t: SystemTime, wall_now: SystemTime, boot_now: u64) -> u64 {
+    match wall_now.duration_since(t) {
+        Ok(age) => boot_now.saturating_sub(u64::try_from(age.as_nanos()).unwrap_or(u64::MAX)),
+        Err(ahead) => boot_now.saturating_add(u64::try_from(ahead.duration().as_nanos()).unwrap_or(u64::MAX)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_table_keeps_listeners_with_queue_and_backlog() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:1F90 00000000:0000 0A 00000080:00000003 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0\n\
+   1: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 20 4 30 10 -1\n";
+        let got = parse_listeners(table, 2).expect("parses");
+        assert_eq!(got, vec![Listener { port: 8080, family: 2, queue_depth: 3, backlog: None }]);
+        assert!(parse_listeners("header\n 0: x\n", 2).is_err());
+    }
+
+    #[test]
+    fn netstat_finds_listen_counters() {
+        let text = "TcpExt: SyncookiesSent ListenOverflows ListenDrops TCPHPHits\nTcpExt: 0 5 7 100\nIpExt: InNoRoutes\nIpExt: 0\n";
+        assert_eq!(parse_netstat(text), Ok(ListenCounters { overflows: 5, drops: 7 }));
+        assert!(parse_netstat("IpExt: A\nIpExt: 1\n").is_err());
+    }
+
+    #[test]
+    fn stat_parses_state_and_start_time_past_a_tricky_comm() {
+        let text = "4242 (my) app (x)) Z 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 123456 1000 10 18446744073709551615";
+        assert_eq!(parse_stat(text), Ok(ProcessSample { state: ProcessState::Zombie, start_ticks: 123456 }));
+        assert_eq!(parse_stat("1 (a) T 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 7").map(|s| s.state), Ok(ProcessState::Stopped));
+        assert!(parse_stat("1 (a) R").is_err());
+    }
+
+    #[test]
+    fn own_process_is_observed() {
+        let me = std::process::id();
+        let sample = process_state(me).expect("read").expect("exists");
+        // The main thread (what /proc/<pid>/stat shows) may be waiting on the test threads.
+        assert!(matches!(sample.state, ProcessState::Running | ProcessState::Sleeping), "{sample:?}");
+        assert!(process_state(u32::MAX - 1).expect("read").is_none());
+        assert!(netns_inode(me).expect("netns") > 0);
+    }
+
+    #[test]
+    fn wall_times_convert_to_boottime() {
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000);
+        let earlier = now - std::time::Duration::from_secs(3);
+        assert_eq!(wall_to_boottime(earlier, now, 10_000_000_000), 7_000_000_000);
+        assert_eq!(wall_to_boottime(SystemTime::UNIX_EPOCH, now, 5), 0);
+    }
+}

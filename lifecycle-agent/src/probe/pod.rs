@@ -1,0 +1,279 @@
+//! One container's probe state: the cached [`Observed`] snapshot, fed by kernel events (at once)
+//! and by /proc refreshes (on a period, and exactly at the next stall deadline), and answered
+//! from that cache.
+//!
+//! The request path ([`ProbeAnswer::answer`]) parses the URL, takes the lock, evaluates, and
+//! counts metrics; it does no /proc work except the first time a file check names a file not yet
+//! watched (one read, then the file joins the refreshed set).
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::PathBuf,
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant, SystemTime},
+};
+
+use tokio::sync::watch;
+
+use super::{
+    check::{CheckSpec, FileFacts, Observed, ProcessFacts, ProcessState, Verdict, FILE_HEAD_BYTES},
+    metrics::{ProbeMetrics, ProbeTarget},
+    observe::{self, ObserveError},
+    server::ProbeAnswer,
+    sockdiag::SockDiag,
+    tcp::{AcceptProgress, QueueSample},
+};
+use crate::event::{Detail, Event};
+
+/// How often /proc is sampled when no deadline comes sooner.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(2);
+
+/// The probe state of one container.
+pub struct PodProbe {
+    target: ProbeTarget,
+    netns: u32,
+    main_pid: u32,
+    metrics: Option<Arc<ProbeMetrics>>,
+    /// Listener source in the pod's netns; None falls back to /proc/<pid>/net/tcp.
+    diag: Option<SockDiag>,
+    state: Mutex<PodState>,
+}
+
+#[derive(Default)]
+struct PodState {
+    observed: Observed,
+    /// Start time of the main process when first seen; a different one means the pid was reused.
+    start_ticks: Option<u64>,
+    /// Checks asked for so far, by label: re-evaluated on events and deadlines for metrics.
+    checks: BTreeMap<String, CheckSpec>,
+    watched_files: HashSet<String>,
+}
+
+impl PodProbe {
+    /// Starts tracking the container whose main process is `main_pid`: reads its netns, its
+    /// listeners (already listening before the agent saw them) and its process state.
+    pub fn new(target: ProbeTarget, main_pid: u32, metrics: Option<Arc<ProbeMetrics>>) -> Result<Self, ObserveError> {
+        // A process that already exited (zombie or gone) has no namespaces left; it still gets a
+        // probe (which fails, saying so), matching no TCP events.
+        let netns = match observe::netns_inode(main_pid) {
+            Ok(netns) => netns,
+            Err(err) => match observe::process_state(main_pid)? {
+                None => 0,
+                Some(s) if s.state == ProcessState::Zombie || s.state == ProcessState::Dead => 0,
+                Some(_) => return Err(err),
+            },
+        };
+        let diag = match SockDiag::open_in(&PathBuf::from(format!("/proc/{main_pid}/ns/net"))) {
+            Ok(diag) => Some(diag),
+            Err(err) => {
+                log::warn!("probes of {}/{}: {err}; reading /proc/{main_pid}/net/tcp instead", target.namespace, target.pod);
+                None
+            }
+        };
+        let probe = Self { target, netns, main_pid, metrics, diag, state: Mutex::new(PodState::default()) };
+        probe.refresh(observe::boottime_ns())?;
+        Ok(probe)
+    }
+
+    pub fn target(&self) -> &ProbeTarget {
+        &self.target
+    }
+
+    /// Inode of the pod's network namespace (the `netns` of the kernel's TCP events).
+    pub fn netns(&self) -> u32 {
+        self.netns
+    }
+
+    pub fn main_pid(&self) -> u32 {
+        self.main_pid
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PodState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies one kernel event; returns whether it concerned this pod. Verdicts of the checks
+    /// asked so far are re-evaluated at the event's time, so a listener close flips the
+    /// `lifecycle_probe_result` series at once, not at the next request.
+    pub fn on_event(&self, event: &Event) -> bool {
+        let t = event.time_ns;
+        let mut state = self.lock();
+        match &event.detail {
+            Detail::TcpListen(tcp) | Detail::TcpListenClose(tcp) | Detail::TcpEstablished(tcp) | Detail::TcpAccept(tcp)
+                if tcp.netns == self.netns =>
+            {
+                let progress = state.observed.tcp.entry(tcp.local_port).or_default();
+                match event.detail {
+                    Detail::TcpListen(_) => progress.on_listen(t),
+                    Detail::TcpListenClose(_) => progress.on_close(t),
+                    Detail::TcpEstablished(_) => progress.on_established(t),
+                    _ => progress.on_accept(t),
+                }
+            }
+            Detail::Exit { group_dead: true, .. } if event.tgid == self.main_pid => {
+                let previous = state.observed.process.take();
+                state.observed.process = Some(ProcessFacts::after_sample(previous.as_ref(), self.main_pid, ProcessState::Dead, t));
+            }
+            _ => return false,
+        }
+        self.record_all(&state, t);
+        true
+    }
+
+    /// Samples /proc: accept queues and drops of the netns, the main process, watched files.
+    pub fn refresh(&self, now: u64) -> Result<(), ObserveError> {
+        // Read outside the lock; apply under it.
+        let listeners = match &self.diag {
+            Some(diag) => diag.listeners().map_err(ObserveError::from),
+            None => observe::listeners_from_proc(self.main_pid),
+        };
+        let drops = observe::netstat_overflows(self.main_pid).map(|c| c.drops);
+        let process = observe::process_state(self.main_pid)?;
+        let watched: Vec<String> = self.lock().watched_files.iter().cloned().collect();
+        let files: Vec<(String, FileFacts)> = watched.into_iter().map(|p| { let f = self.read_file(&p); (p, f) }).collect();
+
+        let mut state = self.lock();
+        state.apply_process(self.main_pid, process, now);
+        // A vanished process has no /proc/<pid>/net: keep the last tcp state then.
+        if let (Ok(listeners), Ok(drops)) = (listeners, drops) {
+            let mut by_port: HashMap<u16, (u32, u32, Option<u32>)> = HashMap::new();
+            for l in &listeners {
+                let entry = by_port.entry(l.port).or_insert((0, 0, Some(0)));
+                *entry = (entry.0 + 1, entry.1 + l.queue_depth, entry.2.zip(l.backlog).map(|(a, b)| a + b));
+            }
+            let sole_listener = by_port.len() == 1;
+            for (port, (count, depth, backlog)) in by_port {
+                let progress = state.observed.tcp.entry(port).or_insert_with(|| AcceptProgress::already_listening(count));
+                if progress.is_listening() {
+                    progress.observe_queue(now, QueueSample { depth, backlog, netns_drops: drops, sole_listener });
+                }
+            }
+        }
+        for (path, facts) in files {
+            state.observed.files.insert(path, facts);
+        }
+        self.record_all(&state, now);
+        Ok(())
+    }
+
+    fn read_file(&self, path: &str) -> FileFacts {
+        match observe::read_file_in_root(self.main_pid, path, FILE_HEAD_BYTES) {
+            Ok(read) => FileFacts::Present {
+                modified_ns: observe::wall_to_boottime(read.modified, SystemTime::now(), observe::boottime_ns()),
+                head: read.head,
+            },
+            Err(ObserveError::Open { source, .. }) => FileFacts::Unreadable(source.to_string()),
+            Err(other) => FileFacts::Unreadable(other.to_string()),
+        }
+    }
+
+    /// Evaluates `spec` at `now` from the cache (reading a not-yet-watched file once).
+    pub fn evaluate(&self, spec: &CheckSpec, now: u64) -> Verdict {
+        let missing: Vec<String> = {
+            let state = self.lock();
+            file_paths(spec).into_iter().filter(|p| !state.watched_files.contains(*p)).map(str::to_owned).collect()
+        };
+        let first_reads: Vec<(String, FileFacts)> = missing.into_iter().map(|p| { let f = self.read_file(&p); (p, f) }).collect();
+        let mut state = self.lock();
+        for (path, facts) in first_reads {
+            state.watched_files.insert(path.clone());
+            state.observed.files.insert(path, facts);
+        }
+        let verdict = spec.evaluate(&state.observed, now);
+        let label = spec.label();
+        if !state.checks.contains_key(&label) && state.checks.len() < 4 * super::metrics::MAX_CHECKS_PER_POD {
+            state.checks.insert(label.clone(), spec.clone());
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics.record_result(&self.target, &label, &verdict);
+        }
+        verdict
+    }
+
+    /// Re-evaluates every check asked so far at `now` (recording results), and returns the
+    /// earliest time a verdict can change on its own: schedule the next call then.
+    pub fn reevaluate(&self, now: u64) -> Option<u64> {
+        let state = self.lock();
+        self.record_all(&state, now);
+        state.checks.values().filter_map(|c| c.next_deadline(&state.observed, now)).min()
+    }
+
+    fn record_all(&self, state: &PodState, now: u64) {
+        if let Some(metrics) = &self.metrics {
+            for (label, spec) in &state.checks {
+                metrics.record_result(&self.target, label, &spec.evaluate(&state.observed, now));
+            }
+        }
+    }
+
+    /// A copy of the cached snapshot (for tests and debugging).
+    pub fn snapshot(&self) -> Observed {
+        self.lock().observed.clone()
+    }
+
+    /// Refreshes every `period`, and exactly at each check's next deadline, until `shutdown`.
+    pub async fn run_refresher(self: Arc<Self>, period: Duration, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            let now = observe::boottime_ns();
+            // /proc and netlink reads block: keep them off the runtime that answers requests.
+            let probe = Arc::clone(&self);
+            match tokio::task::spawn_blocking(move || probe.refresh(now)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => log::debug!("probe refresh of {}/{}: {err}", self.target.namespace, self.target.pod),
+                Err(err) => log::warn!("probe refresh of {}/{} panicked: {err}", self.target.namespace, self.target.pod),
+            }
+            let deadline = self.reevaluate(now);
+            let wait = deadline.map_or(period, |d| period.min(Duration::from_nanos(d.saturating_sub(now))));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+impl PodState {
+    fn apply_process(&mut self, pid: u32, sample: Option<observe::ProcessSample>, now: u64) {
+        let previous = self.observed.process.take();
+        let state = match sample {
+            None => ProcessState::Dead,
+            Some(s) => match self.start_ticks {
+                Some(start) if start != s.start_ticks => ProcessState::Dead,
+                _ => {
+                    self.start_ticks = Some(s.start_ticks);
+                    s.state
+                }
+            },
+        };
+        // Once dead, a pid stays dead for this probe (a reused pid is another process).
+        let state = if previous.as_ref().is_some_and(|p| p.state == ProcessState::Dead) { ProcessState::Dead } else { state };
+        self.observed.process = Some(ProcessFacts::after_sample(previous.as_ref(), pid, state, now));
+    }
+}
+
+fn file_paths(spec: &CheckSpec) -> Vec<&str> {
+    match spec {
+        CheckSpec::File { path, .. } => vec![path.as_str()],
+        CheckSpec::AllOf(checks) => checks.iter().flat_map(file_paths).collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl ProbeAnswer for PodProbe {
+    fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
+        let started = Instant::now();
+        let Some(kind_path) = path.strip_prefix("/probe") else {
+            return (404, "probe paths start with /probe/\n".to_owned());
+        };
+        let spec = match CheckSpec::parse(kind_path, query) {
+            Ok(spec) => spec,
+            Err(err) => return (400, format!("{err}\n")),
+        };
+        let verdict = self.evaluate(&spec, observe::boottime_ns());
+        let (code, body) = if verdict.pass { (200, "ok\n".to_owned()) } else { (503, format!("{}\n", verdict.reason)) };
+        if let Some(metrics) = &self.metrics {
+            metrics.record_request(&self.target, &spec.label(), spec.kind(), code, started.elapsed().as_secs_f64());
+        }
+        (code, body)
+    }
+}
