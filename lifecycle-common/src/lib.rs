@@ -303,8 +303,12 @@ pub struct KernelOffsets {
     pub fdtable_fd: u32,
     pub file_private_data: u32,
     pub socket_sk: u32,
-    /// Explicit padding; always 0.
-    pub _pad: u32,
+    pub task_thread_pid: u32,
+    pub pid_level: u32,
+    pub pid_numbers: u32,
+    pub upid_nr: u32,
+    /// `sizeof(struct upid)`, the stride of `pid->numbers[]`.
+    pub upid_size: u32,
 }
 
 /// Run-time settings for the kernel programs (a `.rodata` global set at load).
@@ -370,7 +374,7 @@ const _: () = assert!(core::mem::size_of::<TcpEvent>() == 32 + 8 + 4 + 8 + 4);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + 8 + 8 + CGROUP_PATH_LEN);
 const _: () = assert!(core::mem::size_of::<CgroupCounters>() == 9 * 8);
 const _: () = assert!(core::mem::size_of::<KindStats>() == 3 * 8);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 32 * 4);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 * 4);
 const _: () = assert!(core::mem::size_of::<ProgramSettings>() == 16);
 // Every record starts with the header, so the kind can be read before the type is known.
 const _: () = assert!(core::mem::offset_of!(ExecEvent, header) == 0);

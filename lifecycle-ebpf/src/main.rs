@@ -68,7 +68,11 @@ static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     fdtable_fd: 0,
     file_private_data: 0,
     socket_sk: 0,
-    _pad: 0,
+    task_thread_pid: 0,
+    pid_level: 0,
+    pid_numbers: 0,
+    upid_nr: 0,
+    upid_size: 0,
 };
 
 /// Run-time settings; overwritten by the agent before load.
@@ -232,10 +236,17 @@ fn wakeup_flags(record_bytes: usize) -> u64 {
 /// Sends a small record, or counts it lost against `kind` and `cgroup`.
 #[inline(always)]
 fn send<T: 'static>(kind: EventKind, cgroup: u64, record: T) {
+    send_waking(kind, cgroup, record, false)
+}
+
+/// As [`send`]; `urgent` wakes the reader at once instead of waiting for a batch.
+#[inline(always)]
+fn send_waking<T: 'static>(kind: EventKind, cgroup: u64, record: T, urgent: bool) {
     match EVENTS.reserve::<T>(0) {
         Some(mut entry) => {
             entry.write(record);
-            entry.submit(wakeup_flags(core::mem::size_of::<T>()));
+            let flags = if urgent { BPF_RB_FORCE_WAKEUP as u64 } else { wakeup_flags(core::mem::size_of::<T>()) };
+            entry.submit(flags);
             stat(kind, offset_of!(KindStats, submitted));
         }
         None => lost(kind, cgroup),
@@ -320,8 +331,24 @@ fn try_exit() -> Result<(), i64> {
         cpu_time_ns,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
-    send(EventKind::Exit, header.cgroup_id, record);
+    // A pid namespace's init exiting is a container ending: the one event worth an immediate
+    // wake-up (rare, and the state users wait for). Everything else rides the next batch.
+    let urgent = group_dead && is_namespace_init(task);
+    send_waking(EventKind::Exit, header.cgroup_id, record, urgent);
     Ok(())
+}
+
+/// True when the task is PID 1 of its own (non-initial) pid namespace:
+/// `task->thread_pid->numbers[level].nr == 1` with `level > 0`.
+#[inline(always)]
+fn is_namespace_init(task: *const u8) -> bool {
+    let Ok(pid) = read_ptr(task, off!(task_thread_pid)) else { return false };
+    let Ok(level) = read::<u32>(pid, off!(pid_level)) else { return false };
+    if level == 0 || level > 32 {
+        return false;
+    }
+    let slot = off!(pid_numbers) + level as usize * off!(upid_size) + off!(upid_nr);
+    read::<i32>(pid, slot).is_ok_and(|nr| nr == 1)
 }
 
 // ---- signals ------------------------------------------------------------------------------

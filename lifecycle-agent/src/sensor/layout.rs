@@ -86,8 +86,17 @@ impl KernelBtf {
             fdtable_fd: at("fdtable", "fd")?,
             file_private_data: at("file", "private_data")?,
             socket_sk: at("socket", "sk")?,
-            _pad: 0,
+            task_thread_pid: at("task_struct", "thread_pid")?,
+            pid_level: at("pid", "level")?,
+            pid_numbers: at("pid", "numbers")?,
+            upid_nr: at("upid", "nr")?,
+            upid_size: self.struct_size("upid")?,
         })
+    }
+
+    /// `sizeof(struct strukt)`.
+    pub fn struct_size(&self, strukt: &'static str) -> Result<u32, LayoutError> {
+        Ok(self.find_struct(strukt)?.size() as u32)
     }
 
     /// Byte offset of a dotted member path (`"a.b.c"`) inside `struct strukt`.
