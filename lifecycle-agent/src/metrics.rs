@@ -79,6 +79,12 @@ impl Metrics {
         Ok(Self { registry })
     }
 
+    /// A registry with nothing registered, for collectors that do not need the sensor (benches,
+    /// tests of the per-container metrics).
+    pub fn bare() -> Self {
+        Self { registry: Registry::new() }
+    }
+
     /// The registry, for modules that add their own collectors.
     pub fn registry(&self) -> &Registry {
         &self.registry

@@ -1,0 +1,138 @@
+//! Benchmark (not a test; `#[ignore]`d, run by `xtask/x.sh bench latency`): from a container
+//! process's exit, as the kernel timestamps it, to the state change visible in the agent's
+//! `/api/v1/containers` — and, in the same run, to the runtime's own notice of that exit in CRI
+//! ContainerStatus. Both sides are observed by polling as fast as a client can (the measurement,
+//! not a synchronisation), and both are measured against the same kernel timestamp.
+
+#[path = "support/containerd.rs"]
+mod containerd;
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use containerd::{start_or_skip, KubeletAnnotations};
+use k8s_cri::v1 as cri;
+use serde_json::Value;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
+
+fn boot_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn get(addr: &str, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions; the pid is the agent we started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+#[ignore = "benchmark: run with xtask/x.sh bench latency"]
+fn exit_to_visible_state_latency() {
+    let exits: usize = std::env::var("LIFECYCLE_BENCH_EXITS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let Some(mut h) = start_or_skip("exit_to_visible_state_latency") else { return };
+    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    let addr = format!("127.0.0.1:{port}");
+    let socket = h.socket().to_string_lossy().into_owned();
+    let _agent = KillOnDrop(
+        Command::new(AGENT)
+            .args(["run", "--listen", &addr, "--cri-socket", &socket])
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("agent"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&addr, "/healthz").is_none() {
+        assert!(Instant::now() < deadline, "agent not up");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pod = h.new_pod("latency").expect("pod");
+    let (mut agent_ms, mut runtime_ms) = (Vec::new(), Vec::new());
+    for attempt in 0..exits {
+        // The container waits on a fifo-less sleep so the poller is already running at exit.
+        let annotations = KubeletAnnotations { restart_count: attempt as u32, ..KubeletAnnotations::default() };
+        let id = h.run_container(&pod, "blink", &["sh", "-c", "sleep 0.2; exit 3"], &annotations, None).expect("container");
+        // Each side is polled on its own thread so a slow call on one cannot delay the other.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (agent_side, runtime_seen) = std::thread::scope(|scope| {
+            let agent_side = scope.spawn(|| {
+                while Instant::now() < deadline {
+                    let Some(body) = get(&addr, "/api/v1/containers") else { continue };
+                    let now = boot_ns();
+                    let value: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                    let c = value["containers"]
+                        .as_array()
+                        .and_then(|all| all.iter().find(|c| c["container_id"] == id.as_str()).cloned());
+                    // This instance's exit: Terminated, or CrashLoopBackOff whose last state is
+                    // it (the previous instance's termination also sits in last_state while the
+                    // new one runs, so Running with a terminated last_state does not count).
+                    let exited = c.as_ref().and_then(|c| match c["state"]["state"].as_str() {
+                        Some("terminated") => c["state"]["finished_at"].as_u64(),
+                        Some("waiting") if c["state"]["reason"] == "CrashLoopBackOff" => c["last_state"]["finished_at"].as_u64(),
+                        _ => None,
+                    });
+                    if let Some(finished) = exited {
+                        return Some((now, finished));
+                    }
+                }
+                None
+            });
+            let mut runtime_seen = None;
+            while runtime_seen.is_none() && Instant::now() < deadline {
+                let status = h.container_status(&id).expect("status");
+                if status.state == cri::ContainerState::ContainerExited as i32 {
+                    runtime_seen = Some(boot_ns());
+                }
+            }
+            (agent_side.join().expect("agent poller"), runtime_seen)
+        });
+        let (agent_seen, finished) = agent_side.map_or((None, None), |(seen, finished)| (Some(seen), Some(finished)));
+        let finished = finished.expect("the agent saw the exit");
+        agent_ms.push(agent_seen.expect("agent").saturating_sub(finished) as f64 / 1e6);
+        runtime_ms.push(runtime_seen.expect("runtime").saturating_sub(finished) as f64 / 1e6);
+        h.remove_container(&id).expect("remove");
+    }
+    agent_ms.sort_by(f64::total_cmp);
+    runtime_ms.sort_by(f64::total_cmp);
+    let internal = get(&addr, "/metrics").unwrap_or_default();
+    println!("\n| path | exits | p50 | p90 | p99 | max |");
+    println!("|---|---|---|---|---|---|");
+    for (name, v) in [("kernel exit -> agent /api/v1/containers", &agent_ms), ("kernel exit -> CRI ContainerStatus (containerd)", &runtime_ms)] {
+        println!(
+            "| {name} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+            v.len(),
+            percentile(v, 0.5),
+            percentile(v, 0.9),
+            percentile(v, 0.99),
+            v[v.len() - 1]
+        );
+    }
+    let histogram: Vec<&str> = internal.lines().filter(|l| l.starts_with("lifecycle_event_to_state_seconds")).collect();
+    println!("\nagent's own lifecycle_event_to_state_seconds:\n{}", histogram.join("\n"));
+    let p99 = percentile(&agent_ms, 0.99);
+    println!("\ntarget p99 <= 10 ms: {} (p99 {p99:.2} ms)", if p99 <= 10.0 { "met" } else { "NOT met" });
+}

@@ -1,0 +1,156 @@
+//! Benchmark (`#[ignore]`d; `xtask/x.sh bench scrape`): `/metrics` of an agent tracking 1,000
+//! containers, served by the agent's own HTTP stack and registry, scraped by a client. The
+//! containers are synthetic (the tracker is fed the events a node would produce), the rest is the
+//! production path: collector, encoder, hyper.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use lifecycle_agent::{
+    cri::{ContainerMeta, ContainerState, ContainerType},
+    event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
+    http::{self, Routes},
+    metrics::Metrics,
+    tracker::{NodeTracker, TrackerConfig},
+    unit_metrics::{KernelCounters, UnitCollector},
+};
+use lifecycle_common::CgroupCounters;
+
+struct FakeKernel;
+
+impl KernelCounters for FakeKernel {
+    fn counters_of(&self, cgroup_id: u64) -> Option<CgroupCounters> {
+        Some(CgroupCounters { execs: cgroup_id % 17, process_exits: cgroup_id % 13, ..Default::default() })
+    }
+}
+
+fn event(time: u64, tgid: u32, cgroup_id: u64, detail: Detail) -> Event {
+    Event { time_ns: time, pid: tgid, tgid, cgroup_id, detail }
+}
+
+/// A node with `n` containers: each ran once, exited with a varying code, restarted, received a
+/// stop signal and listens on a port.
+fn node(n: u64) -> NodeTracker {
+    let mut tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
+    let mut metas = Vec::new();
+    for i in 0..n {
+        let uid = format!("00000000-0000-0000-0000-{i:012x}");
+        for attempt in 0..2u64 {
+            let id = format!("{:064x}", i * 2 + attempt);
+            metas.push(ContainerMeta {
+                container_id: id,
+                pod_sandbox_id: format!("sandbox-{i}"),
+                pod_name: format!("pod-{i}"),
+                pod_namespace: format!("ns-{}", i % 20),
+                pod_uid: uid.clone(),
+                container_name: "app".into(),
+                attempt: attempt as u32,
+                restart_count: Some(attempt as u32),
+                container_type: Some(ContainerType::Regular),
+                spec_hash: Some(1),
+                termination_grace_period_ns: Some(30_000_000_000),
+                deletion_grace_period_ns: None,
+                pre_stop_handler: None,
+                ports: None,
+                state: ContainerState::Running,
+                exit_code: None,
+                reason: None,
+                message: None,
+                created_ns: 0,
+                started_ns: None,
+                finished_ns: None,
+            });
+        }
+    }
+    tracker.set_metadata(metas);
+    let second = 1_000_000_000u64;
+    for i in 0..n {
+        let uid = format!("00000000-0000-0000-0000-{i:012x}");
+        for attempt in 0..2u64 {
+            let cgroup = 10_000 + i * 2 + attempt;
+            let path = format!("/kubepods/burstable/pod{uid}/{:064x}", i * 2 + attempt);
+            let t = attempt * 20 * second + i;
+            let pid = (100_000 + i * 2 + attempt) as u32;
+            tracker.apply(&event(t, 1, 1, Detail::CgroupMkdir(CgroupDetail { id: cgroup, path, truncated: false })));
+            let exec = Detail::Exec { parent_tgid: 1, parent_cgroup_id: 1, start_time_ns: t + 1, comm: "app".into() };
+            tracker.apply(&event(t + 1, pid, cgroup, exec));
+            let tcp = TcpDetail { socket_cgroup_id: cgroup, netns: 1, family: 2, local_port: 8080, remote_port: 0, fd: None };
+            tracker.apply(&event(t + 2, pid, cgroup, Detail::TcpListen(tcp)));
+            let signal = Detail::Signal {
+                signal: 15,
+                result: SignalResult::Delivered,
+                group: true,
+                target_pid: pid,
+                target_tgid: pid,
+                target_cgroup_id: cgroup,
+                sender_comm: "containerd-shim".into(),
+                target_comm: "app".into(),
+            };
+            tracker.apply(&event(t + second, 7, 7, signal));
+            if attempt == 0 {
+                let exit = Detail::Exit {
+                    exit_status: Some((i % 3) as u8),
+                    signal: None,
+                    core_dumped: false,
+                    group_dead: true,
+                    parent_tgid: 1,
+                    start_time_ns: t + 1,
+                    cpu_time_ns: 1,
+                    comm: "app".into(),
+                };
+                tracker.apply(&event(t + 2 * second, pid, cgroup, exit));
+            }
+        }
+    }
+    tracker
+}
+
+fn scrape(addr: &str) -> usize {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").expect("request");
+    let mut body = Vec::new();
+    stream.read_to_end(&mut body).expect("response");
+    body.len()
+}
+
+#[test]
+#[ignore = "benchmark: run with xtask/x.sh bench scrape"]
+fn scrape_of_a_thousand_containers() {
+    let containers: u64 = std::env::var("LIFECYCLE_BENCH_CONTAINERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let scrapes: usize = std::env::var("LIFECYCLE_BENCH_SCRAPES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let tracker = Arc::new(Mutex::new(node(containers)));
+    assert_eq!(tracker.lock().expect("lock").units().count() as u64, containers);
+    let metrics = Metrics::bare();
+    let collector = UnitCollector::new(tracker, Arc::new(FakeKernel), Box::new(|| 100_000_000_000)).expect("collector");
+    metrics.registry().register(Box::new(collector)).expect("register");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let listener = runtime.block_on(http::bind("127.0.0.1:0".parse().expect("addr"))).expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    runtime.spawn(http::serve(listener, Arc::new(Routes { metrics, api: None }), rx));
+    let size = scrape(&addr);
+    let mut times = Vec::with_capacity(scrapes);
+    for _ in 0..scrapes {
+        let began = Instant::now();
+        assert_eq!(scrape(&addr), size);
+        times.push(began.elapsed().as_secs_f64() * 1e3);
+    }
+    let _ = tx.send(true);
+    times.sort_by(f64::total_cmp);
+    let at = |p: f64| times[((times.len() as f64 - 1.0) * p).round() as usize];
+    println!("\n| containers | scrapes | body | p50 | p90 | p99 | max |");
+    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| {containers} | {scrapes} | {:.0} KiB | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+        size as f64 / 1024.0,
+        at(0.5),
+        at(0.9),
+        at(0.99),
+        times[times.len() - 1]
+    );
+    println!("\ntarget p99 <= 10 ms: {}", if at(0.99) <= 10.0 { "met" } else { "NOT met" });
+}
