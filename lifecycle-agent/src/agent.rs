@@ -20,6 +20,8 @@ use crate::{
     event::{Detail, Event},
     http::{self, ApiHandler, HttpError, Routes},
     metrics::{AgentCounters, Metrics, MetricsError},
+    probe::{metrics::ProbeMetrics, NodeProbes, ProbeAnswer as _},
+    probe_supervisor::ProbeSupervisor,
     sensor::{Sensor, SensorConfig, SensorError, StreamError},
     tracker::{ContainerView, Notice, NodeTracker, TrackerConfig},
     unit_metrics::{boot_time_ns, unix_minus_boot_seconds, UnitCollector},
@@ -38,6 +40,9 @@ pub struct AgentConfig {
     pub cri_refresh: Duration,
     /// How long a departed container's series and status are kept.
     pub series_retention: Duration,
+    /// Port of the probe listener started inside each pod's network namespace; None: only the
+    /// node endpoint `/api/v1/probe/...` answers.
+    pub pod_probe_port: Option<u16>,
     pub tracker: TrackerConfig,
 }
 
@@ -87,6 +92,11 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let collector = UnitCollector::new(tracker.clone(), maps.clone(), Box::new(boot_time_ns)).map_err(MetricsError::from)?;
     metrics.registry().register(Box::new(collector)).map_err(MetricsError::from)?;
 
+    let node_probes = Arc::new(NodeProbes::default());
+    let probe_metrics = ProbeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
+    let supervisor = ProbeSupervisor::new(node_probes.clone(), probe_metrics, config.pod_probe_port, shutdown.clone());
+    tokio::spawn(supervisor.run(tracker.clone(), Duration::from_secs(1)));
+
     let metadata_wanted = Arc::new(Notify::new());
     if let Some(cri) = cri {
         refresh_metadata(&cri, &tracker).await;
@@ -96,7 +106,8 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
 
     let listener = http::bind(config.listen).await?;
     log::info!("serving /metrics, /healthz and /api/v1/containers on http://{}", config.listen);
-    let routes = Arc::new(Routes { metrics, api: Some(Arc::new(ContainersApi { tracker: tracker.clone() })) });
+    let api = ContainersApi { tracker: tracker.clone(), probes: node_probes.clone() };
+    let routes = Arc::new(Routes { metrics, api: Some(Arc::new(api)) });
     let server = tokio::spawn(http::serve(listener, routes, shutdown.clone()));
 
     let mut stream = sensor.take_events().ok_or(AgentError::StreamTaken)?.into_async(config.poll)?;
@@ -123,6 +134,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
                     }
                 }
                 tracker.apply(event);
+                node_probes.on_event(event);
             }
             let now = boot_time_ns();
             for event in &batch {
@@ -262,10 +274,14 @@ pub struct ContainersResponse {
 
 struct ContainersApi {
     tracker: Arc<Mutex<NodeTracker>>,
+    probes: Arc<NodeProbes>,
 }
 
 impl ApiHandler for ContainersApi {
-    fn get(&self, path: &str, _query: Option<&str>) -> Option<(StatusCode, String)> {
+    fn get(&self, path: &str, query: Option<&str>) -> Option<(StatusCode, String)> {
+        if let Some(target) = path.strip_prefix("/api/v1/probe/") {
+            return Some(self.probe(target, query));
+        }
         if path != "/api/v1/containers" {
             return None;
         }
@@ -276,5 +292,30 @@ impl ApiHandler for ContainersApi {
             Ok(json) => (StatusCode::OK, json),
             Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{{\"error\":\"{err}\"}}")),
         })
+    }
+}
+
+impl ContainersApi {
+    /// `GET /api/v1/probe/<namespace>/<pod>/<container>?check=<tcp|process|file|all>&...`: the same
+    /// answer the pod's own probe listener gives, for people, scripts and host-network pods.
+    fn probe(&self, target: &str, query: Option<&str>) -> (StatusCode, String) {
+        let mut check = None;
+        let rest: Vec<&str> = query
+            .unwrap_or("")
+            .split('&')
+            .filter(|part| match part.strip_prefix("check=") {
+                Some(kind) => {
+                    check = Some(kind.to_owned());
+                    false
+                }
+                None => !part.is_empty(),
+            })
+            .collect();
+        let Some(check) = check else {
+            return (StatusCode::BAD_REQUEST, "add check=tcp|process|file|all to the query\n".to_owned());
+        };
+        let rest = (!rest.is_empty()).then(|| rest.join("&"));
+        let (code, body) = self.probes.answer(&format!("/probe/{}/{check}", target.trim_end_matches('/')), rest.as_deref());
+        (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body)
     }
 }

@@ -17,6 +17,7 @@ pub mod http;
 pub mod identity;
 pub mod metrics;
 pub mod probe;
+pub mod probe_supervisor;
 pub mod sensor;
 pub mod status;
 pub mod termination;

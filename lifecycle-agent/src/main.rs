@@ -74,6 +74,10 @@ struct RunArgs {
     /// Model kubelet crashLoopBackOff.maxContainerRestartPeriod (1s .. 300s).
     #[arg(long, value_parser = parse_duration)]
     max_container_restart_period: Option<Duration>,
+    /// Port of the probe listener the agent opens inside each pod's network namespace (0: none;
+    /// the node endpoint /api/v1/probe/... always answers).
+    #[arg(long, default_value_t = lifecycle_agent::probe::server::DEFAULT_POD_PORT)]
+    pod_probe_port: u16,
     /// The pod restartPolicy to assume (the runtime does not report it).
     #[arg(long, value_enum, default_value = "always")]
     restart_policy: RestartPolicyArg,
@@ -248,6 +252,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         cri_socket: args.cri_socket,
         cri_refresh: Duration::from_secs(10),
         series_retention: args.series_retention,
+        pod_probe_port: (args.pod_probe_port != 0).then_some(args.pod_probe_port),
         tracker: TrackerConfig { backoff, restart_policy, ..TrackerConfig::default() },
     };
     agent::run(config, shutdown).await?;

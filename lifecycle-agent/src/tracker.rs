@@ -405,6 +405,23 @@ impl NodeTracker {
         }
     }
 
+    /// Kubernetes containers running now, with their main process.
+    pub fn running_containers(&self) -> Vec<(UnitLabels, u32)> {
+        self.instances
+            .values()
+            .filter(|i| matches!(i.kind, InstanceKind::Container { .. }) && i.exit.is_none())
+            .filter_map(|i| {
+                let unit = self.units.get(i.unit.as_ref()?)?;
+                Some((unit.labels.clone(), i.init?.tgid))
+            })
+            .collect()
+    }
+
+    /// (namespace, pod, container) of every unit still tracked.
+    pub fn unit_targets(&self) -> Vec<(String, String, String)> {
+        self.units.values().map(|u| (u.labels.namespace.clone(), u.labels.pod.clone(), u.labels.container.clone())).collect()
+    }
+
     /// The unit a cgroup's instance belongs to, if linked.
     pub fn unit_key_of(&self, cgroup_id: u64) -> Option<&UnitKey> {
         self.instances.get(&cgroup_id).and_then(|i| i.unit.as_ref())

@@ -231,3 +231,58 @@ fn exit_zero_is_a_completion_without_stop_signal() {
     assert!((ran - runtime_ran).abs() < 0.1, "agent {ran} s vs runtime {runtime_ran} s");
     assert!(ran >= 0.3, "ran {ran} s");
 }
+
+#[test]
+fn probes_answer_from_kernel_state_and_exec_sessions_are_costed() {
+    let Some(mut h) = start_or_skip("probes_answer_from_kernel_state_and_exec_sessions_are_costed") else { return };
+    let agent = Agent::start(&h, &[]);
+    let pod = h.new_pod("web").expect("pod");
+    // busybox httpd listens and accepts; the pod shares the node's network (no CNI here), so its
+    // probes are answered by the node endpoint, which uses the same per-container state.
+    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+    let serve = format!("httpd -f -p 127.0.0.1:{port} -h /");
+    let id = h.run_container(&pod, "web", &["sh", "-c", &serve], &annotations(30, 0), None).expect("container");
+    agent.wait(&pod, "web", "running", |c| state(c) == "running");
+    let probe = |query: &str| {
+        let path = format!("/api/v1/probe/{}/{}/web?{query}", pod.namespace, pod.name);
+        let mut stream = TcpStream::connect(&agent.addr).expect("connect");
+        write!(stream, "GET {path} HTTP/1.0\r\n\r\n").expect("request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("response");
+        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+        (head.split(' ').nth(1).unwrap_or_default().to_owned(), body.trim().to_owned())
+    };
+    // The probe supervisor picks the container up within its 1 s reconcile period.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while probe(&format!("check=tcp&port={port}")).0 != "200" {
+        assert!(Instant::now() < deadline, "tcp probe never passed: {:?}", probe(&format!("check=tcp&port={port}")));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(probe("check=process"), ("200".into(), "ok".into()));
+    let (code, body) = probe(&format!("check=tcp&port={}", port + 1));
+    assert_eq!(code, "503");
+    assert!(body.contains(&format!("{}", port + 1)), "{body}");
+    assert_eq!(probe("port=1").0, "400", "a probe without check= is a bad request");
+
+    // Two exec probes the kubelet's way (ExecSync), costed per container.
+    let mut runtime = h.cri().runtime_service();
+    for _ in 0..2 {
+        let request = k8s_cri::v1::ExecSyncRequest { container_id: id.clone(), cmd: vec!["cat".into(), "/etc/hostname".into()], timeout: 5 };
+        let reply = h.block_on(runtime.exec_sync(request)).expect("exec").into_inner();
+        assert_eq!(reply.exit_code, 0);
+    }
+    let c = agent.wait(&pod, "web", "exec sessions", |c| c["exec_sessions"] == 2);
+    assert!(c["exec_session_cpu_seconds"].as_f64().is_some_and(|s| s >= 0.0));
+    let metrics = agent.metrics();
+    assert_eq!(metric_line(&metrics, "lifecycle_exec_probe_processes_total", &pod, ""), Some(2.0));
+
+    // Stopping the container flips the probes from the kernel's exit event.
+    h.stop_container(&id, 5).expect("stop");
+    agent.wait(&pod, "web", "terminated", |c| state(c) == "terminated");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while probe("check=process").0 != "503" {
+        assert!(Instant::now() < deadline, "process probe still passing after the exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(metric_line(&agent.metrics(), "lifecycle_probe_transitions_total", &pod, "").is_some_and(|n| n >= 1.0));
+}

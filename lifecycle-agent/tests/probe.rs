@@ -228,7 +228,7 @@ fn an_http_client_inside_the_netns_gets_200_then_503_from_the_probe_listener() {
 
     let own_netns = || std::fs::metadata("/proc/thread-self/ns/net").expect("netns").ino();
     let before = own_netns();
-    let listener = bind_in_netns(&netns.path, SocketAddr::from(([0, 0, 0, 0], 9892))).expect("bind in netns");
+    let listener = bind_in_netns(&netns.path, SocketAddr::from(([0, 0, 0, 0], 9891))).expect("bind in netns");
     assert_eq!(own_netns(), before, "the calling thread never changed namespace");
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let answer: Arc<dyn ProbeAnswer> = probe.clone();
@@ -237,7 +237,7 @@ fn an_http_client_inside_the_netns_gets_200_then_503_from_the_probe_listener() {
         runtime.block_on(serve(listener, answer, stopped)).expect("serve");
     });
 
-    let get = |query: &str| netns.output(PYTHON, &["-c", HTTP_GET, &format!("http://127.0.0.1:9892{query}")]).trim().to_owned();
+    let get = |query: &str| netns.output(PYTHON, &["-c", HTTP_GET, &format!("http://127.0.0.1:9891{query}")]).trim().to_owned();
     assert_eq!(get("/probe/tcp?port=8080&stall=5s"), "200|ok");
     assert_eq!(get("/probe/tcp?port=80a"), "400|bad port \"80a\": expected 1-65535");
     assert_eq!(get("/probe/process"), "200|ok");

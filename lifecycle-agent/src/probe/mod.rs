@@ -26,7 +26,7 @@
 //!   fresh, contains apply to their kind).
 //!
 //! 200 `ok`, 503 with a one-line reason, 400 with a one-line parse error. A kubelet probe:
-//! `httpGet: {path: /probe/tcp?port=8080&stall=5s, port: 9892}`.
+//! `httpGet: {path: /probe/tcp?port=8080&stall=5s, port: 9891}`.
 //!
 //! # Host network
 //! `hostNetwork: true` pods share the node netns, so the per-pod listener cannot exist for them;

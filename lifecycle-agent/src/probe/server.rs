@@ -27,7 +27,7 @@ use super::{metrics::ProbeTarget, pod::PodProbe};
 use crate::event::Event;
 
 /// Port of the per-pod probe listener unless configured otherwise.
-pub const DEFAULT_POD_PORT: u16 = 9892;
+pub const DEFAULT_POD_PORT: u16 = 9891;
 
 /// Answers probe requests from cached state. Must not block.
 pub trait ProbeAnswer: Send + Sync {
@@ -158,6 +158,17 @@ impl NodeProbes {
 
     pub fn get(&self, target: &ProbeTarget) -> Option<Arc<PodProbe>> {
         self.pods.read().unwrap_or_else(|p| p.into_inner()).get(target).cloned()
+    }
+
+    /// Names of the containers of one pod that have probes.
+    pub fn containers_of(&self, namespace: &str, pod: &str) -> Vec<String> {
+        self.pods
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|t| t.namespace == namespace && t.pod == pod)
+            .map(|t| t.container.clone())
+            .collect()
     }
 
     /// Hands a kernel event to every container it concerns.

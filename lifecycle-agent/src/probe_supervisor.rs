@@ -1,0 +1,213 @@
+//! Keeps one probe listener per pod, inside the pod's network namespace, in step with the
+//! containers the tracker sees running: a new container gets a [`PodProbe`]; a restarted one gets
+//! a fresh probe on its new main process; a pod whose sandbox (netns) changed is rebound.
+//! Host-network pods are served by the node listener (`/api/v1/probe/...`) instead.
+//!
+//! Plumbing: it reads /proc (namespaces) and binds sockets; decisions come from `probe::*`.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::sync::watch;
+
+use crate::{
+    probe::{
+        bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, observe, pod::DEFAULT_REFRESH, serve, NodeProbes,
+        PodProbe, ProbeAnswer,
+    },
+    tracker::NodeTracker,
+};
+
+/// A running per-pod listener.
+struct PodListener {
+    netns: u32,
+    stop: watch::Sender<bool>,
+}
+
+/// The supervisor's state across reconciliations.
+pub struct ProbeSupervisor {
+    probes: Arc<NodeProbes>,
+    metrics: Arc<ProbeMetrics>,
+    /// Port of the per-pod listeners; None serves only the node endpoint.
+    pod_port: Option<u16>,
+    host_netns: u32,
+    listeners: HashMap<(String, String), PodListener>,
+    /// Target -> (main pid, refresher stop).
+    running: HashMap<ProbeTarget, (u32, watch::Sender<bool>)>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl ProbeSupervisor {
+    pub fn new(probes: Arc<NodeProbes>, metrics: Arc<ProbeMetrics>, pod_port: Option<u16>, shutdown: watch::Receiver<bool>) -> Self {
+        Self {
+            probes,
+            metrics,
+            pod_port,
+            host_netns: observe::netns_inode(1).unwrap_or(0),
+            listeners: HashMap::new(),
+            running: HashMap::new(),
+            shutdown,
+        }
+    }
+
+    /// Brings probes and listeners in line with the containers running now.
+    pub fn reconcile(&mut self, tracker: &Mutex<NodeTracker>) {
+        let running = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).running_containers();
+        let mut seen = Vec::new();
+        for (labels, pid) in running {
+            let target = ProbeTarget { namespace: labels.namespace.clone(), pod: labels.pod.clone(), container: labels.container.clone() };
+            seen.push(target.clone());
+            if self.running.get(&target).is_some_and(|(known, _)| *known == pid) {
+                continue;
+            }
+            match PodProbe::new(target.clone(), pid, Some(self.metrics.clone())) {
+                Ok(probe) => {
+                    let probe = Arc::new(probe);
+                    let netns = probe.netns();
+                    self.probes.insert(probe.clone());
+                    let (stop, stopped) = watch::channel(false);
+                    tokio::spawn(probe.run_refresher(DEFAULT_REFRESH, stopped));
+                    if let Some((_, old)) = self.running.insert(target.clone(), (pid, stop)) {
+                        let _ = old.send(true);
+                    }
+                    self.ensure_listener(&labels.namespace, &labels.pod, pid, netns);
+                }
+                Err(err) => log::debug!("no probes for {}/{}/{} yet: {err}", target.namespace, target.pod, target.container),
+            }
+        }
+        // Containers that stopped running keep their probe (it answers "gone") until their unit
+        // expires from the tracker; then everything about them goes.
+        let known: Vec<ProbeTarget> = self.running.keys().cloned().collect();
+        let units = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).unit_targets();
+        for target in known {
+            if !seen.contains(&target) && !units.contains(&(target.namespace.clone(), target.pod.clone(), target.container.clone())) {
+                if let Some((_, stop)) = self.running.remove(&target) {
+                    let _ = stop.send(true);
+                }
+                self.probes.remove(&target);
+            }
+        }
+        let pods_alive: Vec<(String, String)> = self.running.keys().map(|t| (t.namespace.clone(), t.pod.clone())).collect();
+        self.listeners.retain(|pod, listener| {
+            let keep = pods_alive.contains(pod);
+            if !keep {
+                let _ = listener.stop.send(true);
+            }
+            keep
+        });
+    }
+
+    fn ensure_listener(&mut self, namespace: &str, pod: &str, pid: u32, netns: u32) {
+        let Some(port) = self.pod_port else { return };
+        // Host-network pods share the node's netns: the node endpoint serves them.
+        if netns == 0 || netns == self.host_netns {
+            return;
+        }
+        let key = (namespace.to_owned(), pod.to_owned());
+        if self.listeners.get(&key).is_some_and(|l| l.netns == netns) {
+            return;
+        }
+        let path = PathBuf::from(format!("/proc/{pid}/ns/net"));
+        match bind_in_netns(&path, SocketAddr::from(([0, 0, 0, 0], port))) {
+            Ok(listener) => {
+                let (stop, stopped) = watch::channel(false);
+                let mut shutdown = self.shutdown.clone();
+                let answer: Arc<dyn ProbeAnswer> =
+                    Arc::new(PodAnswer { probes: self.probes.clone(), namespace: key.0.clone(), pod: key.1.clone() });
+                tokio::spawn(async move {
+                    // Stop on the agent's shutdown or when the pod goes.
+                    let (both_tx, both_rx) = watch::channel(false);
+                    let mut stopped = stopped;
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            _ = shutdown.changed() => {}
+                            _ = stopped.changed() => {}
+                        }
+                        let _ = both_tx.send(true);
+                    });
+                    if let Err(err) = serve(listener, answer, both_rx).await {
+                        log::warn!("probe listener stopped: {err}");
+                    }
+                });
+                log::info!("probe listener for {namespace}/{pod} on port {port} in its network namespace");
+                if let Some(old) = self.listeners.insert(key, PodListener { netns, stop }) {
+                    let _ = old.stop.send(true);
+                }
+            }
+            Err(err) => log::warn!("no probe listener for {namespace}/{pod}: {err}"),
+        }
+    }
+
+    /// Runs reconciliation every `period` until shutdown.
+    pub async fn run(mut self, tracker: Arc<Mutex<NodeTracker>>, period: Duration) {
+        let mut ticker = tokio::time::interval(period);
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => self.reconcile(&tracker),
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// Answers `/probe/<kind>?...[&container=<name>]` on a pod's listener.
+struct PodAnswer {
+    probes: Arc<NodeProbes>,
+    namespace: String,
+    pod: String,
+}
+
+impl ProbeAnswer for PodAnswer {
+    fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
+        let Some(kind) = path.strip_prefix("/probe/") else {
+            return (404, "probes live at /probe/tcp, /probe/process, /probe/file, /probe/all\n".to_owned());
+        };
+        let (container, rest) = split_container(query);
+        let containers = self.probes.containers_of(&self.namespace, &self.pod);
+        let container = match container {
+            Some(name) => name,
+            None if containers.len() == 1 => containers[0].clone(),
+            None => {
+                return (400, format!("pod has containers {}; add container=<name> to the query\n", containers.join(", ")));
+            }
+        };
+        let target = ProbeTarget { namespace: self.namespace.clone(), pod: self.pod.clone(), container };
+        self.probes.answer(&format!("/probe/{}/{}/{}/{kind}", target.namespace, target.pod, target.container), rest.as_deref())
+    }
+}
+
+/// Takes `container=<name>` out of a query string, returning it and the rest.
+pub fn split_container(query: Option<&str>) -> (Option<String>, Option<String>) {
+    let Some(query) = query else { return (None, None) };
+    let mut container = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|part| match part.strip_prefix("container=") {
+            Some(name) => {
+                container = Some(name.to_owned());
+                false
+            }
+            None => !part.is_empty(),
+        })
+        .collect();
+    (container, (!rest.is_empty()).then(|| rest.join("&")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_is_taken_out_of_the_query() {
+        assert_eq!(split_container(None), (None, None));
+        assert_eq!(split_container(Some("port=8080")), (None, Some("port=8080".into())));
+        assert_eq!(split_container(Some("container=app&port=8080")), (Some("app".into()), Some("port=8080".into())));
+        assert_eq!(split_container(Some("container=app")), (Some("app".into()), None));
+    }
+}
