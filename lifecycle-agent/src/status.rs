@@ -170,7 +170,7 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("NAMESPACE  POD    CONTAINER  STATE"), "{table}");
         assert!(lines[1].contains("Waiting") && lines[1].contains("CrashLoopBackOff") && lines[1].contains("Error (1) 10s ago"), "{table}");
-        assert!(lines[2].contains("SIGKILLED after 30s (grace violated)") && lines[2].contains("Signal (137) 1.0s ago"), "{table}");
+        assert!(lines[2].contains("SIGKILLED after 30s (grace violated)") && lines[2].contains("Signal (137) 1s ago"), "{table}");
         assert_eq!(render_table("not json"), None);
     }
 }
