@@ -47,7 +47,7 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
         eprintln!("xtask: ==== tier {tier:?} ====");
         let result = match tier {
             Tier::Unit => shell::run(cargo().args(["test", "--lib", "--bins"])),
-            Tier::Kernel => shell::run(cargo().args(["test", "-p", "lifecycle-agent", "--test", "kernel", "--test", "cli"])),
+            Tier::Kernel => shell::run(cargo().args(["test", "-p", "lifecycle-agent", "--test", "kernel", "--test", "cli", "--test", "probe"])),
             Tier::Runtime => shell::run(
                 cargo()
                     .args(["test", "-p", "lifecycle-agent", "--test", "containerd_harness", "--test", "e2e"])
