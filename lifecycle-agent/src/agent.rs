@@ -21,7 +21,7 @@ use crate::{
     http::{self, ApiHandler, HttpError, Routes},
     metrics::{AgentCounters, Metrics, MetricsError},
     probe::{metrics::ProbeMetrics, NodeProbes, ProbeAnswer as _},
-    probe_supervisor::ProbeSupervisor,
+    probe_supervisor::{take_query_param, ProbeSupervisor},
     sensor::{Sensor, SensorConfig, SensorError, StreamError},
     tracker::{ContainerView, Notice, NodeTracker, TrackerConfig},
     unit_metrics::{boot_time_ns, unix_minus_boot_seconds, UnitCollector},
@@ -299,22 +299,10 @@ impl ContainersApi {
     /// `GET /api/v1/probe/<namespace>/<pod>/<container>?check=<tcp|process|file|all>&...`: the same
     /// answer the pod's own probe listener gives, for people, scripts and host-network pods.
     fn probe(&self, target: &str, query: Option<&str>) -> (StatusCode, String) {
-        let mut check = None;
-        let rest: Vec<&str> = query
-            .unwrap_or("")
-            .split('&')
-            .filter(|part| match part.strip_prefix("check=") {
-                Some(kind) => {
-                    check = Some(kind.to_owned());
-                    false
-                }
-                None => !part.is_empty(),
-            })
-            .collect();
+        let (check, rest) = take_query_param(query, "check");
         let Some(check) = check else {
             return (StatusCode::BAD_REQUEST, "add check=tcp|process|file|all to the query\n".to_owned());
         };
-        let rest = (!rest.is_empty()).then(|| rest.join("&"));
         let (code, body) = self.probes.answer(&format!("/probe/{}/{check}", target.trim_end_matches('/')), rest.as_deref());
         (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body)
     }

@@ -168,7 +168,7 @@ impl ProbeAnswer for PodAnswer {
         let Some(kind) = path.strip_prefix("/probe/") else {
             return (404, "probes live at /probe/tcp, /probe/process, /probe/file, /probe/all\n".to_owned());
         };
-        let (container, rest) = split_container(query);
+        let (container, rest) = take_query_param(query, "container");
         let containers = self.probes.containers_of(&self.namespace, &self.pod);
         let container = match container {
             Some(name) => name,
@@ -182,21 +182,21 @@ impl ProbeAnswer for PodAnswer {
     }
 }
 
-/// Takes `container=<name>` out of a query string, returning it and the rest.
-pub fn split_container(query: Option<&str>) -> (Option<String>, Option<String>) {
+/// Takes `<key>=<value>` out of a query string, returning the value and the rest.
+pub fn take_query_param(query: Option<&str>, key: &str) -> (Option<String>, Option<String>) {
     let Some(query) = query else { return (None, None) };
-    let mut container = None;
+    let mut value = None;
     let rest: Vec<&str> = query
         .split('&')
-        .filter(|part| match part.strip_prefix("container=") {
-            Some(name) => {
-                container = Some(name.to_owned());
+        .filter(|part| match part.split_once('=') {
+            Some((k, v)) if k == key => {
+                value = Some(v.to_owned());
                 false
             }
-            None => !part.is_empty(),
+            _ => !part.is_empty(),
         })
         .collect();
-    (container, (!rest.is_empty()).then(|| rest.join("&")))
+    (value, (!rest.is_empty()).then(|| rest.join("&")))
 }
 
 #[cfg(test)]
@@ -204,10 +204,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn container_is_taken_out_of_the_query() {
-        assert_eq!(split_container(None), (None, None));
-        assert_eq!(split_container(Some("port=8080")), (None, Some("port=8080".into())));
-        assert_eq!(split_container(Some("container=app&port=8080")), (Some("app".into()), Some("port=8080".into())));
-        assert_eq!(split_container(Some("container=app")), (Some("app".into()), None));
+    fn a_parameter_is_taken_out_of_the_query() {
+        let take = |q| take_query_param(q, "container");
+        assert_eq!(take(None), (None, None));
+        assert_eq!(take(Some("port=8080")), (None, Some("port=8080".into())));
+        assert_eq!(take(Some("container=app&port=8080")), (Some("app".into()), Some("port=8080".into())));
+        assert_eq!(take(Some("container=app")), (Some("app".into()), None));
+        assert_eq!(take(Some("containers=x")), (None, Some("containers=x".into())));
     }
 }
