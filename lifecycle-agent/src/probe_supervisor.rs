@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 use crate::{
     probe::{
-        bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, observe, pod::DEFAULT_REFRESH, serve, NodeProbes,
+        bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, pod::DEFAULT_REFRESH, serve, NodeProbes,
         PodProbe, ProbeAnswer,
     },
     tracker::NodeTracker,
@@ -48,7 +48,9 @@ impl ProbeSupervisor {
             probes,
             metrics,
             pod_port,
-            host_netns: observe::netns_inode(1).unwrap_or(0),
+            // The agent runs in the node's network namespace (hostNetwork), so its own netns is
+            // the one host-network pods share.
+            host_netns: std::fs::metadata("/proc/self/ns/net").map(|m| std::os::unix::fs::MetadataExt::ino(&m) as u32).unwrap_or(0),
             listeners: HashMap::new(),
             running: HashMap::new(),
             shutdown,
