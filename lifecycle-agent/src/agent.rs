@@ -24,7 +24,7 @@ use crate::{
     probe_supervisor::{take_query_param, ProbeSupervisor},
     sensor::{Sensor, SensorConfig, SensorError, StreamError},
     tracker::{ContainerView, Notice, NodeTracker, TrackerConfig},
-    unit_metrics::{boot_time_ns, unix_minus_boot_seconds, UnitCollector},
+    unit_metrics::{boot_time_ns, unix_minus_boot_seconds, UnitMetrics},
 };
 
 /// Settings for a running agent.
@@ -81,7 +81,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     seed(&tracker, &root);
     let maps = sensor.maps();
     let agent_counters = Arc::new(AgentCounters::default());
-    let metrics = Metrics::new(maps.clone(), sensor.features(), config.sensor.counter_entries, config.sensor.ring_bytes, agent_counters.clone())?;
+    let mut metrics = Metrics::new(maps.clone(), sensor.features(), config.sensor.counter_entries, config.sensor.ring_bytes, agent_counters.clone())?;
     let latency = Histogram::with_opts(
         HistogramOpts::new("event_to_state_seconds", "From the kernel seeing a process exit to the container state reflecting it.")
             .namespace(crate::metrics::NAMESPACE)
@@ -89,8 +89,8 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     )
     .map_err(MetricsError::from)?;
     metrics.registry().register(Box::new(latency.clone())).map_err(MetricsError::from)?;
-    let collector = UnitCollector::new(tracker.clone(), maps.clone(), Box::new(boot_time_ns)).map_err(MetricsError::from)?;
-    metrics.registry().register(Box::new(collector)).map_err(MetricsError::from)?;
+    let units = UnitMetrics::new(tracker.clone(), maps.clone(), Box::new(boot_time_ns));
+    metrics.add_text_source(Box::new(move |out| units.render(out)));
 
     let node_probes = Arc::new(NodeProbes::default());
     let probe_metrics = ProbeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;

@@ -27,9 +27,14 @@ pub struct AgentCounters {
     pub events_read: AtomicU64,
 }
 
+/// Writes families straight into the exposition text (for high-cardinality families).
+pub type TextSource = Box<dyn Fn(&mut String) + Send + Sync>;
+
 /// The registry and what feeds it.
 pub struct Metrics {
     registry: Registry,
+    text_sources: Vec<TextSource>,
+    last_size: std::sync::atomic::AtomicUsize,
 }
 
 /// Why metrics could not be set up.
@@ -76,13 +81,13 @@ impl Metrics {
         registry.register(Box::new(ring))?;
 
         registry.register(Box::new(KernelStatsCollector::new(maps, counter_capacity, agent)?))?;
-        Ok(Self { registry })
+        Ok(Self { registry, text_sources: Vec::new(), last_size: Default::default() })
     }
 
     /// A registry with nothing registered, for collectors that do not need the sensor (benches,
     /// tests of the per-container metrics).
     pub fn bare() -> Self {
-        Self { registry: Registry::new() }
+        Self { registry: Registry::new(), text_sources: Vec::new(), last_size: Default::default() }
     }
 
     /// The registry, for modules that add their own collectors.
@@ -90,12 +95,23 @@ impl Metrics {
         &self.registry
     }
 
+    /// Adds families written directly as text after the registry's.
+    pub fn add_text_source(&mut self, source: TextSource) {
+        self.text_sources.push(source);
+    }
+
     /// Text exposition format, version 0.0.4.
     pub fn render(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 * 1024);
+        // Sized from the previous scrape, so a large node's body is not grown by doubling.
+        let mut out = Vec::with_capacity(self.last_size.load(Ordering::Relaxed).max(64 * 1024));
         // Encoding into a Vec cannot fail on I/O; a collector error leaves what was written.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        out
+        let mut text = String::from_utf8(out).unwrap_or_default();
+        for source in &self.text_sources {
+            source(&mut text);
+        }
+        self.last_size.store(text.len() + text.len() / 8, Ordering::Relaxed);
+        text.into_bytes()
     }
 }
 

@@ -96,6 +96,18 @@ pub const TERMINATION_BUCKETS: [f64; 12] = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0,
 pub const GRACE_RATIO_BUCKETS: [f64; 8] = [0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0];
 
 impl Histogram {
+    /// Adds another histogram with the same bounds.
+    pub fn merge(&mut self, other: &Histogram) {
+        if self.counts.len() < other.counts.len() {
+            self.counts.resize(other.counts.len(), 0);
+        }
+        for (into, from) in self.counts.iter_mut().zip(&other.counts) {
+            *into += from;
+        }
+        self.sum += other.sum;
+        self.count += other.count;
+    }
+
     fn observe(&mut self, bounds: &[f64], value: f64) {
         if self.counts.len() != bounds.len() {
             self.counts = vec![0; bounds.len()];

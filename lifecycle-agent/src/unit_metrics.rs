@@ -1,25 +1,29 @@
-//! Per-container metrics, built at scrape time from the tracker's units and the kernel's
+//! Per-container metrics, written at scrape time from the tracker's units and the kernel's
 //! per-cgroup counters. Label names are kube-state-metrics' (namespace, pod, container, uid) so
-//! series join; every enumerated label value (outcomes, verdicts, states) is exported from the
-//! unit's first appearance, at 0, so `increase()` sees the first event.
+//! series join.
+//!
+//! These families are the high-cardinality ones (tens of series per container, thousands of
+//! containers per node), so they are written straight into the exposition text instead of going
+//! through the registry's protobuf-shaped model, which allocates per label pair: a scrape of
+//! 1,000 containers must stay within a few milliseconds. Distributions (termination durations,
+//! grace used) are histograms per namespace and outcome, bounded whatever the pod count; each
+//! container's own last value is a gauge beside them.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    sync::{Arc, Mutex},
+};
 
 use lifecycle_common::CgroupCounters;
-use prometheus::{
-    core::{Collector, Desc},
-    proto::{Bucket, Counter, Gauge, Histogram as ProtoHistogram, LabelPair, Metric, MetricFamily, MetricType},
-};
 
 use crate::{
     container_state::{ContainerState, WaitingReason},
     sensor::SensorMaps,
+    termination::TerminationOutcome,
     tracker::{reason_name, Histogram, NodeTracker, Unit, GRACE_RATIO_BUCKETS, TERMINATION_BUCKETS},
 };
 
-const OUTCOMES: [&str; 5] =
-    ["exited_within_grace", "sigkilled_after_grace", "killed_without_grace", "oom_killed", "exited_without_stop_signal"];
-const VERDICTS: [&str; 3] = ["within_tolerance", "too_early", "too_late"];
 const STATES: [&str; 3] = ["waiting", "running", "terminated"];
 
 /// Source of the kernel's per-cgroup counters (the sensor's map, or a fake in tests).
@@ -33,252 +37,274 @@ impl KernelCounters for SensorMaps {
     }
 }
 
-/// The collector registered in the agent's registry.
-pub struct UnitCollector {
+/// Writes the per-container families; handed to [`crate::metrics::Metrics::add_text_source`].
+pub struct UnitMetrics {
     tracker: Arc<Mutex<NodeTracker>>,
     kernel: Arc<dyn KernelCounters>,
     clock: Box<dyn Fn() -> u64 + Send + Sync>,
-    descs: Vec<Desc>,
 }
 
-/// (name, help, type) of every family this collector emits.
-const FAMILIES: &[(&str, &str, MetricType)] = &[
-    ("lifecycle_container_state", "1 for the container's current state (waiting, running, terminated), 0 for the others.", MetricType::GAUGE),
-    ("lifecycle_container_waiting_reason", "1 while the container waits for this reason (ContainerCreating, CrashLoopBackOff).", MetricType::GAUGE),
-    ("lifecycle_container_last_terminated_reason", "1 for the reason of the container's last termination.", MetricType::GAUGE),
-    ("lifecycle_container_last_terminated_exit_code", "Exit code of the last termination (128+signal when killed).", MetricType::GAUGE),
-    ("lifecycle_container_last_terminated_timestamp_seconds", "When the last termination happened, Unix seconds.", MetricType::GAUGE),
-    ("lifecycle_container_restarts_total", "Restarts of the container seen by the agent.", MetricType::COUNTER),
-    ("lifecycle_container_exits_total", "Exits of the container's main process by reason, exit code and signal.", MetricType::COUNTER),
-    ("lifecycle_terminations_total", "Container terminations by outcome under the kubelet's rules.", MetricType::COUNTER),
-    ("lifecycle_grace_period_violations_total", "Containers SIGKILLed after their grace period.", MetricType::COUNTER),
-    ("lifecycle_termination_duration_seconds", "Stop signal to exit.", MetricType::HISTOGRAM),
-    ("lifecycle_termination_grace_used_ratio", "Share of the grace period used by exits within grace.", MetricType::HISTOGRAM),
-    ("lifecycle_backoff_observed_seconds", "Delay between the last exit and the restart, as observed.", MetricType::GAUGE),
-    ("lifecycle_backoff_expected_seconds", "Delay the kubelet's back-off required for the last restart.", MetricType::GAUGE),
-    ("lifecycle_backoff_verdicts_total", "Restarts judged against the kubelet's back-off.", MetricType::COUNTER),
-    ("lifecycle_signals_received_total", "Signals received by the container's processes, by signal and sender.", MetricType::COUNTER),
-    ("lifecycle_oom_kills_total", "OOM kills in the container (kernel OOM events).", MetricType::COUNTER),
-    ("lifecycle_process_execs_total", "Program executions in the container (kernel counter).", MetricType::COUNTER),
-    ("lifecycle_process_exits_total", "Process exits in the container (kernel counter).", MetricType::COUNTER),
-    ("lifecycle_tcp_listeners", "Listening TCP sockets of the container by port.", MetricType::GAUGE),
-    ("lifecycle_tcp_connections_established_total", "Connections that completed the handshake into the container's listener.", MetricType::COUNTER),
-    ("lifecycle_tcp_accepts_total", "Connections the application accepted.", MetricType::COUNTER),
-    ("lifecycle_tcp_accept_queue_depth", "Connections established but not accepted yet (kernel counts).", MetricType::GAUGE),
-    ("lifecycle_exec_probe_processes_total", "Processes the runtime started into the container outside its init's tree (exec probes, hooks, exec sessions).", MetricType::COUNTER),
-    ("lifecycle_exec_probe_cpu_seconds_total", "CPU time of those processes.", MetricType::COUNTER),
-];
-
-impl UnitCollector {
-    pub fn new(
-        tracker: Arc<Mutex<NodeTracker>>,
-        kernel: Arc<dyn KernelCounters>,
-        clock: Box<dyn Fn() -> u64 + Send + Sync>,
-    ) -> Result<Self, prometheus::Error> {
-        let descs = FAMILIES
-            .iter()
-            .map(|(name, help, _)| Desc::new((*name).to_owned(), (*help).to_owned(), Vec::new(), Default::default()))
-            .collect::<Result<_, _>>()?;
-        Ok(Self { tracker, kernel, clock, descs })
-    }
+/// A family: name, help, type, and the samples written so far.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: &'static str,
+    body: String,
 }
 
-/// Accumulates one scrape's families.
-struct Families {
-    families: Vec<MetricFamily>,
+/// The families in exposition order (each must be contiguous in the output).
+struct Families(Vec<Family>);
+
+macro_rules! families {
+    ($($id:ident: $name:literal, $kind:literal, $help:literal;)*) => {
+        #[derive(Clone, Copy)]
+        #[repr(usize)]
+        #[allow(non_camel_case_types)]
+        enum F { $($id),* }
+        fn new_families() -> Families {
+            Families(vec![$(Family { name: $name, help: $help, kind: $kind, body: String::new() }),*])
+        }
+    };
+}
+
+families! {
+    State: "lifecycle_container_state", "gauge", "1 for the container's current state (waiting, running, terminated), 0 for the others.";
+    Waiting: "lifecycle_container_waiting_reason", "gauge", "1 while the container waits for this reason (ContainerCreating, CrashLoopBackOff).";
+    LastReason: "lifecycle_container_last_terminated_reason", "gauge", "1 for the reason of the container's last termination.";
+    LastCode: "lifecycle_container_last_terminated_exit_code", "gauge", "Exit code of the last termination (128+signal when killed).";
+    LastTime: "lifecycle_container_last_terminated_timestamp_seconds", "gauge", "When the last termination happened, Unix seconds.";
+    Restarts: "lifecycle_container_restarts_total", "counter", "Restarts of the container seen by the agent.";
+    Exits: "lifecycle_container_exits_total", "counter", "Exits of the container's main process by reason, exit code and signal.";
+    Terminations: "lifecycle_terminations_total", "counter", "Container terminations by outcome under the kubelet's rules.";
+    Violations: "lifecycle_grace_period_violations_total", "counter", "Containers SIGKILLed after their grace period.";
+    LastStopSeconds: "lifecycle_container_last_termination_seconds", "gauge", "Stop signal to exit of the container's last termination that had a stop signal.";
+    LastGraceRatio: "lifecycle_container_last_grace_used_ratio", "gauge", "Share of the grace period the last termination within grace used.";
+    Duration: "lifecycle_termination_duration_seconds", "histogram", "Stop signal to exit, per namespace and outcome.";
+    GraceUsed: "lifecycle_termination_grace_used_ratio", "histogram", "Share of the grace period used by exits within grace, per namespace.";
+    Observed: "lifecycle_backoff_observed_seconds", "gauge", "Delay between the last exit and the restart, as observed.";
+    Expected: "lifecycle_backoff_expected_seconds", "gauge", "Delay the kubelet's back-off required for the last restart.";
+    Verdicts: "lifecycle_backoff_verdicts_total", "counter", "Restarts judged against the kubelet's back-off.";
+    Signals: "lifecycle_signals_received_total", "counter", "Signals received by the container's processes, by signal and sender.";
+    Oom: "lifecycle_oom_kills_total", "counter", "OOM kills in the container (kernel OOM events).";
+    Execs: "lifecycle_process_execs_total", "counter", "Program executions in the container (kernel counter).";
+    ProcessExits: "lifecycle_process_exits_total", "counter", "Process exits in the container (kernel counter).";
+    Listeners: "lifecycle_tcp_listeners", "gauge", "Listening TCP sockets of the container by port.";
+    Established: "lifecycle_tcp_connections_established_total", "counter", "Connections that completed the handshake into the container's listener.";
+    Accepts: "lifecycle_tcp_accepts_total", "counter", "Connections the application accepted.";
+    QueueDepth: "lifecycle_tcp_accept_queue_depth", "gauge", "Connections established but not accepted yet (kernel counts).";
+    ExecProcesses: "lifecycle_exec_probe_processes_total", "counter", "Processes the runtime started into the container outside its init's tree (exec probes, hooks, exec sessions).";
+    ExecCpu: "lifecycle_exec_probe_cpu_seconds_total", "counter", "CPU time of those processes.";
 }
 
 impl Families {
-    fn new() -> Self {
-        let families = FAMILIES
-            .iter()
-            .map(|(name, help, kind)| {
-                let mut family = MetricFamily::default();
-                family.set_name((*name).to_owned());
-                family.set_help((*help).to_owned());
-                family.set_field_type(*kind);
-                family
-            })
-            .collect();
-        Self { families }
+    /// One sample: `name{labels} value`. `suffix` extends the name (histogram parts).
+    fn sample(&mut self, family: F, suffix: &str, labels: &Labels<'_>, extra: &[(&str, &str)], value: f64) {
+        let f = &mut self.0[family as usize];
+        f.body.push_str(f.name);
+        f.body.push_str(suffix);
+        labels.write(&mut f.body, extra);
+        f.body.push(' ');
+        write_value(&mut f.body, value);
+        f.body.push('\n');
     }
 
-    fn push(&mut self, name: &str, labels: Vec<LabelPair>, fill: impl FnOnce(&mut Metric)) {
-        if let Some(family) = self.families.iter_mut().find(|f| f.name() == name) {
-            let mut metric = Metric::from_label(labels);
-            fill(&mut metric);
-            family.mut_metric().push(metric);
+    fn histogram(&mut self, family: F, labels: &Labels<'_>, extra: &[(&str, &str)], bounds: &[f64], h: &Histogram) {
+        let mut le = String::new();
+        for (i, bound) in bounds.iter().enumerate() {
+            le.clear();
+            write_value(&mut le, *bound);
+            let mut with_le: Vec<(&str, &str)> = extra.to_vec();
+            with_le.push(("le", &le));
+            self.sample(family, "_bucket", labels, &with_le, h.counts.get(i).copied().unwrap_or(0) as f64);
+        }
+        let mut with_le: Vec<(&str, &str)> = extra.to_vec();
+        with_le.push(("le", "+Inf"));
+        self.sample(family, "_bucket", labels, &with_le, h.count as f64);
+        self.sample(family, "_sum", labels, extra, h.sum);
+        self.sample(family, "_count", labels, extra, h.count as f64);
+    }
+
+    fn write_into(self, out: &mut String) {
+        for family in self.0 {
+            if family.body.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
+            let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
+            out.push_str(&family.body);
         }
     }
+}
 
-    fn counter(&mut self, name: &str, labels: Vec<LabelPair>, value: f64) {
-        self.push(name, labels, |m| {
-            let mut c = Counter::default();
-            c.set_value(value);
-            m.set_counter(c);
-        });
-    }
+/// The identifying labels of a series, written escaped.
+struct Labels<'a> {
+    pairs: Vec<(&'a str, &'a str)>,
+}
 
-    fn gauge(&mut self, name: &str, labels: Vec<LabelPair>, value: f64) {
-        self.push(name, labels, |m| {
-            let mut g = Gauge::default();
-            g.set_value(value);
-            m.set_gauge(g);
-        });
-    }
-
-    fn histogram(&mut self, name: &str, labels: Vec<LabelPair>, bounds: &[f64], h: &Histogram) {
-        self.push(name, labels, |m| {
-            let mut proto = ProtoHistogram::default();
-            proto.set_sample_count(h.count);
-            proto.set_sample_sum(h.sum);
-            let buckets = bounds
-                .iter()
-                .enumerate()
-                .map(|(i, bound)| {
-                    let mut b = Bucket::default();
-                    b.set_upper_bound(*bound);
-                    b.set_cumulative_count(h.counts.get(i).copied().unwrap_or(0));
-                    b
-                })
-                .collect();
-            proto.set_bucket(buckets);
-            m.set_histogram(proto);
-        });
+impl<'a> Labels<'a> {
+    fn write(&self, out: &mut String, extra: &[(&str, &str)]) {
+        out.push('{');
+        let mut first = true;
+        for (name, value) in self.pairs.iter().chain(extra) {
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            out.push_str(name);
+            out.push_str("=\"");
+            if value.contains(['\\', '"', '\n']) {
+                for c in value.chars() {
+                    match c {
+                        '\\' => out.push_str("\\\\"),
+                        '"' => out.push_str("\\\""),
+                        '\n' => out.push_str("\\n"),
+                        c => out.push(c),
+                    }
+                }
+            } else {
+                out.push_str(value);
+            }
+            out.push('"');
+        }
+        out.push('}');
     }
 }
 
-fn pair(name: &str, value: &str) -> LabelPair {
-    let mut p = LabelPair::default();
-    p.set_name(name.to_owned());
-    p.set_value(value.to_owned());
-    p
+/// Prometheus text values: integers without a fraction, `+Inf`/`-Inf`/`NaN` spelled its way.
+fn write_value(out: &mut String, value: f64) {
+    if value.is_nan() {
+        out.push_str("NaN");
+    } else if value.is_infinite() {
+        out.push_str(if value > 0.0 { "+Inf" } else { "-Inf" });
+    } else if value.fract() == 0.0 && value.abs() < 1e15 {
+        // Counts are the common case; integer formatting is several times cheaper than f64's.
+        let _ = write!(out, "{}", value as i64);
+    } else {
+        let _ = write!(out, "{value}");
+    }
 }
 
-/// namespace, pod, container, uid.
-fn unit_labels(unit: &Unit) -> Vec<LabelPair> {
-    vec![
-        pair("namespace", &unit.labels.namespace),
-        pair("pod", &unit.labels.pod),
-        pair("container", &unit.labels.container),
-        pair("uid", &unit.labels.uid),
-    ]
-}
-
-/// namespace, pod, container plus extra labels.
-fn with(unit: &Unit, extra: &[(&str, &str)]) -> Vec<LabelPair> {
-    let mut labels = vec![
-        pair("namespace", &unit.labels.namespace),
-        pair("pod", &unit.labels.pod),
-        pair("container", &unit.labels.container),
-    ];
-    labels.extend(extra.iter().map(|(k, v)| pair(k, v)));
-    labels
-}
-
-impl Collector for UnitCollector {
-    fn desc(&self) -> Vec<&Desc> {
-        self.descs.iter().collect()
+impl UnitMetrics {
+    pub fn new(tracker: Arc<Mutex<NodeTracker>>, kernel: Arc<dyn KernelCounters>, clock: Box<dyn Fn() -> u64 + Send + Sync>) -> Self {
+        Self { tracker, kernel, clock }
     }
 
-    fn collect(&self) -> Vec<MetricFamily> {
+    /// Appends every per-container family to `out`.
+    pub fn render(&self, out: &mut String) {
         let now = (self.clock)();
         let boot_to_unix = unix_minus_boot_seconds();
         let tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-        let mut out = Families::new();
+        let mut f = new_families();
+        // (namespace, outcome) -> durations; namespace -> grace used.
+        let mut durations: BTreeMap<(&str, &str), Histogram> = BTreeMap::new();
+        let mut grace_used: BTreeMap<&str, Histogram> = BTreeMap::new();
         for unit in tracker.units() {
-            let labels = unit_labels(unit);
-            let snapshot = unit.snapshot(now);
-            let state = match &snapshot.state {
-                ContainerState::Waiting { .. } => "waiting",
-                ContainerState::Running { .. } => "running",
-                ContainerState::Terminated { .. } => "terminated",
-            };
-            for candidate in STATES {
-                let mut l = labels.clone();
-                l.push(pair("state", candidate));
-                out.gauge("lifecycle_container_state", l, f64::from(u8::from(candidate == state)));
+            self.unit(&mut f, unit, now, boot_to_unix);
+            for (outcome, h) in &unit.counters.termination_seconds {
+                durations.entry((unit.labels.namespace.as_str(), outcome)).or_default().merge(h);
             }
-            if let ContainerState::Waiting { reason, .. } = &snapshot.state {
-                let reason = match reason {
-                    WaitingReason::ContainerCreating => "ContainerCreating",
-                    WaitingReason::CrashLoopBackOff => "CrashLoopBackOff",
-                };
-                let mut l = labels.clone();
-                l.push(pair("reason", reason));
-                out.gauge("lifecycle_container_waiting_reason", l, 1.0);
+            if unit.counters.grace_used_ratio.count > 0 {
+                grace_used.entry(unit.labels.namespace.as_str()).or_default().merge(&unit.counters.grace_used_ratio);
             }
-            let last = match (&snapshot.state, &snapshot.last_state) {
-                (ContainerState::Terminated { .. }, _) => Some(&snapshot.state),
-                (_, Some(last @ ContainerState::Terminated { .. })) => Some(last),
-                _ => None,
-            };
-            if let Some(ContainerState::Terminated { reason, exit_code, finished_at, .. }) = last {
-                let mut l = labels.clone();
-                l.push(pair("reason", reason_name(*reason)));
-                out.gauge("lifecycle_container_last_terminated_reason", l, 1.0);
-                out.gauge("lifecycle_container_last_terminated_exit_code", labels.clone(), f64::from(*exit_code));
-                out.gauge(
-                    "lifecycle_container_last_terminated_timestamp_seconds",
-                    labels.clone(),
-                    *finished_at as f64 / 1e9 + boot_to_unix,
-                );
-            }
-            out.counter("lifecycle_container_restarts_total", labels.clone(), f64::from(unit.restart_count()));
-            let c = &unit.counters;
-            for ((reason, code, signal), n) in &c.exits {
-                let signal = signal.map(|s| s.to_string()).unwrap_or_default();
-                let code = code.to_string();
-                out.counter(
-                    "lifecycle_container_exits_total",
-                    with(unit, &[("reason", reason), ("exit_code", &code), ("signal", &signal)]),
-                    *n as f64,
-                );
-            }
-            for outcome in OUTCOMES {
-                let n = c.terminations.get(outcome).copied().unwrap_or(0);
-                out.counter("lifecycle_terminations_total", with(unit, &[("outcome", outcome)]), n as f64);
-            }
-            out.counter("lifecycle_grace_period_violations_total", labels.clone(), c.grace_violations as f64);
-            for (outcome, h) in &c.termination_seconds {
-                out.histogram("lifecycle_termination_duration_seconds", with(unit, &[("outcome", outcome)]), &TERMINATION_BUCKETS, h);
-            }
-            if c.grace_used_ratio.count > 0 {
-                out.histogram("lifecycle_termination_grace_used_ratio", with(unit, &[]), &GRACE_RATIO_BUCKETS, &c.grace_used_ratio);
-            }
-            if let Some(b) = &unit.last_backoff {
-                out.gauge("lifecycle_backoff_observed_seconds", labels.clone(), b.observed_delay_ns as f64 / 1e9);
-                out.gauge("lifecycle_backoff_expected_seconds", labels.clone(), b.expected_delay_ns as f64 / 1e9);
-            }
-            for verdict in VERDICTS {
-                let n = c.backoff_verdicts.get(verdict).copied().unwrap_or(0);
-                out.counter("lifecycle_backoff_verdicts_total", with(unit, &[("verdict", verdict)]), n as f64);
-            }
-            for ((signal, sender), n) in &c.signals {
-                let signal = signal.to_string();
-                out.counter("lifecycle_signals_received_total", with(unit, &[("signal", &signal), ("sender", sender)]), *n as f64);
-            }
-            out.counter("lifecycle_oom_kills_total", with(unit, &[]), c.oom_kills as f64);
-            let mut kernel = unit.departed_kernel_counters;
-            if let Some(live) = unit.cgroup_id.and_then(|id| self.kernel.counters_of(id)) {
-                kernel += live;
-            }
-            out.counter("lifecycle_process_execs_total", with(unit, &[]), kernel.execs as f64);
-            out.counter("lifecycle_process_exits_total", with(unit, &[]), kernel.process_exits as f64);
-            for (port, stats) in &unit.tcp {
-                let port = port.to_string();
-                let l = with(unit, &[("port", &port)]);
-                out.gauge("lifecycle_tcp_listeners", l.clone(), stats.listeners as f64);
-                out.counter("lifecycle_tcp_connections_established_total", l.clone(), stats.established as f64);
-                out.counter("lifecycle_tcp_accepts_total", l.clone(), stats.accepts as f64);
-                let waiting = if stats.listeners > 0 { stats.established.saturating_sub(stats.accepts) } else { 0 };
-                out.gauge("lifecycle_tcp_accept_queue_depth", l, waiting as f64);
-            }
-            out.counter("lifecycle_exec_probe_processes_total", with(unit, &[]), c.exec_sessions as f64);
-            out.counter("lifecycle_exec_probe_cpu_seconds_total", with(unit, &[]), c.exec_session_cpu_ns as f64 / 1e9);
         }
-        // The encoder rejects families without samples.
-        out.families.into_iter().filter(|f| !f.get_metric().is_empty()).collect()
+        for ((namespace, outcome), h) in &durations {
+            let labels = Labels { pairs: vec![("namespace", namespace)] };
+            f.histogram(F::Duration, &labels, &[("outcome", outcome)], &TERMINATION_BUCKETS, h);
+        }
+        for (namespace, h) in &grace_used {
+            let labels = Labels { pairs: vec![("namespace", namespace)] };
+            f.histogram(F::GraceUsed, &labels, &[], &GRACE_RATIO_BUCKETS, h);
+        }
+        f.write_into(out);
+    }
+
+    fn unit(&self, f: &mut Families, unit: &Unit, now: u64, boot_to_unix: f64) {
+        let l = &unit.labels;
+        let with_uid = Labels { pairs: vec![("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container), ("uid", &l.uid)] };
+        let short = Labels { pairs: vec![("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container)] };
+        let snapshot = unit.snapshot(now);
+        let state = match &snapshot.state {
+            ContainerState::Waiting { .. } => "waiting",
+            ContainerState::Running { .. } => "running",
+            ContainerState::Terminated { .. } => "terminated",
+        };
+        for candidate in STATES {
+            f.sample(F::State, "", &with_uid, &[("state", candidate)], f64::from(u8::from(candidate == state)));
+        }
+        if let ContainerState::Waiting { reason, .. } = &snapshot.state {
+            let reason = match reason {
+                WaitingReason::ContainerCreating => "ContainerCreating",
+                WaitingReason::CrashLoopBackOff => "CrashLoopBackOff",
+            };
+            f.sample(F::Waiting, "", &with_uid, &[("reason", reason)], 1.0);
+        }
+        let last = match (&snapshot.state, &snapshot.last_state) {
+            (ContainerState::Terminated { .. }, _) => Some(&snapshot.state),
+            (_, Some(last @ ContainerState::Terminated { .. })) => Some(last),
+            _ => None,
+        };
+        if let Some(ContainerState::Terminated { reason, exit_code, finished_at, .. }) = last {
+            f.sample(F::LastReason, "", &with_uid, &[("reason", reason_name(*reason))], 1.0);
+            f.sample(F::LastCode, "", &with_uid, &[], f64::from(*exit_code));
+            f.sample(F::LastTime, "", &with_uid, &[], *finished_at as f64 / 1e9 + boot_to_unix);
+        }
+        f.sample(F::Restarts, "", &with_uid, &[], f64::from(unit.restart_count()));
+        let c = &unit.counters;
+        let mut code_text = String::new();
+        for ((reason, code, signal), n) in &c.exits {
+            code_text.clear();
+            let _ = write!(code_text, "{code}");
+            let signal = signal.map(|s| s.to_string()).unwrap_or_default();
+            f.sample(F::Exits, "", &short, &[("reason", reason), ("exit_code", &code_text), ("signal", &signal)], *n as f64);
+        }
+        for (outcome, n) in &c.terminations {
+            f.sample(F::Terminations, "", &short, &[("outcome", outcome)], *n as f64);
+        }
+        // Initialised at 0 so the first violation is an increase, not a new series.
+        f.sample(F::Violations, "", &with_uid, &[], c.grace_violations as f64);
+        if let Some(report) = &unit.last_termination {
+            if let Some(stop) = &report.stop_signal {
+                f.sample(F::LastStopSeconds, "", &short, &[], report.exit_time.saturating_sub(stop.time) as f64 / 1e9);
+            }
+            if let TerminationOutcome::ExitedWithinGrace { grace_used_ratio, .. } = report.outcome {
+                f.sample(F::LastGraceRatio, "", &short, &[], grace_used_ratio);
+            }
+        }
+        if let Some(b) = &unit.last_backoff {
+            f.sample(F::Observed, "", &with_uid, &[], b.observed_delay_ns as f64 / 1e9);
+            f.sample(F::Expected, "", &with_uid, &[], b.expected_delay_ns as f64 / 1e9);
+        }
+        for (verdict, n) in &c.backoff_verdicts {
+            f.sample(F::Verdicts, "", &short, &[("verdict", verdict)], *n as f64);
+        }
+        let mut signal_text = String::new();
+        for ((signal, sender), n) in &c.signals {
+            signal_text.clear();
+            let _ = write!(signal_text, "{signal}");
+            f.sample(F::Signals, "", &short, &[("signal", &signal_text), ("sender", sender)], *n as f64);
+        }
+        f.sample(F::Oom, "", &short, &[], c.oom_kills as f64);
+        let mut kernel = unit.departed_kernel_counters;
+        if let Some(live) = unit.cgroup_id.and_then(|id| self.kernel.counters_of(id)) {
+            kernel += live;
+        }
+        f.sample(F::Execs, "", &short, &[], kernel.execs as f64);
+        f.sample(F::ProcessExits, "", &short, &[], kernel.process_exits as f64);
+        let mut port_text = String::new();
+        for (port, stats) in &unit.tcp {
+            port_text.clear();
+            let _ = write!(port_text, "{port}");
+            let port = [("port", port_text.as_str())];
+            f.sample(F::Listeners, "", &short, &port, stats.listeners as f64);
+            f.sample(F::Established, "", &short, &port, stats.established as f64);
+            f.sample(F::Accepts, "", &short, &port, stats.accepts as f64);
+            let waiting = if stats.listeners > 0 { stats.established.saturating_sub(stats.accepts) } else { 0 };
+            f.sample(F::QueueDepth, "", &short, &port, waiting as f64);
+        }
+        if c.exec_sessions > 0 {
+            f.sample(F::ExecProcesses, "", &short, &[], c.exec_sessions as f64);
+            f.sample(F::ExecCpu, "", &short, &[], c.exec_session_cpu_ns as f64 / 1e9);
+        }
     }
 }
 
