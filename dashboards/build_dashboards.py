@@ -27,6 +27,25 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 # `node`), so they are filtered by node only.
 S = 'namespace=~"$namespace", pod=~"$pod", node=~"$node"'
 N = 'node=~"$node"'
+# The termination histograms are aggregated per namespace (and outcome) by the agent: no pod label.
+NS = 'namespace=~"$namespace", node=~"$node"'
+
+RANGE = "$__range"
+RATE = "$__rate_interval"
+
+
+def inc(metric: str, selector: str, window: str) -> str:
+    """increase() of `metric{selector}` over `window` that also counts series born inside the window.
+
+    Plain increase() takes a series' first sample as its baseline. Several of the agent's series
+    are only created with their first event (exits per reason and code, signals per sender,
+    termination histograms per outcome, probe requests per code), and every series of a container
+    that lived less than one scrape interval appears already non-zero (an OOM kill at start-up, a
+    first crash): plain increase() shows 0 for all of them. A series with no sample one window ago
+    counts in full instead, which is exact because the agent's counters start at 0 when their series
+    is created (the same rule the alerts in deploy/prometheusrule.yaml use)."""
+    series = f"{metric}{{{selector}}}"
+    return f"((increase({series}[{window}]) and {series} offset {window}) or ({series} unless {series} offset {window}))"
 
 TERMINATION_UID = "lifecycle-termination"
 RESTARTS_UID = "lifecycle-restarts"
@@ -370,23 +389,23 @@ def overview() -> dict:
         stat("In CrashLoopBackOff", "Containers waiting in CrashLoopBackOff now.",
              f'sum(lifecycle_container_waiting_reason{{{S}, reason="CrashLoopBackOff"}})', thr=ANY_IS_RED),
         stat("Restarts (time range)", "Container restarts seen in the selected time range.",
-             f"sum(increase(lifecycle_container_restarts_total{{{S}}}[$__range]))"),
+             f"sum({inc('lifecycle_container_restarts_total', S, RANGE)})"),
         stat("Grace-period violations (time range)",
              "Containers SIGKILLed after their grace period ran out. Open 'Termination and grace' to find the pod.",
-             f"sum(increase(lifecycle_grace_period_violations_total{{{S}}}[$__range]))", thr=ANY_IS_RED,
+             f"sum({inc('lifecycle_grace_period_violations_total', S, RANGE)})", thr=ANY_IS_RED,
              links=[{"title": "Termination and grace", "url": f"/d/{TERMINATION_UID}/termination-and-grace?${{__all_variables}}&${{__url_time_range}}"}]),
         stat("OOM kills (time range)", "Processes the kernel OOM killer chose inside containers.",
-             f"sum(increase(lifecycle_oom_kills_total{{{S}}}[$__range]))", thr=ANY_IS_RED),
+             f"sum({inc('lifecycle_oom_kills_total', S, RANGE)})", thr=ANY_IS_RED),
         timeseries("Containers by state", "Number of containers in each state.",
                    targets((f"sum by (state) (lifecycle_container_state{{{S}}})", "{{state}}")), stack=True),
         timeseries("Restarts by container", "Restarts per container in each interval.",
-                   targets((f"sum by (namespace, pod, container) (increase(lifecycle_container_restarts_total{{{S}}}[$__rate_interval]))",
+                   targets((f"sum by (namespace, pod, container) ({inc('lifecycle_container_restarts_total', S, RATE)})",
                             "{{namespace}}/{{pod}}/{{container}}")), bars=True),
         timeseries("Terminations by outcome", "How containers that stopped ended: within grace, SIGKILLed after grace, killed without grace, OOM-killed, or exited on their own.",
-                   targets((f"sum by (outcome) (increase(lifecycle_terminations_total{{{S}}}[$__rate_interval]))", "{{outcome}}")),
+                   targets((f"sum by (outcome) ({inc('lifecycle_terminations_total', S, RATE)})", "{{outcome}}")),
                    bars=True, stack=True),
-        timeseries("Container exits by reason", "Container exits by the reason the agent derived (Completed, Error, OOMKilled, Signal).",
-                   targets((f"sum by (reason) (increase(lifecycle_container_exits_total{{{S}}}[$__rate_interval]))", "{{reason}}")),
+        timeseries("Container exits by reason", "Container exits by the reason the agent derived (Completed, Error, OOMKilled, Signal, or Unknown when the exit status was not seen).",
+                   targets((f"sum by (reason) ({inc('lifecycle_container_exits_total', S, RATE)})", "{{reason}}")),
                    bars=True, stack=True),
         table("Container states", "One row per container with its current state. Click a row to open its termination view.",
               f"lifecycle_container_state{{{S}}} == 1", links=to_term, hide=("Time", "Value", "__name__", "instance", "job", "endpoint")),
@@ -412,11 +431,11 @@ def overview() -> dict:
         row("Agent health"),
         stat("Agents reporting", "Agents whose build_info series is present.", f"count(lifecycle_build_info{{{N}}})"),
         stat("Events lost (time range)", "Event records dropped because the ring buffer was full. States derived from events may be stale; counters stay exact.",
-             f"sum(increase(lifecycle_events_lost_total{{{N}}}[$__range]))", thr=ANY_IS_RED),
+             f"sum({inc('lifecycle_events_lost_total', N, RANGE)})", thr=ANY_IS_RED),
         stat("Counter-map full (time range)", "Counter updates dropped because the per-cgroup counters map was full.",
-             f"sum(increase(lifecycle_kernel_map_full_total{{{N}}}[$__range]))", thr=ANY_IS_RED),
+             f"sum({inc('lifecycle_kernel_map_full_total', N, RANGE)})", thr=ANY_IS_RED),
         stat("Decode errors (time range)", "Ring records the agent could not decode (kernel/agent layout mismatch).",
-             f"sum(increase(lifecycle_event_decode_errors_total{{{N}}}[$__range]))", thr=ANY_IS_RED),
+             f"sum({inc('lifecycle_event_decode_errors_total', N, RANGE)})", thr=ANY_IS_RED),
         stat("Ring buffer size", "Size of the kernel event ring buffer (largest across agents).",
              f"max(lifecycle_ring_buffer_bytes{{{N}}})", unit="bytes"),
         stat("Event to state p99", "99th percentile of the time from a kernel event to the state being visible in the agent.",
@@ -443,48 +462,57 @@ def overview() -> dict:
 
 def termination() -> dict:
     to_self = link_to(TERMINATION_UID, "termination-and-grace", "Show only this pod")
-    killed = 'outcome=~"sigkilled_after_grace|killed_without_grace"'
+    killed = f'{S}, outcome=~"sigkilled_after_grace|killed_without_grace"'
+    oom = f'{S}, outcome="oom_killed"'
     panels = [
         row("From the alert to the pod"),
         stat("Grace-period violations (time range)", "Containers SIGKILLed after their grace period ran out (GracePeriodViolation alert).",
-             f"sum(increase(lifecycle_grace_period_violations_total{{{S}}}[$__range]))", thr=ANY_IS_RED, w=6),
+             f"sum({inc('lifecycle_grace_period_violations_total', S, RANGE)})", thr=ANY_IS_RED, w=6),
         stat("Terminations (time range)", "Container terminations of any outcome.",
-             f"sum(increase(lifecycle_terminations_total{{{S}}}[$__range]))", w=6),
+             f"sum({inc('lifecycle_terminations_total', S, RANGE)})", w=6),
         stat("Ended by SIGKILL", "Share of terminations that ended with SIGKILL (after the grace period or without one).",
-             f"sum(increase(lifecycle_terminations_total{{{S}, {killed}}}[$__range])) / sum(increase(lifecycle_terminations_total{{{S}}}[$__range]))",
+             f"sum({inc('lifecycle_terminations_total', killed, RANGE)}) / sum({inc('lifecycle_terminations_total', S, RANGE)})",
              unit="percentunit", thr=thresholds((None, "green"), (0.01, "orange"), (0.1, "red")), w=6),
         stat("OOM-killed terminations (time range)", "Terminations whose cause was the OOM killer.",
-             f'sum(increase(lifecycle_terminations_total{{{S}, outcome="oom_killed"}}[$__range]))', thr=ANY_IS_RED, w=6),
+             f'sum({inc("lifecycle_terminations_total", oom, RANGE)})', thr=ANY_IS_RED, w=6),
         table("Violations by container (time range)", "Containers with grace-period violations, most first. Click a row to narrow the dashboard to that pod.",
-              f"sum by (namespace, pod, container, uid) (increase(lifecycle_grace_period_violations_total{{{S}}}[$__range]))",
+              f"sum by (namespace, pod, container, uid) ({inc('lifecycle_grace_period_violations_total', S, RANGE)})",
               links=to_self, h=7),
         timeseries("Violations", "Grace-period violations per container in each interval.",
-                   targets((f"sum by (namespace, pod, container) (increase(lifecycle_grace_period_violations_total{{{S}}}[$__rate_interval]))",
+                   targets((f"sum by (namespace, pod, container) ({inc('lifecycle_grace_period_violations_total', S, RATE)})",
                             "{{namespace}}/{{pod}}/{{container}}")), bars=True),
         timeseries("Terminations by outcome", "How stopping containers ended.",
-                   targets((f"sum by (outcome) (increase(lifecycle_terminations_total{{{S}}}[$__rate_interval]))", "{{outcome}}")),
+                   targets((f"sum by (outcome) ({inc('lifecycle_terminations_total', S, RATE)})", "{{outcome}}")),
                    bars=True, stack=True),
         row("Stop signals"),
         timeseries("Signals by sender and signal", "Signals delivered to container processes: runtime (StopContainer), kubelet, the container itself, or another host process.",
-                   targets((f"sum by (sender, signal) (increase(lifecycle_signals_received_total{{{S}}}[$__rate_interval]))", "{{sender}} {{signal}}")),
+                   targets((f"sum by (sender, signal) ({inc('lifecycle_signals_received_total', S, RATE)})", "{{sender}} {{signal}}")),
                    bars=True, stack=True),
         table("Signals by container (time range)", "Who signalled which container, and with what.",
-              f"sum by (namespace, pod, container, signal, sender) (increase(lifecycle_signals_received_total{{{S}}}[$__range]))", w=12),
+              f"sum by (namespace, pod, container, signal, sender) ({inc('lifecycle_signals_received_total', S, RANGE)})", w=12),
         row("Grace used and termination duration"),
-        heatmap("Grace period used", "Fraction of the grace period a container took to exit after its stop signal; 1 and above means the runtime had to SIGKILL it.",
-                f"sum by (le) (increase(lifecycle_termination_grace_used_ratio_bucket{{{S}}}[$__rate_interval]))", unit="percentunit"),
-        timeseries("Termination duration by outcome", "Stop signal to exit, quantiles per outcome.",
-                   targets((f"histogram_quantile(0.5, sum by (outcome, le) (rate(lifecycle_termination_duration_seconds_bucket{{{S}}}[$__rate_interval])))", "p50 {{outcome}}"),
-                           (f"histogram_quantile(0.9, sum by (outcome, le) (rate(lifecycle_termination_duration_seconds_bucket{{{S}}}[$__rate_interval])))", "p90 {{outcome}}"),
-                           (f"histogram_quantile(0.99, sum by (outcome, le) (rate(lifecycle_termination_duration_seconds_bucket{{{S}}}[$__rate_interval])))", "p99 {{outcome}}")),
+        heatmap("Grace period used (selected namespaces)",
+                "Fraction of the grace period containers that exited within it took to exit after their stop signal (close to 1: only just in time). "
+                "Containers the runtime had to SIGKILL are not in this histogram; see Violations. The agent keeps this histogram per namespace, so the pod selection does not apply.",
+                f"sum by (le) ({inc('lifecycle_termination_grace_used_ratio_bucket', NS, RATE)})", unit="percentunit"),
+        timeseries("Termination duration by outcome (selected namespaces)",
+                   "Stop signal to exit, quantiles per outcome (only terminations that began with a stop signal). The agent keeps this histogram per namespace and outcome, so the pod selection does not apply.",
+                   targets((f"histogram_quantile(0.5, sum by (outcome, le) ({inc('lifecycle_termination_duration_seconds_bucket', NS, RATE)}))", "p50 {{outcome}}"),
+                           (f"histogram_quantile(0.9, sum by (outcome, le) ({inc('lifecycle_termination_duration_seconds_bucket', NS, RATE)}))", "p90 {{outcome}}"),
+                           (f"histogram_quantile(0.99, sum by (outcome, le) ({inc('lifecycle_termination_duration_seconds_bucket', NS, RATE)}))", "p99 {{outcome}}")),
                    unit="s"),
-        timeseries("Median grace used by container", "Median fraction of the grace period used, per container.",
-                   targets((f"histogram_quantile(0.5, sum by (namespace, pod, container, le) (rate(lifecycle_termination_grace_used_ratio_bucket{{{S}}}[$__rate_interval])))",
-                            "{{namespace}}/{{pod}}/{{container}}")), unit="percentunit"),
+        timeseries("Grace used by the last termination, per container",
+                   "Fraction of the grace period each container's last exit within grace used (close to 1: only just in time).",
+                   targets((f"max by (namespace, pod, container) (lifecycle_container_last_grace_used_ratio{{{S}}})",
+                            "{{namespace}}/{{pod}}/{{container}}")), unit="percentunit", interpolation="stepAfter"),
+        timeseries("Stop to exit of the last termination, per container",
+                   "Stop signal to exit of each container's last termination that began with a stop signal (any outcome).",
+                   targets((f"max by (namespace, pod, container) (lifecycle_container_last_termination_seconds{{{S}}})",
+                            "{{namespace}}/{{pod}}/{{container}}")), unit="s", interpolation="stepAfter"),
         table("Last termination per container", "Last terminated reason (label) and exit code (value) of each container.",
               f"max by (namespace, pod, container, uid, reason) (lifecycle_container_last_terminated_reason{{{S}}} == 1)"
               f" * on (namespace, pod, container, uid) group_left () max by (namespace, pod, container, uid) (lifecycle_container_last_terminated_exit_code{{{S}}})",
-              w=12),
+              w=24),
     ]
     return dashboard(TERMINATION_UID, "Lifecycle / Termination and grace",
                      "From a GracePeriodViolation alert to the pod: violations, termination outcomes, who sent the stop signals, how much of the grace period was used.",
@@ -493,14 +521,15 @@ def termination() -> dict:
 
 def restarts() -> dict:
     per_container = "namespace, pod, container"
+    abnormal = f'{S}, verdict!="within_tolerance"'
     panels = [
         row("Back-off: observed against the kubelet's rules"),
         stat("Abnormal back-off verdicts (time range)", "Restarts that came too early or too late for the kubelet's back-off rules (CrashLoopAbnormalBackoff alert).",
-             f'sum(increase(lifecycle_backoff_verdicts_total{{{S}, verdict!="within_tolerance"}}[$__range]))', thr=ANY_IS_RED, w=6),
+             f'sum({inc("lifecycle_backoff_verdicts_total", abnormal, RANGE)})', thr=ANY_IS_RED, w=6),
         stat("In CrashLoopBackOff", "Containers waiting in CrashLoopBackOff now.",
              f'sum(lifecycle_container_waiting_reason{{{S}, reason="CrashLoopBackOff"}})', thr=ANY_IS_RED, w=6),
-        stat("Restarts (time range)", "Container restarts.", f"sum(increase(lifecycle_container_restarts_total{{{S}}}[$__range]))", w=6),
-        stat("Exits (time range)", "Container exits of any reason.", f"sum(increase(lifecycle_container_exits_total{{{S}}}[$__range]))", w=6),
+        stat("Restarts (time range)", "Container restarts.", f"sum({inc('lifecycle_container_restarts_total', S, RANGE)})", w=6),
+        stat("Exits (time range)", "Container exits of any reason.", f"sum({inc('lifecycle_container_exits_total', S, RANGE)})", w=6),
         timeseries("Observed vs expected back-off (last restart)",
                    "For each container's last restart: the delay the agent measured between exit and restart, and the delay the kubelet's rules call for (10 s doubling to 300 s by default).",
                    targets((f"max by ({per_container}) (lifecycle_backoff_observed_seconds{{{S}}})", "observed {{namespace}}/{{pod}}/{{container}}"),
@@ -510,23 +539,23 @@ def restarts() -> dict:
                    targets((f"max by ({per_container}) (lifecycle_backoff_observed_seconds{{{S}}}) / max by ({per_container}) (lifecycle_backoff_expected_seconds{{{S}}} > 0)",
                             "{{namespace}}/{{pod}}/{{container}}")), unit="none", interpolation="stepAfter"),
         timeseries("Back-off verdicts", "Verdicts on each restart: within tolerance, too early, too late.",
-                   targets((f"sum by (verdict) (increase(lifecycle_backoff_verdicts_total{{{S}}}[$__rate_interval]))", "{{verdict}}")),
+                   targets((f"sum by (verdict) ({inc('lifecycle_backoff_verdicts_total', S, RATE)})", "{{verdict}}")),
                    bars=True, stack=True),
         table("Verdicts by container (time range)", "Back-off verdicts per container; abnormal ones first when sorted.",
-              f"sum by (namespace, pod, container, verdict) (increase(lifecycle_backoff_verdicts_total{{{S}}}[$__range]))"),
+              f"sum by (namespace, pod, container, verdict) ({inc('lifecycle_backoff_verdicts_total', S, RANGE)})"),
         row("Restarts and exits"),
         timeseries("Restarts by container", "Restarts per container in each interval.",
-                   targets((f"sum by ({per_container}) (increase(lifecycle_container_restarts_total{{{S}}}[$__rate_interval]))",
+                   targets((f"sum by ({per_container}) ({inc('lifecycle_container_restarts_total', S, RATE)})",
                             "{{namespace}}/{{pod}}/{{container}}")), bars=True),
         timeseries("Exits by reason", "Container exits by reason.",
-                   targets((f"sum by (reason) (increase(lifecycle_container_exits_total{{{S}}}[$__rate_interval]))", "{{reason}}")),
+                   targets((f"sum by (reason) ({inc('lifecycle_container_exits_total', S, RATE)})", "{{reason}}")),
                    bars=True, stack=True),
         table("Exits by reason, exit code and signal (time range)", "Every distinct way containers exited.",
-              f"sum by (namespace, pod, container, reason, exit_code, signal) (increase(lifecycle_container_exits_total{{{S}}}[$__range]))", w=12),
+              f"sum by (namespace, pod, container, reason, exit_code, signal) ({inc('lifecycle_container_exits_total', S, RANGE)})", w=12),
         bargauge("Exit codes (time range)", "Container exits per exit code.",
-                 f"sum by (exit_code) (increase(lifecycle_container_exits_total{{{S}}}[$__range]))", "exit {{exit_code}}"),
+                 f"sum by (exit_code) ({inc('lifecycle_container_exits_total', S, RANGE)})", "exit {{exit_code}}"),
         timeseries("OOM kills", "OOM-killer victims per container in each interval.",
-                   targets((f"sum by ({per_container}) (increase(lifecycle_oom_kills_total{{{S}}}[$__rate_interval]))",
+                   targets((f"sum by ({per_container}) ({inc('lifecycle_oom_kills_total', S, RATE)})",
                             "{{namespace}}/{{pod}}/{{container}}")), bars=True),
         table("Waiting reasons", "Current waiting reason per container (1 = the container is waiting for this reason).",
               f"max by (namespace, pod, container, reason) (lifecycle_container_waiting_reason{{{S}}})", w=12),
@@ -542,7 +571,7 @@ def probes() -> dict:
         row("Probe results"),
         stat("Failing checks", "Probe-listener checks that fail now.", f"sum(1 - lifecycle_probe_result{{{S}}})", thr=ANY_IS_RED, w=6),
         stat("Check transitions (time range)", "Pass/fail flips; many flips mean a flapping check.",
-             f"sum(increase(lifecycle_probe_transitions_total{{{S}}}[$__range]))", w=6),
+             f"sum({inc('lifecycle_probe_transitions_total', S, RANGE)})", w=6),
         stat("Probe requests / s", "Requests to the per-pod probe listener.",
              f"sum(rate(lifecycle_probe_requests_total{{{S}}}[$__rate_interval]))", unit="reqps", w=6, instant=False),
         stat("Exec-probe CPU", "CPU the runtime-spawned processes (exec probes, exec sessions, hooks) use, in cores.",
@@ -550,7 +579,7 @@ def probes() -> dict:
         state_timeline("Check results", "Result of each probe-listener check over time.",
                        f"max by (namespace, pod, container, check) (lifecycle_probe_result{{{S}}})", "{{namespace}}/{{pod}}/{{container}} {{check}}"),
         timeseries("Check transitions", "Pass/fail transitions per check.",
-                   targets((f"sum by (namespace, pod, check) (increase(lifecycle_probe_transitions_total{{{S}}}[$__rate_interval]))",
+                   targets((f"sum by (namespace, pod, check) ({inc('lifecycle_probe_transitions_total', S, RATE)})",
                             "{{namespace}}/{{pod}} {{check}}")), bars=True),
         timeseries("Probe requests by check and code", "Requests to the probe listener by check and HTTP status.",
                    targets((f"sum by (check, code) (rate(lifecycle_probe_requests_total{{{S}}}[$__rate_interval]))", "{{check}} {{code}}")),
@@ -568,14 +597,14 @@ def probes() -> dict:
                    targets((f"sum by ({per_container}) (rate(lifecycle_exec_probe_cpu_seconds_total{{{S}}}[$__rate_interval]))",
                             "{{namespace}}/{{pod}}/{{container}}")), unit="short"),
         timeseries("CPU per exec-probe process", "Average CPU time of one exec-probe process.",
-                   targets((f"sum by ({per_container}) (rate(lifecycle_exec_probe_cpu_seconds_total{{{S}}}[$__rate_interval]))"
-                            f" / sum by ({per_container}) (rate(lifecycle_exec_probe_processes_total{{{S}}}[$__rate_interval]) > 0)",
+                   targets((f"sum by ({per_container}) ({inc('lifecycle_exec_probe_cpu_seconds_total', S, RATE)})"
+                            f" / sum by ({per_container}) ({inc('lifecycle_exec_probe_processes_total', S, RATE)} > 0)",
                             "{{namespace}}/{{pod}}/{{container}}")), unit="s"),
         timeseries("Exec-probe share of all execs", "Runtime-spawned processes as a share of all exec() calls in the selected containers.",
-                   targets((f"sum(rate(lifecycle_exec_probe_processes_total{{{S}}}[$__rate_interval])) / sum(rate(lifecycle_process_execs_total{{{S}}}[$__rate_interval]))",
+                   targets((f"sum({inc('lifecycle_exec_probe_processes_total', S, RATE)}) / sum({inc('lifecycle_process_execs_total', S, RATE)})",
                             "share")), unit="percentunit"),
         bargauge("Top 10 containers by exec-probe CPU (time range)", "CPU seconds spent in exec probes, sessions and hooks.",
-                 f"topk(10, sum by ({per_container}) (increase(lifecycle_exec_probe_cpu_seconds_total{{{S}}}[$__range])))",
+                 f"topk(10, sum by ({per_container}) ({inc('lifecycle_exec_probe_cpu_seconds_total', S, RANGE)}))",
                  "{{namespace}}/{{pod}}/{{container}}", unit="s", w=24),
     ]
     return dashboard(PROBES_UID, "Lifecycle / Probes and probe cost",

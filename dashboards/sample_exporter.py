@@ -7,7 +7,8 @@
 Every metric of the catalogue in docs/metrics.md is present, with the documented types and labels,
 for two pods and the plain-host mode (namespace="host", pod=""). Counters and histograms grow with
 the time since start, so rate() and increase() panels have data after two scrapes. The values are
-made up: this checks that every dashboard query matches the catalogue, not that the agent is right.
+made up: this checks that every dashboard query matches the catalogue, not that the agent is right
+(lifecycle-agent/tests/dashboards.rs runs the panels against a Prometheus scraping the real agent).
 Standard library only.
 """
 
@@ -26,9 +27,11 @@ CONTAINERS = [
     ("jobs", "crashy-0", "worker", "91aa-crashy"),
     ("host", "", "/system.slice/containerd.service", ""),
 ]
-TERMINATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
-RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1, 1.1, 1.5)
-LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1)
+# The agent's buckets (tracker.rs, agent.rs, probe/metrics.rs).
+TERMINATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1, 1.5, 2)
+EVENT_TO_STATE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+PROBE_BUCKETS = (1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2)
 EVENT_KINDS = ("exec", "exit", "signal", "oom_victim", "tcp_listen", "tcp_listen_close", "tcp_established",
                "tcp_accept", "cgroup_mkdir", "cgroup_rmdir")
 FEATURES = ("process_exec", "process_exit", "signals", "oom_kills", "tcp_sockets", "tcp_accepts", "cgroup_events")
@@ -71,13 +74,11 @@ def render() -> str:
         for state in ("waiting", "running", "terminated"):
             e.sample("lifecycle_container_state", int(state == ("waiting" if i == 1 else "running")), **l, state=state)
     e.family("lifecycle_container_waiting_reason", "gauge", "1 for the reason a waiting container waits.")
-    for i, l in enumerate(per):
-        for reason in ("ContainerCreating", "CrashLoopBackOff"):
-            e.sample("lifecycle_container_waiting_reason", int(i == 1 and reason == "CrashLoopBackOff"), **l, reason=reason)
+    # Like the agent: one series for the reason a waiting container waits, none otherwise.
+    e.sample("lifecycle_container_waiting_reason", 1, **per[1], reason="CrashLoopBackOff")
     e.family("lifecycle_container_last_terminated_reason", "gauge", "1 for the reason of the last termination.")
     for l in per:
-        for reason in ("Completed", "Error", "OOMKilled", "Signal"):
-            e.sample("lifecycle_container_last_terminated_reason", int(reason == "Error"), **l, reason=reason)
+        e.sample("lifecycle_container_last_terminated_reason", 1, **l, reason="Error")
     e.family("lifecycle_container_last_terminated_exit_code", "gauge", "Exit code of the last termination.")
     e.family("lifecycle_container_last_terminated_timestamp_seconds", "gauge", "When the last termination happened.")
     for l in per:
@@ -91,13 +92,20 @@ def render() -> str:
         e.sample("lifecycle_container_exits_total", tick, **l, reason="Error", exit_code="1", signal="")
         e.sample("lifecycle_container_exits_total", tick // 2, **l, reason="Signal", exit_code="137", signal="9")
 
-    e.family("lifecycle_termination_duration_seconds", "histogram", "Stop signal to exit.")
-    e.family("lifecycle_termination_grace_used_ratio", "histogram", "Fraction of the grace period used.")
+    # Like the agent: the histograms per namespace (and outcome), each container's last value a gauge.
+    e.family("lifecycle_termination_duration_seconds", "histogram", "Stop signal to exit, per namespace and outcome.")
+    e.family("lifecycle_termination_grace_used_ratio", "histogram", "Fraction of the grace period used, per namespace.")
+    for namespace in sorted({n for n, _, _, _ in CONTAINERS}):
+        e.histogram("lifecycle_termination_duration_seconds", TERMINATION_BUCKETS, tick, 2, namespace=namespace, outcome="exited_within_grace")
+        e.histogram("lifecycle_termination_duration_seconds", TERMINATION_BUCKETS, tick // 3, 30, namespace=namespace, outcome="sigkilled_after_grace")
+        e.histogram("lifecycle_termination_grace_used_ratio", RATIO_BUCKETS, tick, 0.5, namespace=namespace)
+    e.family("lifecycle_container_last_termination_seconds", "gauge", "Stop signal to exit of the last termination.")
+    e.family("lifecycle_container_last_grace_used_ratio", "gauge", "Grace used by the last exit within grace.")
+    for l in short:
+        e.sample("lifecycle_container_last_termination_seconds", 2, **l)
+        e.sample("lifecycle_container_last_grace_used_ratio", 0.5, **l)
     e.family("lifecycle_terminations_total", "counter", "Terminations by outcome.")
     for l in short:
-        e.histogram("lifecycle_termination_duration_seconds", TERMINATION_BUCKETS, tick, 2, **l, outcome="exited_within_grace")
-        e.histogram("lifecycle_termination_duration_seconds", TERMINATION_BUCKETS, tick // 3, 30, **l, outcome="sigkilled_after_grace")
-        e.histogram("lifecycle_termination_grace_used_ratio", RATIO_BUCKETS, tick, 0.5, **l)
         for outcome in ("exited_within_grace", "sigkilled_after_grace", "killed_without_grace", "oom_killed", "exited_without_stop_signal"):
             e.sample("lifecycle_terminations_total", tick if outcome == "exited_within_grace" else tick // 3, **l, outcome=outcome)
     e.family("lifecycle_grace_period_violations_total", "counter", "SIGKILLs after the grace period.")
@@ -139,13 +147,13 @@ def render() -> str:
     e.family("lifecycle_probe_transitions_total", "counter", "Pass/fail transitions.")
     e.family("lifecycle_probe_requests_total", "counter", "Probe-listener requests.")
     for l in short[:2]:
-        for check in ("tcp", "process", "file"):
-            e.sample("lifecycle_probe_result", int(check != "file"), **l, check=check)
+        for check in ("tcp:8080", "process", "file:/tmp/healthy"):
+            e.sample("lifecycle_probe_result", int(check != "file:/tmp/healthy"), **l, check=check)
             e.sample("lifecycle_probe_transitions_total", tick // 4, **l, check=check)
             e.sample("lifecycle_probe_requests_total", tick * 2, **l, check=check, code="200")
     e.family("lifecycle_probe_duration_seconds", "histogram", "Probe-listener answer time.")
     for check in ("tcp", "process", "file"):
-        e.histogram("lifecycle_probe_duration_seconds", LATENCY_BUCKETS, tick * 4, 0.001, check=check)
+        e.histogram("lifecycle_probe_duration_seconds", PROBE_BUCKETS, tick * 4, 0.00001, check=check)
     e.family("lifecycle_exec_probe_processes_total", "counter", "Runtime-spawned processes.")
     e.family("lifecycle_exec_probe_cpu_seconds_total", "counter", "CPU of runtime-spawned processes.")
     for l in short:
@@ -158,7 +166,7 @@ def render() -> str:
     for kind in EVENT_KINDS:
         e.sample("lifecycle_events_total", tick * 100, kind=kind)
         e.sample("lifecycle_events_lost_total", 0, kind=kind)
-        e.sample("lifecycle_kernel_map_full_total", 0, kind=kind)
+        e.sample("lifecycle_kernel_map_full_total", 0, map="cgroup_counters", kind=kind)
     e.family("lifecycle_event_decode_errors_total", "counter", "Undecodable ring records.")
     e.sample("lifecycle_event_decode_errors_total", 0)
     e.family("lifecycle_feature_enabled", "gauge", "1 when a kernel feature is attached.")
@@ -172,7 +180,7 @@ def render() -> str:
     e.family("lifecycle_build_info", "gauge", "Always 1.")
     e.sample("lifecycle_build_info", 1, version="0.1.0")
     e.family("lifecycle_event_to_state_seconds", "histogram", "Kernel event to visible state.")
-    e.histogram("lifecycle_event_to_state_seconds", LATENCY_BUCKETS, tick * 100, 0.0005)
+    e.histogram("lifecycle_event_to_state_seconds", EVENT_TO_STATE_BUCKETS, tick * 100, 0.002)
     return e.text()
 
 
