@@ -23,7 +23,7 @@ use crate::{
     probe::{metrics::ProbeMetrics, NodeProbes, ProbeAnswer as _},
     probe_supervisor::{take_query_param, ProbeSupervisor},
     sensor::{Sensor, SensorConfig, SensorError, StreamError},
-    tracker::{ContainerView, Notice, NodeTracker, TrackerConfig},
+    tracker::{ContainerView, Notice, NodeTracker, SeedProcess, TrackerConfig},
     unit_metrics::{boot_time_ns, unix_minus_boot_seconds, UnitMetrics},
 };
 
@@ -187,7 +187,10 @@ fn seed(tracker: &Mutex<NodeTracker>, root: &CgroupRoot) {
             let Some(path) = groups.0.iter().find(|g| g.hierarchy == 0).map(|g| g.pathname.clone()) else { continue };
             let Some(&cgroup_id) = by_path.get(path.as_str()) else { continue };
             let start_ns = stat.starttime * (1_000_000_000 / ticks);
-            processes.push((start_ns, stat.pid as u32, stat.ppid as u32, cgroup_id, stat.comm));
+            // NSpid lists the pid in each namespace from the host's down: more than one entry
+            // means the process lives in a container's pid namespace.
+            let child_ns = process.status().ok().and_then(|s| s.nspid).is_some_and(|ids| ids.len() > 1);
+            processes.push((start_ns, stat.pid as u32, stat.ppid as u32, cgroup_id, child_ns, stat.comm));
         }
     }
     let cgroup_of: std::collections::HashMap<u32, u64> = processes.iter().map(|p| (p.1, p.3)).collect();
@@ -196,9 +199,9 @@ fn seed(tracker: &Mutex<NodeTracker>, root: &CgroupRoot) {
     for (id, path) in &cgroups {
         tracker.seed_cgroup(*id, path, now);
     }
-    for (start_ns, pid, ppid, cgroup_id, comm) in processes {
-        let parent_cgroup = cgroup_of.get(&ppid).copied().unwrap_or(0);
-        tracker.seed_process(pid, cgroup_id, parent_cgroup, start_ns, &comm);
+    for (start_time_ns, tgid, ppid, cgroup_id, child_pid_namespace, comm) in processes {
+        let parent_cgroup_id = cgroup_of.get(&ppid).copied().unwrap_or(0);
+        tracker.seed_process(SeedProcess { tgid, cgroup_id, parent_cgroup_id, child_pid_namespace, start_time_ns, comm: &comm });
     }
     log::info!("found {} cgroups at start", cgroups.len());
 }

@@ -32,6 +32,10 @@ pub enum Detail {
         parent_tgid: u32,
         /// The parent's cgroup: outside the process's own when the runtime started it.
         parent_cgroup_id: u64,
+        /// PID 1 of its own pid namespace: a container's init.
+        namespace_init: bool,
+        /// Lives in a pid namespace below the host's (a container's, unless it shares the host's).
+        child_pid_namespace: bool,
         start_time_ns: u64,
         comm: String,
     },
@@ -181,6 +185,8 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                 Detail::Exec {
                     parent_tgid: r.parent_tgid,
                     parent_cgroup_id: r.parent_cgroup_id,
+                    namespace_init: r.flags & lifecycle_common::EXEC_FLAG_NAMESPACE_INIT != 0,
+                    child_pid_namespace: r.flags & lifecycle_common::EXEC_FLAG_CHILD_PID_NAMESPACE != 0,
                     start_time_ns: r.start_time_ns,
                     comm: c_string(&r.comm),
                 },
@@ -398,7 +404,7 @@ mod tests {
         let record = ExecEvent {
             header: header(EventKind::Exec),
             parent_tgid: 1,
-            _pad: 0,
+            flags: 0,
             start_time_ns: 2,
             parent_cgroup_id: 3,
             comm: comm("true"),

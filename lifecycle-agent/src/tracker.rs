@@ -185,6 +185,11 @@ struct ProcessEntry {
 struct InitProcess {
     tgid: u32,
     started_at: u64,
+    /// Started from outside but in the host's pid namespace: the runtime's own setup process
+    /// (runc re-executing itself inside the new cgroup), or the init of a hostPID container. A
+    /// process in the container's pid namespace replaces it; its exit ends the instance only if
+    /// none comes before the cgroup goes.
+    provisional: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -211,11 +216,37 @@ struct Instance {
     exit: Option<InitExit>,
     /// The exit was applied to the unit (it is linked and judged).
     finished: bool,
+    /// A provisional init's exit, applied only if no real init shows up before the cgroup goes.
+    provisional_exit: Option<InitExit>,
     termination: TerminationTracker,
     spec_hash: Option<String>,
     /// Counted before the instance was linked; merged into the unit on linking.
     pending_counters: UnitCounters,
     pending_tcp: BTreeMap<u16, PortStats>,
+}
+
+/// A process found in /proc at start.
+#[derive(Clone, Copy, Debug)]
+pub struct SeedProcess<'a> {
+    pub tgid: u32,
+    pub cgroup_id: u64,
+    pub parent_cgroup_id: u64,
+    /// In a pid namespace below the host's (NSpid has more than one entry).
+    pub child_pid_namespace: bool,
+    pub start_time_ns: u64,
+    pub comm: &'a str,
+}
+
+/// What an exec (seen or seeded) says about the process.
+#[derive(Clone, Copy, Debug)]
+struct ExecFacts {
+    tgid: u32,
+    parent_tgid: Option<u32>,
+    cgroup_id: u64,
+    parent_cgroup_id: u64,
+    child_pid_namespace: bool,
+    exec_time: Option<u64>,
+    start_time_ns: u64,
 }
 
 /// Everything the tracker knows about the node.
@@ -272,11 +303,21 @@ impl NodeTracker {
 
     /// A process that existed before the agent started (from /proc). Seed in start-time order:
     /// the first process of a container whose parent is outside it becomes its init.
-    pub fn seed_process(&mut self, tgid: u32, cgroup_id: u64, parent_cgroup_id: u64, start_time_ns: u64, comm: &str) {
-        if self.processes.contains_key(&tgid) || !self.cgroups.contains_key(&cgroup_id) {
+    pub fn seed_process(&mut self, process: SeedProcess<'_>) {
+        if self.processes.contains_key(&process.tgid) || !self.cgroups.contains_key(&process.cgroup_id) {
             return;
         }
-        self.exec(tgid, None, cgroup_id, parent_cgroup_id, None, start_time_ns, start_time_ns, comm);
+        let start = process.start_time_ns;
+        let exec = ExecFacts {
+            tgid: process.tgid,
+            parent_tgid: None,
+            cgroup_id: process.cgroup_id,
+            parent_cgroup_id: process.parent_cgroup_id,
+            child_pid_namespace: process.child_pid_namespace,
+            exec_time: None,
+            start_time_ns: start,
+        };
+        self.exec(exec, start, process.comm);
     }
 
     /// Runtime metadata for every container the runtime lists now. Instances still unlinked whose
@@ -320,11 +361,18 @@ impl NodeTracker {
                 self.cgroups.remove(&c.id);
                 self.on_instance_gone(c.id);
             }
-            Detail::Exec { parent_tgid, parent_cgroup_id, start_time_ns, comm } => {
+            Detail::Exec { parent_tgid, parent_cgroup_id, start_time_ns, comm, child_pid_namespace, .. } => {
                 if self.known_cgroup(event.cgroup_id) {
-                    let exec_time = Some(event.time_ns);
-                    let (tgid, cgroup) = (event.tgid, event.cgroup_id);
-                    self.exec(tgid, Some(*parent_tgid), cgroup, *parent_cgroup_id, exec_time, *start_time_ns, event.time_ns, comm);
+                    let exec = ExecFacts {
+                        tgid: event.tgid,
+                        parent_tgid: Some(*parent_tgid),
+                        cgroup_id: event.cgroup_id,
+                        parent_cgroup_id: *parent_cgroup_id,
+                        child_pid_namespace: *child_pid_namespace,
+                        exec_time: Some(event.time_ns),
+                        start_time_ns: *start_time_ns,
+                    };
+                    self.exec(exec, event.time_ns, comm);
                 }
             }
             Detail::Exit { exit_status, signal, group_dead, cpu_time_ns, .. } => {
@@ -573,18 +621,8 @@ impl NodeTracker {
         }
     }
 
-    #[expect(clippy::too_many_arguments, reason = "one exec's facts, from an event or from /proc")]
-    fn exec(
-        &mut self,
-        tgid: u32,
-        parent_tgid: Option<u32>,
-        cgroup_id: u64,
-        parent_cgroup_id: u64,
-        exec_time: Option<u64>,
-        start_time_ns: u64,
-        time: u64,
-        comm: &str,
-    ) {
+    fn exec(&mut self, facts: ExecFacts, time: u64, comm: &str) {
+        let ExecFacts { tgid, parent_tgid, cgroup_id, parent_cgroup_id, child_pid_namespace, exec_time, start_time_ns } = facts;
         // A process that execs again (sh -c exec ...) keeps its role; only its name changes.
         if let Some(known) = self.processes.get_mut(&tgid) {
             if known.cgroup_id == cgroup_id && known.start_time_ns == start_time_ns {
@@ -605,10 +643,24 @@ impl NodeTracker {
         self.restart_host_unit_if_over(cgroup_id, time);
         let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
         let is_container = matches!(instance.kind, InstanceKind::Container { .. });
+        let no_real_init = instance.init.is_none_or(|init| init.provisional);
         let mut exec_session = false;
-        if instance.init.is_none() && instance.exit.is_none() && (from_outside || !is_container) {
+        if is_container && from_outside && instance.exit.is_none() && (instance.init.is_none() || (no_real_init && child_pid_namespace)) {
+            // The container's init: started by the runtime, in the container's pid namespace
+            // (provisionally when it shares the host's, see InitProcess::provisional).
+            let replaces_provisional = instance.init.is_some();
             let started_at = exec_time.unwrap_or(start_time_ns);
-            instance.init = Some(InitProcess { tgid, started_at });
+            instance.init = Some(InitProcess { tgid, started_at, provisional: !child_pid_namespace });
+            instance.provisional_exit = None;
+            let (unit_key, spec_hash) = (instance.unit.clone(), instance.spec_hash.clone());
+            if !replaces_provisional {
+                if let Some(unit) = unit_key.and_then(|k| self.units.get_mut(&k)) {
+                    start_unit(unit, started_at, spec_hash);
+                }
+            }
+        } else if !is_container && instance.init.is_none() && instance.exit.is_none() {
+            let started_at = exec_time.unwrap_or(start_time_ns);
+            instance.init = Some(InitProcess { tgid, started_at, provisional: false });
             let (unit_key, spec_hash) = (instance.unit.clone(), instance.spec_hash.clone());
             if let Some(unit) = unit_key.and_then(|k| self.units.get_mut(&k)) {
                 start_unit(unit, started_at, spec_hash);
@@ -641,7 +693,13 @@ impl NodeTracker {
             }
         }
         let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
-        if instance.init.is_none_or(|init| init.tgid != tgid) || instance.exit.is_some() {
+        let Some(init) = instance.init.filter(|init| init.tgid == tgid) else { return };
+        if instance.exit.is_some() {
+            return;
+        }
+        if init.provisional {
+            // Wait for the container's real init, or for the cgroup to go (see on_instance_gone).
+            instance.provisional_exit = Some(InitExit { time, exit_status, signal });
             return;
         }
         if matches!(instance.kind, InstanceKind::Host { .. }) {
@@ -652,9 +710,10 @@ impl NodeTracker {
                 .iter()
                 .filter(|(_, p)| p.cgroup_id == cgroup_id)
                 .min_by_key(|(_, p)| p.start_time_ns)
-                .map(|(pid, p)| InitProcess { tgid: *pid, started_at: p.start_time_ns });
+                .map(|(pid, p)| InitProcess { tgid: *pid, started_at: p.start_time_ns, provisional: false });
             if let Some(heir) = heir {
-                instance.init = Some(InitProcess { tgid: heir.tgid, started_at: instance.init.map_or(heir.started_at, |i| i.started_at) });
+                let started_at = instance.init.map_or(heir.started_at, |i| i.started_at);
+                instance.init = Some(InitProcess { tgid: heir.tgid, started_at, provisional: false });
                 return;
             }
         }
@@ -722,6 +781,15 @@ impl NodeTracker {
     }
 
     fn on_instance_gone(&mut self, cgroup_id: u64) {
+        // A provisional init (hostPID container) whose exit no real init followed: that was it.
+        if let Some(instance) = self.instances.get_mut(&cgroup_id) {
+            if instance.exit.is_none() {
+                if let Some(exit) = instance.provisional_exit.take() {
+                    instance.exit = Some(exit);
+                    self.finish(cgroup_id);
+                }
+            }
+        }
         let Some(instance) = self.instances.remove(&cgroup_id) else { return };
         if let Some(unit) = instance.unit.and_then(|k| self.units.get_mut(&k)) {
             if unit.cgroup_id == Some(cgroup_id) {
@@ -758,6 +826,7 @@ impl Instance {
             init: None,
             exit: None,
             finished: false,
+            provisional_exit: None,
             termination: TerminationTracker::new(TerminationSettings::default()),
             spec_hash: None,
             pending_counters: UnitCounters::default(),
@@ -898,7 +967,14 @@ mod tests {
     }
 
     fn exec(time: u64, tgid: u32, cgroup_id: u64, parent_cgroup_id: u64, comm: &str) -> Event {
-        let detail = Detail::Exec { parent_tgid: 1, parent_cgroup_id, start_time_ns: time, comm: comm.into() };
+        let detail = Detail::Exec {
+            parent_tgid: 1,
+            parent_cgroup_id,
+            namespace_init: parent_cgroup_id != cgroup_id,
+            child_pid_namespace: true,
+            start_time_ns: time,
+            comm: comm.into(),
+        };
         event(time, tgid, cgroup_id, detail)
     }
 
@@ -1007,6 +1083,45 @@ mod tests {
         let view = only_view(&tracker, 20 * SECOND);
         assert!(matches!(view.status.state, ContainerState::Waiting { .. }), "{:?}", view.status.state);
         assert_eq!(view.status.back_off_remaining_ns, Some(39 * SECOND));
+    }
+
+    #[test]
+    fn the_runtimes_setup_process_in_the_new_cgroup_is_not_the_init() {
+        let mut tracker = tracker_with_cri();
+        tracker.set_metadata(vec![meta(1, 30)]);
+        let cg = container_cgroup(&mut tracker, 0, 1);
+        // runc re-executes itself after being moved into the container's cgroup, still in the
+        // host's pid namespace, then exits once the container's init is set up.
+        let mut setup = exec(SECOND / 10, 90, cg, SHIM_CGROUP, "runc");
+        if let Detail::Exec { child_pid_namespace, namespace_init, .. } = &mut setup.detail {
+            (*child_pid_namespace, *namespace_init) = (false, false);
+        }
+        tracker.apply(&setup);
+        tracker.apply(&exit(SECOND / 5, 90, cg, Some(0), None));
+        tracker.apply(&exec(SECOND, 100, cg, SHIM_CGROUP, "app"));
+        let view = only_view(&tracker, 2 * SECOND);
+        assert!(matches!(view.status.state, ContainerState::Running { .. }), "{:?}", view.status.state);
+        assert_eq!(view.exec_sessions, 0);
+        tracker.apply(&exit(3 * SECOND, 100, cg, Some(3), None));
+        let view = only_view(&tracker, 4 * SECOND);
+        assert!(matches!(view.status.state, ContainerState::Terminated { exit_code: 3, .. }));
+    }
+
+    #[test]
+    fn a_host_pid_container_ends_with_its_cgroup_when_no_namespaced_init_follows() {
+        let mut tracker = tracker_with_cri();
+        tracker.set_metadata(vec![meta(1, 30)]);
+        let cg = container_cgroup(&mut tracker, 0, 1);
+        let mut init = exec(SECOND, 100, cg, SHIM_CGROUP, "agent");
+        if let Detail::Exec { child_pid_namespace, namespace_init, .. } = &mut init.detail {
+            (*child_pid_namespace, *namespace_init) = (false, false);
+        }
+        tracker.apply(&init);
+        assert!(matches!(only_view(&tracker, 2 * SECOND).status.state, ContainerState::Running { .. }));
+        tracker.apply(&exit(3 * SECOND, 100, cg, Some(1), None));
+        tracker.apply(&event(4 * SECOND, 1, 1, Detail::CgroupRmdir(CgroupDetail { id: cg, path: String::new(), truncated: false })));
+        let view = only_view(&tracker, 5 * SECOND);
+        assert!(matches!(view.status.state, ContainerState::Terminated { exit_code: 1, finished_at, .. } if finished_at == 3 * SECOND));
     }
 
     #[test]

@@ -76,7 +76,14 @@ fn node(n: u64) -> NodeTracker {
             let t = attempt * 20 * second + i;
             let pid = (100_000 + i * 2 + attempt) as u32;
             tracker.apply(&event(t, 1, 1, Detail::CgroupMkdir(CgroupDetail { id: cgroup, path, truncated: false })));
-            let exec = Detail::Exec { parent_tgid: 1, parent_cgroup_id: 1, start_time_ns: t + 1, comm: "app".into() };
+            let exec = Detail::Exec {
+                parent_tgid: 1,
+                parent_cgroup_id: 1,
+                namespace_init: true,
+                child_pid_namespace: true,
+                start_time_ns: t + 1,
+                comm: "app".into(),
+            };
             tracker.apply(&event(t + 1, pid, cgroup, exec));
             let tcp = TcpDetail { socket_cgroup_id: cgroup, netns: 1, family: 2, local_port: 8080, remote_port: 0, fd: None };
             tracker.apply(&event(t + 2, pid, cgroup, Detail::TcpListen(tcp)));

@@ -108,8 +108,8 @@ pub struct ExecEvent {
     pub header: EventHeader,
     /// Thread-group id of the task's parent (`real_parent->tgid`).
     pub parent_tgid: u32,
-    /// Explicit padding; always 0.
-    pub _pad: u32,
+    /// [`EXEC_FLAG_NAMESPACE_INIT`] and friends.
+    pub flags: u32,
     /// The task's start time, `CLOCK_BOOTTIME` ns (`task_struct::start_boottime`); with the pid it
     /// identifies a process across pid reuse, and it matches field 22 of /proc/<pid>/stat.
     pub start_time_ns: u64,
@@ -119,6 +119,14 @@ pub struct ExecEvent {
     /// The new program's `comm`.
     pub comm: [u8; TASK_COMM_LEN],
 }
+
+/// [`ExecEvent::flags`]: the task is PID 1 of its own (non-initial) pid namespace — a
+/// container's init, as opposed to the runtime's setup processes that pass through its cgroup.
+pub const EXEC_FLAG_NAMESPACE_INIT: u32 = 1;
+/// [`ExecEvent::flags`]: the task lives in a pid namespace below the host's. A container's
+/// processes do (unless it shares the host's); the runtime's setup processes that pass through the
+/// container's cgroup before its pid namespace exists do not.
+pub const EXEC_FLAG_CHILD_PID_NAMESPACE: u32 = 2;
 
 /// A task exited. One record per thread; `group_dead` marks the last thread of a process.
 #[repr(C)]

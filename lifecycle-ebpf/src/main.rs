@@ -31,7 +31,7 @@ use aya_ebpf::{
 use lifecycle_common::{
     defaults, CgroupCounters, CgroupEvent, EventHeader, EventKind, ExecEvent, ExitEvent,
     KernelOffsets, KindStats, OomVictimEvent, ProgramSettings, SignalEvent, TcpEvent,
-    EVENT_KIND_COUNT, TASK_COMM_LEN,
+    EVENT_KIND_COUNT, EXEC_FLAG_CHILD_PID_NAMESPACE, EXEC_FLAG_NAMESPACE_INIT, TASK_COMM_LEN,
 };
 
 /// Struct member offsets; overwritten by the agent before load.
@@ -279,7 +279,7 @@ fn try_exec() -> Result<(), i64> {
     let record = ExecEvent {
         header,
         parent_tgid: read::<u32>(parent, off!(task_tgid))?,
-        _pad: 0,
+        flags: pid_namespace_flags(task),
         start_time_ns: read::<u64>(task, off!(task_start_boottime))?,
         parent_cgroup_id: task_cgroup_id(parent)?,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
@@ -338,17 +338,27 @@ fn try_exit() -> Result<(), i64> {
     Ok(())
 }
 
-/// True when the task is PID 1 of its own (non-initial) pid namespace:
-/// `task->thread_pid->numbers[level].nr == 1` with `level > 0`.
+/// The task's place in the pid namespace tree: [`EXEC_FLAG_CHILD_PID_NAMESPACE`] when it lives
+/// below the host's namespace, plus [`EXEC_FLAG_NAMESPACE_INIT`] when it is PID 1 there
+/// (`task->thread_pid->numbers[level].nr == 1`).
 #[inline(always)]
-fn is_namespace_init(task: *const u8) -> bool {
-    let Ok(pid) = read_ptr(task, off!(task_thread_pid)) else { return false };
-    let Ok(level) = read::<u32>(pid, off!(pid_level)) else { return false };
+fn pid_namespace_flags(task: *const u8) -> u32 {
+    let Ok(pid) = read_ptr(task, off!(task_thread_pid)) else { return 0 };
+    let Ok(level) = read::<u32>(pid, off!(pid_level)) else { return 0 };
+    // The kernel nests at most 32 pid namespaces.
     if level == 0 || level > 32 {
-        return false;
+        return 0;
     }
     let slot = off!(pid_numbers) + level as usize * off!(upid_size) + off!(upid_nr);
-    read::<i32>(pid, slot).is_ok_and(|nr| nr == 1)
+    match read::<i32>(pid, slot) {
+        Ok(1) => EXEC_FLAG_CHILD_PID_NAMESPACE | EXEC_FLAG_NAMESPACE_INIT,
+        _ => EXEC_FLAG_CHILD_PID_NAMESPACE,
+    }
+}
+
+#[inline(always)]
+fn is_namespace_init(task: *const u8) -> bool {
+    pid_namespace_flags(task) & EXEC_FLAG_NAMESPACE_INIT != 0
 }
 
 // ---- signals ------------------------------------------------------------------------------
