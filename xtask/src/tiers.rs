@@ -50,7 +50,7 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
             Tier::Kernel => shell::run(cargo().args(["test", "-p", "lifecycle-agent", "--test", "kernel", "--test", "cli", "--test", "probe"])),
             Tier::Runtime => shell::run(
                 cargo()
-                    .args(["test", "-p", "lifecycle-agent", "--test", "containerd_harness", "--test", "e2e"])
+                    .args(["test", "-p", "lifecycle-agent", "--test", "containerd_harness", "--test", "e2e", "--test", "dashboards"])
                     .args(["--", "--test-threads=1"]),
             ),
             Tier::Checks => checks(),
