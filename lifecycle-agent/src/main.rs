@@ -134,7 +134,7 @@ struct SensorArgs {
     #[arg(long, default_value_t = 256 * 1024)]
     wakeup_bytes: u64,
     /// How often the agent drains the ring when the kernel has not woken it, in milliseconds.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1000))]
     poll_ms: u64,
     /// Capacity of the per-cgroup counters map.
     #[arg(long, default_value_t = lifecycle_common::defaults::COUNTER_ENTRIES)]

@@ -25,7 +25,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::cargo;
+use crate::{bench::children_cpu_ns, cargo};
 
 /// Runs `count` probes of each kind and prints a markdown table.
 pub fn run(count: usize) -> Result<()> {
@@ -251,27 +251,6 @@ impl Drop for ProbeServer {
     }
 }
 
-/// CPU of our children that have been waited for (user + system), in ns.
-fn children_cpu_ns() -> Result<u64> {
-    #[repr(C)]
-    struct Rusage {
-        utime: [i64; 2],
-        stime: [i64; 2],
-        rest: [i64; 14],
-    }
-    unsafe extern "C" {
-        fn getrusage(who: i32, usage: *mut Rusage) -> i32;
-    }
-    const RUSAGE_CHILDREN: i32 = -1;
-    let mut usage = Rusage { utime: [0; 2], stime: [0; 2], rest: [0; 14] };
-    // SAFETY: getrusage fills a struct rusage (x86_64/aarch64 layout: two timevals then 14 longs)
-    // through a valid pointer; libc is linked by std.
-    if unsafe { getrusage(RUSAGE_CHILDREN, &mut usage) } != 0 {
-        bail!("getrusage: {}", std::io::Error::last_os_error());
-    }
-    let ns = |tv: [i64; 2]| (tv[0] as u64) * 1_000_000_000 + (tv[1] as u64) * 1000;
-    Ok(ns(usage.utime) + ns(usage.stime))
-}
 
 fn own_tid() -> Result<u32> {
     let link = std::fs::read_link("/proc/thread-self")?;

@@ -2,6 +2,7 @@
 //! builds with plain cargo once `bootstrap` has installed the eBPF toolchain.
 
 mod bench;
+mod bench_probes;
 mod packages;
 mod shell;
 mod tiers;
