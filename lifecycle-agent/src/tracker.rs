@@ -25,8 +25,8 @@ use crate::{
     event::{Detail, Event},
     identity::{classify, CgroupIdentity},
     termination::{
-        PreStopHandler, SignalSender, TerminationOutcome, TerminationReport, TerminationSettings,
-        TerminationTracker,
+        sidecar_order, PreStopHandler, SidecarOrder, SignalSender, TerminationOutcome, TerminationReport,
+        TerminationSettings, TerminationTracker,
     },
 };
 
@@ -170,6 +170,13 @@ pub struct Unit {
     pub last_change_ns: u64,
     /// The kernel's counters of this unit's instances whose cgroups are gone.
     pub departed_kernel_counters: CgroupCounters,
+    /// An init container (per the runtime's metadata).
+    pub init_container: bool,
+    /// An init container seen running beside a main container: a sidecar (restartPolicy Always;
+    /// the runtime does not report the policy, so the agent recognises it by that).
+    pub sidecar: bool,
+    /// When the current instance's init started (orders sidecars as the kubelet started them).
+    pub started_at: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -274,6 +281,9 @@ pub struct ContainerView {
     pub exec_sessions: u64,
     pub exec_session_cpu_seconds: f64,
     pub tcp: BTreeMap<u16, PortStats>,
+    pub sidecar: bool,
+    /// For a sidecar whose pod terminated: whether it was stopped in its turn.
+    pub sidecar_order: Option<SidecarOrder>,
 }
 
 impl NodeTracker {
@@ -447,7 +457,55 @@ impl NodeTracker {
 
     /// The API view of every unit at `now`.
     pub fn containers(&self, now: u64) -> Vec<ContainerView> {
-        self.units.values().map(|unit| self.view(unit, now)).collect()
+        let mut views: Vec<ContainerView> = self.units.values().map(|unit| self.view(unit, now)).collect();
+        let orders = self.sidecar_orders();
+        for view in &mut views {
+            if view.sidecar {
+                view.sidecar_order = orders.get(&(view.labels.uid.clone(), view.labels.container.clone())).cloned();
+            }
+        }
+        views
+    }
+
+    /// Sidecar stop order for every pod with a terminated sidecar: sidecars in the order they
+    /// started (their definition order), main containers after, as `sidecar_order` expects.
+    fn sidecar_orders(&self) -> HashMap<(String, String), SidecarOrder> {
+        let mut pods: BTreeMap<&str, Vec<&Unit>> = BTreeMap::new();
+        for unit in self.units.values() {
+            if let UnitKey::Container { pod_uid, .. } = &unit.key {
+                pods.entry(pod_uid.as_str()).or_default().push(unit);
+            }
+        }
+        let mut out = HashMap::new();
+        for (pod_uid, mut units) in pods {
+            if !units.iter().any(|u| u.sidecar && u.last_termination.is_some()) {
+                continue;
+            }
+            units.sort_by_key(|u| (!u.sidecar, u.started_at));
+            let reports = units
+                .iter()
+                .filter(|u| u.sidecar || !u.init_container)
+                .filter_map(|u| u.last_termination.as_ref().map(|r| (u.labels.container.as_str(), r)));
+            for order in sidecar_order(reports) {
+                out.insert((pod_uid.to_owned(), order.container.clone()), order);
+            }
+        }
+        out
+    }
+
+    /// Marks init containers running beside a main container of their pod as sidecars.
+    fn recognise_sidecars(&mut self, pod_uid: &str) {
+        let in_pod = |u: &Unit| matches!(&u.key, UnitKey::Container { pod_uid: p, .. } if p == pod_uid);
+        let running = |u: &Unit| matches!(u.status.state(), ContainerState::Running { .. });
+        let main_running = self.units.values().any(|u| in_pod(u) && !u.init_container && running(u));
+        if !main_running {
+            return;
+        }
+        for unit in self.units.values_mut() {
+            if in_pod(unit) && unit.init_container && running(unit) {
+                unit.sidecar = true;
+            }
+        }
     }
 
     /// The API view of one unit at `now`.
@@ -462,6 +520,8 @@ impl NodeTracker {
             exec_sessions: unit.counters.exec_sessions,
             exec_session_cpu_seconds: unit.counters.exec_session_cpu_ns as f64 / 1e9,
             tcp: unit.tcp.clone(),
+            sidecar: unit.sidecar,
+            sidecar_order: None,
         }
     }
 
@@ -588,8 +648,12 @@ impl NodeTracker {
             container_id: None,
             last_change_ns: 0,
             departed_kernel_counters: CgroupCounters::default(),
+            init_container: false,
+            sidecar: false,
+            started_at: None,
         });
         unit.labels = labels;
+        unit.init_container = restart.is_init_container;
         unit.restart = restart;
         let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
         instance.unit = Some(key.clone());
@@ -616,7 +680,11 @@ impl NodeTracker {
         if let Some(init) = instance.init {
             start_unit(unit, init.started_at, instance.spec_hash.clone());
         }
-        if instance.exit.is_some() {
+        let exited = instance.exit.is_some();
+        if let UnitKey::Container { pod_uid, .. } = &key {
+            self.recognise_sidecars(&pod_uid.clone());
+        }
+        if exited {
             self.finish(cgroup_id);
         }
     }
@@ -654,8 +722,13 @@ impl NodeTracker {
             instance.provisional_exit = None;
             let (unit_key, spec_hash) = (instance.unit.clone(), instance.spec_hash.clone());
             if !replaces_provisional {
-                if let Some(unit) = unit_key.and_then(|k| self.units.get_mut(&k)) {
-                    start_unit(unit, started_at, spec_hash);
+                if let Some(key) = unit_key {
+                    if let Some(unit) = self.units.get_mut(&key) {
+                        start_unit(unit, started_at, spec_hash);
+                    }
+                    if let UnitKey::Container { pod_uid, .. } = &key {
+                        self.recognise_sidecars(&pod_uid.clone());
+                    }
                 }
             }
         } else if !is_container && instance.init.is_none() && instance.exit.is_none() {
@@ -746,6 +819,10 @@ impl NodeTracker {
             return;
         }
         instance.finished = true;
+        if self.units.get(&key).is_some_and(|u| u.sidecar) && !instance.termination.settings().is_sidecar {
+            let settings = TerminationSettings { is_sidecar: true, ..instance.termination.settings().clone() };
+            instance.termination.set_settings(settings);
+        }
         let report = instance.termination.on_init_exit(exit.time, exit.exit_status, exit.signal).clone();
         let host = matches!(instance.kind, InstanceKind::Host { .. });
         // A host instance is over with its last process; the next process starts a new one.
@@ -836,6 +913,7 @@ impl Instance {
 }
 
 fn start_unit(unit: &mut Unit, started_at: u64, spec_hash: Option<String>) {
+    unit.started_at = Some(started_at);
     unit.status.on_init_started(started_at);
     if let Some(observation) = unit.backoff.on_started(started_at, spec_hash) {
         *unit.counters.backoff_verdicts.entry(verdict_name(observation.verdict)).or_default() += 1;
@@ -1016,6 +1094,31 @@ mod tests {
         let views = tracker.containers(now);
         assert_eq!(views.len(), 1, "{views:#?}");
         views.into_iter().next().expect("one")
+    }
+
+    #[test]
+    fn a_sidecar_signalled_before_the_main_container_exited_is_flagged() {
+        let mut tracker = tracker_with_cri();
+        let mut sidecar = meta(1, 30);
+        (sidecar.container_name, sidecar.container_type) = ("proxy".into(), Some(ContainerType::Init));
+        tracker.set_metadata(vec![sidecar, meta(2, 30)]);
+        let proxy = container_cgroup(&mut tracker, 0, 1);
+        tracker.apply(&exec(SECOND, 100, proxy, SHIM_CGROUP, "proxy"));
+        let app = container_cgroup(&mut tracker, 2 * SECOND, 2);
+        tracker.apply(&exec(3 * SECOND, 200, app, SHIM_CGROUP, "app"));
+        // The runtime signals both at once (the rule: the sidecar only after the app exited).
+        let shim = (50, SHIM_CGROUP, "containerd-shim");
+        tracker.apply(&signal(10 * SECOND, shim, (200, app), 15));
+        tracker.apply(&signal(10 * SECOND, shim, (100, proxy), 15));
+        tracker.apply(&exit(10 * SECOND + 1000, 100, proxy, None, Some(15)));
+        tracker.apply(&exit(12 * SECOND, 200, app, Some(0), None));
+        let views = tracker.containers(13 * SECOND);
+        let proxy = views.iter().find(|v| v.labels.container == "proxy").expect("proxy");
+        assert!(proxy.sidecar);
+        let order = proxy.sidecar_order.clone().expect("judged");
+        assert_eq!(order.verdict, crate::termination::SidecarVerdict::SignalledBeforeMainExited { main_container: "app".into() });
+        let app = views.iter().find(|v| v.labels.container == "app").expect("app");
+        assert!(!app.sidecar && app.sidecar_order.is_none());
     }
 
     #[test]
