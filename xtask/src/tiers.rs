@@ -17,7 +17,8 @@ pub enum Tier {
 }
 
 impl Tier {
-    const ALL: [Tier; 4] = [Tier::Unit, Tier::Kernel, Tier::Runtime, Tier::Checks];
+    // Checks before Runtime: it creates the Python venv the dashboards test in Runtime uses.
+    const ALL: [Tier; 4] = [Tier::Unit, Tier::Checks, Tier::Kernel, Tier::Runtime];
 
     fn needs_root(self) -> bool {
         matches!(self, Tier::Kernel | Tier::Runtime)
