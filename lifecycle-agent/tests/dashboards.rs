@@ -15,96 +15,25 @@
 
 #[path = "support/containerd.rs"]
 mod containerd;
+#[path = "support/agent.rs"]
+mod agent;
 
 use std::{
     fs,
     io::{Read as _, Write as _},
-    net::{TcpListener, TcpStream},
+    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use agent::{free_port, get, Agent};
 use containerd::{skip_reason, Containerd, KubeletAnnotations, Pod};
 use serde_json::Value;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
 /// The `node` label the scrape adds, as the PodMonitor's relabelling does.
 const NODE: &str = "dashboards-e2e-node";
 const JOB: &str = "lifecycle-agent";
-
-/// The agent binary pointed at the harness's runtime; stopped (by pid) on drop.
-struct Agent {
-    child: Child,
-    addr: String,
-}
-
-impl Agent {
-    fn start(h: &Containerd, extra: &[&str]) -> Self {
-        let addr = format!("127.0.0.1:{}", free_port());
-        let socket = h.socket().to_string_lossy().into_owned();
-        let child = Command::new(AGENT)
-            .args(["run", "--listen", &addr, "--cri-socket", &socket])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .expect("start agent");
-        let agent = Self { child, addr };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while get(&agent.addr, "/healthz").is_none_or(|(code, _)| code != 200) {
-            assert!(Instant::now() < deadline, "agent not healthy in 30 s");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        agent
-    }
-
-    fn containers(&self) -> Vec<Value> {
-        let (_, body) = get(&self.addr, "/api/v1/containers").expect("api answers");
-        let value: Value = serde_json::from_str(&body).expect("JSON");
-        value["containers"].as_array().cloned().unwrap_or_default()
-    }
-
-    /// Polls the API until the pod's container satisfies `done`.
-    fn wait(&self, pod: &Pod, container: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let found = self.containers().into_iter().find(|c| c["uid"] == pod.uid.as_str() && c["container"] == container);
-            if let Some(c) = found.as_ref().filter(|c| done(c)) {
-                return c.clone();
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}; last seen: {found:#?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// A request to the node probe endpoint: (HTTP status, body).
-    fn probe(&self, pod: &Pod, container: &str, query: &str) -> (u16, String) {
-        let path = format!("/api/v1/probe/{}/{}/{container}?{query}", pod.namespace, pod.name);
-        get(&self.addr, &path).expect("probe endpoint answers")
-    }
-
-    /// Probes until the answer has `code` (the probe supervisor picks containers up within its
-    /// 1 s reconcile period, and exits flip results from the kernel's event).
-    fn probe_until(&self, pod: &Pod, container: &str, query: &str, code: u16) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let answer = self.probe(pod, container, query);
-            if answer.0 == code {
-                return;
-            }
-            assert!(Instant::now() < deadline, "probe {query} on {}/{container} never answered {code}: {answer:?}", pod.name);
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        // SAFETY: kill has no memory-safety preconditions; the pid is the agent we started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
 
 /// Debian's Prometheus on a loopback port with a temp config and tsdb; stopped (by pid) and its
 /// directory removed on drop.
@@ -207,22 +136,6 @@ impl Drop for Prometheus {
         let _ = self.child.wait();
         let _ = fs::remove_dir_all(&self.dir);
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
-}
-
-/// HTTP/1.0 GET: (status, body), or None when the server does not answer.
-fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: dashboards\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let code = head.split(' ').nth(1)?.parse().ok()?;
-    Some((code, body.to_owned()))
 }
 
 /// Percent-encodes a query-string value.

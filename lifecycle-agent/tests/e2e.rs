@@ -6,88 +6,16 @@
 
 #[path = "support/containerd.rs"]
 mod containerd;
+#[path = "support/agent.rs"]
+mod agent;
 
-use std::{
-    io::{Read as _, Write as _},
-    net::{TcpListener, TcpStream},
-    process::{Child, Command},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use containerd::{start_or_skip, Containerd, KubeletAnnotations, Pod};
+use agent::{free_port, Agent};
+use containerd::{start_or_skip, KubeletAnnotations, Pod};
 use serde_json::Value;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
 const SECOND: f64 = 1e9;
-
-/// The agent binary pointed at the harness's runtime; stopped (by pid) on drop.
-struct Agent {
-    child: Child,
-    addr: String,
-}
-
-impl Agent {
-    fn start(h: &Containerd, extra: &[&str]) -> Self {
-        // A free loopback port for this agent.
-        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-        let addr = format!("127.0.0.1:{port}");
-        let socket = h.socket().to_string_lossy().into_owned();
-        let child = Command::new(AGENT)
-            .args(["run", "--listen", &addr, "--cri-socket", &socket])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .spawn()
-            .expect("start agent");
-        let agent = Self { child, addr };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while get(&agent.addr, "/healthz").is_none() {
-            assert!(Instant::now() < deadline, "agent not healthy in 30 s");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        agent
-    }
-
-    fn containers(&self) -> Vec<Value> {
-        let body = get(&self.addr, "/api/v1/containers").expect("api answers");
-        let value: Value = serde_json::from_str(&body).expect("JSON");
-        value["containers"].as_array().cloned().unwrap_or_default()
-    }
-
-    /// Polls the API until the pod's container satisfies `done` (the agent is the system under
-    /// test; its answer is the event being waited for).
-    fn wait(&self, pod: &Pod, container: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let found = self.containers().into_iter().find(|c| c["uid"] == pod.uid.as_str() && c["container"] == container);
-            if let Some(c) = found.as_ref().filter(|c| done(c)) {
-                return c.clone();
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}; last seen: {found:#?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn metrics(&self) -> String {
-        get(&self.addr, "/metrics").expect("metrics")
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        // SAFETY: kill has no memory-safety preconditions; the pid is the agent we started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-fn get(addr: &str, path: &str) -> Option<String> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: e2e\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    head.contains(" 200 ").then(|| body.to_owned())
-}
 
 fn state(c: &Value) -> &str {
     c["state"]["state"].as_str().unwrap_or_default()
@@ -239,18 +167,13 @@ fn probes_answer_from_kernel_state_and_exec_sessions_are_costed() {
     let pod = h.new_pod("web").expect("pod");
     // busybox httpd listens and accepts; the pod shares the node's network (no CNI here), so its
     // probes are answered by the node endpoint, which uses the same per-container state.
-    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+    let port = free_port();
     let serve = format!("httpd -f -p 127.0.0.1:{port} -h /");
     let id = h.run_container(&pod, "web", &["sh", "-c", &serve], &annotations(30, 0), None).expect("container");
     agent.wait(&pod, "web", "running", |c| state(c) == "running");
     let probe = |query: &str| {
-        let path = format!("/api/v1/probe/{}/{}/web?{query}", pod.namespace, pod.name);
-        let mut stream = TcpStream::connect(&agent.addr).expect("connect");
-        write!(stream, "GET {path} HTTP/1.0\r\n\r\n").expect("request");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).expect("response");
-        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-        (head.split(' ').nth(1).unwrap_or_default().to_owned(), body.trim().to_owned())
+        let (code, body) = agent.probe(&pod, "web", query);
+        (code.to_string(), body.trim().to_owned())
     };
     // The probe supervisor picks the container up within its 1 s reconcile period.
     let deadline = Instant::now() + Duration::from_secs(10);

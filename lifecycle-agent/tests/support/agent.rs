@@ -1,0 +1,113 @@
+//! Test support: the `lifecycle-agent run` binary pointed at a containerd harness, and the
+//! HTTP calls the end-to-end tests make to it. Shared by e2e.rs and dashboards.rs (declare it
+//! with `#[path = "support/agent.rs"] mod agent;` beside `mod containerd;`).
+
+#![allow(dead_code)]
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use super::containerd::{Containerd, Pod};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
+
+/// The agent binary pointed at the harness's runtime; stopped (by pid) on drop.
+pub struct Agent {
+    child: Child,
+    pub addr: String,
+}
+
+impl Agent {
+    pub fn start(h: &Containerd, extra: &[&str]) -> Self {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let socket = h.socket().to_string_lossy().into_owned();
+        let child = Command::new(AGENT)
+            .args(["run", "--listen", &addr, "--cri-socket", &socket])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("start agent");
+        let agent = Self { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while get(&agent.addr, "/healthz").is_none_or(|(code, _)| code != 200) {
+            assert!(Instant::now() < deadline, "agent not healthy in 30 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        agent
+    }
+
+    pub fn containers(&self) -> Vec<Value> {
+        let (_, body) = get(&self.addr, "/api/v1/containers").expect("api answers");
+        let value: Value = serde_json::from_str(&body).expect("JSON");
+        value["containers"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Polls the API until the pod's container satisfies `done`.
+    pub fn wait(&self, pod: &Pod, container: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let found = self.containers().into_iter().find(|c| c["uid"] == pod.uid.as_str() && c["container"] == container);
+            if let Some(c) = found.as_ref().filter(|c| done(c)) {
+                return c.clone();
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}; last seen: {found:#?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The body of /metrics.
+    pub fn metrics(&self) -> String {
+        get(&self.addr, "/metrics").expect("metrics").1
+    }
+
+    /// A request to the node probe endpoint: (HTTP status, body).
+    pub fn probe(&self, pod: &Pod, container: &str, query: &str) -> (u16, String) {
+        let path = format!("/api/v1/probe/{}/{}/{container}?{query}", pod.namespace, pod.name);
+        get(&self.addr, &path).expect("probe endpoint answers")
+    }
+
+    /// Probes until the answer has `code` (the probe supervisor picks containers up within its
+    /// 1 s reconcile period, and exits flip results from the kernel's event).
+    pub fn probe_until(&self, pod: &Pod, container: &str, query: &str, code: u16) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let answer = self.probe(pod, container, query);
+            if answer.0 == code {
+                return;
+            }
+            assert!(Instant::now() < deadline, "probe {query} on {}/{container} never answered {code}: {answer:?}", pod.name);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions; the pid is the agent we started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
+}
+
+/// HTTP/1.0 GET: (status, body), or None when the server does not answer.
+pub fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: dashboards\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let code = head.split(' ').nth(1)?.parse().ok()?;
+    Some((code, body.to_owned()))
+}
+
