@@ -113,6 +113,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let mut stream = sensor.take_events().ok_or(AgentError::StreamTaken)?.into_async(config.poll)?;
     let mut batch: Vec<Event> = Vec::with_capacity(1024);
     let mut shutdown_flag = shutdown.clone();
+    let mut last_rescan: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
             read = stream.next_batch(&mut batch) => { read?; }
@@ -145,7 +146,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
             tracker.take_notices()
         };
         batch.clear();
-        handle_notices(notices, &tracker, &root, &metadata_wanted);
+        handle_notices(notices, &tracker, &root, &metadata_wanted, &mut last_rescan);
     }
     log::info!("shutting down: detaching kernel programs");
     drop(stream);
@@ -154,7 +155,13 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     Ok(())
 }
 
-fn handle_notices(notices: Vec<Notice>, tracker: &Mutex<NodeTracker>, root: &CgroupRoot, metadata_wanted: &Notify) {
+fn handle_notices(
+    notices: Vec<Notice>,
+    tracker: &Mutex<NodeTracker>,
+    root: &CgroupRoot,
+    metadata_wanted: &Notify,
+    last_rescan: &mut Option<std::time::Instant>,
+) {
     let mut rescan = false;
     for notice in notices {
         match notice {
@@ -163,7 +170,10 @@ fn handle_notices(notices: Vec<Notice>, tracker: &Mutex<NodeTracker>, root: &Cgr
             Notice::BadCgroupPath { path, error } => log::warn!("cgroup {path}: {error}"),
         }
     }
-    if rescan {
+    // A walk of cgroupfs costs milliseconds on a busy node: at most one a second, however many
+    // events name an unknown cgroup (a vanished one would otherwise trigger a walk per batch).
+    if rescan && last_rescan.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+        *last_rescan = Some(std::time::Instant::now());
         // A cgroup's mkdir record was lost (ring overflow, counted): learn it from cgroupfs.
         let found = root.scan();
         let now = boot_time_ns();
