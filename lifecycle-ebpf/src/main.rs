@@ -204,21 +204,30 @@ fn stat(kind: EventKind, field: usize) {
 /// Adds one to a per-cgroup counter, creating the cgroup's entry on first use.
 #[inline(always)]
 fn bump(cgroup: u64, field: usize, kind: EventKind) {
+    bump_fields(cgroup, field, None, kind)
+}
+
+/// As [`bump`], for one or two counters of the same cgroup with a single map lookup.
+#[inline(always)]
+fn bump_fields(cgroup: u64, field: usize, second: Option<usize>, kind: EventKind) {
     let mut entry = CGROUP_COUNTERS.get_ptr_mut(&cgroup);
     if entry.is_none() {
         // Another CPU may insert first; NOEXIST makes that harmless and the lookup below finds it.
         let _ = CGROUP_COUNTERS.insert(&cgroup, &ZERO_COUNTERS, BPF_NOEXIST as u64);
         entry = CGROUP_COUNTERS.get_ptr_mut(&cgroup);
     }
-    match entry {
+    let Some(counters) = entry else {
+        stat(kind, offset_of!(KindStats, counter_map_full));
+        return;
+    };
+    for field in core::iter::once(field).chain(second) {
         // SAFETY: `field` is an offset of a u64 inside CgroupCounters; the pointer is the value.
-        Some(counters) => unsafe {
+        unsafe {
             atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
                 (counters as *mut u8).add(field) as *mut u64,
                 1,
             );
-        },
-        None => stat(kind, offset_of!(KindStats, counter_map_full)),
+        }
     }
 }
 
@@ -380,9 +389,18 @@ fn try_signal(ctx: &BtfTracePointContext) -> Result<(), i64> {
     let group = ctx.arg::<u64>(3) as u32;
     let result = ctx.arg::<u64>(4) as i32;
     let header = current_header(EventKind::Signal);
-    let target_cgroup_id = task_cgroup_id(target)?;
-    bump(header.cgroup_id, offset_of!(CgroupCounters, signals_sent), EventKind::Signal);
-    bump(target_cgroup_id, offset_of!(CgroupCounters, signals_received), EventKind::Signal);
+    let target_tgid = read::<u32>(target, off!(task_tgid))?;
+    // A process signalling itself (raise, abort, a signal-driven event loop) is in its own
+    // cgroup: skip the four-pointer walk to the target's cgroup, and count both sides with one
+    // map lookup.
+    let target_cgroup_id = if target_tgid == header.tgid { header.cgroup_id } else { task_cgroup_id(target)? };
+    let (sent, received) = (offset_of!(CgroupCounters, signals_sent), offset_of!(CgroupCounters, signals_received));
+    if target_cgroup_id == header.cgroup_id {
+        bump_fields(header.cgroup_id, sent, Some(received), EventKind::Signal);
+    } else {
+        bump(header.cgroup_id, sent, EventKind::Signal);
+        bump(target_cgroup_id, received, EventKind::Signal);
+    }
     // Every child exit generates SIGCHLD to its parent; the exit record already says it all, so
     // SIGCHLD is counted but not sent (it would double the ring traffic of a fork-heavy node).
     if signal == SIGCHLD {
@@ -393,7 +411,7 @@ fn try_signal(ctx: &BtfTracePointContext) -> Result<(), i64> {
         signal,
         result,
         target_pid: read::<u32>(target, off!(task_pid))?,
-        target_tgid: read::<u32>(target, off!(task_tgid))?,
+        target_tgid,
         target_cgroup_id,
         group: (group != 0) as u32,
         _pad: 0,
