@@ -1250,12 +1250,14 @@ impl RunDir {
         for dir in ancestors {
             let _ = fs::remove_dir(&dir);
         }
-        // 5. The directory itself.
+        // 5. The directory itself, and the shared base once no other run uses it (remove_dir
+        // fails harmlessly while another harness's directory is still inside).
         if let Err(e) = fs::remove_dir_all(&self.path) {
             if e.kind() != io::ErrorKind::NotFound {
                 problems.push(format!("remove {}: {e}", self.path.display()));
             }
         }
+        let _ = fs::remove_dir(BASE_DIR);
         problems
     }
 }
