@@ -17,16 +17,16 @@ use tokio::sync::watch;
 
 use crate::{
     probe::{
-        bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, pod::DEFAULT_REFRESH, serve, NodeProbes,
+        bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, pod::DEFAULT_REFRESH, server::BlockingServer, NodeProbes,
         PodProbe, ProbeAnswer,
     },
     tracker::NodeTracker,
 };
 
-/// A running per-pod listener.
+/// A running per-pod listener; dropping it stops its thread.
 struct PodListener {
     netns: u32,
-    stop: watch::Sender<bool>,
+    _server: BlockingServer,
 }
 
 /// The supervisor's state across reconciliations.
@@ -95,13 +95,8 @@ impl ProbeSupervisor {
             }
         }
         let pods_alive: Vec<(String, String)> = self.running.keys().map(|t| (t.namespace.clone(), t.pod.clone())).collect();
-        self.listeners.retain(|pod, listener| {
-            let keep = pods_alive.contains(pod);
-            if !keep {
-                let _ = listener.stop.send(true);
-            }
-            keep
-        });
+        // Listeners of pods that are gone are dropped, which stops them.
+        self.listeners.retain(|pod, _| pods_alive.contains(pod));
     }
 
     fn ensure_listener(&mut self, namespace: &str, pod: &str, pid: u32, netns: u32) {
@@ -117,28 +112,15 @@ impl ProbeSupervisor {
         let path = PathBuf::from(format!("/proc/{pid}/ns/net"));
         match bind_in_netns(&path, SocketAddr::from(([0, 0, 0, 0], port))) {
             Ok(listener) => {
-                let (stop, stopped) = watch::channel(false);
-                let mut shutdown = self.shutdown.clone();
                 let answer: Arc<dyn ProbeAnswer> =
                     Arc::new(PodAnswer { probes: self.probes.clone(), namespace: key.0.clone(), pod: key.1.clone() });
-                tokio::spawn(async move {
-                    // Stop on the agent's shutdown or when the pod goes.
-                    let (both_tx, both_rx) = watch::channel(false);
-                    let mut stopped = stopped;
-                    tokio::spawn(async move {
-                        tokio::select! {
-                            _ = shutdown.changed() => {}
-                            _ = stopped.changed() => {}
-                        }
-                        let _ = both_tx.send(true);
-                    });
-                    if let Err(err) = serve(listener, answer, both_rx).await {
-                        log::warn!("probe listener stopped: {err}");
+                match BlockingServer::start(listener, answer) {
+                    Ok(server) => {
+                        log::info!("probe listener for {namespace}/{pod} on port {port} in its network namespace");
+                        // Replacing an old listener (the pod's sandbox changed) drops, and so stops, it.
+                        self.listeners.insert(key, PodListener { netns, _server: server });
                     }
-                });
-                log::info!("probe listener for {namespace}/{pod} on port {port} in its network namespace");
-                if let Some(old) = self.listeners.insert(key, PodListener { netns, stop }) {
-                    let _ = old.stop.send(true);
+                    Err(err) => log::warn!("no probe listener for {namespace}/{pod}: {err}"),
                 }
             }
             Err(err) => log::warn!("no probe listener for {namespace}/{pod}: {err}"),

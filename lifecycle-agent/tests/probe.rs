@@ -22,7 +22,7 @@ use lifecycle_agent::{
         check::CheckSpec,
         metrics::ProbeTarget,
         observe::{self, boottime_ns},
-        server::{bind_in_netns, serve, ProbeAnswer},
+        server::{bind_in_netns, BlockingServer, ProbeAnswer},
         PodProbe,
     },
 };
@@ -230,12 +230,8 @@ fn an_http_client_inside_the_netns_gets_200_then_503_from_the_probe_listener() {
     let before = own_netns();
     let listener = bind_in_netns(&netns.path, SocketAddr::from(([0, 0, 0, 0], 9891))).expect("bind in netns");
     assert_eq!(own_netns(), before, "the calling thread never changed namespace");
-    let (stop, stopped) = tokio::sync::watch::channel(false);
     let answer: Arc<dyn ProbeAnswer> = probe.clone();
-    let server = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        runtime.block_on(serve(listener, answer, stopped)).expect("serve");
-    });
+    let server = BlockingServer::start(listener, answer).expect("serve");
 
     let get = |query: &str| netns.output(PYTHON, &["-c", HTTP_GET, &format!("http://127.0.0.1:9891{query}")]).trim().to_owned();
     assert_eq!(get("/probe/tcp?port=8080&stall=5s"), "200|ok");
@@ -256,8 +252,7 @@ fn an_http_client_inside_the_netns_gets_200_then_503_from_the_probe_listener() {
     feeder.feed_until(&probe, "listen close", |m| count(m, |d| matches!(d, Detail::TcpListenClose(_))) == 1);
     assert_eq!(get("/probe/tcp?port=8080&stall=5s"), "503|listener on 8080 closed");
     assert_eq!(get("/probe/all?process&tcp=8080"), "503|listener on 8080 closed");
-    stop.send(true).expect("stop");
-    server.join().expect("server thread");
+    server.stop();
 }
 
 #[test]
@@ -372,12 +367,14 @@ fn bench_probe_server() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let refresher = probe.clone();
     let answer: Arc<dyn ProbeAnswer> = probe;
-    runtime.spawn(refresher.run_refresher(Duration::from_secs(2), stopped.clone()));
-    let server = runtime.spawn(serve(listener, answer, stopped));
-    std::thread::spawn(move || {
-        let _ = std::io::stdin().read_to_end(&mut Vec::new());
-        let _ = stop.send(true);
-    });
-    runtime.block_on(server).expect("join").expect("serve");
+    runtime.spawn(refresher.run_refresher(Duration::from_secs(2), stopped));
+    // The listener as the agent runs it: its own thread, blocking I/O.
+    let server = BlockingServer::start(listener, answer).expect("serve");
+    // The refresher runs on this runtime until stdin closes (the bench's signal to stop).
+    let refreshing = std::thread::spawn(move || runtime.block_on(std::future::pending::<()>()));
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    let _ = stop.send(true);
+    server.stop();
+    drop(refreshing);
 }
 

@@ -148,7 +148,10 @@ fn exec_probe(id: &str) -> Result<()> {
 fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
     let mut stream = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
     stream.set_nodelay(true)?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.30\r\nConnection: close\r\n\r\n")?;
+    // One write, as the kubelet's buffered client sends the request head; `write!` on the bare
+    // stream would send every formatted piece as its own segment.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.30\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let code = response.get(9..12).and_then(|c| c.parse().ok()).context("malformed HTTP response")?;

@@ -44,4 +44,4 @@ pub mod tcp;
 
 pub use check::{CheckSpec, Verdict};
 pub use pod::PodProbe;
-pub use server::{bind_in_netns, serve, NodeProbes, ProbeAnswer};
+pub use server::{bind_in_netns, BlockingServer, NodeProbes, ProbeAnswer};
