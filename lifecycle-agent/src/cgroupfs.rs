@@ -76,7 +76,7 @@ impl CgroupRoot {
     }
 
     /// The v2 id of a cgroup: a directory under the mount, or a cgroup path as the kernel and
-    /// /proc/<pid>/cgroup spell it (`/kubepods/...`, relative to the mount).
+    /// `/proc/<pid>/cgroup` spell it (`/kubepods/...`, relative to the mount).
     pub fn id_of(&self, path: &Path) -> Result<u64, CgroupFsError> {
         let dir = if path.starts_with(&self.mount) {
             path.to_owned()

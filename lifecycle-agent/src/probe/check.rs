@@ -87,7 +87,7 @@ pub struct ProcessFacts {
     pub state_since_ns: u64,
 }
 
-/// Scheduler state of a process, from the state letter of /proc/<pid>/stat.
+/// Scheduler state of a process, from the state letter of `/proc/<pid>/stat.`
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProcessState {
     Running,

@@ -78,7 +78,7 @@ pub struct ListenCounters {
     pub drops: u64,
 }
 
-/// One sample of /proc/<pid>/stat.
+/// One sample of `/proc/<pid>/stat.`
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcessSample {
     pub state: ProcessState,
@@ -104,7 +104,7 @@ pub fn listeners(pid: u32) -> Result<Vec<Listener>, ObserveError> {
     Ok(SockDiag::open_in(&PathBuf::from(format!("/proc/{pid}/ns/net")))?.listeners()?)
 }
 
-/// LISTEN sockets in the netns of `pid` from /proc/<pid>/net/tcp and tcp6: the fallback when
+/// LISTEN sockets in the netns of `pid` from `/proc/<pid>/net/tcp` and tcp6: the fallback when
 /// sock_diag is unavailable. Costly on a busy node (the kernel walks the whole established hash)
 /// and without backlogs.
 pub fn listeners_from_proc(pid: u32) -> Result<Vec<Listener>, ObserveError> {
@@ -178,7 +178,7 @@ pub fn process_state(pid: u32) -> Result<Option<ProcessSample>, ObserveError> {
     }
 }
 
-/// Parses /proc/<pid>/stat; the comm field may hold spaces and parentheses, so fields are
+/// Parses `/proc/<pid>/stat`; the comm field may hold spaces and parentheses, so fields are
 /// counted from the last `)`.
 pub fn parse_stat(text: &str) -> Result<ProcessSample, &'static str> {
     let after = text.rfind(')').map(|i| &text[i + 1..]).ok_or("no comm field")?;

@@ -34,7 +34,7 @@ pub struct PodProbe {
     netns: u32,
     main_pid: u32,
     metrics: Option<Arc<ProbeMetrics>>,
-    /// Listener source in the pod's netns; None falls back to /proc/<pid>/net/tcp.
+    /// Listener source in the pod's netns; None falls back to `/proc/<pid>/net/tcp.`
     diag: Option<SockDiag>,
     state: Mutex<PodState>,
 }

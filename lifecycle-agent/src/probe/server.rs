@@ -32,7 +32,7 @@ pub trait ProbeAnswer: Send + Sync {
 /// Why a probe listener could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    /// The netns file (e.g. /proc/<pid>/ns/net) could not be opened.
+    /// The netns file (e.g. `/proc/<pid>/ns/net`) could not be opened.
     #[error("cannot open network namespace {path}: {source}")]
     OpenNetns {
         path: PathBuf,

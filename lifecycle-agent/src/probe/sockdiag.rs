@@ -1,6 +1,6 @@
 //! Listening sockets of a network namespace via NETLINK_SOCK_DIAG (what `ss -ltn` uses).
 //!
-//! Why not /proc/<pid>/net/tcp: the kernel prints that table by walking the whole established
+//! Why not `/proc/<pid>/net/tcp`: the kernel prints that table by walking the whole established
 //! hash, which is shared by every netns (262,144 buckets here, 113k sockets on a busy node:
 //! ~250 ms of system CPU per read, even for a pod netns with one listener), and it does not carry
 //! a listener's backlog. A sock_diag dump asking only for TCP_LISTEN walks only the listening
@@ -53,7 +53,7 @@ pub struct SockDiag {
 }
 
 impl SockDiag {
-    /// Creates the socket inside the netns at `netns` (e.g. /proc/<pid>/ns/net).
+    /// Creates the socket inside the netns at `netns` (e.g. `/proc/<pid>/ns/net`).
     pub fn open_in(netns: &Path) -> Result<Self, SockDiagError> {
         let path = netns.to_path_buf();
         let open_err = |source| SockDiagError::Open { path: path.clone(), source };
