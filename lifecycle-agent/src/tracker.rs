@@ -542,16 +542,6 @@ impl NodeTracker {
         self.units.values().map(|u| (u.labels.namespace.clone(), u.labels.pod.clone(), u.labels.container.clone())).collect()
     }
 
-    /// The unit a cgroup's instance belongs to, if linked.
-    pub fn unit_key_of(&self, cgroup_id: u64) -> Option<&UnitKey> {
-        self.instances.get(&cgroup_id).and_then(|i| i.unit.as_ref())
-    }
-
-    /// The pid of a unit's init, while it runs.
-    pub fn init_pid_of(&self, key: &UnitKey) -> Option<u32> {
-        self.instances.values().find(|i| i.unit.as_ref() == Some(key) && i.exit.is_none()).and_then(|i| i.init.map(|p| p.tgid))
-    }
-
     fn known_cgroup(&mut self, id: u64) -> bool {
         if self.cgroups.contains_key(&id) {
             return true;
