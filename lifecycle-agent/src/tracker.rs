@@ -819,6 +819,7 @@ impl NodeTracker {
         if host {
             instance.init = None;
         }
+        let tolerance = self.config.tolerance.clone();
         let Some(unit) = self.units.get_mut(&key) else { return };
         let oom_killed = matches!(report.outcome, TerminationOutcome::OomKilled);
         unit.status.on_init_exited(exit.time, exit.exit_status, exit.signal, oom_killed);
@@ -843,7 +844,7 @@ impl NodeTracker {
         unit.last_change_ns = exit.time;
         if host {
             // Host units have no kubelet: a new process is a new run, not a restart to judge.
-            unit.backoff = BackoffTracker::new(unit.backoff.policy().clone(), Tolerance::default());
+            unit.backoff = BackoffTracker::new(unit.backoff.policy().clone(), tolerance);
         }
     }
 
