@@ -23,7 +23,7 @@ use crate::{
     probe::{metrics::ProbeMetrics, NodeProbes, ProbeAnswer as _},
     probe_supervisor::{take_query_param, ProbeSupervisor},
     sensor::{Sensor, SensorConfig, SensorError, StreamError},
-    tracker::{ContainerView, Notice, NodeTracker, SeedProcess, TrackerConfig},
+    tracker::{ContainerView, NodeTracker, Notice, SeedProcess, TrackerConfig},
     unit_metrics::{boot_time_ns, unix_minus_boot_seconds, UnitMetrics},
 };
 
@@ -81,11 +81,20 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     seed(&tracker, &root);
     let maps = sensor.maps();
     let agent_counters = Arc::new(AgentCounters::default());
-    let mut metrics = Metrics::new(maps.clone(), sensor.features(), config.sensor.counter_entries, config.sensor.ring_bytes, agent_counters.clone())?;
+    let mut metrics = Metrics::new(
+        maps.clone(),
+        sensor.features(),
+        config.sensor.counter_entries,
+        config.sensor.ring_bytes,
+        agent_counters.clone(),
+    )?;
     let latency = Histogram::with_opts(
-        HistogramOpts::new("event_to_state_seconds", "From the kernel seeing a process exit to the container state reflecting it.")
-            .namespace(crate::metrics::NAMESPACE)
-            .buckets(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]),
+        HistogramOpts::new(
+            "event_to_state_seconds",
+            "From the kernel seeing a process exit to the container state reflecting it.",
+        )
+        .namespace(crate::metrics::NAMESPACE)
+        .buckets(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]),
     )
     .map_err(MetricsError::from)?;
     metrics.registry().register(Box::new(latency.clone())).map_err(MetricsError::from)?;
@@ -100,7 +109,13 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let metadata_wanted = Arc::new(Notify::new());
     if let Some(cri) = cri {
         refresh_metadata(&cri, &tracker).await;
-        tokio::spawn(metadata_loop(cri, tracker.clone(), metadata_wanted.clone(), config.cri_refresh, shutdown.clone()));
+        tokio::spawn(metadata_loop(
+            cri,
+            tracker.clone(),
+            metadata_wanted.clone(),
+            config.cri_refresh,
+            shutdown.clone(),
+        ));
     }
     tokio::spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));
 
@@ -211,7 +226,14 @@ fn seed(tracker: &Mutex<NodeTracker>, root: &CgroupRoot) {
     }
     for (start_time_ns, tgid, ppid, cgroup_id, child_pid_namespace, comm) in processes {
         let parent_cgroup_id = cgroup_of.get(&ppid).copied().unwrap_or(0);
-        tracker.seed_process(SeedProcess { tgid, cgroup_id, parent_cgroup_id, child_pid_namespace, start_time_ns, comm: &comm });
+        tracker.seed_process(SeedProcess {
+            tgid,
+            cgroup_id,
+            parent_cgroup_id,
+            child_pid_namespace,
+            start_time_ns,
+            comm: &comm,
+        });
     }
     log::info!("found {} cgroups at start", cgroups.len());
 }
@@ -316,7 +338,8 @@ impl ContainersApi {
         let Some(check) = check else {
             return (StatusCode::BAD_REQUEST, "add check=tcp|process|file|all to the query\n".to_owned());
         };
-        let (code, body) = self.probes.answer(&format!("/probe/{}/{check}", target.trim_end_matches('/')), rest.as_deref());
+        let (code, body) =
+            self.probes.answer(&format!("/probe/{}/{check}", target.trim_end_matches('/')), rest.as_deref());
         (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body)
     }
 }

@@ -96,12 +96,7 @@ impl Default for Tolerance {
     /// 500 ms early; late 3 s + 50% of min(delay, 60 s): 8 s on a 10 s back-off, 33 s on 300 s,
     /// 3 s on the immediate first restart. See the type's documentation for where each comes from.
     fn default() -> Self {
-        Self {
-            early_ns: SECOND_NS / 2,
-            late_ns: 3 * SECOND_NS,
-            late_ratio: 0.5,
-            late_ratio_cap_ns: 60 * SECOND_NS,
-        }
+        Self { early_ns: SECOND_NS / 2, late_ns: 3 * SECOND_NS, late_ratio: 0.5, late_ratio_cap_ns: 60 * SECOND_NS }
     }
 }
 

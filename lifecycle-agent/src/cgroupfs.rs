@@ -39,8 +39,7 @@ impl CgroupRoot {
     /// Finds the v2 mount of this host.
     pub fn detect() -> Result<Self, CgroupFsError> {
         let path = PathBuf::from("/proc/self/mountinfo");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|source| CgroupFsError::Read { path, source })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| CgroupFsError::Read { path, source })?;
         Self::from_mountinfo(&text).ok_or(CgroupFsError::NoV2Mount)
     }
 
@@ -78,15 +77,9 @@ impl CgroupRoot {
     /// The v2 id of a cgroup: a directory under the mount, or a cgroup path as the kernel and
     /// `/proc/<pid>/cgroup` spell it (`/kubepods/...`, relative to the mount).
     pub fn id_of(&self, path: &Path) -> Result<u64, CgroupFsError> {
-        let dir = if path.starts_with(&self.mount) {
-            path.to_owned()
-        } else {
-            self.dir_of(&path.to_string_lossy())
-        };
-        let meta = std::fs::metadata(&dir).map_err(|_| CgroupFsError::NotACgroup {
-            path: path.to_owned(),
-            root: self.mount.clone(),
-        })?;
+        let dir = if path.starts_with(&self.mount) { path.to_owned() } else { self.dir_of(&path.to_string_lossy()) };
+        let meta = std::fs::metadata(&dir)
+            .map_err(|_| CgroupFsError::NotACgroup { path: path.to_owned(), root: self.mount.clone() })?;
         if !meta.is_dir() || !dir.starts_with(&self.mount) {
             return Err(CgroupFsError::NotACgroup { path: path.to_owned(), root: self.mount.clone() });
         }

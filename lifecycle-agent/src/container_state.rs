@@ -240,13 +240,7 @@ impl ContainerStatus {
     /// `oom_killed` only when the kernel's OOM killer killed it (see the termination module);
     /// exit code 137 or a SIGKILL alone never makes OOMKilled. A second exit for the same
     /// instance changes nothing.
-    pub fn on_init_exited(
-        &mut self,
-        time: u64,
-        exit_status: Option<u8>,
-        signal: Option<u8>,
-        oom_killed: bool,
-    ) {
+    pub fn on_init_exited(&mut self, time: u64, exit_status: Option<u8>, signal: Option<u8>, oom_killed: bool) {
         let started_at = match self.state {
             ContainerState::Terminated { .. } => return,
             ContainerState::Running { started_at } => Some(started_at),
@@ -267,12 +261,7 @@ impl ContainerStatus {
     /// the back-off delays that restart — the kubelet keeps the reason until the start succeeds —
     /// and stays Terminated when the restart is immediate (first crash, reset back-off).
     /// `backoff` is this container's tracker, fed the same exit.
-    pub fn state_at(
-        &self,
-        now: u64,
-        restart: &RestartSpec,
-        backoff: &BackoffTracker,
-    ) -> ContainerStatusSnapshot {
+    pub fn state_at(&self, now: u64, restart: &RestartSpec, backoff: &BackoffTracker) -> ContainerStatusSnapshot {
         let mut snapshot = ContainerStatusSnapshot {
             pod_uid: self.pod_uid.clone(),
             container_name: self.container_name.clone(),
@@ -328,11 +317,8 @@ fn go_duration(ns: u64) -> String {
     let seconds = ns / SECOND;
     let fraction = ns % SECOND;
     let (hours, minutes, secs) = (seconds / 3600, seconds % 3600 / 60, seconds % 60);
-    let secs = if fraction == 0 {
-        secs.to_string()
-    } else {
-        format!("{secs}.{fraction:09}").trim_end_matches('0').to_owned()
-    };
+    let secs =
+        if fraction == 0 { secs.to_string() } else { format!("{secs}.{fraction:09}").trim_end_matches('0').to_owned() };
     if hours > 0 {
         format!("{hours}h{minutes}m{secs}s")
     } else if minutes > 0 {
@@ -369,13 +355,7 @@ mod tests {
         started: u64,
         finished: u64,
     ) -> ContainerState {
-        ContainerState::Terminated {
-            reason,
-            exit_code,
-            signal,
-            started_at: Some(started),
-            finished_at: finished,
-        }
+        ContainerState::Terminated { reason, exit_code, signal, started_at: Some(started), finished_at: finished }
     }
 
     #[test]
@@ -406,11 +386,7 @@ mod tests {
         for (status, signal, oom, reason, code, want_signal) in cases {
             let mut c = status_running();
             c.on_init_exited(10 * S, status, signal, oom);
-            assert_eq!(
-                c.state(),
-                &terminated(reason, code, want_signal, S, 10 * S),
-                "{status:?} {signal:?} {oom}"
-            );
+            assert_eq!(c.state(), &terminated(reason, code, want_signal, S, 10 * S), "{status:?} {signal:?} {oom}");
         }
     }
 
@@ -461,9 +437,7 @@ mod tests {
         assert!(matches!(c.state(), ContainerState::Terminated { started_at: None, exit_code: 2, .. }));
         // A duplicate exit changes nothing.
         c.on_init_exited(32 * S, Some(0), None, false);
-        assert!(
-            matches!(c.state(), ContainerState::Terminated { finished_at, .. } if *finished_at == 31 * S)
-        );
+        assert!(matches!(c.state(), ContainerState::Terminated { finished_at, .. } if *finished_at == 31 * S));
     }
 
     #[test]
@@ -554,11 +528,8 @@ mod tests {
         let init_always = RestartSpec { is_init_container: true, ..Default::default() };
         assert!(init_always.should_restart(1));
         assert!(!init_always.should_restart(0), "a regular init container that succeeded is done");
-        let init_never = RestartSpec {
-            is_init_container: true,
-            pod_restart_policy: RestartPolicy::Never,
-            ..Default::default()
-        };
+        let init_never =
+            RestartSpec { is_init_container: true, pod_restart_policy: RestartPolicy::Never, ..Default::default() };
         assert!(!init_never.should_restart(1));
         let sidecar = RestartSpec {
             is_init_container: true,

@@ -95,11 +95,7 @@ pub enum CriError {
     },
     /// Connecting, or a call, took longer than allowed (a wedged runtime).
     #[error("CRI socket {path}: {call} did not complete within {after:?}")]
-    Timeout {
-        path: PathBuf,
-        call: &'static str,
-        after: Duration,
-    },
+    Timeout { path: PathBuf, call: &'static str, after: Duration },
     /// Something accepted the connection but did not answer the CRI v1 `Version` call.
     #[error("{path} accepted a connection but is not a CRI v1 runtime (Version call failed)")]
     NotCri {
@@ -258,31 +254,11 @@ struct KubeletAnnotations {
 impl KubeletAnnotations {
     fn parse(annotations: &HashMap<String, String>, problems: &mut Vec<AnnotationProblem>) -> Self {
         Self {
-            restart_count: decode(
-                annotations,
-                keys::RESTART_COUNT,
-                parse_restart_count,
-                problems,
-            ),
-            container_type: decode(
-                annotations,
-                keys::CONTAINER_TYPE,
-                parse_container_type,
-                problems,
-            ),
+            restart_count: decode(annotations, keys::RESTART_COUNT, parse_restart_count, problems),
+            container_type: decode(annotations, keys::CONTAINER_TYPE, parse_container_type, problems),
             spec_hash: decode(annotations, keys::CONTAINER_HASH, parse_hash, problems),
-            termination_grace_period_ns: decode(
-                annotations,
-                keys::TERMINATION_GRACE_PERIOD,
-                seconds_to_ns,
-                problems,
-            ),
-            deletion_grace_period_ns: decode(
-                annotations,
-                keys::DELETION_GRACE_PERIOD,
-                seconds_to_ns,
-                problems,
-            ),
+            termination_grace_period_ns: decode(annotations, keys::TERMINATION_GRACE_PERIOD, seconds_to_ns, problems),
+            deletion_grace_period_ns: decode(annotations, keys::DELETION_GRACE_PERIOD, seconds_to_ns, problems),
             pre_stop_handler: decode(annotations, keys::PRE_STOP_HANDLER, checked_json, problems),
             ports: decode(annotations, keys::PORTS, checked_json, problems),
         }
@@ -297,15 +273,7 @@ fn decode<T>(
     problems: &mut Vec<AnnotationProblem>,
 ) -> Option<T> {
     let value = annotations.get(key)?;
-    parse(value)
-        .map_err(|why| {
-            problems.push(AnnotationProblem {
-                key,
-                value: value.clone(),
-                why,
-            })
-        })
-        .ok()
+    parse(value).map_err(|why| problems.push(AnnotationProblem { key, value: value.clone(), why })).ok()
 }
 
 fn parse_container_type(raw: &str) -> Result<ContainerType, &'static str> {
@@ -313,8 +281,7 @@ fn parse_container_type(raw: &str) -> Result<ContainerType, &'static str> {
 }
 
 fn parse_restart_count(raw: &str) -> Result<u32, &'static str> {
-    raw.parse()
-        .map_err(|_| "not a non-negative decimal integer")
+    raw.parse().map_err(|_| "not a non-negative decimal integer")
 }
 
 fn parse_hash(raw: &str) -> Result<u64, &'static str> {
@@ -322,12 +289,8 @@ fn parse_hash(raw: &str) -> Result<u64, &'static str> {
 }
 
 fn seconds_to_ns(raw: &str) -> Result<u64, &'static str> {
-    let seconds: u64 = raw
-        .parse()
-        .map_err(|_| "not a non-negative decimal number of seconds")?;
-    seconds
-        .checked_mul(1_000_000_000)
-        .ok_or("too many seconds to express in nanoseconds")
+    let seconds: u64 = raw.parse().map_err(|_| "not a non-negative decimal number of seconds")?;
+    seconds.checked_mul(1_000_000_000).ok_or("too many seconds to express in nanoseconds")
 }
 
 fn checked_json(raw: &str) -> Result<String, &'static str> {
@@ -341,17 +304,9 @@ fn identity(
     metadata: Option<&proto::ContainerMetadata>,
 ) -> (String, String, String, String) {
     let label = |key: &str| labels.get(key).cloned().unwrap_or_default();
-    let container_name = labels
-        .get(keys::CONTAINER_NAME)
-        .cloned()
-        .or_else(|| metadata.map(|m| m.name.clone()))
-        .unwrap_or_default();
-    (
-        label(keys::POD_NAME),
-        label(keys::POD_NAMESPACE),
-        label(keys::POD_UID),
-        container_name,
-    )
+    let container_name =
+        labels.get(keys::CONTAINER_NAME).cloned().or_else(|| metadata.map(|m| m.name.clone())).unwrap_or_default();
+    (label(keys::POD_NAME), label(keys::POD_NAMESPACE), label(keys::POD_UID), container_name)
 }
 
 fn nonzero(ns: i64) -> Option<i64> {
@@ -364,13 +319,10 @@ fn nonempty(text: &str) -> Option<String> {
 
 /// Decodes a `ListContainers` entry. Outcome fields (exit code, reason, start/finish) stay
 /// `None`: the list does not carry them.
-pub fn meta_from_list_entry(
-    container: &proto::Container,
-) -> (ContainerMeta, Vec<AnnotationProblem>) {
+pub fn meta_from_list_entry(container: &proto::Container) -> (ContainerMeta, Vec<AnnotationProblem>) {
     let mut problems = Vec::new();
     let a = KubeletAnnotations::parse(&container.annotations, &mut problems);
-    let (pod_name, pod_namespace, pod_uid, container_name) =
-        identity(&container.labels, container.metadata.as_ref());
+    let (pod_name, pod_namespace, pod_uid, container_name) = identity(&container.labels, container.metadata.as_ref());
     let meta = ContainerMeta {
         container_id: container.id.clone(),
         pod_sandbox_id: container.pod_sandbox_id.clone(),
@@ -405,8 +357,7 @@ pub fn meta_from_status(
 ) -> (ContainerMeta, Vec<AnnotationProblem>) {
     let mut problems = Vec::new();
     let a = KubeletAnnotations::parse(&status.annotations, &mut problems);
-    let (pod_name, pod_namespace, pod_uid, container_name) =
-        identity(&status.labels, status.metadata.as_ref());
+    let (pod_name, pod_namespace, pod_uid, container_name) = identity(&status.labels, status.metadata.as_ref());
     let state = ContainerState::from_proto(status.state);
     let meta = ContainerMeta {
         container_id: status.id.clone(),
@@ -460,9 +411,7 @@ pub async fn connect_channel(path: impl AsRef<Path>) -> Result<Channel, CriError
     match std::fs::metadata(&path) {
         Ok(meta) if meta.file_type().is_socket() => {}
         Ok(_) => return Err(CriError::NotASocket { path }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(CriError::SocketMissing { path })
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(CriError::SocketMissing { path }),
         Err(source) => return Err(CriError::Inspect { path, source }),
     }
     // The URI is required by tonic but unused: every connection goes to the socket below.
@@ -477,11 +426,7 @@ pub async fn connect_channel(path: impl AsRef<Path>) -> Result<Channel, CriError
     match tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect_with_connector(connector)).await {
         Ok(Ok(channel)) => Ok(channel),
         Ok(Err(source)) => Err(CriError::Connect { path, source }),
-        Err(_) => Err(CriError::Timeout {
-            path,
-            call: "connect",
-            after: CONNECT_TIMEOUT,
-        }),
+        Err(_) => Err(CriError::Timeout { path, call: "connect", after: CONNECT_TIMEOUT }),
     }
 }
 
@@ -498,35 +443,18 @@ impl CriClient {
     pub async fn connect(path: impl AsRef<Path>) -> Result<Self, CriError> {
         let socket = path.as_ref().to_owned();
         let mut runtime = RuntimeServiceClient::new(connect_channel(&socket).await?);
-        let request = proto::VersionRequest {
-            version: "v1".to_owned(),
-        };
+        let request = proto::VersionRequest { version: "v1".to_owned() };
         let answer = match tokio::time::timeout(CONNECT_TIMEOUT, runtime.version(request)).await {
             Ok(Ok(answer)) => answer.into_inner(),
-            Ok(Err(source)) => {
-                return Err(CriError::NotCri {
-                    path: socket,
-                    source,
-                })
-            }
-            Err(_) => {
-                return Err(CriError::Timeout {
-                    path: socket,
-                    call: "Version",
-                    after: CONNECT_TIMEOUT,
-                })
-            }
+            Ok(Err(source)) => return Err(CriError::NotCri { path: socket, source }),
+            Err(_) => return Err(CriError::Timeout { path: socket, call: "Version", after: CONNECT_TIMEOUT }),
         };
         let version = RuntimeVersion {
             runtime_name: answer.runtime_name,
             runtime_version: answer.runtime_version,
             runtime_api_version: answer.runtime_api_version,
         };
-        Ok(Self {
-            socket,
-            runtime,
-            version,
-        })
+        Ok(Self { socket, runtime, version })
     }
 
     /// The socket this client talks to.
@@ -553,29 +481,15 @@ impl CriClient {
     ) -> Result<T, CriError> {
         match tokio::time::timeout(CALL_TIMEOUT, future).await {
             Ok(Ok(answer)) => Ok(answer.into_inner()),
-            Ok(Err(source)) => Err(CriError::Call {
-                path: self.socket.clone(),
-                call,
-                source,
-            }),
-            Err(_) => Err(CriError::Timeout {
-                path: self.socket.clone(),
-                call,
-                after: CALL_TIMEOUT,
-            }),
+            Ok(Err(source)) => Err(CriError::Call { path: self.socket.clone(), call, source }),
+            Err(_) => Err(CriError::Timeout { path: self.socket.clone(), call, after: CALL_TIMEOUT }),
         }
     }
 
-    async fn list(
-        &self,
-        filter: Option<proto::ContainerFilter>,
-    ) -> Result<Vec<proto::Container>, CriError> {
+    async fn list(&self, filter: Option<proto::ContainerFilter>) -> Result<Vec<proto::Container>, CriError> {
         let mut runtime = self.runtime.clone();
         let request = proto::ListContainersRequest { filter };
-        Ok(self
-            .call("ListContainers", runtime.list_containers(request))
-            .await?
-            .containers)
+        Ok(self.call("ListContainers", runtime.list_containers(request)).await?.containers)
     }
 
     /// Every container the runtime knows, in any state, from one `ListContainers` call.
@@ -604,29 +518,15 @@ impl CriClient {
     /// Two calls: `ContainerStatus` carries no sandbox id, so a `ListContainers` filtered to
     /// this id supplies it.
     pub async fn container_status(&self, container_id: &str) -> Result<ContainerMeta, CriError> {
-        let not_found = || CriError::NotFound {
-            path: self.socket.clone(),
-            container_id: container_id.to_owned(),
-        };
+        let not_found = || CriError::NotFound { path: self.socket.clone(), container_id: container_id.to_owned() };
         let mut runtime = self.runtime.clone();
-        let request = proto::ContainerStatusRequest {
-            container_id: container_id.to_owned(),
-            verbose: false,
-        };
-        let status = match self
-            .call("ContainerStatus", runtime.container_status(request))
-            .await
-        {
+        let request = proto::ContainerStatusRequest { container_id: container_id.to_owned(), verbose: false };
+        let status = match self.call("ContainerStatus", runtime.container_status(request)).await {
             Ok(answer) => answer.status.ok_or_else(not_found)?,
-            Err(CriError::Call { source, .. }) if source.code() == Code::NotFound => {
-                return Err(not_found())
-            }
+            Err(CriError::Call { source, .. }) if source.code() == Code::NotFound => return Err(not_found()),
             Err(e) => return Err(e),
         };
-        let filter = proto::ContainerFilter {
-            id: status.id.clone(),
-            ..Default::default()
-        };
+        let filter = proto::ContainerFilter { id: status.id.clone(), ..Default::default() };
         let sandbox = self
             .list(Some(filter))
             .await?
@@ -671,12 +571,7 @@ impl MetadataSnapshot {
 
 impl FromIterator<ContainerMeta> for MetadataSnapshot {
     fn from_iter<I: IntoIterator<Item = ContainerMeta>>(iter: I) -> Self {
-        Self {
-            by_id: iter
-                .into_iter()
-                .map(|m| (m.container_id.clone(), m))
-                .collect(),
-        }
+        Self { by_id: iter.into_iter().map(|m| (m.container_id.clone(), m)).collect() }
     }
 }
 
@@ -691,10 +586,7 @@ mod tests {
     use super::*;
 
     fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
     }
 
     fn kubelet_labels() -> HashMap<String, String> {
@@ -710,10 +602,7 @@ mod tests {
         proto::Container {
             id: "c0ffee".to_owned(),
             pod_sandbox_id: "5a4d".to_owned(),
-            metadata: Some(proto::ContainerMetadata {
-                name: "nginx".to_owned(),
-                attempt: 3,
-            }),
+            metadata: Some(proto::ContainerMetadata { name: "nginx".to_owned(), attempt: 3 }),
             state: proto::ContainerState::ContainerRunning as i32,
             created_at: 1_700_000_000_000_000_000,
             labels: kubelet_labels(),
@@ -730,21 +619,14 @@ mod tests {
             (keys::CONTAINER_TYPE, "init"),
             (keys::TERMINATION_GRACE_PERIOD, "30"),
             (keys::DELETION_GRACE_PERIOD, "0"),
-            (
-                keys::PRE_STOP_HANDLER,
-                r#"{"exec":{"command":["sleep","5"]}}"#,
-            ),
+            (keys::PRE_STOP_HANDLER, r#"{"exec":{"command":["sleep","5"]}}"#),
             (keys::PORTS, r#"[{"containerPort":80,"protocol":"TCP"}]"#),
         ])));
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(meta.container_id, "c0ffee");
         assert_eq!(meta.pod_sandbox_id, "5a4d");
         assert_eq!(
-            (
-                meta.pod_name.as_str(),
-                meta.pod_namespace.as_str(),
-                meta.container_name.as_str()
-            ),
+            (meta.pod_name.as_str(), meta.pod_namespace.as_str(), meta.container_name.as_str()),
             ("web-0", "shop", "nginx")
         );
         assert_eq!(meta.pod_uid, "7d2c0a8e-1111-2222-3333-444455556666");
@@ -755,20 +637,11 @@ mod tests {
         assert_eq!(meta.container_type, Some(ContainerType::Init));
         assert_eq!(meta.termination_grace_period_ns, Some(30_000_000_000));
         assert_eq!(meta.deletion_grace_period_ns, Some(0));
-        assert_eq!(
-            meta.pre_stop_handler.as_deref(),
-            Some(r#"{"exec":{"command":["sleep","5"]}}"#)
-        );
-        assert_eq!(
-            meta.ports.as_deref(),
-            Some(r#"[{"containerPort":80,"protocol":"TCP"}]"#)
-        );
+        assert_eq!(meta.pre_stop_handler.as_deref(), Some(r#"{"exec":{"command":["sleep","5"]}}"#));
+        assert_eq!(meta.ports.as_deref(), Some(r#"[{"containerPort":80,"protocol":"TCP"}]"#));
         assert_eq!(meta.state, ContainerState::Running);
         assert_eq!(meta.created_ns, 1_700_000_000_000_000_000);
-        assert_eq!(
-            (meta.exit_code, meta.started_ns, meta.finished_ns),
-            (None, None, None)
-        );
+        assert_eq!((meta.exit_code, meta.started_ns, meta.finished_ns), (None, None, None));
     }
 
     #[test]
@@ -813,11 +686,7 @@ mod tests {
         // The well-formed neighbour and the identity survive.
         assert_eq!(meta.ports.as_deref(), Some(r#"[{"containerPort":8080}]"#));
         assert_eq!(meta.pod_name, "web-0");
-        assert!(
-            problems[3].to_string().contains("\"thirty\""),
-            "{}",
-            problems[3]
-        );
+        assert!(problems[3].to_string().contains("\"thirty\""), "{}", problems[3]);
     }
 
     #[test]
@@ -840,10 +709,7 @@ mod tests {
     fn status_outcome_fields() {
         let mut status = proto::ContainerStatus {
             id: "c0ffee".to_owned(),
-            metadata: Some(proto::ContainerMetadata {
-                name: "nginx".to_owned(),
-                attempt: 0,
-            }),
+            metadata: Some(proto::ContainerMetadata { name: "nginx".to_owned(), attempt: 0 }),
             state: proto::ContainerState::ContainerExited as i32,
             created_at: 10,
             started_at: 20,
@@ -861,10 +727,7 @@ mod tests {
         assert_eq!(meta.exit_code, Some(137));
         assert_eq!(meta.reason.as_deref(), Some("OOMKilled"));
         assert_eq!(meta.message, None);
-        assert_eq!(
-            (meta.created_ns, meta.started_ns, meta.finished_ns),
-            (10, Some(20), Some(30))
-        );
+        assert_eq!((meta.created_ns, meta.started_ns, meta.finished_ns), (10, Some(20), Some(30)));
         assert_eq!(meta.termination_grace_period_ns, Some(2_000_000_000));
 
         // A running container's 0 exit code and 0 finish time mean "not yet", not "exit 0 at 1970".
@@ -873,10 +736,7 @@ mod tests {
         status.finished_at = 0;
         status.reason.clear();
         let (meta, _) = meta_from_status(&status, String::new());
-        assert_eq!(
-            (meta.exit_code, meta.finished_ns, meta.reason),
-            (None, None, None)
-        );
+        assert_eq!((meta.exit_code, meta.finished_ns, meta.reason), (None, None, None));
     }
 
     #[test]
@@ -890,10 +750,7 @@ mod tests {
         let (meta, _) = meta_from_list_entry(&entry(HashMap::new()));
         let snapshot: MetadataSnapshot = [meta].into_iter().collect();
         assert_eq!(snapshot.len(), 1);
-        assert_eq!(
-            snapshot.container("c0ffee").map(|m| m.pod_name.as_str()),
-            Some("web-0")
-        );
+        assert_eq!(snapshot.container("c0ffee").map(|m| m.pod_name.as_str()), Some("web-0"));
         assert!(snapshot.container("other").is_none());
     }
 
@@ -902,8 +759,7 @@ mod tests {
 
     impl Scratch {
         fn new(test: &str) -> Self {
-            let dir =
-                std::env::temp_dir().join(format!("lifecycle-cri-{test}-{}", std::process::id()));
+            let dir = std::env::temp_dir().join(format!("lifecycle-cri-{test}-{}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("create scratch dir");
             Self(dir)
         }
@@ -923,9 +779,7 @@ mod tests {
     async fn connect_names_a_missing_socket() {
         let scratch = Scratch::new("missing");
         let path = scratch.path("missing.sock");
-        let err = CriClient::connect(&path)
-            .await
-            .expect_err("no socket there");
+        let err = CriClient::connect(&path).await.expect_err("no socket there");
         assert!(matches!(err, CriError::SocketMissing { .. }), "{err:?}");
         assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");
     }
@@ -946,9 +800,7 @@ mod tests {
         // Binding creates the socket file; dropping the listener leaves it behind unanswered,
         // exactly what a crashed runtime leaves.
         drop(std::os::unix::net::UnixListener::bind(&path).expect("bind"));
-        let err = CriClient::connect(&path)
-            .await
-            .expect_err("nobody listening");
+        let err = CriClient::connect(&path).await.expect_err("nobody listening");
         assert!(matches!(err, CriError::Connect { .. }), "{err:?}");
         assert!(err.to_string().contains("stale"), "{err}");
     }
@@ -965,9 +817,7 @@ mod tests {
                 let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
             }
         });
-        let err = CriClient::connect(&path)
-            .await
-            .expect_err("not a CRI server");
+        let err = CriClient::connect(&path).await.expect_err("not a CRI server");
         assert!(matches!(err, CriError::NotCri { .. }), "{err:?}");
         server.abort();
     }

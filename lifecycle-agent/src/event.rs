@@ -4,8 +4,7 @@
 //! NUL-padded names, big-endian ports), so nothing downstream needs to know the kernel's formats.
 
 use lifecycle_common::{
-    CgroupEvent, EventHeader, EventKind, ExecEvent, ExitEvent, OomVictimEvent, SignalEvent,
-    TcpEvent,
+    CgroupEvent, EventHeader, EventKind, ExecEvent, ExitEvent, OomVictimEvent, SignalEvent, TcpEvent,
 };
 use serde::Serialize;
 
@@ -148,10 +147,9 @@ impl Event {
         let subject = match &self.detail {
             Detail::Signal { target_cgroup_id, .. } => Some(*target_cgroup_id),
             Detail::OomVictim { victim_cgroup_id, .. } => Some(*victim_cgroup_id),
-            Detail::TcpListen(t)
-            | Detail::TcpListenClose(t)
-            | Detail::TcpEstablished(t)
-            | Detail::TcpAccept(t) => Some(t.socket_cgroup_id),
+            Detail::TcpListen(t) | Detail::TcpListenClose(t) | Detail::TcpEstablished(t) | Detail::TcpAccept(t) => {
+                Some(t.socket_cgroup_id)
+            }
             Detail::CgroupMkdir(c) | Detail::CgroupRmdir(c) => Some(c.id),
             Detail::Exec { .. } | Detail::Exit { .. } => None,
         };
@@ -237,10 +235,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                 },
             )
         }
-        EventKind::TcpListen
-        | EventKind::TcpListenClose
-        | EventKind::TcpEstablished
-        | EventKind::TcpAccept => {
+        EventKind::TcpListen | EventKind::TcpListenClose | EventKind::TcpEstablished | EventKind::TcpAccept => {
             let r: TcpEvent = read(bytes, kind)?;
             let tcp = TcpDetail {
                 socket_cgroup_id: r.socket_cgroup_id,
@@ -260,16 +255,9 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         }
         EventKind::CgroupMkdir | EventKind::CgroupRmdir => {
             let r: CgroupEvent = read(bytes, kind)?;
-            let cgroup = CgroupDetail {
-                id: r.id,
-                path: c_string(&r.path),
-                truncated: r.truncated != 0,
-            };
-            let detail = if kind == EventKind::CgroupMkdir {
-                Detail::CgroupMkdir(cgroup)
-            } else {
-                Detail::CgroupRmdir(cgroup)
-            };
+            let cgroup = CgroupDetail { id: r.id, path: c_string(&r.path), truncated: r.truncated != 0 };
+            let detail =
+                if kind == EventKind::CgroupMkdir { Detail::CgroupMkdir(cgroup) } else { Detail::CgroupRmdir(cgroup) };
             with_header(&r.header, detail)
         }
     };
@@ -410,10 +398,7 @@ mod tests {
             comm: comm("true"),
         };
         let bytes = encode(&record);
-        assert_eq!(
-            decode(&bytes[..40]),
-            Err(DecodeError::Short { kind: EventKind::Exec, got: 40, want: bytes.len() })
-        );
+        assert_eq!(decode(&bytes[..40]), Err(DecodeError::Short { kind: EventKind::Exec, got: 40, want: bytes.len() }));
         let mut unknown = bytes.clone();
         unknown[..4].copy_from_slice(&1000u32.to_ne_bytes());
         assert_eq!(decode(&unknown), Err(DecodeError::UnknownKind(1000)));

@@ -81,14 +81,16 @@ fn route(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> 
             .body(Full::new(Bytes::from(routes.metrics.render())))
             .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n")),
         "/healthz" => text(StatusCode::OK, "ok\n"),
-        _ if path.starts_with("/api/") => match routes.api.as_ref().and_then(|api| api.get(path, request.uri().query())) {
-            Some((status, body)) => Response::builder()
-                .status(status)
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Full::new(Bytes::from(body)))
-                .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n")),
-            None => text(StatusCode::NOT_FOUND, "no such API path\n"),
-        },
+        _ if path.starts_with("/api/") => {
+            match routes.api.as_ref().and_then(|api| api.get(path, request.uri().query())) {
+                Some((status, body)) => Response::builder()
+                    .status(status)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(Bytes::from(body)))
+                    .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n")),
+                None => text(StatusCode::NOT_FOUND, "no such API path\n"),
+            }
+        }
         _ => text(StatusCode::NOT_FOUND, "try /metrics, /healthz or /api/v1/containers\n"),
     }
 }

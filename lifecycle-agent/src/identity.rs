@@ -103,10 +103,8 @@ pub fn classify(path: &str) -> Result<CgroupIdentity, IdentityError> {
     let segments: Vec<&str> = path.split('/').filter(|segment| !segment.is_empty()).collect();
     // The first kubepods root wins: a kubelet running inside a pod (kind in a pod) is, from this
     // host's point of view, processes of that outer container.
-    let root = segments
-        .iter()
-        .enumerate()
-        .find_map(|(index, segment)| kubepods_root(segment).map(|driver| (index, driver)));
+    let root =
+        segments.iter().enumerate().find_map(|(index, segment)| kubepods_root(segment).map(|driver| (index, driver)));
     let Some((root_index, driver)) = root else {
         return Ok(CgroupIdentity::HostUnit { path: path.to_owned() });
     };
@@ -155,9 +153,9 @@ impl LayoutParser<'_> {
             let pod_uid = self.pod_uid(pod_segment, uid)?;
             return self.inside_pod(pod_uid, qos, rest);
         }
-        let uid = first.strip_prefix("pod").ok_or_else(|| {
-            self.unexpected(first, "burstable, besteffort or a pod<uid> directory under kubepods")
-        })?;
+        let uid = first
+            .strip_prefix("pod")
+            .ok_or_else(|| self.unexpected(first, "burstable, besteffort or a pod<uid> directory under kubepods"))?;
         let pod_uid = self.pod_uid(first, uid)?;
         self.inside_pod(pod_uid, QosClass::Guaranteed, rest)
     }
@@ -210,12 +208,7 @@ impl LayoutParser<'_> {
         }
     }
 
-    fn inside_pod(
-        &self,
-        pod_uid: String,
-        qos: QosClass,
-        below_pod: &[&str],
-    ) -> Result<CgroupIdentity, IdentityError> {
+    fn inside_pod(&self, pod_uid: String, qos: QosClass, below_pod: &[&str]) -> Result<CgroupIdentity, IdentityError> {
         // Deeper segments belong to the container (see CgroupIdentity::Container).
         let Some(segment) = below_pod.first() else {
             return Ok(CgroupIdentity::Pod { pod_uid, qos });
@@ -236,10 +229,7 @@ impl LayoutParser<'_> {
         } else if let Some(id) = name.strip_prefix("docker-") {
             (Runtime::Docker, id)
         } else if is_scope {
-            return Err(IdentityError::UnknownScope {
-                path: self.path.to_owned(),
-                segment: (*segment).to_owned(),
-            });
+            return Err(IdentityError::UnknownScope { path: self.path.to_owned(), segment: (*segment).to_owned() });
         } else {
             (Runtime::Unnamed, name)
         };
@@ -271,8 +261,7 @@ fn is_hex(text: &str) -> bool {
 /// 8-4-4-4-12 hex digits.
 fn is_uuid(text: &str) -> bool {
     let groups: Vec<&str> = text.split('-').collect();
-    groups.len() == 5
-        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(group, len)| group.len() == len && is_hex(group))
+    groups.len() == 5 && groups.iter().zip([8, 4, 4, 4, 12]).all(|(group, len)| group.len() == len && is_hex(group))
 }
 
 #[cfg(test)]
@@ -294,11 +283,9 @@ mod tests {
 
     #[test]
     fn cgroupfs_containers_in_every_qos_tier() {
-        for (tier, qos) in [
-            ("/burstable", QosClass::Burstable),
-            ("/besteffort", QosClass::BestEffort),
-            ("", QosClass::Guaranteed),
-        ] {
+        for (tier, qos) in
+            [("/burstable", QosClass::Burstable), ("/besteffort", QosClass::BestEffort), ("", QosClass::Guaranteed)]
+        {
             let path = format!("/kubepods{tier}/pod{UID}/{ID}");
             assert_eq!(ok(&path), container(qos, Runtime::Unnamed), "{path}");
             let crio = format!("/kubepods{tier}/pod{UID}/crio-{ID}");
@@ -312,13 +299,11 @@ mod tests {
             [("cri-containerd", Runtime::Containerd), ("crio", Runtime::CriO), ("docker", Runtime::Docker)]
         {
             let scope = format!("{prefix}-{ID}.scope");
-            let burstable = format!(
-                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/{scope}"
-            );
+            let burstable =
+                format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/{scope}");
             assert_eq!(ok(&burstable), container(QosClass::Burstable, runtime));
-            let besteffort = format!(
-                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/{scope}"
-            );
+            let besteffort =
+                format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/{scope}");
             assert_eq!(ok(&besteffort), container(QosClass::BestEffort, runtime));
             let guaranteed = format!("/kubepods.slice/kubepods-pod{UID_}.slice/{scope}");
             assert_eq!(ok(&guaranteed), container(QosClass::Guaranteed, runtime));
@@ -337,10 +322,7 @@ mod tests {
         );
         assert_eq!(ok("/kubepods"), CgroupIdentity::KubepodsAncestor { qos_tier: None });
         assert_eq!(ok("/kubepods.slice"), CgroupIdentity::KubepodsAncestor { qos_tier: None });
-        assert_eq!(
-            ok("/kubepods/burstable"),
-            CgroupIdentity::KubepodsAncestor { qos_tier: Some(QosClass::Burstable) }
-        );
+        assert_eq!(ok("/kubepods/burstable"), CgroupIdentity::KubepodsAncestor { qos_tier: Some(QosClass::Burstable) });
         assert_eq!(
             ok("/kubepods.slice/kubepods-besteffort.slice"),
             CgroupIdentity::KubepodsAncestor { qos_tier: Some(QosClass::BestEffort) }
@@ -354,16 +336,12 @@ mod tests {
              kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{ID}.scope"
         );
         assert_eq!(ok(&kind), container(QosClass::BestEffort, Runtime::Containerd));
-        let kind_guaranteed = format!(
-            "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{UID_}.slice/cri-containerd-{ID}.scope"
-        );
+        let kind_guaranteed =
+            format!("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{UID_}.slice/cri-containerd-{ID}.scope");
         assert_eq!(ok(&kind_guaranteed), container(QosClass::Guaranteed, Runtime::Containerd));
         let docker_in_docker = format!("/docker/{ID}/kubelet/kubepods/burstable/pod{UID}/{ID}");
         assert_eq!(ok(&docker_in_docker), container(QosClass::Burstable, Runtime::Unnamed));
-        assert_eq!(
-            ok("/kubelet.slice/kubelet-kubepods.slice"),
-            CgroupIdentity::KubepodsAncestor { qos_tier: None }
-        );
+        assert_eq!(ok("/kubelet.slice/kubelet-kubepods.slice"), CgroupIdentity::KubepodsAncestor { qos_tier: None });
     }
 
     #[test]
@@ -443,10 +421,7 @@ mod tests {
 
     #[test]
     fn relative_paths_are_refused() {
-        assert_eq!(
-            err("kubepods/burstable"),
-            IdentityError::NotAbsolute { path: "kubepods/burstable".into() }
-        );
+        assert_eq!(err("kubepods/burstable"), IdentityError::NotAbsolute { path: "kubepods/burstable".into() });
         assert!(matches!(err(""), IdentityError::NotAbsolute { .. }));
     }
 

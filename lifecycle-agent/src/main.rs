@@ -1,12 +1,7 @@
 //! `lifecycle-agent`: the command line over the library. Parses flags into validated settings,
 //! starts the pieces, and prints the whole error chain in one place when something fails.
 
-use std::{
-    net::SocketAddr,
-    path::PathBuf,
-    process::ExitCode,
-    time::Duration,
-};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -22,7 +17,11 @@ use lifecycle_agent::{
 use tokio::sync::watch;
 
 #[derive(Parser)]
-#[command(name = "lifecycle-agent", version, about = "Watches every container on this node from the kernel and checks it against the Pod Lifecycle rules.")]
+#[command(
+    name = "lifecycle-agent",
+    version,
+    about = "Watches every container on this node from the kernel and checks it against the Pod Lifecycle rules."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -235,7 +234,8 @@ fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let shutdown = shutdown_signal()?;
-    let mut backoff = if args.reduced_backoff_decay { BackoffPolicy::reduced_decay() } else { BackoffPolicy::default() };
+    let mut backoff =
+        if args.reduced_backoff_decay { BackoffPolicy::reduced_decay() } else { BackoffPolicy::default() };
     if let Some(max) = args.max_container_restart_period {
         let max_ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
         backoff = backoff.with_max_restart_period(max_ns).context("--max-container-restart-period")?;
@@ -317,7 +317,8 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
         match args.output {
             OutputFormat::Json => println!("{body}"),
             OutputFormat::Table => {
-                let table = lifecycle_agent::status::render_table(&body).context("the agent's answer is not the expected JSON")?;
+                let table = lifecycle_agent::status::render_table(&body)
+                    .context("the agent's answer is not the expected JSON")?;
                 if args.watch {
                     // Clear the screen and home the cursor, like `watch`.
                     print!("\x1b[2J\x1b[H");

@@ -58,8 +58,11 @@ impl Metrics {
         let registry = Registry::new();
 
         let enabled = IntGaugeVec::new(
-            Opts::new("feature_enabled", "1 when a kernel feature is attached, 0 when it is off (see the agent log for why).")
-                .namespace(NAMESPACE),
+            Opts::new(
+                "feature_enabled",
+                "1 when a kernel feature is attached, 0 when it is off (see the agent log for why).",
+            )
+            .namespace(NAMESPACE),
             &["feature"],
         )?;
         for state in features {
@@ -140,8 +143,11 @@ impl KernelStatsCollector {
             &["kind"],
         )?;
         let map_full = IntCounterVec::new(
-            Opts::new("kernel_map_full_total", "Updates a kernel map refused because it was full, by map and event kind.")
-                .namespace(NAMESPACE),
+            Opts::new(
+                "kernel_map_full_total",
+                "Updates a kernel map refused because it was full, by map and event kind.",
+            )
+            .namespace(NAMESPACE),
             &["map", "kind"],
         )?;
         let decode_errors = IntCounterVec::new(

@@ -17,8 +17,8 @@ use tokio::sync::watch;
 
 use crate::{
     probe::{
-        bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, pod::DEFAULT_REFRESH, server::BlockingServer, NodeProbes,
-        PodProbe, ProbeAnswer,
+        bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, pod::DEFAULT_REFRESH, server::BlockingServer,
+        NodeProbes, PodProbe, ProbeAnswer,
     },
     tracker::NodeTracker,
 };
@@ -43,14 +43,21 @@ pub struct ProbeSupervisor {
 }
 
 impl ProbeSupervisor {
-    pub fn new(probes: Arc<NodeProbes>, metrics: Arc<ProbeMetrics>, pod_port: Option<u16>, shutdown: watch::Receiver<bool>) -> Self {
+    pub fn new(
+        probes: Arc<NodeProbes>,
+        metrics: Arc<ProbeMetrics>,
+        pod_port: Option<u16>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
         Self {
             probes,
             metrics,
             pod_port,
             // The agent runs in the node's network namespace (hostNetwork), so its own netns is
             // the one host-network pods share.
-            host_netns: std::fs::metadata("/proc/self/ns/net").map(|m| std::os::unix::fs::MetadataExt::ino(&m) as u32).unwrap_or(0),
+            host_netns: std::fs::metadata("/proc/self/ns/net")
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m) as u32)
+                .unwrap_or(0),
             listeners: HashMap::new(),
             running: HashMap::new(),
             shutdown,
@@ -62,7 +69,11 @@ impl ProbeSupervisor {
         let running = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).running_containers();
         let mut seen = Vec::new();
         for (labels, pid) in running {
-            let target = ProbeTarget { namespace: labels.namespace.clone(), pod: labels.pod.clone(), container: labels.container.clone() };
+            let target = ProbeTarget {
+                namespace: labels.namespace.clone(),
+                pod: labels.pod.clone(),
+                container: labels.container.clone(),
+            };
             seen.push(target.clone());
             if self.running.get(&target).is_some_and(|(known, _)| *known == pid) {
                 continue;
@@ -79,7 +90,9 @@ impl ProbeSupervisor {
                     }
                     self.ensure_listener(&labels.namespace, &labels.pod, pid, netns);
                 }
-                Err(err) => log::debug!("no probes for {}/{}/{} yet: {err}", target.namespace, target.pod, target.container),
+                Err(err) => {
+                    log::debug!("no probes for {}/{}/{} yet: {err}", target.namespace, target.pod, target.container)
+                }
             }
         }
         // Containers that stopped running keep their probe (it answers "gone") until their unit
@@ -87,14 +100,17 @@ impl ProbeSupervisor {
         let known: Vec<ProbeTarget> = self.running.keys().cloned().collect();
         let units = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).unit_targets();
         for target in known {
-            if !seen.contains(&target) && !units.contains(&(target.namespace.clone(), target.pod.clone(), target.container.clone())) {
+            if !seen.contains(&target)
+                && !units.contains(&(target.namespace.clone(), target.pod.clone(), target.container.clone()))
+            {
                 if let Some((_, stop)) = self.running.remove(&target) {
                     let _ = stop.send(true);
                 }
                 self.probes.remove(&target);
             }
         }
-        let pods_alive: Vec<(String, String)> = self.running.keys().map(|t| (t.namespace.clone(), t.pod.clone())).collect();
+        let pods_alive: Vec<(String, String)> =
+            self.running.keys().map(|t| (t.namespace.clone(), t.pod.clone())).collect();
         // Listeners of pods that are gone are dropped, which stops them.
         self.listeners.retain(|pod, _| pods_alive.contains(pod));
     }
@@ -158,11 +174,15 @@ impl ProbeAnswer for PodAnswer {
             Some(name) => name,
             None if containers.len() == 1 => containers[0].clone(),
             None => {
-                return (400, format!("pod has containers {}; add container=<name> to the query\n", containers.join(", ")));
+                return (
+                    400,
+                    format!("pod has containers {}; add container=<name> to the query\n", containers.join(", ")),
+                );
             }
         };
         let target = ProbeTarget { namespace: self.namespace.clone(), pod: self.pod.clone(), container };
-        self.probes.answer(&format!("/probe/{}/{}/{}/{kind}", target.namespace, target.pod, target.container), rest.as_deref())
+        self.probes
+            .answer(&format!("/probe/{}/{}/{}/{kind}", target.namespace, target.pod, target.container), rest.as_deref())
     }
 }
 

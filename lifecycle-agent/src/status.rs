@@ -25,10 +25,7 @@ pub enum StatusError {
 pub async fn fetch(addr: SocketAddr) -> Result<String, StatusError> {
     let connect = |source| StatusError::Connect { addr, source };
     let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(connect)?;
-    stream
-        .write_all(b"GET /api/v1/containers HTTP/1.0\r\nHost: lifecycle\r\n\r\n")
-        .await
-        .map_err(connect)?;
+    stream.write_all(b"GET /api/v1/containers HTTP/1.0\r\nHost: lifecycle\r\n\r\n").await.map_err(connect)?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await.map_err(connect)?;
     let response = String::from_utf8_lossy(&response);
@@ -40,7 +37,8 @@ pub async fn fetch(addr: SocketAddr) -> Result<String, StatusError> {
     Ok(body.to_owned())
 }
 
-const HEADERS: [&str; 8] = ["NAMESPACE", "POD", "CONTAINER", "STATE", "REASON", "RESTARTS", "LAST EXIT", "LAST TERMINATION"];
+const HEADERS: [&str; 8] =
+    ["NAMESPACE", "POD", "CONTAINER", "STATE", "REASON", "RESTARTS", "LAST EXIT", "LAST TERMINATION"];
 
 /// Renders the API body as an aligned table; None when the body is not the API's JSON.
 pub fn render_table(body: &str) -> Option<String> {
@@ -88,7 +86,8 @@ fn row(c: &Value, now: u64) -> [String; 8] {
     let last_exit = last
         .map(|s| {
             let code = s.get("exit_code").and_then(Value::as_i64).unwrap_or(-1);
-            let when = s.get("finished_at").and_then(Value::as_u64).map(|t| format!(" {} ago", age(now.saturating_sub(t))));
+            let when =
+                s.get("finished_at").and_then(Value::as_u64).map(|t| format!(" {} ago", age(now.saturating_sub(t))));
             format!("{} ({code}){}", text(&s, "reason"), when.unwrap_or_default())
         })
         .unwrap_or_else(|| "-".to_owned());
@@ -169,8 +168,16 @@ mod tests {
         let table = render_table(&body).expect("renders");
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("NAMESPACE  POD    CONTAINER  STATE"), "{table}");
-        assert!(lines[1].contains("Waiting") && lines[1].contains("CrashLoopBackOff") && lines[1].contains("Error (1) 10s ago"), "{table}");
-        assert!(lines[2].contains("SIGKILLED after 30s (grace violated)") && lines[2].contains("Signal (137) 1s ago"), "{table}");
+        assert!(
+            lines[1].contains("Waiting")
+                && lines[1].contains("CrashLoopBackOff")
+                && lines[1].contains("Error (1) 10s ago"),
+            "{table}"
+        );
+        assert!(
+            lines[2].contains("SIGKILLED after 30s (grace violated)") && lines[2].contains("Signal (137) 1s ago"),
+            "{table}"
+        );
         assert_eq!(render_table("not json"), None);
     }
 }

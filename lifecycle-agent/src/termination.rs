@@ -105,12 +105,8 @@ impl PreStopHandler {
     pub fn from_annotation(json: &str) -> Result<Self, TerminationError> {
         let handler: LifecycleHandlerJson = serde_json::from_str(json)
             .map_err(|source| TerminationError::PreStopJson { json: json.to_owned(), source })?;
-        let actions = [
-            handler.exec.is_some(),
-            handler.http_get.is_some(),
-            handler.tcp_socket.is_some(),
-            handler.sleep.is_some(),
-        ];
+        let actions =
+            [handler.exec.is_some(), handler.http_get.is_some(), handler.tcp_socket.is_some(), handler.sleep.is_some()];
         match actions.iter().filter(|set| **set).count() {
             0 => return Err(TerminationError::PreStopNoAction { json: json.to_owned() }),
             1 => {}
@@ -422,12 +418,7 @@ impl TerminationTracker {
 
     /// The init (PID 1 of the container) exited: judges the termination. Later calls return the
     /// first report unchanged.
-    pub fn on_init_exit(
-        &mut self,
-        time: u64,
-        exit_status: Option<u8>,
-        signal: Option<u8>,
-    ) -> &TerminationReport {
+    pub fn on_init_exit(&mut self, time: u64, exit_status: Option<u8>, signal: Option<u8>) -> &TerminationReport {
         let report = match self.report.take() {
             Some(report) => report,
             None => self.judge(time, exit_status, signal),
@@ -473,8 +464,8 @@ impl TerminationTracker {
             // (usually one of the container's own), so the sender cannot tell; the OOM event can.
             // It killed the init if the event names the init, or if an OOM kill happened and no
             // other SIGKILL to the init competes as the cause.
-            let oom_killed_init = oom_before_exit.iter().any(|oom| oom.victim_is_init)
-                || (!oom_before_exit.is_empty() && kill.is_none());
+            let oom_killed_init =
+                oom_before_exit.iter().any(|oom| oom.victim_is_init) || (!oom_before_exit.is_empty() && kill.is_none());
             match (&stop, kill) {
                 _ if oom_killed_init => TerminationOutcome::OomKilled,
                 (Some(stop), kill) if kill.is_none_or(|k| k.time >= stop.time) => {
@@ -486,17 +477,12 @@ impl TerminationTracker {
                         expected_kill_after_ns,
                         killed_early: stop_to_kill_ns.saturating_add(self.settings.kill_tolerance_ns)
                             < expected_kill_after_ns,
-                        accepts_after_stop: self
-                            .accepts
-                            .iter()
-                            .filter(|&&t| t > stop.time && t <= exit_time)
-                            .count() as u64,
+                        accepts_after_stop: self.accepts.iter().filter(|&&t| t > stop.time && t <= exit_time).count()
+                            as u64,
                         still_listening: self.listening_at(kill_time),
                     }
                 }
-                (_, kill) => {
-                    TerminationOutcome::KilledWithoutGrace { sender: kill.map(|k| k.sender.clone()) }
-                }
+                (_, kill) => TerminationOutcome::KilledWithoutGrace { sender: kill.map(|k| k.sender.clone()) },
             }
         } else if let Some(stop) = &stop {
             let duration_ns = exit_time.saturating_sub(stop.time);
@@ -530,17 +516,16 @@ impl TerminationTracker {
     /// earliest started.
     fn pre_stop_seen(&self, deadline: u64, grace_ns: u64) -> Option<PreStopSeen> {
         let comm = self.settings.pre_stop.as_ref()?.exec_comm()?;
-        let session = self
-            .exec_sessions
-            .iter()
-            .filter(|session| session.comm == comm && session.start <= deadline)
-            .min_by_key(|session| {
-                let gap = match session.end {
-                    Some(end) if end < deadline => deadline - end,
-                    _ => 0,
-                };
-                (gap, session.start)
-            })?;
+        let session =
+            self.exec_sessions.iter().filter(|session| session.comm == comm && session.start <= deadline).min_by_key(
+                |session| {
+                    let gap = match session.end {
+                        Some(end) if end < deadline => deadline - end,
+                        _ => 0,
+                    };
+                    (gap, session.start)
+                },
+            )?;
         let running_at_deadline = session.end.is_none_or(|end| end >= deadline);
         Some(PreStopSeen {
             started_at: session.start,
@@ -582,11 +567,11 @@ impl TerminationTracker {
     fn listening_at(&self, time: u64) -> bool {
         let open: i64 = self.listeners_before_stop
             + self
-            .listener_changes
-            .iter()
-            .filter(|(at, _)| *at <= time)
-            .map(|(_, change)| i64::from(*change))
-            .sum::<i64>();
+                .listener_changes
+                .iter()
+                .filter(|(at, _)| *at <= time)
+                .map(|(_, change)| i64::from(*change))
+                .sum::<i64>();
         open > 0
     }
 }
@@ -619,9 +604,7 @@ pub struct SidecarOrder {
 /// in the pod spec's order (init containers first, as defined), including every main container:
 /// a main container that was still running when a sidecar was signalled shows up through its
 /// later exit time.
-pub fn sidecar_order<'a>(
-    reports: impl IntoIterator<Item = (&'a str, &'a TerminationReport)>,
-) -> Vec<SidecarOrder> {
+pub fn sidecar_order<'a>(reports: impl IntoIterator<Item = (&'a str, &'a TerminationReport)>) -> Vec<SidecarOrder> {
     let reports: Vec<(&str, &TerminationReport)> = reports.into_iter().collect();
     let mains: Vec<(&str, u64)> = reports
         .iter()
@@ -639,9 +622,7 @@ pub fn sidecar_order<'a>(
             let verdict = match stop_signal_at {
                 None => SidecarVerdict::NotSignalled,
                 Some(at) => match last_main.filter(|(_, exit)| *exit > at) {
-                    Some((main, _)) => {
-                        SidecarVerdict::SignalledBeforeMainExited { main_container: main.to_owned() }
-                    }
+                    Some((main, _)) => SidecarVerdict::SignalledBeforeMainExited { main_container: main.to_owned() },
                     None => match sidecars[index + 1..].iter().find(|(_, later)| later.exit_time > at) {
                         Some((later, _)) => {
                             SidecarVerdict::SignalledBeforeLaterSidecarExited { sidecar: (*later).to_owned() }
@@ -688,17 +669,13 @@ mod tests {
         assert_eq!(SignalSender::from_comm("containerd", false), SignalSender::Runtime);
         assert_eq!(SignalSender::from_comm("kubelet", false), SignalSender::Kubelet);
         assert_eq!(SignalSender::from_comm("runc", true), SignalSender::SameContainer);
-        assert_eq!(
-            SignalSender::from_comm("bash", false),
-            SignalSender::OtherProcess { comm: "bash".into() }
-        );
+        assert_eq!(SignalSender::from_comm("bash", false), SignalSender::OtherProcess { comm: "bash".into() });
     }
 
     #[test]
     fn pre_stop_annotations_parse() {
         assert_eq!(
-            PreStopHandler::from_annotation(r#"{"exec":{"command":["/bin/sh","-c","sleep 5"]}}"#)
-                .expect("exec"),
+            PreStopHandler::from_annotation(r#"{"exec":{"command":["/bin/sh","-c","sleep 5"]}}"#).expect("exec"),
             PreStopHandler::Exec { command: vec!["/bin/sh".into(), "-c".into(), "sleep 5".into()] }
         );
         assert_eq!(
@@ -716,14 +693,8 @@ mod tests {
     fn malformed_pre_stop_annotations_are_clear_errors() {
         let bad_json = PreStopHandler::from_annotation(r#"{"exec":{"command":["sh""#);
         assert!(matches!(bad_json, Err(TerminationError::PreStopJson { .. })));
-        assert!(bad_json
-            .map_err(|e| e.to_string())
-            .err()
-            .is_some_and(|text| text.contains("not a lifecycle handler")));
-        assert!(matches!(
-            PreStopHandler::from_annotation("{}"),
-            Err(TerminationError::PreStopNoAction { .. })
-        ));
+        assert!(bad_json.map_err(|e| e.to_string()).err().is_some_and(|text| text.contains("not a lifecycle handler")));
+        assert!(matches!(PreStopHandler::from_annotation("{}"), Err(TerminationError::PreStopNoAction { .. })));
         assert!(matches!(
             PreStopHandler::from_annotation(r#"{"exec":{"command":[]}}"#),
             Err(TerminationError::PreStopEmptyCommand { .. })
@@ -820,10 +791,7 @@ mod tests {
         assert_eq!(report.grace_ns, 10 * S);
         match &report.outcome {
             TerminationOutcome::SigkilledAfterGrace {
-                killed_early,
-                still_listening,
-                expected_kill_after_ns,
-                ..
+                killed_early, still_listening, expected_kill_after_ns, ..
             } => {
                 assert_eq!(*expected_kill_after_ns, 10 * S);
                 assert!(*killed_early);
@@ -835,10 +803,8 @@ mod tests {
 
     #[test]
     fn pre_stop_elapsed_whole_seconds_are_subtracted() {
-        let settings = TerminationSettings {
-            pre_stop: exec_pre_stop(&["/bin/sh", "-c", "sleep 5"]),
-            ..Default::default()
-        };
+        let settings =
+            TerminationSettings { pre_stop: exec_pre_stop(&["/bin/sh", "-c", "sleep 5"]), ..Default::default() };
         let mut t = tracker_with(settings);
         // An exec probe running the same program earlier must not be taken for the hook.
         t.on_exec_session(80 * S, Some(80 * S + 20 * MS), "sh");
@@ -853,10 +819,7 @@ mod tests {
         assert!(!pre_stop.overran_grace);
         // 5.9 s elapsed counts as 5 s: 30 - 5 = 25 s.
         assert_eq!(report.expected_kill_after_ns, 25 * S);
-        assert!(matches!(
-            report.outcome,
-            TerminationOutcome::SigkilledAfterGrace { killed_early: false, .. }
-        ));
+        assert!(matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { killed_early: false, .. }));
     }
 
     #[test]
@@ -892,18 +855,12 @@ mod tests {
         let report = t.on_init_exit(131 * S + 520 * MS, None, Some(SIGKILL));
         // 29 whole seconds elapsed: 30 - 29 = 1 s, raised to the 2 s floor.
         assert_eq!(report.expected_kill_after_ns, 2 * S);
-        assert!(matches!(
-            report.outcome,
-            TerminationOutcome::SigkilledAfterGrace { killed_early: false, .. }
-        ));
+        assert!(matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { killed_early: false, .. }));
     }
 
     #[test]
     fn sleep_hook_and_invisible_hooks() {
-        let sleep = TerminationSettings {
-            pre_stop: Some(PreStopHandler::Sleep { seconds: 5 }),
-            ..Default::default()
-        };
+        let sleep = TerminationSettings { pre_stop: Some(PreStopHandler::Sleep { seconds: 5 }), ..Default::default() };
         let mut t = tracker_with(sleep);
         t.on_signal(100 * S, SIGTERM, runtime(), true);
         let report = t.on_init_exit(101 * S, Some(0), None);
@@ -921,19 +878,14 @@ mod tests {
         let mut t = tracker_with(TerminationSettings::default());
         t.on_signal(100 * S, SIGKILL, runtime(), true);
         let report = t.on_init_exit(100 * S + MS, None, Some(SIGKILL));
-        assert_eq!(
-            report.outcome,
-            TerminationOutcome::KilledWithoutGrace { sender: Some(SignalSender::Runtime) }
-        );
+        assert_eq!(report.outcome, TerminationOutcome::KilledWithoutGrace { sender: Some(SignalSender::Runtime) });
 
         let mut t = tracker_with(TerminationSettings::default());
         t.on_signal(100 * S, SIGKILL, SignalSender::OtherProcess { comm: "kill".into() }, true);
         let report = t.on_init_exit(100 * S + MS, None, Some(SIGKILL));
         assert_eq!(
             report.outcome,
-            TerminationOutcome::KilledWithoutGrace {
-                sender: Some(SignalSender::OtherProcess { comm: "kill".into() })
-            }
+            TerminationOutcome::KilledWithoutGrace { sender: Some(SignalSender::OtherProcess { comm: "kill".into() }) }
         );
     }
 
@@ -980,16 +932,10 @@ mod tests {
         // The app signalling itself is not a stop.
         t.on_signal(99 * S, SIGTERM, SignalSender::SameContainer, true);
         let report = t.on_init_exit(100 * S, None, Some(11));
-        assert_eq!(
-            report.outcome,
-            TerminationOutcome::ExitedWithoutStopSignal { exit_status: None, signal: Some(11) }
-        );
+        assert_eq!(report.outcome, TerminationOutcome::ExitedWithoutStopSignal { exit_status: None, signal: Some(11) });
         let mut t = tracker_with(TerminationSettings::default());
         let report = t.on_init_exit(100 * S, Some(0), None);
-        assert_eq!(
-            report.outcome,
-            TerminationOutcome::ExitedWithoutStopSignal { exit_status: Some(0), signal: None }
-        );
+        assert_eq!(report.outcome, TerminationOutcome::ExitedWithoutStopSignal { exit_status: Some(0), signal: None });
     }
 
     #[test]
@@ -1037,10 +983,7 @@ mod tests {
         let proxy = report_of(true, Some(100 * S), 101 * S);
         let app = report_of(false, Some(100 * S), 105 * S);
         let order = sidecar_order([("proxy", &proxy), ("app", &app)]);
-        assert_eq!(
-            order[0].verdict,
-            SidecarVerdict::SignalledBeforeMainExited { main_container: "app".into() }
-        );
+        assert_eq!(order[0].verdict, SidecarVerdict::SignalledBeforeMainExited { main_container: "app".into() });
     }
 
     #[test]
@@ -1049,10 +992,7 @@ mod tests {
         let second = report_of(true, Some(110 * S), 112 * S);
         let app = report_of(false, Some(100 * S), 105 * S);
         let order = sidecar_order([("first", &first), ("second", &second), ("app", &app)]);
-        assert_eq!(
-            order[0].verdict,
-            SidecarVerdict::SignalledBeforeLaterSidecarExited { sidecar: "second".into() }
-        );
+        assert_eq!(order[0].verdict, SidecarVerdict::SignalledBeforeLaterSidecarExited { sidecar: "second".into() });
         assert_eq!(order[1].verdict, SidecarVerdict::InOrder);
     }
 

@@ -334,7 +334,8 @@ impl NodeTracker {
     /// id the runtime does not list are sandboxes or foreign containers and are ignored.
     pub fn set_metadata(&mut self, containers: Vec<ContainerMeta>) {
         self.metadata = containers.into_iter().map(|m| (m.container_id.clone(), m)).collect();
-        let pending: Vec<u64> = self.instances.iter().filter(|(_, i)| i.unit.is_none() && !i.ignored).map(|(id, _)| *id).collect();
+        let pending: Vec<u64> =
+            self.instances.iter().filter(|(_, i)| i.unit.is_none() && !i.ignored).map(|(id, _)| *id).collect();
         for cgroup_id in pending {
             let Some(instance) = self.instances.get_mut(&cgroup_id) else { continue };
             if let InstanceKind::Container { container_id, .. } = &instance.kind {
@@ -357,7 +358,8 @@ impl NodeTracker {
             })
             .collect();
         for (cgroup_id, container_id) in linked {
-            if let (Some(meta), Some(instance)) = (self.metadata.get(&container_id), self.instances.get_mut(&cgroup_id)) {
+            if let (Some(meta), Some(instance)) = (self.metadata.get(&container_id), self.instances.get_mut(&cgroup_id))
+            {
                 instance.termination.set_settings(termination_settings(meta));
             }
         }
@@ -446,7 +448,8 @@ impl NodeTracker {
 
     /// Forgets units that have not run for `retention_ns` and have no live instance.
     pub fn expire(&mut self, now: u64, retention_ns: u64) {
-        let live: Vec<UnitKey> = self.instances.values().filter(|i| i.exit.is_none()).filter_map(|i| i.unit.clone()).collect();
+        let live: Vec<UnitKey> =
+            self.instances.values().filter(|i| i.exit.is_none()).filter_map(|i| i.unit.clone()).collect();
         self.units.retain(|key, unit| live.contains(key) || now.saturating_sub(unit.last_change_ns) < retention_ns);
     }
 
@@ -539,7 +542,10 @@ impl NodeTracker {
 
     /// (namespace, pod, container) of every unit still tracked.
     pub fn unit_targets(&self) -> Vec<(String, String, String)> {
-        self.units.values().map(|u| (u.labels.namespace.clone(), u.labels.pod.clone(), u.labels.container.clone())).collect()
+        self.units
+            .values()
+            .map(|u| (u.labels.namespace.clone(), u.labels.pod.clone(), u.labels.container.clone()))
+            .collect()
     }
 
     fn known_cgroup(&mut self, id: u64) -> bool {
@@ -586,7 +592,12 @@ impl NodeTracker {
         let (key, labels, meta) = match &instance.kind {
             InstanceKind::Host { path } => (
                 UnitKey::Host { path: path.clone() },
-                UnitLabels { namespace: "host".into(), pod: String::new(), container: path.clone(), uid: String::new() },
+                UnitLabels {
+                    namespace: "host".into(),
+                    pod: String::new(),
+                    container: path.clone(),
+                    uid: String::new(),
+                },
                 None,
             ),
             InstanceKind::Container { container_id, pod_uid } => match self.metadata.get(container_id) {
@@ -604,7 +615,12 @@ impl NodeTracker {
                     let short: String = container_id.chars().take(12).collect();
                     (
                         UnitKey::Container { pod_uid: pod_uid.clone(), container: short.clone() },
-                        UnitLabels { namespace: String::new(), pod: String::new(), container: short, uid: pod_uid.clone() },
+                        UnitLabels {
+                            namespace: String::new(),
+                            pod: String::new(),
+                            container: short,
+                            uid: pod_uid.clone(),
+                        },
                         None,
                     )
                 }
@@ -680,7 +696,8 @@ impl NodeTracker {
     }
 
     fn exec(&mut self, facts: ExecFacts, time: u64, comm: &str) {
-        let ExecFacts { tgid, parent_tgid, cgroup_id, parent_cgroup_id, child_pid_namespace, exec_time, start_time_ns } = facts;
+        let ExecFacts { tgid, parent_tgid, cgroup_id, parent_cgroup_id, child_pid_namespace, exec_time, start_time_ns } =
+            facts;
         // A process that execs again (sh -c exec ...) keeps its role; only its name changes.
         if let Some(known) = self.processes.get_mut(&tgid) {
             if known.cgroup_id == cgroup_id && known.start_time_ns == start_time_ns {
@@ -703,7 +720,11 @@ impl NodeTracker {
         let is_container = matches!(instance.kind, InstanceKind::Container { .. });
         let no_real_init = instance.init.is_none_or(|init| init.provisional);
         let mut exec_session = false;
-        if is_container && from_outside && instance.exit.is_none() && (instance.init.is_none() || (no_real_init && child_pid_namespace)) {
+        if is_container
+            && from_outside
+            && instance.exit.is_none()
+            && (instance.init.is_none() || (no_real_init && child_pid_namespace))
+        {
             // The container's init: started by the runtime, in the container's pid namespace
             // (provisionally when it shares the host's, see InitProcess::provisional).
             let replaces_provisional = instance.init.is_some();
@@ -744,7 +765,15 @@ impl NodeTracker {
         self.processes.insert(tgid, ProcessEntry { cgroup_id, start_time_ns, exec_session, comm: comm.to_owned() });
     }
 
-    fn exit(&mut self, tgid: u32, cgroup_id: u64, time: u64, exit_status: Option<u8>, signal: Option<u8>, cpu_time_ns: u64) {
+    fn exit(
+        &mut self,
+        tgid: u32,
+        cgroup_id: u64,
+        time: u64,
+        exit_status: Option<u8>,
+        signal: Option<u8>,
+        cpu_time_ns: u64,
+    ) {
         let process = self.processes.remove(&tgid);
         let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
         if let Some(process) = &process {
@@ -1107,7 +1136,10 @@ mod tests {
         let proxy = views.iter().find(|v| v.labels.container == "proxy").expect("proxy");
         assert!(proxy.sidecar);
         let order = proxy.sidecar_order.clone().expect("judged");
-        assert_eq!(order.verdict, crate::termination::SidecarVerdict::SignalledBeforeMainExited { main_container: "app".into() });
+        assert_eq!(
+            order.verdict,
+            crate::termination::SidecarVerdict::SignalledBeforeMainExited { main_container: "app".into() }
+        );
         let app = views.iter().find(|v| v.labels.container == "app").expect("app");
         assert!(!app.sidecar && app.sidecar_order.is_none());
     }
@@ -1120,13 +1152,21 @@ mod tests {
         tracker.apply(&exec(2 * SECOND, 100, cg, SHIM_CGROUP, "app"));
         let view = only_view(&tracker, 3 * SECOND);
         assert_eq!(
-            (view.labels.namespace.as_str(), view.labels.pod.as_str(), view.labels.container.as_str(), view.labels.uid.as_str()),
+            (
+                view.labels.namespace.as_str(),
+                view.labels.pod.as_str(),
+                view.labels.container.as_str(),
+                view.labels.uid.as_str()
+            ),
             ("shop", "web-1", "app", POD_UID)
         );
         assert_eq!(view.status.state, ContainerState::Running { started_at: 2 * SECOND });
         tracker.apply(&exit(4 * SECOND, 100, cg, Some(0), None));
         let view = only_view(&tracker, 5 * SECOND);
-        assert!(matches!(view.status.state, ContainerState::Terminated { reason: TerminatedReason::Completed, exit_code: 0, .. }));
+        assert!(matches!(
+            view.status.state,
+            ContainerState::Terminated { reason: TerminatedReason::Completed, exit_code: 0, .. }
+        ));
         assert!(matches!(
             view.last_termination.map(|r| r.outcome),
             Some(TerminationOutcome::ExitedWithoutStopSignal { exit_status: Some(0), signal: None })
@@ -1147,7 +1187,9 @@ mod tests {
         let view = only_view(&tracker, 14 * SECOND);
         let report = view.last_termination.expect("judged on linking");
         assert_eq!(report.grace_ns, 3 * SECOND, "the annotation's grace period, not the 30 s default");
-        assert!(matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { stop_to_kill_ns, killed_early: false, .. } if stop_to_kill_ns == 3 * SECOND));
+        assert!(
+            matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { stop_to_kill_ns, killed_early: false, .. } if stop_to_kill_ns == 3 * SECOND)
+        );
         let unit = tracker.units().next().expect("unit");
         assert_eq!(unit.counters.grace_violations, 1);
         assert_eq!(unit.counters.signals.get(&(15, "runtime")), Some(&1));
@@ -1213,9 +1255,16 @@ mod tests {
         tracker.apply(&init);
         assert!(matches!(only_view(&tracker, 2 * SECOND).status.state, ContainerState::Running { .. }));
         tracker.apply(&exit(3 * SECOND, 100, cg, Some(1), None));
-        tracker.apply(&event(4 * SECOND, 1, 1, Detail::CgroupRmdir(CgroupDetail { id: cg, path: String::new(), truncated: false })));
+        tracker.apply(&event(
+            4 * SECOND,
+            1,
+            1,
+            Detail::CgroupRmdir(CgroupDetail { id: cg, path: String::new(), truncated: false }),
+        ));
         let view = only_view(&tracker, 5 * SECOND);
-        assert!(matches!(view.status.state, ContainerState::Terminated { exit_code: 1, finished_at, .. } if finished_at == 3 * SECOND));
+        assert!(
+            matches!(view.status.state, ContainerState::Terminated { exit_code: 1, finished_at, .. } if finished_at == 3 * SECOND)
+        );
     }
 
     #[test]
@@ -1271,7 +1320,10 @@ mod tests {
         tracker.apply(&exec(2 * SECOND, 11, 42, 42, "worker"));
         tracker.apply(&exit(3 * SECOND, 10, 42, Some(0), None));
         let view = only_view(&tracker, 4 * SECOND);
-        assert_eq!((view.labels.namespace.as_str(), view.labels.container.as_str()), ("host", "/system.slice/web.service"));
+        assert_eq!(
+            (view.labels.namespace.as_str(), view.labels.container.as_str()),
+            ("host", "/system.slice/web.service")
+        );
         assert!(matches!(view.status.state, ContainerState::Running { .. }), "the worker still runs");
         tracker.apply(&exit(5 * SECOND, 11, 42, Some(2), None));
         let view = only_view(&tracker, 6 * SECOND);
@@ -1290,7 +1342,12 @@ mod tests {
         tracker.seed_cgroup(77, "/batch/job", SECOND);
         tracker.apply(&exec(2 * SECOND, 10, 77, 1, "x"));
         tracker.apply(&exit(3 * SECOND, 10, 77, Some(0), None));
-        tracker.apply(&event(4 * SECOND, 1, 1, Detail::CgroupRmdir(CgroupDetail { id: 77, path: "/batch/job".into(), truncated: false })));
+        tracker.apply(&event(
+            4 * SECOND,
+            1,
+            1,
+            Detail::CgroupRmdir(CgroupDetail { id: 77, path: "/batch/job".into(), truncated: false }),
+        ));
         tracker.expire(5 * SECOND, 10 * SECOND);
         assert_eq!(tracker.containers(5 * SECOND).len(), 1, "kept during the retention");
         tracker.expire(20 * SECOND, 10 * SECOND);

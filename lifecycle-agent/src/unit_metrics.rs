@@ -185,7 +185,11 @@ fn write_value(out: &mut String, value: f64) {
 }
 
 impl UnitMetrics {
-    pub fn new(tracker: Arc<Mutex<NodeTracker>>, kernel: Arc<dyn KernelCounters>, clock: Box<dyn Fn() -> u64 + Send + Sync>) -> Self {
+    pub fn new(
+        tracker: Arc<Mutex<NodeTracker>>,
+        kernel: Arc<dyn KernelCounters>,
+        clock: Box<dyn Fn() -> u64 + Send + Sync>,
+    ) -> Self {
         Self { tracker, kernel, clock }
     }
 
@@ -220,7 +224,9 @@ impl UnitMetrics {
 
     fn unit(&self, f: &mut Families, unit: &Unit, now: u64, boot_to_unix: f64) {
         let l = &unit.labels;
-        let with_uid = Labels { pairs: vec![("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container), ("uid", &l.uid)] };
+        let with_uid = Labels {
+            pairs: vec![("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container), ("uid", &l.uid)],
+        };
         let short = Labels { pairs: vec![("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container)] };
         let snapshot = unit.snapshot(now);
         let state = match &snapshot.state {
@@ -255,7 +261,13 @@ impl UnitMetrics {
             code_text.clear();
             let _ = write!(code_text, "{code}");
             let signal = signal.map(|s| s.to_string()).unwrap_or_default();
-            f.sample(F::Exits, "", &short, &[("reason", reason), ("exit_code", &code_text), ("signal", &signal)], *n as f64);
+            f.sample(
+                F::Exits,
+                "",
+                &short,
+                &[("reason", reason), ("exit_code", &code_text), ("signal", &signal)],
+                *n as f64,
+            );
         }
         for (outcome, n) in &c.terminations {
             f.sample(F::Terminations, "", &short, &[("outcome", outcome)], *n as f64);

@@ -75,7 +75,8 @@ fn exit_to_visible_state_latency() {
     for attempt in 0..exits {
         // The container waits on a fifo-less sleep so the poller is already running at exit.
         let annotations = KubeletAnnotations { restart_count: attempt as u32, ..KubeletAnnotations::default() };
-        let id = h.run_container(&pod, "blink", &["sh", "-c", "sleep 0.2; exit 3"], &annotations, None).expect("container");
+        let id =
+            h.run_container(&pod, "blink", &["sh", "-c", "sleep 0.2; exit 3"], &annotations, None).expect("container");
         // Each side is polled on its own thread so a slow call on one cannot delay the other.
         let deadline = Instant::now() + Duration::from_secs(10);
         let (agent_side, runtime_seen) = std::thread::scope(|scope| {
@@ -92,7 +93,9 @@ fn exit_to_visible_state_latency() {
                     // new one runs, so Running with a terminated last_state does not count).
                     let exited = c.as_ref().and_then(|c| match c["state"]["state"].as_str() {
                         Some("terminated") => c["state"]["finished_at"].as_u64(),
-                        Some("waiting") if c["state"]["reason"] == "CrashLoopBackOff" => c["last_state"]["finished_at"].as_u64(),
+                        Some("waiting") if c["state"]["reason"] == "CrashLoopBackOff" => {
+                            c["last_state"]["finished_at"].as_u64()
+                        }
                         _ => None,
                     });
                     if let Some(finished) = exited {
@@ -121,7 +124,10 @@ fn exit_to_visible_state_latency() {
     let internal = get(&addr, "/metrics").unwrap_or_default();
     println!("\n| path | exits | p50 | p90 | p99 | max |");
     println!("|---|---|---|---|---|---|");
-    for (name, v) in [("kernel exit -> agent /api/v1/containers", &agent_ms), ("kernel exit -> CRI ContainerStatus (containerd)", &runtime_ms)] {
+    for (name, v) in [
+        ("kernel exit -> agent /api/v1/containers", &agent_ms),
+        ("kernel exit -> CRI ContainerStatus (containerd)", &runtime_ms),
+    ] {
         println!(
             "| {name} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
             v.len(),

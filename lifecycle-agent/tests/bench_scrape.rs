@@ -85,7 +85,8 @@ fn node(n: u64) -> NodeTracker {
                 comm: "app".into(),
             };
             tracker.apply(&event(t + 1, pid, cgroup, exec));
-            let tcp = TcpDetail { socket_cgroup_id: cgroup, netns: 1, family: 2, local_port: 8080, remote_port: 0, fd: None };
+            let tcp =
+                TcpDetail { socket_cgroup_id: cgroup, netns: 1, family: 2, local_port: 8080, remote_port: 0, fd: None };
             tracker.apply(&event(t + 2, pid, cgroup, Detail::TcpListen(tcp)));
             let signal = Detail::Signal {
                 signal: 15,

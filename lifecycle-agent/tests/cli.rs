@@ -79,17 +79,33 @@ fn run_serves_valid_metrics_and_detaches_everything_on_sigterm() {
     let (head, body) = response.split_once("\r\n\r\n").expect("http response");
     assert!(head.contains(" 200 OK"), "{head}");
     assert!(head.contains("text/plain; version=0.0.4"), "{head}");
-    for feature in ["process_exec", "process_exit", "signals", "oom_kills", "tcp_sockets", "tcp_accepts", "cgroup_events"] {
-        assert!(body.contains(&format!("lifecycle_feature_enabled{{feature=\"{feature}\"}} 1")), "{feature} in\n{body}");
+    for feature in
+        ["process_exec", "process_exit", "signals", "oom_kills", "tcp_sockets", "tcp_accepts", "cgroup_events"]
+    {
+        assert!(
+            body.contains(&format!("lifecycle_feature_enabled{{feature=\"{feature}\"}} 1")),
+            "{feature} in\n{body}"
+        );
     }
     assert!(body.contains("lifecycle_events_lost_total{kind=\"exit\"} 0"), "{body}");
     assert!(body.lines().any(|l| l.starts_with("lifecycle_events_total{kind=\"exec\"}")), "{body}");
 
     // promtool's linter reports nothing on the live output.
-    if let Ok(mut promtool) = Command::new("promtool").args(["check", "metrics"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {
+    if let Ok(mut promtool) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
         promtool.stdin.take().expect("stdin").write_all(body.as_bytes()).expect("feed promtool");
         let out = promtool.wait_with_output().expect("promtool");
-        assert!(out.status.success(), "promtool: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "promtool: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     } else {
         eprintln!("note: promtool not installed; the test tier installs it (Debian prometheus)");
     }
@@ -169,7 +185,10 @@ fn bad_flags_are_refused_with_the_reason() {
 #[test]
 fn bad_ring_size_is_refused() {
     require_privileges!();
-    one_sentence_failure(&["run", "--ring-bytes", "12345", "--listen", "127.0.0.1:0"], "ring buffer size 12345 is not a power of two");
+    one_sentence_failure(
+        &["run", "--ring-bytes", "12345", "--listen", "127.0.0.1:0"],
+        "ring buffer size 12345 is not a power of two",
+    );
 }
 
 #[test]

@@ -28,26 +28,16 @@ fn term_trapping_shell_exits_promptly_on_stop() {
         .run_container(
             &pod,
             "app",
-            &[
-                "sh",
-                "-c",
-                "trap 'exit 0' TERM; while true; do sleep 0.1; done",
-            ],
+            &["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 0.1; done"],
             &KubeletAnnotations::default(),
             None,
         )
         .expect("container");
-    eprintln!(
-        "sandbox {sandbox_ready:?}, sandbox+container running {:?}",
-        began.elapsed()
-    );
+    eprintln!("sandbox {sandbox_ready:?}, sandbox+container running {:?}", began.elapsed());
 
     let elapsed = h.stop_container(&id, 10).expect("stop");
     let status = h.container_status(&id).expect("status");
-    eprintln!(
-        "stop took {elapsed:?}: exit {} reason {:?}",
-        status.exit_code, status.reason
-    );
+    eprintln!("stop took {elapsed:?}: exit {} reason {:?}", status.exit_code, status.reason);
     assert_eq!(status.state, EXITED);
     // Busybox sh is PID 1 of its own pid namespace; its trap runs after the current `sleep 0.1`
     // returns and exits with the trap's code, so the runtime reports the trap's 0 / Completed.
@@ -68,43 +58,24 @@ fn term_ignoring_container_is_killed_after_the_timeout() {
             &pod,
             "app",
             &["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"],
-            &KubeletAnnotations {
-                termination_grace_period_s: Some(2),
-                ..Default::default()
-            },
+            &KubeletAnnotations { termination_grace_period_s: Some(2), ..Default::default() },
             None,
         )
         .expect("container");
 
     let elapsed = h.stop_container(&id, 2).expect("stop");
     let status = h.container_status(&id).expect("status");
-    eprintln!(
-        "stop took {elapsed:?}: exit {} reason {:?}",
-        status.exit_code, status.reason
-    );
+    eprintln!("stop took {elapsed:?}: exit {} reason {:?}", status.exit_code, status.reason);
     assert_eq!(status.state, EXITED);
     assert_eq!(status.exit_code, 137, "SIGKILL after the timeout");
     assert_eq!(status.reason, "Error");
     // containerd waits the full timeout before SIGKILL, so never less than 2 s; the upper bound
     // allows for the kill, the exit event and the status update (~0.1 s measured) with margin
     // for a loaded 2-CPU machine.
-    assert!(
-        elapsed >= Duration::from_secs(2),
-        "killed early: {elapsed:?}"
-    );
-    assert!(
-        elapsed < Duration::from_millis(3500),
-        "kill came late: {elapsed:?}"
-    );
-    let finished_after_start = Duration::from_nanos(
-        (status.finished_at - status.started_at)
-            .try_into()
-            .unwrap_or(0),
-    );
-    assert!(
-        finished_after_start >= Duration::from_secs(2),
-        "{finished_after_start:?}"
-    );
+    assert!(elapsed >= Duration::from_secs(2), "killed early: {elapsed:?}");
+    assert!(elapsed < Duration::from_millis(3500), "kill came late: {elapsed:?}");
+    let finished_after_start = Duration::from_nanos((status.finished_at - status.started_at).try_into().unwrap_or(0));
+    assert!(finished_after_start >= Duration::from_secs(2), "{finished_after_start:?}");
 }
 
 #[test]
@@ -114,26 +85,13 @@ fn completed_container_exits_zero() {
     };
     let pod = h.new_pod("complete").expect("pod");
     let id = h
-        .run_container(
-            &pod,
-            "job",
-            &["sh", "-c", "sleep 0.2; exit 0"],
-            &KubeletAnnotations::default(),
-            None,
-        )
+        .run_container(&pod, "job", &["sh", "-c", "sleep 0.2; exit 0"], &KubeletAnnotations::default(), None)
         .expect("container");
     let status = h.wait_exited(&id, Duration::from_secs(10)).expect("exit");
     assert_eq!(status.exit_code, 0);
     assert_eq!(status.reason, "Completed");
-    assert!(
-        status.created_at <= status.started_at && status.started_at < status.finished_at,
-        "{status:?}"
-    );
-    let ran = Duration::from_nanos(
-        (status.finished_at - status.started_at)
-            .try_into()
-            .unwrap_or(0),
-    );
+    assert!(status.created_at <= status.started_at && status.started_at < status.finished_at, "{status:?}");
+    let ran = Duration::from_nanos((status.finished_at - status.started_at).try_into().unwrap_or(0));
     assert!(ran >= Duration::from_millis(200), "ran {ran:?}");
 }
 
@@ -149,20 +107,13 @@ fn memory_limit_oom_is_reported_as_oomkilled() {
         .run_container(
             &pod,
             "hog",
-            &[
-                "sh",
-                "-c",
-                "a=xxxxxxxxxxxxxxxx; while true; do a=\"$a$a\"; done",
-            ],
+            &["sh", "-c", "a=xxxxxxxxxxxxxxxx; while true; do a=\"$a$a\"; done"],
             &KubeletAnnotations::default(),
             Some(64 * 1024 * 1024),
         )
         .expect("container");
     let status = h.wait_exited(&id, Duration::from_secs(20)).expect("exit");
-    eprintln!(
-        "exit {} reason {:?} message {:?}",
-        status.exit_code, status.reason, status.message
-    );
+    eprintln!("exit {} reason {:?} message {:?}", status.exit_code, status.reason, status.message);
     assert_eq!(status.exit_code, 137);
     assert_eq!(status.reason, "OOMKilled");
 }
@@ -173,14 +124,7 @@ fn cri_client_reads_kubelet_identity_and_outcome() {
         return;
     };
     let uid = "0b3f6a52-7c1e-4d38-9a57-2f6e1c0d8e41";
-    let pod = h
-        .run_pod_sandbox(
-            "web-0",
-            "shop",
-            uid,
-            &format!("/kubepods/burstable/pod{uid}"),
-        )
-        .expect("pod");
+    let pod = h.run_pod_sandbox("web-0", "shop", uid, &format!("/kubepods/burstable/pod{uid}")).expect("pod");
     let pre_stop = r#"{"exec":{"command":["sh","-c","sleep 1"]}}"#;
     let ports = r#"[{"name":"http","containerPort":8080,"protocol":"TCP"}]"#;
     let app = h
@@ -209,29 +153,19 @@ fn cri_client_reads_kubelet_identity_and_outcome() {
                 container_type: "init",
                 // Malformed on purpose: the field is unset, the listing still succeeds.
                 termination_grace_period_s: None,
-                extra: vec![(
-                    "io.kubernetes.pod.terminationGracePeriod".to_owned(),
-                    "thirty".to_owned(),
-                )],
+                extra: vec![("io.kubernetes.pod.terminationGracePeriod".to_owned(), "thirty".to_owned())],
                 ..Default::default()
             },
             None,
         )
         .expect("init");
-    h.wait_exited(&init, Duration::from_secs(10))
-        .expect("init exits");
+    h.wait_exited(&init, Duration::from_secs(10)).expect("init exits");
 
     let listed = h.block_on(h.cri().list_containers()).expect("list");
     assert_eq!(listed.len(), 2, "{listed:#?}");
-    let app_meta = listed
-        .iter()
-        .find(|m| m.container_id == app)
-        .expect("app listed");
+    let app_meta = listed.iter().find(|m| m.container_id == app).expect("app listed");
     assert_eq!(app_meta.pod_sandbox_id, pod.id);
-    assert_eq!(
-        (app_meta.pod_name.as_str(), app_meta.pod_namespace.as_str()),
-        ("web-0", "shop")
-    );
+    assert_eq!((app_meta.pod_name.as_str(), app_meta.pod_namespace.as_str()), ("web-0", "shop"));
     assert_eq!(app_meta.pod_uid, uid);
     assert_eq!(app_meta.container_name, "app");
     assert_eq!(app_meta.attempt, 2);
@@ -245,10 +179,7 @@ fn cri_client_reads_kubelet_identity_and_outcome() {
     assert_eq!(app_meta.state, ContainerState::Running);
     assert!(app_meta.created_ns > 0);
 
-    let init_meta = listed
-        .iter()
-        .find(|m| m.container_id == init)
-        .expect("init listed");
+    let init_meta = listed.iter().find(|m| m.container_id == init).expect("init listed");
     assert_eq!(init_meta.container_type, Some(ContainerType::Init));
     assert_eq!(init_meta.termination_grace_period_ns, None);
     assert_eq!(init_meta.state, ContainerState::Exited);
@@ -259,17 +190,12 @@ fn cri_client_reads_kubelet_identity_and_outcome() {
     assert_eq!(done.reason.as_deref(), Some("Completed"));
     // Both set; not ordered: for a process this short containerd 1.6 records StartedAt after
     // StartContainer returns, which can be later than the exit the shim already timestamped.
-    assert!(
-        done.started_ns.is_some() && done.finished_ns.is_some(),
-        "{done:?}"
-    );
+    assert!(done.started_ns.is_some() && done.finished_ns.is_some(), "{done:?}");
 
     let running = h.block_on(h.cri().container_status(&app)).expect("status");
     assert_eq!((running.exit_code, running.finished_ns), (None, None));
 
-    let missing = h
-        .block_on(h.cri().container_status("0000"))
-        .expect_err("no such container");
+    let missing = h.block_on(h.cri().container_status("0000")).expect_err("no such container");
     assert!(matches!(missing, CriError::NotFound { .. }), "{missing:?}");
     let version = h.cri().version();
     assert_eq!(version.runtime_name, "containerd");
@@ -282,14 +208,7 @@ fn drop_leaves_nothing_behind() {
         return;
     };
     let pod = h.new_pod("tidy").expect("pod");
-    h.run_container(
-        &pod,
-        "app",
-        &["sleep", "300"],
-        &KubeletAnnotations::default(),
-        None,
-    )
-    .expect("container");
+    h.run_container(&pod, "app", &["sleep", "300"], &KubeletAnnotations::default(), None).expect("container");
     let pid = h.containerd_pid().expect("containerd pid");
     let run_dir = h.run_dir().to_owned();
     let socket = h.socket().to_string_lossy().into_owned();
@@ -298,20 +217,10 @@ fn drop_leaves_nothing_behind() {
 
     assert!(!running(pid), "containerd {pid} survived");
     assert!(!run_dir.exists(), "{} survived", run_dir.display());
-    assert_eq!(
-        processes_mentioning(&socket),
-        Vec::<u32>::new(),
-        "shims survived"
-    );
-    assert!(
-        shim_sockets.iter().all(|s| !s.exists()),
-        "shim sockets survived: {shim_sockets:?}"
-    );
+    assert_eq!(processes_mentioning(&socket), Vec::<u32>::new(), "shims survived");
+    assert!(shim_sockets.iter().all(|s| !s.exists()), "shim sockets survived: {shim_sockets:?}");
     assert_eq!(mounts_under(&run_dir), Vec::<String>::new());
-    assert_eq!(
-        cgroups_named(&format!("pod{}", pod.uid)),
-        Vec::<String>::new()
-    );
+    assert_eq!(cgroups_named(&format!("pod{}", pod.uid)), Vec::<String>::new());
 }
 
 #[test]
@@ -320,15 +229,7 @@ fn a_crashed_run_is_swept_by_the_next_start() {
         return;
     };
     let pod = first.new_pod("orphan").expect("pod");
-    first
-        .run_container(
-            &pod,
-            "app",
-            &["sleep", "300"],
-            &KubeletAnnotations::default(),
-            None,
-        )
-        .expect("container");
+    first.run_container(&pod, "app", &["sleep", "300"], &KubeletAnnotations::default(), None).expect("container");
     let pid = first.containerd_pid().expect("containerd pid");
     let run_dir = first.run_dir().to_owned();
     let socket = first.socket().to_string_lossy().into_owned();
@@ -343,20 +244,10 @@ fn a_crashed_run_is_swept_by_the_next_start() {
     // It was our child, so it lingers as a zombie until this process exits: that counts as gone.
     assert!(!running(pid), "stale containerd {pid} survived");
     assert!(!run_dir.exists(), "{} survived", run_dir.display());
-    assert_eq!(
-        processes_mentioning(&socket),
-        Vec::<u32>::new(),
-        "stale shims survived"
-    );
-    assert!(
-        shim_sockets.iter().all(|s| !s.exists()),
-        "stale shim sockets survived: {shim_sockets:?}"
-    );
+    assert_eq!(processes_mentioning(&socket), Vec::<u32>::new(), "stale shims survived");
+    assert!(shim_sockets.iter().all(|s| !s.exists()), "stale shim sockets survived: {shim_sockets:?}");
     assert_eq!(mounts_under(&run_dir), Vec::<String>::new());
-    assert_eq!(
-        cgroups_named(&format!("pod{}", pod.uid)),
-        Vec::<String>::new()
-    );
+    assert_eq!(cgroups_named(&format!("pod{}", pod.uid)), Vec::<String>::new());
     drop(second);
 }
 
@@ -386,11 +277,7 @@ fn mounts_under(dir: &std::path::Path) -> Vec<String> {
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
-        .filter(|line| {
-            line.split_whitespace()
-                .nth(4)
-                .is_some_and(|point| point.starts_with(&prefix))
-        })
+        .filter(|line| line.split_whitespace().nth(4).is_some_and(|point| point.starts_with(&prefix)))
         .map(str::to_owned)
         .collect()
 }

@@ -13,10 +13,10 @@
 //!
 //! Run: `cargo test -p lifecycle-agent --test dashboards -- --nocapture`
 
-#[path = "support/containerd.rs"]
-mod containerd;
 #[path = "support/agent.rs"]
 mod agent;
+#[path = "support/containerd.rs"]
+mod containerd;
 
 use std::{
     fs,
@@ -108,7 +108,8 @@ impl Prometheus {
 
     /// An instant query's result vector.
     fn query(&self, expr: &str) -> Vec<Value> {
-        let (code, body) = get(&self.addr, &format!("/api/v1/query?query={}", encode(expr))).expect("prometheus answers");
+        let (code, body) =
+            get(&self.addr, &format!("/api/v1/query?query={}", encode(expr))).expect("prometheus answers");
         assert_eq!(code, 200, "query {expr}: {body}");
         let value: Value = serde_json::from_str(&body).expect("JSON");
         value["data"]["result"].as_array().cloned().unwrap_or_default()
@@ -170,8 +171,7 @@ fn workspace_root() -> PathBuf {
 }
 
 fn on_path(binary: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(binary).is_file()))
+    std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(binary).is_file()))
 }
 
 /// A listening server with connections, exec probes, and probe requests (passing and failing).
@@ -200,7 +200,11 @@ fn web_scenario(h: &mut Containerd, agent: &Agent, prometheus: &Prometheus) -> (
     let mut runtime = h.cri().runtime_service();
     for round in 1..=2 {
         for _ in 0..2 {
-            let request = k8s_cri::v1::ExecSyncRequest { container_id: id.clone(), cmd: vec!["cat".into(), "/etc/hostname".into()], timeout: 5 };
+            let request = k8s_cri::v1::ExecSyncRequest {
+                container_id: id.clone(),
+                cmd: vec!["cat".into(), "/etc/hostname".into()],
+                timeout: 5,
+            };
             let reply = h.block_on(runtime.exec_sync(request)).expect("exec").into_inner();
             assert_eq!(reply.exit_code, 0);
         }
@@ -272,7 +276,9 @@ fn oom_kill(h: &mut Containerd, agent: &Agent) {
     for attempt in 0..2 {
         let pod = h.new_pod(&format!("hog-{attempt}")).expect("pod");
         let script = "a=xxxxxxxxxxxxxxxx; while true; do a=\"$a$a\"; done";
-        let id = h.run_container(&pod, "hog", &["sh", "-c", script], &annotations(30, 0), Some(64 << 20)).expect("container");
+        let id = h
+            .run_container(&pod, "hog", &["sh", "-c", script], &annotations(30, 0), Some(64 << 20))
+            .expect("container");
         let status = h.wait_exited(&id, Duration::from_secs(20)).expect("exit");
         assert_eq!(status.reason, "OOMKilled", "the runtime saw no OOM kill: {status:?}");
         let done = agent.wait(&pod, "hog", "judged", |c| !c["last_termination"].is_null());
@@ -280,14 +286,19 @@ fn oom_kill(h: &mut Containerd, agent: &Agent) {
             return;
         }
         assert_eq!(attempt, 0, "the agent misjudged the OOM kill twice: {done:#}");
-        eprintln!("AGENT MISJUDGED: the runtime reports OOMKilled, the agent {:?}; trying again: {done:#}", outcome(&done));
+        eprintln!(
+            "AGENT MISJUDGED: the runtime reports OOMKilled, the agent {:?}; trying again: {done:#}",
+            outcome(&done)
+        );
     }
 }
 
 /// A container that completes with exit 0.
 fn completion(h: &mut Containerd, agent: &Agent) {
     let pod = h.new_pod("job").expect("pod");
-    let id = h.run_container(&pod, "task", &["sh", "-c", "sleep 0.3; exit 0"], &annotations(30, 0), None).expect("container");
+    let id = h
+        .run_container(&pod, "task", &["sh", "-c", "sleep 0.3; exit 0"], &annotations(30, 0), None)
+        .expect("container");
     h.wait_exited(&id, Duration::from_secs(10)).expect("exit");
     let done = agent.wait(&pod, "task", "judged", |c| !c["last_termination"].is_null());
     assert_eq!(outcome(&done), "exited_without_stop_signal", "{done:#}");

@@ -4,10 +4,10 @@
 //!
 //! Run: `cargo test -p lifecycle-agent --test e2e -- --test-threads=1`
 
-#[path = "support/containerd.rs"]
-mod containerd;
 #[path = "support/agent.rs"]
 mod agent;
+#[path = "support/containerd.rs"]
+mod containerd;
 
 use std::time::{Duration, Instant};
 
@@ -59,7 +59,10 @@ fn app_exiting_on_sigterm_is_within_grace() {
     assert!((0.0..1.0).contains(&duration), "stop took {duration} s");
     assert_eq!(done["state"]["reason"], "Completed");
     let metrics = agent.metrics();
-    assert_eq!(metric_line(&metrics, "lifecycle_terminations_total", &pod, "outcome=\"exited_within_grace\""), Some(1.0));
+    assert_eq!(
+        metric_line(&metrics, "lifecycle_terminations_total", &pod, "outcome=\"exited_within_grace\""),
+        Some(1.0)
+    );
     assert_eq!(metric_line(&metrics, "lifecycle_grace_period_violations_total", &pod, ""), Some(0.0));
 }
 
@@ -87,7 +90,10 @@ fn app_ignoring_sigterm_is_sigkilled_at_the_timeout_as_a_violation() {
     assert_eq!(done["state"]["exit_code"], 137);
     let metrics = agent.metrics();
     assert_eq!(metric_line(&metrics, "lifecycle_grace_period_violations_total", &pod, ""), Some(1.0));
-    assert_eq!(metric_line(&metrics, "lifecycle_signals_received_total", &pod, "signal=\"9\",sender=\"runtime\""), Some(1.0));
+    assert_eq!(
+        metric_line(&metrics, "lifecycle_signals_received_total", &pod, "signal=\"9\",sender=\"runtime\""),
+        Some(1.0)
+    );
 }
 
 #[test]
@@ -119,9 +125,15 @@ fn crash_loop_delays_are_judged_against_the_kubelet_back_off() {
     let observed = last["observed_delay_ns"].as_f64().expect("observed") / SECOND;
     assert!(observed < 1.0, "restarted {observed} s after the exit");
     let metrics = agent.metrics();
-    assert_eq!(metric_line(&metrics, "lifecycle_backoff_verdicts_total", &pod, "verdict=\"within_tolerance\""), Some(2.0));
+    assert_eq!(
+        metric_line(&metrics, "lifecycle_backoff_verdicts_total", &pod, "verdict=\"within_tolerance\""),
+        Some(2.0)
+    );
     assert_eq!(metric_line(&metrics, "lifecycle_backoff_verdicts_total", &pod, "verdict=\"too_early\""), Some(1.0));
-    assert_eq!(metric_line(&metrics, "lifecycle_container_exits_total", &pod, "reason=\"Error\",exit_code=\"1\""), Some(4.0));
+    assert_eq!(
+        metric_line(&metrics, "lifecycle_container_exits_total", &pod, "reason=\"Error\",exit_code=\"1\""),
+        Some(4.0)
+    );
     // Until the next restart, the kubelet would show CrashLoopBackOff for the 4 s now due.
     assert_eq!(state(&c), "waiting");
     assert_eq!(c["state"]["reason"], "CrashLoopBackOff");
@@ -133,7 +145,8 @@ fn memory_limit_oom_kill_is_oomkilled_from_the_kernel_event() {
     let agent = Agent::start(&h, &[]);
     let pod = h.new_pod("hog").expect("pod");
     let script = "a=xxxxxxxxxxxxxxxx; while true; do a=\"$a$a\"; done";
-    let id = h.run_container(&pod, "hog", &["sh", "-c", script], &annotations(30, 0), Some(64 << 20)).expect("container");
+    let id =
+        h.run_container(&pod, "hog", &["sh", "-c", script], &annotations(30, 0), Some(64 << 20)).expect("container");
     h.wait_exited(&id, Duration::from_secs(20)).expect("exit");
     let done = agent.wait(&pod, "hog", "judged", |c| !c["last_termination"].is_null());
     assert_eq!(outcome(&done), "oom_killed", "{done:#}");
@@ -147,14 +160,18 @@ fn exit_zero_is_a_completion_without_stop_signal() {
     let Some(mut h) = start_or_skip("exit_zero_is_a_completion_without_stop_signal") else { return };
     let agent = Agent::start(&h, &[]);
     let pod = h.new_pod("job").expect("pod");
-    let id = h.run_container(&pod, "task", &["sh", "-c", "sleep 0.3; exit 0"], &annotations(30, 0), None).expect("container");
+    let id = h
+        .run_container(&pod, "task", &["sh", "-c", "sleep 0.3; exit 0"], &annotations(30, 0), None)
+        .expect("container");
     let status = h.wait_exited(&id, Duration::from_secs(10)).expect("exit");
     let done = agent.wait(&pod, "task", "judged", |c| !c["last_termination"].is_null());
     assert_eq!(outcome(&done), "exited_without_stop_signal", "{done:#}");
     assert_eq!((done["state"]["reason"].as_str(), done["state"]["exit_code"].as_i64()), (Some("Completed"), Some(0)));
     // The runtime and the kernel agree on how long it ran (the runtime's clock is Unix time,
     // the agent's boot time: compare durations). Start differs by exec setup; allow 100 ms.
-    let ran = (done["state"]["finished_at"].as_f64().expect("finished") - done["state"]["started_at"].as_f64().expect("started")) / SECOND;
+    let ran = (done["state"]["finished_at"].as_f64().expect("finished")
+        - done["state"]["started_at"].as_f64().expect("started"))
+        / SECOND;
     let runtime_ran = (status.finished_at - status.started_at) as f64 / SECOND;
     assert!((ran - runtime_ran).abs() < 0.1, "agent {ran} s vs runtime {runtime_ran} s");
     assert!(ran >= 0.3, "ran {ran} s");
@@ -190,7 +207,11 @@ fn probes_answer_from_kernel_state_and_exec_sessions_are_costed() {
     // Two exec probes the kubelet's way (ExecSync), costed per container.
     let mut runtime = h.cri().runtime_service();
     for _ in 0..2 {
-        let request = k8s_cri::v1::ExecSyncRequest { container_id: id.clone(), cmd: vec!["cat".into(), "/etc/hostname".into()], timeout: 5 };
+        let request = k8s_cri::v1::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["cat".into(), "/etc/hostname".into()],
+            timeout: 5,
+        };
         let reply = h.block_on(runtime.exec_sync(request)).expect("exec").into_inner();
         assert_eq!(reply.exit_code, 0);
     }

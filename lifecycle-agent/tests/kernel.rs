@@ -56,7 +56,8 @@ fn process_exiting_3_reports_exec_and_exit_fields_exactly() {
     let (exec, exit) = exec_and_exit(hub, &cg, pid);
     let me = std::process::id();
 
-    let Detail::Exec { parent_tgid, parent_cgroup_id, start_time_ns, comm, namespace_init, child_pid_namespace } = &exec.detail
+    let Detail::Exec { parent_tgid, parent_cgroup_id, start_time_ns, comm, namespace_init, child_pid_namespace } =
+        &exec.detail
     else {
         unreachable!()
     };
@@ -147,9 +148,7 @@ fn memory_limit_oom_kill_reports_the_victim_in_its_cgroup() {
     cg.limit_memory(32 << 20);
     // dd reads /dev/zero into one 256 MiB buffer, touching every page: far over the limit.
     let mut child = cg.spawn(
-        Command::new("/bin/dd")
-            .args(["if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"])
-            .stderr(Stdio::null()),
+        Command::new("/bin/dd").args(["if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"]).stderr(Stdio::null()),
     );
     let pid = child.id();
     let status = child.wait().expect("wait");
@@ -265,10 +264,10 @@ fn tcp_listener_accepting_clients_from_inside_and_outside_its_cgroup() {
     BufReader::new(listener.stdout.take().expect("stdout")).read_line(&mut port).expect("port");
     let port: u16 = port.trim().parse().expect("port number");
 
-    let outside: Vec<TcpStream> = (0..OUTSIDE).map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect")).collect();
-    let inside_client = format!(
-        "import socket\nfor _ in range({INSIDE}): socket.create_connection(('127.0.0.1', {port})).close()"
-    );
+    let outside: Vec<TcpStream> =
+        (0..OUTSIDE).map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect")).collect();
+    let inside_client =
+        format!("import socket\nfor _ in range({INSIDE}): socket.create_connection(('127.0.0.1', {port})).close()");
     assert!(cg.spawn(Command::new(PYTHON).args(["-c", &inside_client])).wait().expect("client").success());
 
     let events = tcp_events(hub, &cg, port, "listen, established and accepts", |m| {
@@ -315,8 +314,12 @@ fn tcp_listener_accepting_clients_from_inside_and_outside_its_cgroup() {
 
     drop(listener.stdin.take());
     assert!(listener.wait().expect("listener").success());
-    let closed = tcp_events(hub, &cg, port, "listen close", |m| count(m, |d| matches!(d, Detail::TcpListenClose(_))) == 1);
-    assert_eq!(closed.iter().find(|e| matches!(e.detail, Detail::TcpListenClose(_))).map(|e| e.detail.clone()), Some(Detail::TcpListenClose(expected(0, None))));
+    let closed =
+        tcp_events(hub, &cg, port, "listen close", |m| count(m, |d| matches!(d, Detail::TcpListenClose(_))) == 1);
+    assert_eq!(
+        closed.iter().find(|e| matches!(e.detail, Detail::TcpListenClose(_))).map(|e| e.detail.clone()),
+        Some(Detail::TcpListenClose(expected(0, None)))
+    );
     let counters = hub.maps.counters_of(cg.id).expect("counters");
     assert_eq!(
         (counters.tcp_listens, counters.tcp_established, counters.tcp_accepts),
@@ -341,15 +344,15 @@ fn tcp_listener_that_never_accepts_shows_connections_waiting() {
     let hub = Hub::get();
     let mut cg = TestCgroup::new("noaccept");
     const CLIENTS: usize = 4;
-    let mut listener = cg.spawn(
-        Command::new(PYTHON).args(["-c", LISTENER, "-1"]).stdin(Stdio::piped()).stdout(Stdio::piped()),
-    );
+    let mut listener =
+        cg.spawn(Command::new(PYTHON).args(["-c", LISTENER, "-1"]).stdin(Stdio::piped()).stdout(Stdio::piped()));
     let mut port = String::new();
     BufReader::new(listener.stdout.take().expect("stdout")).read_line(&mut port).expect("port");
     let port: u16 = port.trim().parse().expect("port number");
     // Connecting succeeds: the kernel completes the handshake into the backlog (why a tcpSocket
     // probe passes for an app that stopped accepting).
-    let clients: Vec<TcpStream> = (0..CLIENTS).map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect")).collect();
+    let clients: Vec<TcpStream> =
+        (0..CLIENTS).map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect")).collect();
     let events = tcp_events(hub, &cg, port, "established connections", |m| {
         count(m, |d| matches!(d, Detail::TcpEstablished(_))) == CLIENTS
     });
@@ -370,10 +373,12 @@ fn cgroup_creation_and_removal_report_id_and_path() {
     let cg = TestCgroup::new("mkdir");
     let (id, path) = (cg.id, cg.path.clone());
     let detail = CgroupDetail { id, path: path.clone(), truncated: false };
-    let created = hub.wait_for("cgroup mkdir", |e| matches!(&e.detail, Detail::CgroupMkdir(c) if c.id == id), |m| !m.is_empty());
+    let created =
+        hub.wait_for("cgroup mkdir", |e| matches!(&e.detail, Detail::CgroupMkdir(c) if c.id == id), |m| !m.is_empty());
     assert_eq!(created[0].detail, Detail::CgroupMkdir(detail.clone()));
     drop(cg);
-    let removed = hub.wait_for("cgroup rmdir", |e| matches!(&e.detail, Detail::CgroupRmdir(c) if c.id == id), |m| !m.is_empty());
+    let removed =
+        hub.wait_for("cgroup rmdir", |e| matches!(&e.detail, Detail::CgroupRmdir(c) if c.id == id), |m| !m.is_empty());
     assert_eq!(removed[0].detail, Detail::CgroupRmdir(detail));
 }
 
@@ -421,7 +426,8 @@ fn exec_records_say_whether_the_task_is_a_pid_namespace_init() {
     let mut cg = TestCgroup::new("pidns");
     // unshare forks a child that is PID 1 of a new pid namespace and execs sh there; sh forks
     // sleep, PID 2 of that namespace.
-    let mut child = cg.spawn(Command::new("/usr/bin/unshare").args(["--pid", "--fork", "/bin/sh", "-c", "/bin/sleep 0; exit 0"]));
+    let mut child =
+        cg.spawn(Command::new("/usr/bin/unshare").args(["--pid", "--fork", "/bin/sh", "-c", "/bin/sleep 0; exit 0"]));
     assert!(child.wait().expect("wait").success());
     let execs = hub.wait_for(
         "exec of sh and sleep in the new pid namespace",
@@ -430,7 +436,9 @@ fn exec_records_say_whether_the_task_is_a_pid_namespace_init() {
     );
     let flags = |name: &str| {
         execs.iter().find_map(|e| match &e.detail {
-            Detail::Exec { comm, namespace_init, child_pid_namespace, .. } if comm == name => Some((*namespace_init, *child_pid_namespace)),
+            Detail::Exec { comm, namespace_init, child_pid_namespace, .. } if comm == name => {
+                Some((*namespace_init, *child_pid_namespace))
+            }
             _ => None,
         })
     };

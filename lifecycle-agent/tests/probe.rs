@@ -93,7 +93,8 @@ struct Feeder {
 impl Feeder {
     fn feed_until(&mut self, probe: &PodProbe, what: &str, done: impl Fn(&[Event]) -> bool) -> Vec<Event> {
         let netns = probe.netns();
-        let events = Hub::get().wait_for(what, |e| tcp_of(e).is_some_and(|(n, port)| n == netns && port == APP_PORT), done);
+        let events =
+            Hub::get().wait_for(what, |e| tcp_of(e).is_some_and(|(n, port)| n == netns && port == APP_PORT), done);
         for event in &events[self.fed..] {
             assert!(probe.on_event(event));
         }
@@ -143,7 +144,10 @@ fn a_listener_that_accepts_passes() {
     let mut app = netns.spawn(PYTHON, &["-c", APP, "accept", &APP_PORT.to_string()]);
     assert_eq!(app.read_line(), "listening");
     feeder.feed_until(&probe, "listen", |m| count(m, |d| matches!(d, Detail::TcpListen(_))) == 1);
-    let out = netns.output(PYTHON, &["-c", "import socket\nfor _ in range(5): socket.create_connection(('127.0.0.1', 8080)).close()"]);
+    let out = netns.output(
+        PYTHON,
+        &["-c", "import socket\nfor _ in range(5): socket.create_connection(('127.0.0.1', 8080)).close()"],
+    );
     assert_eq!(out, "");
     let events = feeder.feed_until(&probe, "5 accepts", |m| count(m, |d| matches!(d, Detail::TcpAccept(_))) == 5);
     assert_eq!(count(&events, |d| matches!(d, Detail::TcpEstablished(_))), 5);
@@ -165,7 +169,8 @@ fn a_listener_that_never_accepts_fails_after_the_stall_while_connects_still_succ
     let mut clients = netns.spawn(PYTHON, &["-c", CLIENTS, &N.to_string(), &APP_PORT.to_string()]);
     // What a tcpSocket probe sees: every connect succeeds.
     assert_eq!(clients.read_line(), format!("connected {N}"));
-    let events = feeder.feed_until(&probe, "established", |m| count(m, |d| matches!(d, Detail::TcpEstablished(_))) == N);
+    let events =
+        feeder.feed_until(&probe, "established", |m| count(m, |d| matches!(d, Detail::TcpEstablished(_))) == N);
     assert_eq!(count(&events, |d| matches!(d, Detail::TcpAccept(_))), 0);
     let first_established = events.iter().find(|e| matches!(e.detail, Detail::TcpEstablished(_))).expect("one").time_ns;
 
@@ -189,7 +194,10 @@ fn a_listener_that_never_accepts_fails_after_the_stall_while_connects_still_succ
     let listeners = observe::listeners(app.pid).expect("listeners");
     let ours = listeners.iter().find(|l| l.port == APP_PORT).expect("listener in /proc");
     assert_eq!((ours.queue_depth, ours.backlog), (N as u32, Some(16)));
-    let one_more = netns.output(PYTHON, &["-c", "import socket; socket.create_connection(('127.0.0.1', 8080), timeout=2); print('ok')"]);
+    let one_more = netns.output(
+        PYTHON,
+        &["-c", "import socket; socket.create_connection(('127.0.0.1', 8080), timeout=2); print('ok')"],
+    );
     assert_eq!(one_more.trim(), "ok");
     eprintln!("stall verdict: {}", verdict.reason);
 }
@@ -207,7 +215,8 @@ fn a_closed_listener_flips_the_check_at_the_close_event() {
 
     app.write_line("close");
     assert_eq!(app.read_line(), "closed");
-    let events = feeder.feed_until(&probe, "listen close", |m| count(m, |d| matches!(d, Detail::TcpListenClose(_))) == 1);
+    let events =
+        feeder.feed_until(&probe, "listen close", |m| count(m, |d| matches!(d, Detail::TcpListenClose(_))) == 1);
     let closed_at = events.iter().find(|e| matches!(e.detail, Detail::TcpListenClose(_))).expect("close").time_ns;
     let seen_after = boottime_ns() - closed_at;
     // No /proc refresh happened: the event alone flipped it, effective at the event's own time.
@@ -233,7 +242,9 @@ fn an_http_client_inside_the_netns_gets_200_then_503_from_the_probe_listener() {
     let answer: Arc<dyn ProbeAnswer> = probe.clone();
     let server = BlockingServer::start(listener, answer).expect("serve");
 
-    let get = |query: &str| netns.output(PYTHON, &["-c", HTTP_GET, &format!("http://127.0.0.1:9891{query}")]).trim().to_owned();
+    let get = |query: &str| {
+        netns.output(PYTHON, &["-c", HTTP_GET, &format!("http://127.0.0.1:9891{query}")]).trim().to_owned()
+    };
     assert_eq!(get("/probe/tcp?port=8080&stall=5s"), "200|ok");
     assert_eq!(get("/probe/tcp?port=80a"), "400|bad port \"80a\": expected 1-65535");
     assert_eq!(get("/probe/process"), "200|ok");
@@ -285,14 +296,19 @@ fn file_checks_in_a_runc_container_stay_inside_its_root() {
     probe.refresh(boottime_ns()).expect("refresh");
     let (code, body) = ask("path=/tmp/healthy&fresh=30s");
     assert_eq!(code, 503);
-    assert!(body.starts_with("file /tmp/healthy last modified 60") && body.ends_with("ago (fresh limit 30s)\n"), "{body}");
+    assert!(
+        body.starts_with("file /tmp/healthy last modified 60") && body.ends_with("ago (fresh limit 30s)\n"),
+        "{body}"
+    );
     assert_eq!(ask("path=/tmp/missing").0, 503);
 
     // Escapes. `..` is refused by the URL parser outright...
     assert_eq!(ask("path=../../etc/hostname").0, 400);
     assert_eq!(ask("path=/tmp/../../etc/hostname").0, 400);
     // ...and the kernel keeps every resolution inside the root even when asked directly.
-    let read = |path: &str| observe::read_file_in_root(container.pid, path, 4096).map(|r| String::from_utf8_lossy(&r.head).into_owned());
+    let read = |path: &str| {
+        observe::read_file_in_root(container.pid, path, 4096).map(|r| String::from_utf8_lossy(&r.head).into_owned())
+    };
     assert_eq!(read("../../etc/hostname").expect("clamped at the root"), "inside-the-container\n");
     assert_eq!(read("/tmp/evil").expect("absolute symlink inside the root"), "container-shadow\n");
     assert_eq!(read("/tmp/climb").expect("relative symlink clamped"), "inside-the-container\n");
@@ -377,4 +393,3 @@ fn bench_probe_server() {
     server.stop();
     drop(refreshing);
 }
-

@@ -20,18 +20,17 @@ use core::mem::offset_of;
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_current_task, bpf_ktime_get_boot_ns, bpf_probe_read_kernel,
-        bpf_probe_read_kernel_str_bytes,
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
     },
     macros::{btf_tracepoint, map, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use lifecycle_common::{
-    defaults, CgroupCounters, CgroupEvent, EventHeader, EventKind, ExecEvent, ExitEvent,
-    KernelOffsets, KindStats, OomVictimEvent, ProgramSettings, SignalEvent, TcpEvent,
-    EVENT_KIND_COUNT, EXEC_FLAG_CHILD_PID_NAMESPACE, EXEC_FLAG_NAMESPACE_INIT, TASK_COMM_LEN,
+    defaults, CgroupCounters, CgroupEvent, EventHeader, EventKind, ExecEvent, ExitEvent, KernelOffsets, KindStats,
+    OomVictimEvent, ProgramSettings, SignalEvent, TcpEvent, EVENT_KIND_COUNT, EXEC_FLAG_CHILD_PID_NAMESPACE,
+    EXEC_FLAG_NAMESPACE_INIT, TASK_COMM_LEN,
 };
 
 /// Struct member offsets; overwritten by the agent before load.
@@ -77,15 +76,13 @@ static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
 
 /// Run-time settings; overwritten by the agent before load.
 #[no_mangle]
-static PROGRAM_SETTINGS: ProgramSettings =
-    ProgramSettings { wakeup_bytes: 256 * 1024, agent_tgid: 0, _pad: 0 };
+static PROGRAM_SETTINGS: ProgramSettings = ProgramSettings { wakeup_bytes: 256 * 1024, agent_tgid: 0, _pad: 0 };
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(defaults::RING_BYTES, 0);
 
 #[map]
-static CGROUP_COUNTERS: HashMap<u64, CgroupCounters> =
-    HashMap::with_max_entries(defaults::COUNTER_ENTRIES, 0);
+static CGROUP_COUNTERS: HashMap<u64, CgroupCounters> = HashMap::with_max_entries(defaults::COUNTER_ENTRIES, 0);
 
 /// Listening sockets -> their port. By the time LISTEN -> CLOSE is traced the kernel has already
 /// released the port (skc_num reads 0), so the close event takes the port remembered at listen.
@@ -93,8 +90,7 @@ static CGROUP_COUNTERS: HashMap<u64, CgroupCounters> =
 static LISTENER_PORTS: HashMap<u64, u16> = HashMap::with_max_entries(defaults::LISTENER_ENTRIES, 0);
 
 #[map]
-static KIND_STATS: PerCpuArray<KindStats> =
-    PerCpuArray::with_max_entries(EVENT_KIND_COUNT as u32, 0);
+static KIND_STATS: PerCpuArray<KindStats> = PerCpuArray::with_max_entries(EVENT_KIND_COUNT as u32, 0);
 
 const ZERO_COUNTERS: CgroupCounters = CgroupCounters {
     execs: 0,
@@ -192,12 +188,7 @@ fn is_agent() -> bool {
 fn stat(kind: EventKind, field: usize) {
     if let Some(stats) = KIND_STATS.get_ptr_mut(kind as u32) {
         // SAFETY: `field` is an offset of a u64 inside KindStats and the pointer is the map value.
-        unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
-                (stats as *mut u8).add(field) as *mut u64,
-                1,
-            )
-        };
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>((stats as *mut u8).add(field) as *mut u64, 1) };
     }
 }
 
@@ -223,10 +214,7 @@ fn bump_fields(cgroup: u64, field: usize, second: Option<usize>, kind: EventKind
     for field in core::iter::once(field).chain(second) {
         // SAFETY: `field` is an offset of a u64 inside CgroupCounters; the pointer is the value.
         unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
-                (counters as *mut u8).add(field) as *mut u64,
-                1,
-            );
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>((counters as *mut u8).add(field) as *mut u64, 1);
         }
     }
 }
@@ -323,11 +311,9 @@ fn try_exit() -> Result<(), i64> {
     if !group_dead && header.pid != header.tgid {
         return Ok(());
     }
-    let mut cpu_time_ns =
-        read::<u64>(task, off!(task_utime))? + read::<u64>(task, off!(task_stime))?;
+    let mut cpu_time_ns = read::<u64>(task, off!(task_utime))? + read::<u64>(task, off!(task_stime))?;
     if group_dead {
-        cpu_time_ns +=
-            read::<u64>(signal, off!(signal_utime))? + read::<u64>(signal, off!(signal_stime))?;
+        cpu_time_ns += read::<u64>(signal, off!(signal_utime))? + read::<u64>(signal, off!(signal_stime))?;
     }
     let parent = read_ptr(task, off!(task_real_parent))?;
     let record = ExitEvent {

@@ -55,9 +55,7 @@ pub enum Bench {
 
 pub fn run(which: Bench) -> Result<()> {
     match which {
-        Bench::Overhead { rounds, poll_ms, latency_samples } => {
-            overhead(rounds, &poll_ms, latency_samples)
-        }
+        Bench::Overhead { rounds, poll_ms, latency_samples } => overhead(rounds, &poll_ms, latency_samples),
         Bench::Latency { exits } => {
             packages::ensure(packages::TEST)?;
             ignored_test("bench_latency", &[("LIFECYCLE_BENCH_EXITS", exits.to_string())])
@@ -279,7 +277,8 @@ impl Drop for Tracer {
 
 /// utime + stime (fields 14 and 15 of /proc/<pid>/stat) in clock ticks.
 fn cpu_ticks(pid: u32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("reading /proc/{pid}/stat"))?;
+    let stat =
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("reading /proc/{pid}/stat"))?;
     // The command name (field 2) may contain spaces: count fields after its closing parenthesis.
     let rest = stat.rsplit_once(')').map(|(_, rest)| rest).context("malformed /proc/<pid>/stat")?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -393,7 +392,11 @@ fn median(values: &[f64]) -> f64 {
         return f64::NAN;
     }
     let mid = values.len() / 2;
-    if values.len().is_multiple_of(2) { (values[mid - 1] + values[mid]) / 2.0 } else { values[mid] }
+    if values.len().is_multiple_of(2) {
+        (values[mid - 1] + values[mid]) / 2.0
+    } else {
+        values[mid]
+    }
 }
 
 fn min_max(values: &[f64]) -> (f64, f64) {
@@ -516,12 +519,18 @@ fn overhead(rounds: usize, poll_ms: &[u64], latency_samples: usize) -> Result<()
                 if clean || attempt >= MAX_ATTEMPTS {
                     if !clean {
                         kept_dirty += 1;
-                        eprintln!("xtask: warning: keeping a {} run with foreign tracers after {attempt} attempts", condition.name());
+                        eprintln!(
+                            "xtask: warning: keeping a {} run with foreign tracers after {attempt} attempts",
+                            condition.name()
+                        );
                     }
                     break run;
                 }
                 discarded += 1;
-                eprintln!("xtask: {} run discarded: a tracer this benchmark did not start was running", condition.name());
+                eprintln!(
+                    "xtask: {} run discarded: a tracer this benchmark did not start was running",
+                    condition.name()
+                );
             };
             for (slot, sample) in samples[index].iter_mut().zip(run) {
                 slot.wall_s.extend(sample.wall_s);
@@ -529,7 +538,12 @@ fn overhead(rounds: usize, poll_ms: &[u64], latency_samples: usize) -> Result<()
                 slot.tracer_cpu_ms.extend(sample.tracer_cpu_ms);
             }
         }
-        eprintln!("xtask: round {}/{rounds} done ({:.0} s, load {})", round + 1, started.elapsed().as_secs_f64(), loadavg());
+        eprintln!(
+            "xtask: round {}/{rounds} done ({:.0} s, load {})",
+            round + 1,
+            started.elapsed().as_secs_f64(),
+            loadavg()
+        );
     }
     let load_after = loadavg();
 

@@ -84,10 +84,16 @@ pub fn run(count: usize) -> Result<()> {
     c.probed_ns += process_cpu_ns(server.pid)? - server_cpu0;
 
     println!("\n{count} probes each, interleaved (runc {}, container {}):\n", runc_version(), container.id);
-    println!("| probe | p50 latency | p99 latency | CPU/probe, probed side | CPU/probe, prober side | CPU/probe, total |");
+    println!(
+        "| probe | p50 latency | p99 latency | CPU/probe, probed side | CPU/probe, prober side | CPU/probe, total |"
+    );
     println!("|---|---|---|---|---|---|");
     let per = |ns: u64| fmt_ns(ns as f64 / count as f64);
-    for (name, s) in [("(a) exec: runc exec cat /tmp/healthy", &mut a), ("(b) tcpSocket: connect + close", &mut b), ("(c) agent httpGet /probe/tcp", &mut c)] {
+    for (name, s) in [
+        ("(a) exec: runc exec cat /tmp/healthy", &mut a),
+        ("(b) tcpSocket: connect + close", &mut b),
+        ("(c) agent httpGet /probe/tcp", &mut c),
+    ] {
         let (p50, p99) = (fmt_duration(s.percentile(0.50)), fmt_duration(s.percentile(0.99)));
         println!("| {name} | {p50} | {p99} | {} | {} | {} |", per(s.probed_ns), per(s.prober_ns), per(s.total()));
     }
@@ -150,7 +156,8 @@ fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
     stream.set_nodelay(true)?;
     // One write, as the kubelet's buffered client sends the request head; `write!` on the bare
     // stream would send every formatted piece as its own segment.
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.30\r\nConnection: close\r\n\r\n");
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.30\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
@@ -253,7 +260,6 @@ impl Drop for ProbeServer {
         let _ = self.child.wait();
     }
 }
-
 
 fn own_tid() -> Result<u32> {
     let link = std::fs::read_link("/proc/thread-self")?;

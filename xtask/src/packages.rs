@@ -9,15 +9,8 @@ use crate::shell::run;
 /// Needed to build the agent at all (the CRI protos are compiled by protoc).
 pub const BUILD: &[&str] = &["protobuf-compiler"];
 /// The real components the test tiers drive.
-pub const TEST: &[&str] = &[
-    "protobuf-compiler",
-    "runc",
-    "containerd",
-    "busybox-static",
-    "prometheus",
-    "iproute2",
-    "python3-venv",
-];
+pub const TEST: &[&str] =
+    &["protobuf-compiler", "runc", "containerd", "busybox-static", "prometheus", "iproute2", "python3-venv"];
 /// Peers and tools the benchmarks compare against.
 pub const BENCH: &[&str] = &["bpftrace", "runc", "busybox-static", "iproute2", "protobuf-compiler", "containerd"];
 

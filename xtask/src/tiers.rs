@@ -27,11 +27,7 @@ impl Tier {
 
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|ids| ids.split_whitespace().nth(1))
-            == Some("0")
+        status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|ids| ids.split_whitespace().nth(1)) == Some("0")
     })
 }
 
@@ -48,10 +44,30 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
         eprintln!("xtask: ==== tier {tier:?} ====");
         let result = match tier {
             Tier::Unit => shell::run(cargo().args(["test", "--lib", "--bins"])),
-            Tier::Kernel => shell::run(cargo().args(["test", "-p", "lifecycle-agent", "--test", "kernel", "--test", "cli", "--test", "probe"])),
+            Tier::Kernel => shell::run(cargo().args([
+                "test",
+                "-p",
+                "lifecycle-agent",
+                "--test",
+                "kernel",
+                "--test",
+                "cli",
+                "--test",
+                "probe",
+            ])),
             Tier::Runtime => shell::run(
                 cargo()
-                    .args(["test", "-p", "lifecycle-agent", "--test", "containerd_harness", "--test", "e2e", "--test", "dashboards"])
+                    .args([
+                        "test",
+                        "-p",
+                        "lifecycle-agent",
+                        "--test",
+                        "containerd_harness",
+                        "--test",
+                        "e2e",
+                        "--test",
+                        "dashboards",
+                    ])
                     .args(["--", "--test-threads=1"]),
             ),
             Tier::Checks => checks(),
@@ -76,7 +92,11 @@ fn checks() -> Result<()> {
     }
     let requirements = workspace_root().join("deploy/requirements.txt");
     if requirements.exists() {
-        shell::run(Command::new(&python).args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "-r"]).arg(&requirements))?;
+        shell::run(
+            Command::new(&python)
+                .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "-r"])
+                .arg(&requirements),
+        )?;
     }
     let root = workspace_root();
     for script in ["dashboards/check_dashboards.py", "deploy/check_manifests.py"] {

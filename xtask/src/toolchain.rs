@@ -74,7 +74,8 @@ fn wanted_stamp() -> String {
 fn ensure_bpf_linker() -> Result<()> {
     let linker = bpf_linker_path();
     let stamp_ok = std::fs::read_to_string(stamp_path()).is_ok_and(|s| s == wanted_stamp());
-    if stamp_ok && linker.exists() && Command::new(&linker).arg("--version").output().is_ok_and(|o| o.status.success()) {
+    if stamp_ok && linker.exists() && Command::new(&linker).arg("--version").output().is_ok_and(|o| o.status.success())
+    {
         return Ok(());
     }
     let sysroot = capture(Command::new("rustc").arg(format!("+{EBPF_NIGHTLY}")).args(["--print", "sysroot"]))?;
@@ -94,16 +95,13 @@ fn ensure_bpf_linker() -> Result<()> {
         .find(|name| name.starts_with(&format!("libLLVM-{llvm_major}-rust-")) && name.ends_with(".so"))
         .with_context(|| format!("{EBPF_NIGHTLY} has no libLLVM-{llvm_major}-rust-*.so in {}", lib_dir.display()))?;
     let llvm_lib = llvm_lib.trim_start_matches("lib").trim_end_matches(".so").to_owned();
-    let host = verbose
-        .lines()
-        .find_map(|line| line.strip_prefix("host: "))
-        .context("rustc -vV printed no host")?
-        .to_owned();
-    eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {EBPF_NIGHTLY}'s LLVM {llvm_major} (~1 min, once)");
-    let rustflags = format!(
-        "-L native={lib} -l dylib={llvm_lib} -C link-arg=-Wl,-rpath,{lib}",
-        lib = lib_dir.display()
+    let host =
+        verbose.lines().find_map(|line| line.strip_prefix("host: ")).context("rustc -vV printed no host")?.to_owned();
+    eprintln!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against {EBPF_NIGHTLY}'s LLVM {llvm_major} (~1 min, once)"
     );
+    let rustflags =
+        format!("-L native={lib} -l dylib={llvm_lib} -C link-arg=-Wl,-rpath,{lib}", lib = lib_dir.display());
     let status = Command::new("cargo")
         .arg(format!("+{STABLE}"))
         .args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}"), "--locked", "--force", "--no-default-features"])

@@ -146,7 +146,8 @@ impl CheckSpec {
         match kind_path.trim_end_matches('/') {
             "/tcp" => {
                 only(&params, "tcp", &["port", "stall"])?;
-                let port = parse_port(single(&params, "port")?.ok_or(ParseError::Missing { kind: "tcp", param: "port" })?)?;
+                let port =
+                    parse_port(single(&params, "port")?.ok_or(ParseError::Missing { kind: "tcp", param: "port" })?)?;
                 let stall_ns = single(&params, "stall")?.map(|v| parse_duration("stall", v)).transpose()?;
                 Ok(Self::Tcp { port, stall_ns: stall_ns.unwrap_or(DEFAULT_STALL_NS) })
             }
@@ -182,7 +183,9 @@ impl CheckSpec {
                 Some(progress) => progress.verdict(*port, now, *stall_ns),
                 None => Verdict::fail(format!("no listener on port {port}")),
             },
-            Self::Process { max_uninterruptible_ns } => process_verdict(observed.process.as_ref(), *max_uninterruptible_ns, now),
+            Self::Process { max_uninterruptible_ns } => {
+                process_verdict(observed.process.as_ref(), *max_uninterruptible_ns, now)
+            }
             Self::File { path, max_age_ns, contains } => {
                 file_verdict(path, observed.files.get(path), *max_age_ns, contains.as_deref(), now)
             }
@@ -212,7 +215,9 @@ impl CheckSpec {
                 _ => None,
             },
             Self::File { path, max_age_ns: Some(max), .. } => match observed.files.get(path) {
-                Some(FileFacts::Present { modified_ns, .. }) => Some(modified_ns.saturating_add(*max)).filter(|&d| d > now),
+                Some(FileFacts::Present { modified_ns, .. }) => {
+                    Some(modified_ns.saturating_add(*max)).filter(|&d| d > now)
+                }
                 _ => None,
             },
             Self::AllOf(checks) => checks.iter().filter_map(|c| c.next_deadline(observed, now)).min(),
@@ -264,7 +269,13 @@ fn process_verdict(facts: Option<&ProcessFacts>, max_d: Option<u64>, now: u64) -
     }
 }
 
-fn file_verdict(path: &str, facts: Option<&FileFacts>, max_age: Option<u64>, contains: Option<&str>, now: u64) -> Verdict {
+fn file_verdict(
+    path: &str,
+    facts: Option<&FileFacts>,
+    max_age: Option<u64>,
+    contains: Option<&str>,
+    now: u64,
+) -> Verdict {
     let (modified_ns, head) = match facts {
         None => return Verdict::fail(format!("file {path} not read yet")),
         Some(FileFacts::Unreadable(why)) => return Verdict::fail(format!("file {path}: {why}")),
@@ -273,13 +284,19 @@ fn file_verdict(path: &str, facts: Option<&FileFacts>, max_age: Option<u64>, con
     if let Some(max) = max_age {
         let age = now.saturating_sub(modified_ns);
         if age > max {
-            return Verdict::fail(format!("file {path} last modified {} ago (fresh limit {})", seconds(age), seconds(max)));
+            return Verdict::fail(format!(
+                "file {path} last modified {} ago (fresh limit {})",
+                seconds(age),
+                seconds(max)
+            ));
         }
     }
     if let Some(needle) = contains {
         let found = !needle.is_empty() && head.windows(needle.len()).any(|w| w == needle.as_bytes());
         if !found && !needle.is_empty() {
-            return Verdict::fail(format!("file {path} does not contain {needle:?} in its first {FILE_HEAD_BYTES} bytes"));
+            return Verdict::fail(format!(
+                "file {path} does not contain {needle:?} in its first {FILE_HEAD_BYTES} bytes"
+            ));
         }
     }
     Verdict::pass(format!("file {path} ok"))
@@ -297,7 +314,8 @@ pub fn seconds(ns: u64) -> String {
 
 fn parse_all(params: &[(String, Option<String>)]) -> Result<CheckSpec, ParseError> {
     only(params, "all", &["tcp", "stall", "process", "max_d_state", "file", "fresh", "contains"])?;
-    let stall_ns = single(params, "stall")?.map(|v| parse_duration("stall", v)).transpose()?.unwrap_or(DEFAULT_STALL_NS);
+    let stall_ns =
+        single(params, "stall")?.map(|v| parse_duration("stall", v)).transpose()?.unwrap_or(DEFAULT_STALL_NS);
     let mut checks = Vec::new();
     for (key, value) in params {
         match key.as_str() {
@@ -306,7 +324,10 @@ fn parse_all(params: &[(String, Option<String>)]) -> Result<CheckSpec, ParseErro
                 checks.push(CheckSpec::Tcp { port: parse_port(value)?, stall_ns });
             }
             "process" if value.as_deref().is_some_and(|v| !v.is_empty()) => {
-                return Err(ParseError::UnknownParam { kind: "all", param: format!("process={}", value.as_deref().unwrap_or("")) })
+                return Err(ParseError::UnknownParam {
+                    kind: "all",
+                    param: format!("process={}", value.as_deref().unwrap_or("")),
+                })
             }
             "process" => {
                 if checks.iter().any(|c| matches!(c, CheckSpec::Process { .. })) {

@@ -38,7 +38,11 @@ fn bad_input_gives_one_line_errors() {
         ("/tcp", "port=80&stall=5", "bad duration \"5\" for stall: expected a number with ms, s, m or h, e.g. 5s"),
         ("/tcp", "port=80&bogus=1", "tcp probe does not take parameter \"bogus\""),
         ("/file", "path=tmp/x", "bad file path \"tmp/x\": must be absolute, without '..' components"),
-        ("/file", "path=/../../etc/hostname", "bad file path \"/../../etc/hostname\": must be absolute, without '..' components"),
+        (
+            "/file",
+            "path=/../../etc/hostname",
+            "bad file path \"/../../etc/hostname\": must be absolute, without '..' components",
+        ),
         ("/file", "path=%zz", "bad percent-encoding in \"%zz\""),
         ("/all", "", "all probe needs at least one of tcp=, process, file="),
         ("/exec", "", "unknown probe path \"/probe/exec\": use /probe/tcp, /probe/process, /probe/file or /probe/all"),
@@ -102,7 +106,9 @@ fn process_facts_keep_the_time_a_state_began() {
 #[test]
 fn files_judge_presence_freshness_and_content() {
     let mut observed = Observed::default();
-    observed.files.insert("/tmp/healthy".into(), FileFacts::Present { modified_ns: 100 * S, head: b"status: ok\n".to_vec() });
+    observed
+        .files
+        .insert("/tmp/healthy".into(), FileFacts::Present { modified_ns: 100 * S, head: b"status: ok\n".to_vec() });
     observed.files.insert("/tmp/gone".into(), FileFacts::Unreadable("No such file or directory".into()));
     let file = |path: &str, fresh: Option<u64>, contains: Option<&str>| CheckSpec::File {
         path: path.into(),
@@ -135,7 +141,10 @@ fn all_of_reports_the_first_failure_and_the_earliest_deadline() {
     let all = parse("/all", "process&tcp=8080&stall=2s").expect("parses");
     assert!(all.evaluate(&observed, 4 * S).pass);
     assert_eq!(all.next_deadline(&observed, 4 * S), Some(5 * S));
-    assert_eq!(all.evaluate(&observed, 5 * S), Verdict::fail("port 8080: 1 connection waiting unaccepted for 2s (stall limit 2s)"));
+    assert_eq!(
+        all.evaluate(&observed, 5 * S),
+        Verdict::fail("port 8080: 1 connection waiting unaccepted for 2s (stall limit 2s)")
+    );
     let missing = parse("/tcp", "port=9").expect("parses");
     assert_eq!(missing.evaluate(&observed, 0), Verdict::fail("no listener on port 9"));
 }

@@ -51,7 +51,8 @@ impl ProbeMetrics {
             &labels,
         )?;
         let requests = IntCounterVec::new(
-            Opts::new("probe_requests_total", "Probe HTTP requests answered, by HTTP status code.").namespace(NAMESPACE),
+            Opts::new("probe_requests_total", "Probe HTTP requests answered, by HTTP status code.")
+                .namespace(NAMESPACE),
             &["namespace", "pod", "container", "check", "code"],
         )?;
         let duration = HistogramVec::new(
@@ -163,9 +164,15 @@ mod tests {
         metrics.record_result(&target, "tcp:80", &Verdict::fail("closed"));
         metrics.record_request(&target, "tcp:80", "tcp", 503, 0.00001);
         let text = render(&registry);
-        assert!(text.contains(r#"lifecycle_probe_result{check="tcp:80",container="c",namespace="ns",pod="p"} 0"#), "{text}");
-        assert!(text.contains(r#"lifecycle_probe_transitions_total{check="tcp:80",container="c",namespace="ns",pod="p"} 1"#));
-        assert!(text.contains(r#"lifecycle_probe_requests_total{check="tcp:80",code="503",container="c",namespace="ns",pod="p"} 1"#));
+        assert!(
+            text.contains(r#"lifecycle_probe_result{check="tcp:80",container="c",namespace="ns",pod="p"} 0"#),
+            "{text}"
+        );
+        assert!(text
+            .contains(r#"lifecycle_probe_transitions_total{check="tcp:80",container="c",namespace="ns",pod="p"} 1"#));
+        assert!(text.contains(
+            r#"lifecycle_probe_requests_total{check="tcp:80",code="503",container="c",namespace="ns",pod="p"} 1"#
+        ));
         assert!(text.contains(r#"lifecycle_probe_duration_seconds_count{check="tcp"} 1"#));
         for port in 0..40 {
             metrics.record_result(&target, &format!("tcp:{port}"), &Verdict::pass("ok"));

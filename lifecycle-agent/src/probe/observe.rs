@@ -112,7 +112,9 @@ pub fn listeners_from_proc(pid: u32) -> Result<Vec<Listener>, ObserveError> {
     for (file, family) in [("tcp", libc::AF_INET), ("tcp6", libc::AF_INET6)] {
         let path = PathBuf::from(format!("/proc/{pid}/net/{file}"));
         match std::fs::read_to_string(&path) {
-            Ok(text) => out.extend(parse_listeners(&text, family as u16).map_err(|what| ObserveError::Parse { path, what })?),
+            Ok(text) => {
+                out.extend(parse_listeners(&text, family as u16).map_err(|what| ObserveError::Parse { path, what })?)
+            }
             // No IPv6 in this kernel: no tcp6 file.
             Err(e) if e.kind() == io::ErrorKind::NotFound && family == libc::AF_INET6 => {}
             Err(source) => return Err(ObserveError::Read { path, source }),
@@ -132,7 +134,8 @@ pub fn parse_listeners(text: &str, family: u16) -> Result<Vec<Listener>, &'stati
         if fields[3] != "0A" {
             continue;
         }
-        let port = fields[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()).ok_or("bad local address")?;
+        let port =
+            fields[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()).ok_or("bad local address")?;
         let (_tx, rx) = fields[4].split_once(':').ok_or("bad tx_queue:rx_queue")?;
         let depth = u32::from_str_radix(rx, 16).map_err(|_| "bad rx_queue")?;
         out.push(Listener { port, family, queue_depth: depth, backlog: None });
@@ -279,7 +282,8 @@ mod tests {
 
     #[test]
     fn socket_table_keeps_listeners_with_queue_and_backlog() {
-        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+        let table =
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
    0: 0100007F:1F90 00000000:0000 0A 00000080:00000003 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0\n\
    1: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 20 4 30 10 -1\n";
         let got = parse_listeners(table, 2).expect("parses");
@@ -298,7 +302,10 @@ mod tests {
     fn stat_parses_state_and_start_time_past_a_tricky_comm() {
         let text = "4242 (my) app (x)) Z 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 123456 1000 10 18446744073709551615";
         assert_eq!(parse_stat(text), Ok(ProcessSample { state: ProcessState::Zombie, start_ticks: 123456 }));
-        assert_eq!(parse_stat("1 (a) T 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 7").map(|s| s.state), Ok(ProcessState::Stopped));
+        assert_eq!(
+            parse_stat("1 (a) T 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 7").map(|s| s.state),
+            Ok(ProcessState::Stopped)
+        );
         assert!(parse_stat("1 (a) R").is_err());
     }
 

@@ -66,7 +66,11 @@ impl PodProbe {
         let diag = match SockDiag::open_in(&PathBuf::from(format!("/proc/{main_pid}/ns/net"))) {
             Ok(diag) => Some(diag),
             Err(err) => {
-                log::warn!("probes of {}/{}: {err}; reading /proc/{main_pid}/net/tcp instead", target.namespace, target.pod);
+                log::warn!(
+                    "probes of {}/{}: {err}; reading /proc/{main_pid}/net/tcp instead",
+                    target.namespace,
+                    target.pod
+                );
                 None
             }
         };
@@ -99,7 +103,10 @@ impl PodProbe {
         let t = event.time_ns;
         let mut state = self.lock();
         match &event.detail {
-            Detail::TcpListen(tcp) | Detail::TcpListenClose(tcp) | Detail::TcpEstablished(tcp) | Detail::TcpAccept(tcp)
+            Detail::TcpListen(tcp)
+            | Detail::TcpListenClose(tcp)
+            | Detail::TcpEstablished(tcp)
+            | Detail::TcpAccept(tcp)
                 if tcp.netns == self.netns =>
             {
                 let progress = state.observed.tcp.entry(tcp.local_port).or_default();
@@ -112,7 +119,8 @@ impl PodProbe {
             }
             Detail::Exit { group_dead: true, .. } if event.tgid == self.main_pid => {
                 let previous = state.observed.process.take();
-                state.observed.process = Some(ProcessFacts::after_sample(previous.as_ref(), self.main_pid, ProcessState::Dead, t));
+                state.observed.process =
+                    Some(ProcessFacts::after_sample(previous.as_ref(), self.main_pid, ProcessState::Dead, t));
             }
             _ => return false,
         }
@@ -130,7 +138,13 @@ impl PodProbe {
         let drops = observe::netstat_overflows(self.main_pid).map(|c| c.drops);
         let process = observe::process_state(self.main_pid)?;
         let watched: Vec<String> = self.lock().watched_files.iter().cloned().collect();
-        let files: Vec<(String, FileFacts)> = watched.into_iter().map(|p| { let f = self.read_file(&p); (p, f) }).collect();
+        let files: Vec<(String, FileFacts)> = watched
+            .into_iter()
+            .map(|p| {
+                let f = self.read_file(&p);
+                (p, f)
+            })
+            .collect();
 
         let mut state = self.lock();
         state.apply_process(self.main_pid, process, now);
@@ -143,7 +157,8 @@ impl PodProbe {
             }
             let sole_listener = by_port.len() == 1;
             for (port, (count, depth, backlog)) in by_port {
-                let progress = state.observed.tcp.entry(port).or_insert_with(|| AcceptProgress::already_listening(count));
+                let progress =
+                    state.observed.tcp.entry(port).or_insert_with(|| AcceptProgress::already_listening(count));
                 if progress.is_listening() {
                     progress.observe_queue(now, QueueSample { depth, backlog, netns_drops: drops, sole_listener });
                 }
@@ -173,7 +188,13 @@ impl PodProbe {
             let state = self.lock();
             file_paths(spec).into_iter().filter(|p| !state.watched_files.contains(*p)).map(str::to_owned).collect()
         };
-        let first_reads: Vec<(String, FileFacts)> = missing.into_iter().map(|p| { let f = self.read_file(&p); (p, f) }).collect();
+        let first_reads: Vec<(String, FileFacts)> = missing
+            .into_iter()
+            .map(|p| {
+                let f = self.read_file(&p);
+                (p, f)
+            })
+            .collect();
         let mut state = self.lock();
         for (path, facts) in first_reads {
             state.watched_files.insert(path.clone());
@@ -220,7 +241,9 @@ impl PodProbe {
             match tokio::task::spawn_blocking(move || probe.refresh(now)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(err)) => log::debug!("probe refresh of {}/{}: {err}", self.target.namespace, self.target.pod),
-                Err(err) => log::warn!("probe refresh of {}/{} panicked: {err}", self.target.namespace, self.target.pod),
+                Err(err) => {
+                    log::warn!("probe refresh of {}/{} panicked: {err}", self.target.namespace, self.target.pod)
+                }
             }
             let deadline = self.reevaluate(now);
             let wait = deadline.map_or(period, |d| period.min(Duration::from_nanos(d.saturating_sub(now))));
@@ -246,7 +269,8 @@ impl PodState {
             },
         };
         // Once dead, a pid stays dead for this probe (a reused pid is another process).
-        let state = if previous.as_ref().is_some_and(|p| p.state == ProcessState::Dead) { ProcessState::Dead } else { state };
+        let state =
+            if previous.as_ref().is_some_and(|p| p.state == ProcessState::Dead) { ProcessState::Dead } else { state };
         self.observed.process = Some(ProcessFacts::after_sample(previous.as_ref(), pid, state, now));
     }
 }

@@ -16,7 +16,6 @@ use std::{
     sync::{Arc, RwLock},
 };
 
-
 use super::{metrics::ProbeTarget, pod::PodProbe};
 use crate::event::Event;
 
@@ -287,7 +286,8 @@ impl NodeProbes {
 impl ProbeAnswer for NodeProbes {
     fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
         let mut parts = path.strip_prefix("/probe/").unwrap_or("").splitn(4, '/');
-        let (Some(namespace), Some(pod), Some(container), Some(kind)) = (parts.next(), parts.next(), parts.next(), parts.next())
+        let (Some(namespace), Some(pod), Some(container), Some(kind)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return (404, "host-network probes live at /probe/<namespace>/<pod>/<container>/<kind>\n".to_owned());
         };
@@ -315,7 +315,10 @@ mod request_tests {
     fn request_lines_are_split_into_path_and_query() {
         let head = b"GET /probe/tcp?port=8080 HTTP/1.1\r\nHost: x\r\n\r\n";
         assert_eq!(respond(head, &Echo), (200, "/probe/tcp|port=8080".to_owned(), true));
-        assert_eq!(respond(b"HEAD /probe/process HTTP/1.0\r\n\r\n", &Echo), (200, "/probe/process|-".to_owned(), false));
+        assert_eq!(
+            respond(b"HEAD /probe/process HTTP/1.0\r\n\r\n", &Echo),
+            (200, "/probe/process|-".to_owned(), false)
+        );
     }
 
     #[test]

@@ -66,7 +66,9 @@ impl SockDiag {
                     return Err(io::Error::last_os_error());
                 }
                 // SAFETY: plain socket(2) call; the result is checked before use.
-                let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG) };
+                let fd = unsafe {
+                    libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG)
+                };
                 if fd < 0 {
                     return Err(io::Error::last_os_error());
                 }

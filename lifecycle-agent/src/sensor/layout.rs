@@ -46,8 +46,7 @@ pub struct KernelBtf {
 impl KernelBtf {
     /// Parses the BTF file at `path` (normally `/sys/kernel/btf/vmlinux`).
     pub fn open(path: &Path) -> Result<Self, LayoutError> {
-        let btf = Btf::from_file(path)
-            .map_err(|source| LayoutError::Unreadable { path: path.to_owned(), source })?;
+        let btf = Btf::from_file(path).map_err(|source| LayoutError::Unreadable { path: path.to_owned(), source })?;
         Ok(Self { btf })
     }
 
@@ -110,10 +109,9 @@ impl KernelBtf {
                 .ok_or_else(|| LayoutError::NoMember { strukt, member: path.to_owned() })?;
             total_bits += bits;
             if i + 1 < parts.len() {
-                current = self.strip_to_struct(member_type).ok_or_else(|| LayoutError::NoMember {
-                    strukt,
-                    member: path.to_owned(),
-                })?;
+                current = self
+                    .strip_to_struct(member_type)
+                    .ok_or_else(|| LayoutError::NoMember { strukt, member: path.to_owned() })?;
             }
         }
         if total_bits % 8 != 0 {
@@ -123,10 +121,7 @@ impl KernelBtf {
     }
 
     fn find_struct(&self, name: &'static str) -> Result<btf_rs::Struct, LayoutError> {
-        let types = self
-            .btf
-            .resolve_types_by_name(name)
-            .map_err(|_| LayoutError::NoStruct(name))?;
+        let types = self.btf.resolve_types_by_name(name).map_err(|_| LayoutError::NoStruct(name))?;
         types
             .into_iter()
             .find_map(|t| match t {
@@ -139,16 +134,13 @@ impl KernelBtf {
 
     /// Finds `name` among the members of `strukt`, descending into anonymous structs and unions.
     /// Returns the member's bit offset within `strukt` and its type.
-    fn find_member(
-        &self,
-        strukt: &btf_rs::Struct,
-        name: &str,
-    ) -> Result<Option<(u32, Type)>, LayoutError> {
+    fn find_member(&self, strukt: &btf_rs::Struct, name: &str) -> Result<Option<(u32, Type)>, LayoutError> {
         for member in &strukt.members {
             let member_name = self.btf.resolve_name(member).unwrap_or_default();
-            let member_type = self.btf.resolve_chained_type(member).map_err(|source| {
-                LayoutError::Malformed { context: format!("member {name}"), source }
-            })?;
+            let member_type = self
+                .btf
+                .resolve_chained_type(member)
+                .map_err(|source| LayoutError::Malformed { context: format!("member {name}"), source })?;
             if member.bitfield_size().is_some_and(|size| size != 0) && member_name == name {
                 return Err(LayoutError::Bitfield { strukt: "struct", member: name.to_owned() });
             }
@@ -171,8 +163,7 @@ impl KernelBtf {
         for _ in 0..16 {
             ty = match ty {
                 Type::Struct(s) | Type::Union(s) => return Some(s),
-                Type::Typedef(_) | Type::Volatile(_) | Type::Const(_) | Type::Restrict(_)
-                | Type::TypeTag(_) => {
+                Type::Typedef(_) | Type::Volatile(_) | Type::Const(_) | Type::Restrict(_) | Type::TypeTag(_) => {
                     let inner = ty.as_btf_type()?;
                     self.btf.resolve_chained_type(inner).ok()?
                 }

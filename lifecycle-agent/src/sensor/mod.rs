@@ -22,8 +22,8 @@ use aya::{
 };
 use lifecycle_common::{names, CgroupCounters, KindStats, ProgramSettings, EVENT_KIND_COUNT};
 
-pub use self::ring::{EventStream, StreamError};
 use self::layout::{KernelBtf, LayoutError};
+pub use self::ring::{EventStream, StreamError};
 
 /// The compiled kernel programs, embedded at build time.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifecycle"));
@@ -77,10 +77,9 @@ impl Feature {
             Feature::Signals => &[Btf(names::PROG_SIGNAL)],
             Feature::OomKills => &[Btf(names::PROG_OOM)],
             Feature::TcpSockets => &[Btf(names::PROG_SOCK_STATE)],
-            Feature::TcpAccepts => &[
-                Tracepoint("syscalls", names::PROG_ACCEPT4),
-                Tracepoint("syscalls", names::PROG_ACCEPT),
-            ],
+            Feature::TcpAccepts => {
+                &[Tracepoint("syscalls", names::PROG_ACCEPT4), Tracepoint("syscalls", names::PROG_ACCEPT)]
+            }
             Feature::CgroupEvents => &[Btf(names::PROG_CGROUP_MKDIR), Btf(names::PROG_CGROUP_RMDIR)],
         }
     }
@@ -231,11 +230,7 @@ impl Sensor {
         }
         let kernel_btf = KernelBtf::open(&config.btf_path)?;
         let offsets = kernel_btf.offsets()?;
-        let settings = ProgramSettings {
-            wakeup_bytes: config.wakeup_bytes,
-            agent_tgid: config.ignore_tgid,
-            _pad: 0,
-        };
+        let settings = ProgramSettings { wakeup_bytes: config.wakeup_bytes, agent_tgid: config.ignore_tgid, _pad: 0 };
         let aya_btf = Btf::parse_file(&config.btf_path, aya::Endianness::default())
             .map_err(|e| SensorError::Load(Box::new(aya::EbpfError::BtfError(e))))?;
         let mut ebpf = EbpfLoader::new()
@@ -265,11 +260,11 @@ impl Sensor {
         }
 
         let counters = take_map(&mut ebpf, names::COUNTERS_MAP)?;
-        let counters = BpfHashMap::try_from(counters)
-            .map_err(|source| SensorError::Map { name: names::COUNTERS_MAP, source })?;
+        let counters =
+            BpfHashMap::try_from(counters).map_err(|source| SensorError::Map { name: names::COUNTERS_MAP, source })?;
         let stats = take_map(&mut ebpf, names::STATS_MAP)?;
-        let stats = PerCpuArray::try_from(stats)
-            .map_err(|source| SensorError::Map { name: names::STATS_MAP, source })?;
+        let stats =
+            PerCpuArray::try_from(stats).map_err(|source| SensorError::Map { name: names::STATS_MAP, source })?;
         let ring = take_map(&mut ebpf, names::EVENTS_MAP)?;
         let ring = aya::maps::RingBuf::try_from(ring)
             .map_err(|source| SensorError::Map { name: names::EVENTS_MAP, source })?;
@@ -350,9 +345,7 @@ fn ensure_tracefs(path: &Path) -> Result<(), String> {
         .map_err(|_| format!("tracefs path {} contains a NUL byte", path.display()))?;
     let fstype = c"tracefs";
     // SAFETY: all pointers are valid NUL-terminated strings that outlive the call; data is null.
-    let rc = unsafe {
-        libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
-    };
+    let rc = unsafe { libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
         return Err(format!(
             "tracefs is not mounted and mounting it at {} failed: {}",

@@ -46,9 +46,7 @@ impl EventStream {
             read += 1;
             match decode(&item) {
                 Ok(event) => out.push(event),
-                Err(DecodeError::UnknownKind(_) | DecodeError::Short { .. }) => {
-                    self.decode_errors += 1
-                }
+                Err(DecodeError::UnknownKind(_) | DecodeError::Short { .. }) => self.decode_errors += 1,
             }
         }
         read

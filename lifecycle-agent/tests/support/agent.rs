@@ -52,7 +52,8 @@ impl Agent {
     pub fn wait(&self, pod: &Pod, container: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let found = self.containers().into_iter().find(|c| c["uid"] == pod.uid.as_str() && c["container"] == container);
+            let found =
+                self.containers().into_iter().find(|c| c["uid"] == pod.uid.as_str() && c["container"] == container);
             if let Some(c) = found.as_ref().filter(|c| done(c)) {
                 return c.clone();
             }
@@ -81,7 +82,11 @@ impl Agent {
             if answer.0 == code {
                 return;
             }
-            assert!(Instant::now() < deadline, "probe {query} on {}/{container} never answered {code}: {answer:?}", pod.name);
+            assert!(
+                Instant::now() < deadline,
+                "probe {query} on {}/{container} never answered {code}: {answer:?}",
+                pod.name
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -110,4 +115,3 @@ pub fn get(addr: &str, path: &str) -> Option<(u16, String)> {
     let code = head.split(' ').nth(1)?.parse().ok()?;
     Some((code, body.to_owned()))
 }
-

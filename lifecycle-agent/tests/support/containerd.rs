@@ -25,10 +25,7 @@
 //! Harnesses can run in parallel, but run with `--test-threads=1`: each is a whole containerd,
 //! and timing assertions want a quiet machine.
 
-#![allow(
-    dead_code,
-    reason = "shared by several test binaries, each uses a subset"
-)]
+#![allow(dead_code, reason = "shared by several test binaries, each uses a subset")]
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -60,14 +57,7 @@ const BUSYBOX: &str = "/bin/busybox";
 /// The cgroup v1 hierarchy containerd needs mounted to report OOMKilled on this hybrid host.
 const HUGETLB_MOUNT: &str = "/sys/fs/cgroup/hugetlb";
 /// Binaries the harness runs (containerd starts the shim, the shim runs runc).
-const BINARIES: &[&str] = &[
-    "containerd",
-    "containerd-shim-runc-v2",
-    "runc",
-    "ctr",
-    "tar",
-    "sha256sum",
-];
+const BINARIES: &[&str] = &["containerd", "containerd-shim-runc-v2", "runc", "ctr", "tar", "sha256sum"];
 /// How long containerd may take to answer the CRI Version call.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// Bound on each cleanup call so a wedged runtime cannot hang `Drop`.
@@ -80,15 +70,9 @@ pub fn skip_reason() -> Option<String> {
         return Some("needs root (runs containerd and creates cgroups)".to_owned());
     }
     if !Path::new(BUSYBOX).is_file() {
-        return Some(format!(
-            "{BUSYBOX} missing (apt-get install busybox-static)"
-        ));
+        return Some(format!("{BUSYBOX} missing (apt-get install busybox-static)"));
     }
-    let missing: Vec<_> = BINARIES
-        .iter()
-        .filter(|b| which(b).is_none())
-        .copied()
-        .collect();
+    let missing: Vec<_> = BINARIES.iter().filter(|b| which(b).is_none()).copied().collect();
     if !missing.is_empty() {
         return Some(format!(
             "missing {} (apt-get install --no-install-recommends containerd runc)",
@@ -180,33 +164,15 @@ impl Default for KubeletAnnotations {
 impl KubeletAnnotations {
     fn to_map(&self) -> HashMap<String, String> {
         let mut map = HashMap::from([
-            (
-                keys::RESTART_COUNT.to_owned(),
-                self.restart_count.to_string(),
-            ),
+            (keys::RESTART_COUNT.to_owned(), self.restart_count.to_string()),
             (keys::CONTAINER_HASH.to_owned(), format!("{:x}", self.hash)),
-            (
-                keys::CONTAINER_TYPE.to_owned(),
-                self.container_type.to_owned(),
-            ),
-            (
-                "io.kubernetes.container.terminationMessagePath".to_owned(),
-                "/dev/termination-log".to_owned(),
-            ),
-            (
-                "io.kubernetes.container.terminationMessagePolicy".to_owned(),
-                "File".to_owned(),
-            ),
+            (keys::CONTAINER_TYPE.to_owned(), self.container_type.to_owned()),
+            ("io.kubernetes.container.terminationMessagePath".to_owned(), "/dev/termination-log".to_owned()),
+            ("io.kubernetes.container.terminationMessagePolicy".to_owned(), "File".to_owned()),
         ]);
         let optional = [
-            (
-                keys::TERMINATION_GRACE_PERIOD,
-                self.termination_grace_period_s.map(|s| s.to_string()),
-            ),
-            (
-                keys::DELETION_GRACE_PERIOD,
-                self.deletion_grace_period_s.map(|s| s.to_string()),
-            ),
+            (keys::TERMINATION_GRACE_PERIOD, self.termination_grace_period_s.map(|s| s.to_string())),
+            (keys::DELETION_GRACE_PERIOD, self.deletion_grace_period_s.map(|s| s.to_string())),
             (keys::PRE_STOP_HANDLER, self.pre_stop_handler.clone()),
             (keys::PORTS, self.ports.clone()),
         ];
@@ -242,10 +208,7 @@ impl Containerd {
         sweep_stale_runs();
         let host = HostShare::acquire()?;
         let run = RunDir::create()?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("build tokio runtime")?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("build tokio runtime")?;
         let mut harness = Self {
             rt,
             run,
@@ -275,8 +238,7 @@ impl Containerd {
     fn spawn_containerd(&mut self) -> Result<()> {
         let config = self.run.path.join("config.toml");
         fs::write(&config, containerd_config(&self.run.path)).context("write containerd config")?;
-        let log = fs::File::create(self.run.path.join("containerd.log"))
-            .context("create containerd log")?;
+        let log = fs::File::create(self.run.path.join("containerd.log")).context("create containerd log")?;
         let child = Command::new("containerd")
             .arg("--config")
             .arg(&config)
@@ -285,22 +247,14 @@ impl Containerd {
             .stderr(log)
             .spawn()
             .context("spawn containerd")?;
-        fs::write(self.run.path.join("containerd.pid"), child.id().to_string())
-            .context("record pid")?;
+        fs::write(self.run.path.join("containerd.pid"), child.id().to_string()).context("record pid")?;
         self.child = Some(child);
 
         let socket = self.socket().to_owned();
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                bail!(
-                    "containerd exited with {status} before answering:\n{}",
-                    self.log_tail(30)
-                );
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                bail!("containerd exited with {status} before answering:\n{}", self.log_tail(30));
             }
             // The readiness check is the CRI Version call itself, not a sleep.
             match self.rt.block_on(CriClient::connect(&socket)) {
@@ -309,10 +263,7 @@ impl Containerd {
                     return Ok(());
                 }
                 Err(e) if Instant::now() > deadline => {
-                    bail!(
-                        "containerd not ready after {READY_TIMEOUT:?}: {e}\n{}",
-                        self.log_tail(30)
-                    )
+                    bail!("containerd not ready after {READY_TIMEOUT:?}: {e}\n{}", self.log_tail(30))
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
             }
@@ -328,10 +279,7 @@ impl Containerd {
             .output()
             .context("run ctr images import")?;
         if !output.status.success() {
-            bail!(
-                "ctr images import failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
+            bail!("ctr images import failed: {}", String::from_utf8_lossy(&output.stderr));
         }
         // The CRI plugin learns about imported images from containerd events: wait until its
         // image service answers for the name, so RunPodSandbox never tries to pull.
@@ -340,15 +288,10 @@ impl Containerd {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let request = cri::ImageStatusRequest {
-                image: Some(cri::ImageSpec {
-                    image: IMAGE.to_owned(),
-                    ..Default::default()
-                }),
+                image: Some(cri::ImageSpec { image: IMAGE.to_owned(), ..Default::default() }),
                 verbose: false,
             };
-            let status = self
-                .block_on(images.image_status(request))
-                .context("CRI ImageStatus")?;
+            let status = self.block_on(images.image_status(request)).context("CRI ImageStatus")?;
             if status.into_inner().image.is_some() {
                 return Ok(());
             }
@@ -393,12 +336,10 @@ impl Containerd {
     {
         if tokio::runtime::Handle::try_current().is_ok() {
             // Inside another runtime a nested block_on panics: drive ours from a plain thread.
-            std::thread::scope(
-                |scope| match scope.spawn(|| self.rt.block_on(future)).join() {
-                    Ok(output) => output,
-                    Err(panic) => std::panic::resume_unwind(panic),
-                },
-            )
+            std::thread::scope(|scope| match scope.spawn(|| self.rt.block_on(future)).join() {
+                Ok(output) => output,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
         } else {
             self.rt.block_on(future)
         }
@@ -410,27 +351,15 @@ impl Containerd {
         self.cri.as_ref().expect("harness is connected")
     }
 
-    fn runtime(
-        &self,
-    ) -> cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel> {
+    fn runtime(&self) -> cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel> {
         self.cri().runtime_service()
     }
 
     /// A pod sandbox as the kubelet creates one: host network, pid namespace per container,
     /// the kubelet's identity labels, the given cgroupfs parent.
-    pub fn run_pod_sandbox(
-        &mut self,
-        name: &str,
-        namespace: &str,
-        uid: &str,
-        cgroup_parent: &str,
-    ) -> Result<Pod> {
+    pub fn run_pod_sandbox(&mut self, name: &str, namespace: &str, uid: &str, cgroup_parent: &str) -> Result<Pod> {
         self.run.record_cgroup_parent(cgroup_parent)?;
-        let log_dir = self
-            .run
-            .path
-            .join("logs")
-            .join(format!("{namespace}_{name}_{uid}"));
+        let log_dir = self.run.path.join("logs").join(format!("{namespace}_{name}_{uid}"));
         fs::create_dir_all(&log_dir).context("create pod log dir")?;
         let namespaces = kubelet_namespaces();
         let config = cri::PodSandboxConfig {
@@ -448,10 +377,7 @@ impl Containerd {
                 (keys::POD_NAMESPACE.to_owned(), namespace.to_owned()),
                 (keys::POD_UID.to_owned(), uid.to_owned()),
             ]),
-            annotations: HashMap::from([(
-                "kubernetes.io/config.source".to_owned(),
-                "api".to_owned(),
-            )]),
+            annotations: HashMap::from([("kubernetes.io/config.source".to_owned(), "api".to_owned())]),
             linux: Some(cri::LinuxPodSandboxConfig {
                 cgroup_parent: cgroup_parent.to_owned(),
                 security_context: Some(cri::LinuxSandboxSecurityContext {
@@ -462,10 +388,7 @@ impl Containerd {
             }),
             ..Default::default()
         };
-        let request = cri::RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        };
+        let request = cri::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() };
         let mut runtime = self.runtime();
         let id = self
             .block_on(runtime.run_pod_sandbox(request))
@@ -487,12 +410,7 @@ impl Containerd {
     /// A burstable pod in `default` with a fresh UID: `/kubepods/burstable/pod<uid>`.
     pub fn new_pod(&mut self, name: &str) -> Result<Pod> {
         let uid = fresh_uid()?;
-        self.run_pod_sandbox(
-            name,
-            "default",
-            &uid,
-            &format!("/kubepods/burstable/pod{uid}"),
-        )
+        self.run_pod_sandbox(name, "default", &uid, &format!("/kubepods/burstable/pod{uid}"))
     }
 
     /// A container as the kubelet creates one (labels, annotations, attempt = restart count,
@@ -512,14 +430,8 @@ impl Containerd {
             ..Default::default()
         };
         let config = cri::ContainerConfig {
-            metadata: Some(cri::ContainerMetadata {
-                name: name.to_owned(),
-                attempt: annotations.restart_count,
-            }),
-            image: Some(cri::ImageSpec {
-                image: IMAGE.to_owned(),
-                ..Default::default()
-            }),
+            metadata: Some(cri::ContainerMetadata { name: name.to_owned(), attempt: annotations.restart_count }),
+            image: Some(cri::ImageSpec { image: IMAGE.to_owned(), ..Default::default() }),
             command: command.iter().map(|s| (*s).to_owned()).collect(),
             labels: HashMap::from([
                 (keys::POD_NAME.to_owned(), pod.name.clone()),
@@ -546,13 +458,7 @@ impl Containerd {
         let mut runtime = self.runtime();
         let id = self
             .block_on(runtime.create_container(request))
-            .with_context(|| {
-                format!(
-                    "CreateContainer {name} in {}\n{}",
-                    pod.name,
-                    self.log_tail(20)
-                )
-            })?
+            .with_context(|| format!("CreateContainer {name} in {}\n{}", pod.name, self.log_tail(20)))?
             .into_inner()
             .container_id;
         self.containers.push(id.clone());
@@ -562,9 +468,7 @@ impl Containerd {
     /// StartContainer.
     pub fn start_container(&self, id: &str) -> Result<()> {
         let mut runtime = self.runtime();
-        let request = cri::StartContainerRequest {
-            container_id: id.to_owned(),
-        };
+        let request = cri::StartContainerRequest { container_id: id.to_owned() };
         self.block_on(runtime.start_container(request))
             .with_context(|| format!("StartContainer {id}\n{}", self.log_tail(20)))?;
         Ok(())
@@ -588,23 +492,16 @@ impl Containerd {
     /// (the runtime answers once the container has exited).
     pub fn stop_container(&self, id: &str, timeout_s: i64) -> Result<Duration> {
         let mut runtime = self.runtime();
-        let request = cri::StopContainerRequest {
-            container_id: id.to_owned(),
-            timeout: timeout_s,
-        };
+        let request = cri::StopContainerRequest { container_id: id.to_owned(), timeout: timeout_s };
         let began = Instant::now();
-        self.block_on(runtime.stop_container(request))
-            .with_context(|| format!("StopContainer {id}"))?;
+        self.block_on(runtime.stop_container(request)).with_context(|| format!("StopContainer {id}"))?;
         Ok(began.elapsed())
     }
 
     /// ContainerStatus, raw.
     pub fn container_status(&self, id: &str) -> Result<cri::ContainerStatus> {
         let mut runtime = self.runtime();
-        let request = cri::ContainerStatusRequest {
-            container_id: id.to_owned(),
-            verbose: false,
-        };
+        let request = cri::ContainerStatusRequest { container_id: id.to_owned(), verbose: false };
         self.block_on(runtime.container_status(request))
             .with_context(|| format!("ContainerStatus {id}"))?
             .into_inner()
@@ -621,10 +518,7 @@ impl Containerd {
                 return Ok(status);
             }
             if Instant::now() > deadline {
-                bail!(
-                    "container {id} still in state {} after {within:?}",
-                    status.state
-                );
+                bail!("container {id} still in state {} after {within:?}", status.state);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -633,11 +527,8 @@ impl Containerd {
     /// RemoveContainer (the runtime kills it first if it still runs).
     pub fn remove_container(&mut self, id: &str) -> Result<()> {
         let mut runtime = self.runtime();
-        let request = cri::RemoveContainerRequest {
-            container_id: id.to_owned(),
-        };
-        self.block_on(runtime.remove_container(request))
-            .with_context(|| format!("RemoveContainer {id}"))?;
+        let request = cri::RemoveContainerRequest { container_id: id.to_owned() };
+        self.block_on(runtime.remove_container(request)).with_context(|| format!("RemoveContainer {id}"))?;
         self.containers.retain(|c| c != id);
         Ok(())
     }
@@ -645,16 +536,10 @@ impl Containerd {
     /// StopPodSandbox then RemovePodSandbox (which removes the pod's containers too).
     pub fn remove_pod(&mut self, pod: &Pod) -> Result<()> {
         let mut runtime = self.runtime();
-        let stop = cri::StopPodSandboxRequest {
-            pod_sandbox_id: pod.id.clone(),
-        };
-        self.block_on(runtime.stop_pod_sandbox(stop))
-            .with_context(|| format!("StopPodSandbox {}", pod.id))?;
-        let remove = cri::RemovePodSandboxRequest {
-            pod_sandbox_id: pod.id.clone(),
-        };
-        self.block_on(runtime.remove_pod_sandbox(remove))
-            .with_context(|| format!("RemovePodSandbox {}", pod.id))?;
+        let stop = cri::StopPodSandboxRequest { pod_sandbox_id: pod.id.clone() };
+        self.block_on(runtime.stop_pod_sandbox(stop)).with_context(|| format!("StopPodSandbox {}", pod.id))?;
+        let remove = cri::RemovePodSandboxRequest { pod_sandbox_id: pod.id.clone() };
+        self.block_on(runtime.remove_pod_sandbox(remove)).with_context(|| format!("RemovePodSandbox {}", pod.id))?;
         self.pods.retain(|p| p.id != pod.id);
         Ok(())
     }
@@ -669,54 +554,30 @@ impl Containerd {
         let pods = std::mem::take(&mut self.pods);
         self.block_on(async move {
             let mut failures = Vec::new();
-            let mut note = |what: String,
-                            result: Result<
-                Result<(), tonic::Status>,
-                tokio::time::error::Elapsed,
-            >| {
-                match result {
+            let mut note =
+                |what: String, result: Result<Result<(), tonic::Status>, tokio::time::error::Elapsed>| match result {
                     Ok(Ok(())) => {}
                     Ok(Err(status)) if status.code() == tonic::Code::NotFound => {}
                     Ok(Err(status)) => failures.push(format!("{what}: {status}")),
                     Err(_) => failures.push(format!("{what}: timed out")),
-                }
-            };
+                };
             for id in containers.iter().rev() {
                 let mut rt = runtime.clone();
-                let stop = cri::StopContainerRequest {
-                    container_id: id.clone(),
-                    timeout: 0,
-                };
-                let result =
-                    tokio::time::timeout(CLEANUP_CALL_TIMEOUT, rt.stop_container(stop)).await;
+                let stop = cri::StopContainerRequest { container_id: id.clone(), timeout: 0 };
+                let result = tokio::time::timeout(CLEANUP_CALL_TIMEOUT, rt.stop_container(stop)).await;
                 note(format!("StopContainer {id}"), result.map(|r| r.map(drop)));
-                let remove = cri::RemoveContainerRequest {
-                    container_id: id.clone(),
-                };
-                let result =
-                    tokio::time::timeout(CLEANUP_CALL_TIMEOUT, rt.remove_container(remove)).await;
+                let remove = cri::RemoveContainerRequest { container_id: id.clone() };
+                let result = tokio::time::timeout(CLEANUP_CALL_TIMEOUT, rt.remove_container(remove)).await;
                 note(format!("RemoveContainer {id}"), result.map(|r| r.map(drop)));
             }
             for pod in pods.iter().rev() {
                 let mut rt = runtime.clone();
-                let stop = cri::StopPodSandboxRequest {
-                    pod_sandbox_id: pod.id.clone(),
-                };
-                let result =
-                    tokio::time::timeout(CLEANUP_CALL_TIMEOUT, rt.stop_pod_sandbox(stop)).await;
-                note(
-                    format!("StopPodSandbox {}", pod.id),
-                    result.map(|r| r.map(drop)),
-                );
-                let remove = cri::RemovePodSandboxRequest {
-                    pod_sandbox_id: pod.id.clone(),
-                };
-                let result =
-                    tokio::time::timeout(CLEANUP_CALL_TIMEOUT, rt.remove_pod_sandbox(remove)).await;
-                note(
-                    format!("RemovePodSandbox {}", pod.id),
-                    result.map(|r| r.map(drop)),
-                );
+                let stop = cri::StopPodSandboxRequest { pod_sandbox_id: pod.id.clone() };
+                let result = tokio::time::timeout(CLEANUP_CALL_TIMEOUT, rt.stop_pod_sandbox(stop)).await;
+                note(format!("StopPodSandbox {}", pod.id), result.map(|r| r.map(drop)));
+                let remove = cri::RemovePodSandboxRequest { pod_sandbox_id: pod.id.clone() };
+                let result = tokio::time::timeout(CLEANUP_CALL_TIMEOUT, rt.remove_pod_sandbox(remove)).await;
+                note(format!("RemovePodSandbox {}", pod.id), result.map(|r| r.map(drop)));
             }
             failures
         })
@@ -844,21 +705,12 @@ disabled_plugins = [
 /// Builds an OCI image-layout tarball of busybox-static with its applet links.
 fn build_image(dir: &Path) -> Result<PathBuf> {
     let rootfs = dir.join("rootfs");
-    for sub in [
-        "bin", "sbin", "usr/bin", "usr/sbin", "dev", "proc", "sys", "tmp", "etc", "root", "run",
-        "var",
-    ] {
+    for sub in ["bin", "sbin", "usr/bin", "usr/sbin", "dev", "proc", "sys", "tmp", "etc", "root", "run", "var"] {
         fs::create_dir_all(rootfs.join(sub)).with_context(|| format!("create rootfs/{sub}"))?;
     }
     fs::copy(BUSYBOX, rootfs.join("bin/busybox")).context("copy busybox")?;
-    let list = Command::new(BUSYBOX)
-        .arg("--list-full")
-        .output()
-        .context("busybox --list-full")?;
-    for applet in String::from_utf8_lossy(&list.stdout)
-        .lines()
-        .filter(|l| !l.is_empty())
-    {
+    let list = Command::new(BUSYBOX).arg("--list-full").output().context("busybox --list-full")?;
+    for applet in String::from_utf8_lossy(&list.stdout).lines().filter(|l| !l.is_empty()) {
         let link = rootfs.join(applet);
         if link.exists() || applet == "bin/busybox" {
             continue;
@@ -868,8 +720,7 @@ fn build_image(dir: &Path) -> Result<PathBuf> {
         }
         symlink("/bin/busybox", &link).with_context(|| format!("link {applet}"))?;
     }
-    fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n")
-        .context("write passwd")?;
+    fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").context("write passwd")?;
     fs::write(rootfs.join("etc/group"), "root:x:0:\n").context("write group")?;
 
     let layout = dir.join("layout");
@@ -877,15 +728,7 @@ fn build_image(dir: &Path) -> Result<PathBuf> {
     fs::create_dir_all(&blobs).context("create blobs dir")?;
     let layer = dir.join("layer.tar");
     run(Command::new("tar")
-        .args([
-            "--create",
-            "--sort=name",
-            "--numeric-owner",
-            "--owner=0",
-            "--group=0",
-            "--mtime=@0",
-            "--file",
-        ])
+        .args(["--create", "--sort=name", "--numeric-owner", "--owner=0", "--group=0", "--mtime=@0", "--file"])
         .arg(&layer)
         .arg("-C")
         .arg(&rootfs)
@@ -929,19 +772,13 @@ fn build_image(dir: &Path) -> Result<PathBuf> {
         }],
     });
     fs::write(layout.join("index.json"), index.to_string()).context("write index.json")?;
-    fs::write(
-        layout.join("oci-layout"),
-        r#"{"imageLayoutVersion":"1.0.0"}"#,
-    )
-    .context("write oci-layout")?;
+    fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).context("write oci-layout")?;
     let tarball = dir.join("image.tar");
-    run(Command::new("tar")
-        .arg("--create")
-        .arg("--file")
-        .arg(&tarball)
-        .arg("-C")
-        .arg(&layout)
-        .args(["oci-layout", "index.json", "blobs"]))?;
+    run(Command::new("tar").arg("--create").arg("--file").arg(&tarball).arg("-C").arg(&layout).args([
+        "oci-layout",
+        "index.json",
+        "blobs",
+    ]))?;
     Ok(tarball)
 }
 
@@ -949,21 +786,13 @@ fn build_image(dir: &Path) -> Result<PathBuf> {
 fn add_blob(blobs: &Path, data: &[u8]) -> Result<(String, usize)> {
     let staging = blobs.join("staging");
     fs::write(&staging, data).context("write blob")?;
-    let output = Command::new("sha256sum")
-        .arg(&staging)
-        .output()
-        .context("run sha256sum")?;
+    let output = Command::new("sha256sum").arg(&staging).output().context("run sha256sum")?;
     let digest = String::from_utf8_lossy(&output.stdout)
         .split_whitespace()
         .next()
         .filter(|d| d.len() == 64)
         .map(str::to_owned)
-        .with_context(|| {
-            format!(
-                "sha256sum gave no digest: {}",
-                String::from_utf8_lossy(&output.stderr)
-            )
-        })?;
+        .with_context(|| format!("sha256sum gave no digest: {}", String::from_utf8_lossy(&output.stderr)))?;
     fs::rename(&staging, blobs.join(&digest)).context("name blob")?;
     Ok((digest, data.len()))
 }
@@ -977,30 +806,20 @@ fn oci_arch() -> &'static str {
 }
 
 fn run(command: &mut Command) -> Result<()> {
-    let output = command
-        .output()
-        .with_context(|| format!("run {command:?}"))?;
+    let output = command.output().with_context(|| format!("run {command:?}"))?;
     if !output.status.success() {
-        bail!(
-            "{command:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        bail!("{command:?} failed: {}", String::from_utf8_lossy(&output.stderr));
     }
     Ok(())
 }
 
 fn which(binary: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(binary))
-        .find(|p| p.is_file())
+    std::env::split_paths(&path).map(|dir| dir.join(binary)).find(|p| p.is_file())
 }
 
 fn fresh_uid() -> Result<String> {
-    Ok(fs::read_to_string("/proc/sys/kernel/random/uuid")
-        .context("read a random uuid")?
-        .trim()
-        .to_owned())
+    Ok(fs::read_to_string("/proc/sys/kernel/random/uuid").context("read a random uuid")?.trim().to_owned())
 }
 
 fn signal(pid: u32, signal: i32) {
@@ -1013,11 +832,7 @@ fn signal(pid: u32, signal: i32) {
 
 /// Mount points of every cgroup hierarchy (v1 controllers and v2).
 fn cgroup_hierarchies() -> Vec<PathBuf> {
-    mounts()
-        .into_iter()
-        .filter(|m| m.fstype == "cgroup" || m.fstype == "cgroup2")
-        .map(|m| m.point)
-        .collect()
+    mounts().into_iter().filter(|m| m.fstype == "cgroup" || m.fstype == "cgroup2").map(|m| m.point).collect()
 }
 
 struct Mount {
@@ -1035,11 +850,7 @@ fn mounts() -> Vec<Mount> {
             let mut right = right.split_whitespace();
             let fstype = right.next()?.to_owned();
             let options = right.nth(1).unwrap_or_default().to_owned();
-            Some(Mount {
-                point: PathBuf::from(unescape_mountinfo(point)),
-                fstype,
-                options,
-            })
+            Some(Mount { point: PathBuf::from(unescape_mountinfo(point)), fstype, options })
         })
         .collect()
 }
@@ -1075,13 +886,8 @@ fn pids_mentioning(needle: &str, binary_suffix: &str) -> Vec<u32> {
             let Ok(raw) = fs::read(format!("/proc/{pid}/cmdline")) else {
                 return false;
             };
-            let args: Vec<_> = raw
-                .split(|b| *b == 0)
-                .map(String::from_utf8_lossy)
-                .collect();
-            args.first()
-                .is_some_and(|argv0| argv0.ends_with(binary_suffix))
-                && args.iter().any(|a| a == needle)
+            let args: Vec<_> = raw.split(|b| *b == 0).map(String::from_utf8_lossy).collect();
+            args.first().is_some_and(|argv0| argv0.ends_with(binary_suffix)) && args.iter().any(|a| a == needle)
         })
         .collect()
 }
@@ -1097,11 +903,7 @@ fn alive(pid: u32) -> bool {
 fn process_start_time(pid: u32) -> Option<String> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Field 22 (starttime); fields after the parenthesised comm are space-separated.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(19)
-        .map(str::to_owned)
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19).map(str::to_owned)
 }
 
 /// The process's own identity, so a later sweep can tell a live owner from a reused pid.
@@ -1140,10 +942,7 @@ impl RunDir {
         let Ok(owner) = fs::read_to_string(self.path.join("owner")) else {
             return false;
         };
-        let pid = owner
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse::<u32>().ok());
+        let pid = owner.split_whitespace().next().and_then(|p| p.parse::<u32>().ok());
         pid.is_some_and(|pid| alive(pid) && owner_tag(pid) == owner)
     }
 
@@ -1186,9 +985,7 @@ impl RunDir {
     fn sweep(&self) -> Vec<String> {
         let mut problems = Vec::new();
         // 1. Our containerd, if it is still running (a crashed owner leaves it orphaned).
-        if let Some(pid) = fs::read_to_string(self.path.join("containerd.pid"))
-            .ok()
-            .and_then(|p| p.trim().parse().ok())
+        if let Some(pid) = fs::read_to_string(self.path.join("containerd.pid")).ok().and_then(|p| p.trim().parse().ok())
         {
             let config = self.path.join("config.toml").to_string_lossy().into_owned();
             if pids_mentioning(&config, "containerd").contains(&pid) {
@@ -1217,11 +1014,8 @@ impl RunDir {
             wait_gone(&pids);
         }
         // 3. Mounts under the run directory (rootfs overlays, sandbox shm), deepest first.
-        let mut ours: Vec<PathBuf> = mounts()
-            .into_iter()
-            .map(|m| m.point)
-            .filter(|p| p.starts_with(&self.path))
-            .collect();
+        let mut ours: Vec<PathBuf> =
+            mounts().into_iter().map(|m| m.point).filter(|p| p.starts_with(&self.path)).collect();
         ours.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
         for point in ours {
             if let Err(e) = unmount(&point) {
@@ -1270,10 +1064,7 @@ fn sweep_stale_runs() {
     for entry in entries.flatten() {
         let run = RunDir::open(entry.path());
         if entry.path().is_dir() && !run.owner_alive() {
-            eprintln!(
-                "containerd harness: sweeping stale run {}",
-                run.path.display()
-            );
+            eprintln!("containerd harness: sweeping stale run {}", run.path.display());
             for problem in run.sweep() {
                 eprintln!("containerd harness: stale sweep: {problem}");
             }
@@ -1287,12 +1078,7 @@ fn shim_sockets(task_dir: &Path) -> Vec<PathBuf> {
         .into_iter()
         .flatten()
         .flatten()
-        .flat_map(|namespace| {
-            fs::read_dir(namespace.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-        });
+        .flat_map(|namespace| fs::read_dir(namespace.path()).into_iter().flatten().flatten());
     let mut sockets: Vec<PathBuf> = bundles
         .filter_map(|bundle| fs::read_to_string(bundle.path().join("address")).ok())
         .filter_map(|address| {
@@ -1318,11 +1104,7 @@ fn cgroup_pids(dir: &Path) -> Vec<u32> {
     collect_subdirs(dir, &mut dirs);
     dirs.iter()
         .filter_map(|d| fs::read_to_string(d.join("cgroup.procs")).ok())
-        .flat_map(|text| {
-            text.lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect::<Vec<u32>>()
-        })
+        .flat_map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect::<Vec<u32>>())
         .collect()
 }
 
@@ -1342,8 +1124,8 @@ fn collect_subdirs(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn unmount(point: &Path) -> io::Result<()> {
-    let path = CString::new(point.as_os_str().as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let path =
+        CString::new(point.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
     if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
         Ok(())
@@ -1361,16 +1143,10 @@ struct Shared {
     ancestors: BTreeSet<PathBuf>,
 }
 
-static SHARED: Mutex<Shared> = Mutex::new(Shared {
-    users: 0,
-    mounted_hugetlb: false,
-    ancestors: BTreeSet::new(),
-});
+static SHARED: Mutex<Shared> = Mutex::new(Shared { users: 0, mounted_hugetlb: false, ancestors: BTreeSet::new() });
 
 fn shared() -> std::sync::MutexGuard<'static, Shared> {
-    SHARED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    SHARED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// One harness's claim on the shared host state.
@@ -1384,19 +1160,10 @@ struct HostShare;
 impl HostShare {
     fn acquire() -> Result<Self> {
         let mut state = shared();
-        let mounted = mounts()
-            .iter()
-            .any(|m| m.fstype == "cgroup" && m.options.split(',').any(|o| o == "hugetlb"));
+        let mounted = mounts().iter().any(|m| m.fstype == "cgroup" && m.options.split(',').any(|o| o == "hugetlb"));
         if !mounted {
             fs::create_dir_all(HUGETLB_MOUNT).with_context(|| format!("mkdir {HUGETLB_MOUNT}"))?;
-            run(Command::new("mount").args([
-                "-t",
-                "cgroup",
-                "-o",
-                "hugetlb",
-                "cgroup",
-                HUGETLB_MOUNT,
-            ]))?;
+            run(Command::new("mount").args(["-t", "cgroup", "-o", "hugetlb", "cgroup", HUGETLB_MOUNT]))?;
             state.mounted_hugetlb = true;
         }
         state.users += 1;
@@ -1422,8 +1189,7 @@ impl Drop for HostShare {
             let _ = fs::remove_dir(dir);
         }
         if state.mounted_hugetlb {
-            let in_use = fs::read_dir(HUGETLB_MOUNT)
-                .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().is_dir())));
+            let in_use = fs::read_dir(HUGETLB_MOUNT).is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().is_dir())));
             if !in_use && unmount(Path::new(HUGETLB_MOUNT)).is_ok() {
                 let _ = fs::remove_dir(HUGETLB_MOUNT);
                 state.mounted_hugetlb = false;

@@ -58,7 +58,12 @@ impl Hub {
     }
 
     /// Waits until `done` holds over the events seen so far; returns the matching events.
-    pub fn wait_for(&self, what: &str, matches: impl Fn(&Event) -> bool, done: impl Fn(&[Event]) -> bool) -> Vec<Event> {
+    pub fn wait_for(
+        &self,
+        what: &str,
+        matches: impl Fn(&Event) -> bool,
+        done: impl Fn(&[Event]) -> bool,
+    ) -> Vec<Event> {
         let deadline = Instant::now() + EVENT_DEADLINE;
         let mut events = self.events.lock().expect("lock");
         loop {

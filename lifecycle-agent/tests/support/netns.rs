@@ -66,7 +66,8 @@ impl TestNetns {
 
     /// Runs a program inside to completion, returning its stdout.
     pub fn output(&self, program: &str, args: &[&str]) -> String {
-        let out = Command::new("ip").args(["netns", "exec", &self.name, program]).args(args).output().expect("ip netns exec");
+        let out =
+            Command::new("ip").args(["netns", "exec", &self.name, program]).args(args).output().expect("ip netns exec");
         assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
