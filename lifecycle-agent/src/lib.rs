@@ -1,25 +1,25 @@
-//! lifecycle's node agent as a library: the binary in main.rs is a thin CLI over it, and the
+//! lifecycle's node agent as a library: the binary in `main.rs` is a thin CLI over it, and the
 //! privileged integration tests drive the same pieces.
 //!
-//! Layers: [`sensor`] owns the kernel programs (the only aya user); [`event`] decodes records;
-//! [`cgroupfs`] and [`cri`] are discovery (cgroupfs, /proc, the runtime's socket). The pure core
-//! — [`identity`], [`container_state`], [`backoff`], [`termination`], tied together by
-//! [`tracker`] — takes events and times and returns state. [`metrics`] and [`http`] are the
-//! surfaces.
+//! The pipeline, one folder per layer (see `docs/architecture.md`):
+//! - [`kernel`] (I/O, the only aya user): loads the programs, reads the ring, decodes records
+//!   into [`model::event::Event`]s and reads the per-cgroup counter maps.
+//! - [`discovery`] (I/O): cgroupfs, the runtime's CRI socket, `/proc`, network namespaces, the
+//!   boot-time clock.
+//! - [`model`] (pure): identity, runtime metadata, container states, back-off, termination
+//!   verdicts and the node's units. Events, metadata and times in; state and verdicts out. It
+//!   imports no other layer of this crate (a test checks that).
+//! - [`export`] (pure formatting over a read-only view): Prometheus series and their label
+//!   spellings, histograms, the JSON containers view.
+//! - [`probe`]: exec-free probes answered from the model's and the kernel's facts.
+//! - [`agent`] (plumbing): the owner loop that ties the layers together, background tasks,
+//!   HTTP routes and shutdown.
+//! - [`cli`]: the client side of the subcommands (the `status` table).
 
 pub mod agent;
-pub mod backoff;
-pub mod cgroupfs;
-pub mod container_state;
-pub mod cri;
-pub mod event;
-pub mod http;
-pub mod identity;
-pub mod metrics;
+pub mod cli;
+pub mod discovery;
+pub mod export;
+pub mod kernel;
+pub mod model;
 pub mod probe;
-pub mod probe_supervisor;
-pub mod sensor;
-pub mod status;
-pub mod termination;
-pub mod tracker;
-pub mod unit_metrics;

@@ -7,12 +7,12 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lifecycle_agent::{
     agent::{self, AgentConfig},
-    backoff::BackoffPolicy,
-    cgroupfs::CgroupRoot,
-    container_state::RestartPolicy,
-    event::Event,
-    sensor::{Feature, Sensor, SensorConfig},
-    tracker::TrackerConfig,
+    discovery::cgroupfs::CgroupRoot,
+    kernel::{Feature, Sensor, SensorConfig},
+    model::backoff::BackoffPolicy,
+    model::container_state::RestartPolicy,
+    model::event::Event,
+    model::node::TrackerConfig,
 };
 use tokio::sync::watch;
 
@@ -313,11 +313,11 @@ fn cgroup_filter(values: &[String]) -> anyhow::Result<Vec<u64>> {
 
 async fn status(args: StatusArgs) -> anyhow::Result<()> {
     loop {
-        let body = lifecycle_agent::status::fetch(args.server).await?;
+        let body = lifecycle_agent::cli::status::fetch(args.server).await?;
         match args.output {
             OutputFormat::Json => println!("{body}"),
             OutputFormat::Table => {
-                let table = lifecycle_agent::status::render_table(&body)
+                let table = lifecycle_agent::cli::status::render_table(&body)
                     .context("the agent's answer is not the expected JSON")?;
                 if args.watch {
                     // Clear the screen and home the cursor, like `watch`.

@@ -11,12 +11,12 @@ use std::{
 };
 
 use lifecycle_agent::{
-    cri::{ContainerMeta, ContainerState, ContainerType},
-    event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
-    http::{self, Routes},
-    metrics::Metrics,
-    tracker::{NodeTracker, TrackerConfig},
-    unit_metrics::{KernelCounters, UnitMetrics},
+    agent::http::{self, Routes},
+    discovery::cri::{ContainerMeta, ContainerState, ContainerType},
+    export::metrics::Metrics,
+    export::units::{KernelCounters, UnitMetrics},
+    model::event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
+    model::node::{NodeTracker, TrackerConfig},
 };
 use lifecycle_common::CgroupCounters;
 

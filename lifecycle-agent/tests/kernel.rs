@@ -15,8 +15,8 @@ use std::{
 };
 
 use lifecycle_agent::{
-    event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
-    sensor::{Sensor, SensorConfig},
+    kernel::{Sensor, SensorConfig},
+    model::event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
 };
 use support::{
     cgroup::{own_cgroup_id, own_netns, own_thread_comm, TestCgroup},

@@ -17,7 +17,7 @@ use std::{
 };
 
 use lifecycle_agent::{
-    event::{Detail, Event},
+    model::event::{Detail, Event},
     probe::{
         check::CheckSpec,
         metrics::ProbeTarget,

@@ -14,7 +14,7 @@ use std::{
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::check::Verdict;
-use crate::metrics::NAMESPACE;
+use crate::export::metrics::NAMESPACE;
 
 /// Distinct `check` label values per pod before falling back to `other`.
 pub const MAX_CHECKS_PER_POD: usize = 16;

@@ -40,6 +40,7 @@ pub mod observe;
 pub mod pod;
 pub mod server;
 pub mod sockdiag;
+pub mod supervisor;
 pub mod tcp;
 
 pub use check::{CheckSpec, Verdict};

@@ -23,7 +23,7 @@ use super::{
     sockdiag::SockDiag,
     tcp::{AcceptProgress, QueueSample},
 };
-use crate::event::{Detail, Event};
+use crate::model::event::{Detail, Event};
 
 /// How often /proc is sampled when no deadline comes sooner.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(2);

@@ -17,7 +17,7 @@ use std::{
 };
 
 use super::{metrics::ProbeTarget, pod::PodProbe};
-use crate::event::Event;
+use crate::model::event::Event;
 
 /// Port of the per-pod probe listener unless configured otherwise.
 pub const DEFAULT_POD_PORT: u16 = 9891;

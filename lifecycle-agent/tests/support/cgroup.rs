@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lifecycle_agent::cgroupfs::CgroupRoot;
+use lifecycle_agent::discovery::cgroupfs::CgroupRoot;
 
 /// Why a privileged test cannot run here.
 pub fn skip_reason() -> Option<String> {

@@ -21,7 +21,7 @@
 //! removed by the last one out, if they created them and nothing else uses them.
 //!
 //! The API is synchronous (it owns a tokio runtime), so tests are plain `#[test]` functions;
-//! [`Containerd::block_on`] runs async code such as `lifecycle_agent::cri::CriClient` calls.
+//! [`Containerd::block_on`] runs async code such as `lifecycle_agent::discovery::cri::CriClient` calls.
 //! Harnesses can run in parallel, but run with `--test-threads=1`: each is a whole containerd,
 //! and timing assertions want a quiet machine.
 
@@ -46,7 +46,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use k8s_cri::v1 as cri;
-use lifecycle_agent::cri::{keys, CriClient};
+use lifecycle_agent::discovery::cri::{keys, CriClient};
 
 /// Where run directories live.
 pub const BASE_DIR: &str = "/tmp/lifecycle-containerd";
@@ -283,7 +283,7 @@ impl Containerd {
         }
         // The CRI plugin learns about imported images from containerd events: wait until its
         // image service answers for the name, so RunPodSandbox never tries to pull.
-        let channel = self.block_on(lifecycle_agent::cri::connect_channel(self.socket()))?;
+        let channel = self.block_on(lifecycle_agent::discovery::cri::connect_channel(self.socket()))?;
         let mut images = cri::image_service_client::ImageServiceClient::new(channel);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {

@@ -9,8 +9,8 @@ use std::{
 };
 
 use lifecycle_agent::{
-    event::Event,
-    sensor::{Sensor, SensorConfig, SensorMaps},
+    kernel::{Sensor, SensorConfig, SensorMaps},
+    model::event::Event,
 };
 
 pub struct Hub {

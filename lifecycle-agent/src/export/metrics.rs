@@ -13,7 +13,7 @@ use prometheus::{
     Encoder, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::sensor::{FeatureState, SensorMaps};
+use crate::kernel::{FeatureState, SensorMaps};
 
 /// Metric name prefix.
 pub const NAMESPACE: &str = "lifecycle";

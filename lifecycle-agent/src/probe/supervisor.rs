@@ -20,7 +20,7 @@ use crate::{
         bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, pod::DEFAULT_REFRESH, server::BlockingServer,
         NodeProbes, PodProbe, ProbeAnswer,
     },
-    tracker::NodeTracker,
+    model::node::NodeTracker,
 };
 
 /// A running per-pod listener; dropping it stops its thread.

@@ -17,14 +17,14 @@ use lifecycle_common::CgroupCounters;
 use serde::Serialize;
 
 use crate::{
-    backoff::{BackoffPolicy, BackoffTracker, Observation, Tolerance, Verdict},
-    container_state::{
+    discovery::cri::{ContainerMeta, ContainerType},
+    model::backoff::{BackoffPolicy, BackoffTracker, Observation, Tolerance, Verdict},
+    model::container_state::{
         ContainerState, ContainerStatus, ContainerStatusSnapshot, RestartPolicy, RestartSpec, TerminatedReason,
     },
-    cri::{ContainerMeta, ContainerType},
-    event::{Detail, Event},
-    identity::{classify, CgroupIdentity},
-    termination::{
+    model::event::{Detail, Event},
+    model::identity::{classify, CgroupIdentity},
+    model::termination::{
         sidecar_order, PreStopHandler, SidecarOrder, SignalSender, TerminationOutcome, TerminationReport,
         TerminationSettings, TerminationTracker,
     },
@@ -1012,8 +1012,8 @@ impl Unit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cri::ContainerState as CriState;
-    use crate::event::{CgroupDetail, SignalResult};
+    use crate::discovery::cri::ContainerState as CriState;
+    use crate::model::event::{CgroupDetail, SignalResult};
 
     const SECOND: u64 = 1_000_000_000;
     const POD_UID: &str = "0b1c2d3e-4f5a-6b7c-8d9e-0f1a2b3c4d5e";
@@ -1138,7 +1138,7 @@ mod tests {
         let order = proxy.sidecar_order.clone().expect("judged");
         assert_eq!(
             order.verdict,
-            crate::termination::SidecarVerdict::SignalledBeforeMainExited { main_container: "app".into() }
+            crate::model::termination::SidecarVerdict::SignalledBeforeMainExited { main_container: "app".into() }
         );
         let app = views.iter().find(|v| v.labels.container == "app").expect("app");
         assert!(!app.sidecar && app.sidecar_order.is_none());

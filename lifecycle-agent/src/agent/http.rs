@@ -11,7 +11,7 @@ use hyper::{body::Incoming, header, server::conn::http1, service::service_fn, Me
 use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::watch};
 
-use crate::metrics::Metrics;
+use crate::export::metrics::Metrics;
 
 /// Something that answers JSON API paths (everything under `/api/`).
 pub trait ApiHandler: Send + Sync + 'static {

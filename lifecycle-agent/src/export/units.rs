@@ -18,10 +18,10 @@ use std::{
 use lifecycle_common::CgroupCounters;
 
 use crate::{
-    container_state::{ContainerState, WaitingReason},
-    sensor::SensorMaps,
-    termination::TerminationOutcome,
-    tracker::{reason_name, Histogram, NodeTracker, Unit, GRACE_RATIO_BUCKETS, TERMINATION_BUCKETS},
+    kernel::SensorMaps,
+    model::container_state::{ContainerState, WaitingReason},
+    model::node::{reason_name, Histogram, NodeTracker, Unit, GRACE_RATIO_BUCKETS, TERMINATION_BUCKETS},
+    model::termination::TerminationOutcome,
 };
 
 const STATES: [&str; 3] = ["waiting", "running", "terminated"];
@@ -37,7 +37,7 @@ impl KernelCounters for SensorMaps {
     }
 }
 
-/// Writes the per-container families; handed to [`crate::metrics::Metrics::add_text_source`].
+/// Writes the per-container families; handed to [`crate::export::metrics::Metrics::add_text_source`].
 pub struct UnitMetrics {
     tracker: Arc<Mutex<NodeTracker>>,
     kernel: Arc<dyn KernelCounters>,

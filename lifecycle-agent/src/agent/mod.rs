@@ -2,6 +2,8 @@
 //! keeping runtime metadata current, and serving metrics and the API. Thin plumbing around the
 //! pure core; every decision lives in `tracker` and below.
 
+pub mod http;
+
 use std::{
     net::SocketAddr,
     path::PathBuf,
@@ -15,16 +17,16 @@ use serde::Serialize;
 use tokio::sync::{watch, Notify};
 
 use crate::{
-    cgroupfs::{CgroupFsError, CgroupRoot},
-    cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
-    event::{Detail, Event},
-    http::{self, ApiHandler, HttpError, Routes},
-    metrics::{AgentCounters, Metrics, MetricsError},
+    agent::http::{ApiHandler, HttpError, Routes},
+    discovery::cgroupfs::{CgroupFsError, CgroupRoot},
+    discovery::cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
+    export::metrics::{AgentCounters, Metrics, MetricsError},
+    export::units::{boot_time_ns, unix_minus_boot_seconds, UnitMetrics},
+    kernel::{Sensor, SensorConfig, SensorError, StreamError},
+    model::event::{Detail, Event},
+    model::node::{ContainerView, NodeTracker, Notice, SeedProcess, TrackerConfig},
+    probe::supervisor::{take_query_param, ProbeSupervisor},
     probe::{metrics::ProbeMetrics, NodeProbes, ProbeAnswer as _},
-    probe_supervisor::{take_query_param, ProbeSupervisor},
-    sensor::{Sensor, SensorConfig, SensorError, StreamError},
-    tracker::{ContainerView, NodeTracker, Notice, SeedProcess, TrackerConfig},
-    unit_metrics::{boot_time_ns, unix_minus_boot_seconds, UnitMetrics},
 };
 
 /// Settings for a running agent.
@@ -93,7 +95,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
             "event_to_state_seconds",
             "From the kernel seeing a process exit to the container state reflecting it.",
         )
-        .namespace(crate::metrics::NAMESPACE)
+        .namespace(crate::export::metrics::NAMESPACE)
         .buckets(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]),
     )
     .map_err(MetricsError::from)?;

@@ -12,7 +12,7 @@
 
 use serde::Serialize;
 
-use crate::backoff::BackoffTracker;
+use crate::model::backoff::BackoffTracker;
 
 /// Why a container is waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -331,7 +331,7 @@ fn go_duration(ns: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backoff::{BackoffPolicy, Tolerance};
+    use crate::model::backoff::{BackoffPolicy, Tolerance};
 
     const S: u64 = 1_000_000_000;
     const UID: &str = "0b0f2e4b-2d44-4d2a-9a5f-3c1b6a7e8f90";

@@ -9,7 +9,7 @@ use std::time::Duration;
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{unix::AsyncFd, Interest};
 
-use crate::event::{decode, DecodeError, Event};
+use crate::model::event::{decode, DecodeError, Event};
 
 /// Why reading stopped.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,3 @@
+//! The client side of the subcommands that talk to a running agent.
+
+pub mod status;

@@ -1,0 +1,5 @@
+//! Export: the model's read-only view turned into Prometheus series and JSON. Label spellings,
+//! histograms and bucket bounds live here, not in the model.
+
+pub mod metrics;
+pub mod units;

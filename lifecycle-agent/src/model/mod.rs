@@ -1,0 +1,10 @@
+//! The pure core: kernel events, runtime metadata and times in; container states, back-off and
+//! termination verdicts out. No I/O, no clock, and no imports from the crate's I/O layers
+//! (`kernel`, `discovery`, `export`, `agent`, `probe`): `tests/layers.rs` enforces that.
+
+pub mod backoff;
+pub mod container_state;
+pub mod event;
+pub mod identity;
+pub mod node;
+pub mod termination;
