@@ -1,12 +1,13 @@
 //! Test tiers. `unit` needs nothing; `kernel` loads the real programs into this kernel; `runtime`
-//! drives a real containerd + runc; `checks` validates dashboards, manifests and rules with real
-//! tools. Tiers that need root say so and are skipped when not root.
+//! drives a real containerd + runc; `checks` enforces formatting and clippy on the host crates,
+//! then validates dashboards, manifests and rules with real tools. Tiers that need root say so and
+//! are skipped when not root.
 
-use std::process::Command;
+use std::{path::PathBuf, process::Command};
 
 use anyhow::{bail, Result};
 
-use crate::{cargo, packages, shell, workspace_root};
+use crate::{cargo, packages, shell, toolchain, workspace_root};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Tier {
@@ -17,7 +18,7 @@ pub enum Tier {
 }
 
 impl Tier {
-    // Checks before Runtime: it creates the Python venv the dashboards test in Runtime uses.
+    // Checks before Kernel and Runtime: formatting and lint errors show before the long tiers run.
     const ALL: [Tier; 4] = [Tier::Unit, Tier::Checks, Tier::Kernel, Tier::Runtime];
 
     fn needs_root(self) -> bool {
@@ -55,21 +56,28 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
                 "--test",
                 "probe",
             ])),
-            Tier::Runtime => shell::run(
-                cargo()
-                    .args([
-                        "test",
-                        "-p",
-                        "lifecycle-agent",
-                        "--test",
-                        "containerd_harness",
-                        "--test",
-                        "e2e",
-                        "--test",
-                        "dashboards",
-                    ])
-                    .args(["--", "--test-threads=1"]),
-            ),
+            Tier::Runtime => {
+                // The dashboards test runs its checker with the venv's Python when it exists, so
+                // it is set up here too: the checks tier may have stopped before doing so.
+                if let Err(err) = python_env() {
+                    eprintln!("xtask: no Python venv for the dashboards test, it uses python3: {err:#}");
+                }
+                shell::run(
+                    cargo()
+                        .args([
+                            "test",
+                            "-p",
+                            "lifecycle-agent",
+                            "--test",
+                            "containerd_harness",
+                            "--test",
+                            "e2e",
+                            "--test",
+                            "dashboards",
+                        ])
+                        .args(["--", "--test-threads=1"]),
+                )
+            }
             Tier::Checks => checks(),
         };
         if let Err(err) = result {
@@ -83,8 +91,35 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
     Ok(())
 }
 
-/// The Python-side checks: dashboards' structure and the deploy manifests and alert rules.
+/// Formatting and clippy first (they fail fast, with what to run to fix them), then the
+/// Python-side checks: dashboards' structure and the deploy manifests and alert rules.
 fn checks() -> Result<()> {
+    rust_lints()?;
+    python_checks()
+}
+
+/// `cargo fmt --check` over every workspace member (rustfmt.toml at the root) and clippy with
+/// warnings denied over the host crates: the default members, all targets (lifecycle-ebpf builds
+/// for the bpf target only; it is compiled, not linted, through the agent's build script).
+fn rust_lints() -> Result<()> {
+    toolchain::ensure_stable_lint_components()?;
+    let stable = toolchain::STABLE;
+    eprintln!("xtask: cargo +{stable} fmt --all -- --check");
+    if let Err(err) = shell::run(cargo().args(["fmt", "--all", "--", "--check"])) {
+        bail!(
+            "formatting differs from rustfmt.toml (the diff is above); run `cargo +{stable} fmt --all` and commit \
+             the result ({err:#})"
+        );
+    }
+    eprintln!("xtask: cargo +{stable} clippy --all-targets -- -D warnings");
+    if let Err(err) = shell::run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])) {
+        bail!("clippy failed: warnings are denied in this tier, or the code does not build (see above) ({err:#})");
+    }
+    Ok(())
+}
+
+/// The tiers' Python: a venv in target/pyenv with deploy/requirements.txt installed.
+fn python_env() -> Result<PathBuf> {
     let venv = workspace_root().join("target/pyenv");
     let python = venv.join("bin/python");
     if !python.exists() {
@@ -98,6 +133,12 @@ fn checks() -> Result<()> {
                 .arg(&requirements),
         )?;
     }
+    Ok(python)
+}
+
+/// Dashboards' structure, the deploy manifests and the alert rules (promtool).
+fn python_checks() -> Result<()> {
+    let python = python_env()?;
     let root = workspace_root();
     for script in ["dashboards/check_dashboards.py", "deploy/check_manifests.py"] {
         let path = root.join(script);

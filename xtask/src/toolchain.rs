@@ -27,6 +27,29 @@ fn rustup() -> Command {
     Command::new("rustup")
 }
 
+/// Whether `rustup component list --installed` output lists `name`: printed as `name` for
+/// target-independent components such as rust-src, `name-<target>` otherwise. (Only asked for
+/// rust-src, rustfmt and clippy, none of which is another component's name plus a dash.)
+fn has_component(installed: &str, name: &str) -> bool {
+    installed.lines().map(str::trim).any(|line| {
+        line == name
+            || line.strip_prefix(name).and_then(|rest| rest.strip_prefix('-')).is_some_and(|target| !target.is_empty())
+    })
+}
+
+/// Adds rustfmt and clippy to the pinned stable toolchain when missing (a clean machine has only
+/// the minimal profile, which has neither); the checks tier runs both.
+pub fn ensure_stable_lint_components() -> Result<()> {
+    let installed = capture(rustup().args(["component", "list", "--installed", "--toolchain", STABLE]))?;
+    let missing: Vec<&str> =
+        ["rustfmt", "clippy"].into_iter().filter(|name| !has_component(&installed, name)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: adding {} to Rust {STABLE}", missing.join(" and "));
+    run(rustup().args(["component", "add", "--toolchain", STABLE]).args(&missing))
+}
+
 fn ensure_nightly() -> Result<()> {
     let installed = capture(rustup().args(["toolchain", "list"]))?;
     if !installed.lines().any(|line| line.starts_with(EBPF_NIGHTLY)) {
@@ -44,7 +67,7 @@ fn ensure_nightly() -> Result<()> {
         return Ok(());
     }
     let components = capture(rustup().args(["component", "list", "--installed", "--toolchain", EBPF_NIGHTLY]))?;
-    if !components.lines().any(|line| line.starts_with("rust-src")) {
+    if !has_component(&components, "rust-src") {
         eprintln!("xtask: adding rust-src to {EBPF_NIGHTLY}");
         run(rustup().args(["component", "add", "rust-src", "--toolchain", EBPF_NIGHTLY]))?;
     }
@@ -114,4 +137,25 @@ fn ensure_bpf_linker() -> Result<()> {
     }
     std::fs::write(stamp_path(), wanted_stamp()).context("writing the bpf-linker stamp")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_component;
+
+    /// `rustup component list --installed` of a minimal-profile toolchain with rust-src added.
+    const MINIMAL: &str = "cargo-x86_64-unknown-linux-gnu\nrust-src\nrust-std-x86_64-unknown-linux-gnu\n\
+                           rustc-x86_64-unknown-linux-gnu\n";
+
+    #[test]
+    fn components_are_matched_by_whole_name() {
+        assert!(has_component(MINIMAL, "rust-src"));
+        assert!(has_component(MINIMAL, "rustc"));
+        assert!(!has_component(MINIMAL, "rustfmt"));
+        assert!(!has_component(MINIMAL, "clippy"));
+        assert!(!has_component(MINIMAL, "car"));
+        let full = format!("{MINIMAL}clippy-x86_64-unknown-linux-gnu\nrustfmt-x86_64-unknown-linux-gnu\n");
+        assert!(has_component(&full, "rustfmt"));
+        assert!(has_component(&full, "clippy"));
+    }
 }
