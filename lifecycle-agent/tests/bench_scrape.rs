@@ -12,10 +12,10 @@ use std::{
 
 use lifecycle_agent::{
     agent::http::{self, Routes},
-    discovery::cri::{ContainerMeta, ContainerState, ContainerType},
     export::metrics::Metrics,
     export::units::{KernelCounters, UnitMetrics},
     model::event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
+    model::metadata::{ContainerMeta, ContainerState, ContainerType},
     model::node::{NodeTracker, TrackerConfig},
 };
 use lifecycle_common::CgroupCounters;

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 
 use containerd::{start_or_skip, KubeletAnnotations};
 use k8s_cri::v1 as cri;
-use lifecycle_agent::discovery::cri::{ContainerState, ContainerType, CriError};
+use lifecycle_agent::{
+    discovery::cri::CriError,
+    model::metadata::{ContainerState, ContainerType},
+};
 
 const EXITED: i32 = cri::ContainerState::ContainerExited as i32;
 

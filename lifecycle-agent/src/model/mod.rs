@@ -6,5 +6,6 @@ pub mod backoff;
 pub mod container_state;
 pub mod event;
 pub mod identity;
+pub mod metadata;
 pub mod node;
 pub mod termination;

@@ -16,11 +16,11 @@ use std::{
 use tokio::sync::watch;
 
 use crate::{
+    model::node::NodeTracker,
     probe::{
         bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, pod::DEFAULT_REFRESH, server::BlockingServer,
         NodeProbes, PodProbe, ProbeAnswer,
     },
-    model::node::NodeTracker,
 };
 
 /// A running per-pod listener; dropping it stops its thread.

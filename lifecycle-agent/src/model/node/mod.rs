@@ -17,13 +17,13 @@ use lifecycle_common::CgroupCounters;
 use serde::Serialize;
 
 use crate::{
-    discovery::cri::{ContainerMeta, ContainerType},
     model::backoff::{BackoffPolicy, BackoffTracker, Observation, Tolerance, Verdict},
     model::container_state::{
         ContainerState, ContainerStatus, ContainerStatusSnapshot, RestartPolicy, RestartSpec, TerminatedReason,
     },
     model::event::{Detail, Event},
     model::identity::{classify, CgroupIdentity},
+    model::metadata::{ContainerMeta, ContainerType},
     model::termination::{
         sidecar_order, PreStopHandler, SidecarOrder, SignalSender, TerminationOutcome, TerminationReport,
         TerminationSettings, TerminationTracker,
@@ -1012,8 +1012,8 @@ impl Unit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::cri::ContainerState as CriState;
     use crate::model::event::{CgroupDetail, SignalResult};
+    use crate::model::metadata::ContainerState as CriState;
 
     const SECOND: u64 = 1_000_000_000;
     const POD_UID: &str = "0b1c2d3e-4f5a-6b7c-8d9e-0f1a2b3c4d5e";

@@ -1,0 +1,300 @@
+//! The container runtime's CRI socket: a CRI v1 `RuntimeService` client (protos from the
+//! `k8s-cri` crate) with tonic over the runtime's unix socket; containerd 1.6+ and CRI-O serve it.
+//! One `ListContainers` call returns labels and annotations for every container, which is all
+//! identity needs; `ContainerStatus` is only needed for the outcome of a single container (exit
+//! code, reason, start/finish). Decoding into the model's types is in [`convert`].
+
+mod convert;
+
+use std::{
+    io,
+    os::unix::fs::FileTypeExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1 as proto;
+use proto::runtime_service_client::RuntimeServiceClient;
+use tokio::net::UnixStream;
+use tonic::{
+    transport::{Channel, Endpoint, Uri},
+    Code,
+};
+
+use convert::log_problems;
+pub use convert::{meta_from_list_entry, meta_from_status};
+
+use crate::model::metadata::ContainerMeta;
+
+/// containerd's default CRI socket.
+pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+/// CRI-O's default CRI socket.
+pub const CRIO_SOCKET: &str = "/var/run/crio/crio.sock";
+
+/// How long connecting plus the first `Version` call may take before the socket is declared dead.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Upper bound for any single CRI call; a wedged runtime must not wedge the agent.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Failures talking to the runtime's CRI socket.
+#[derive(Debug, thiserror::Error)]
+pub enum CriError {
+    /// Nothing exists at the socket path (runtime not installed or not running).
+    #[error("CRI socket {path} does not exist (is the container runtime running?)")]
+    SocketMissing { path: PathBuf },
+    /// The path exists but is a regular file, directory or other non-socket.
+    #[error("{path} exists but is not a unix socket, so it cannot be a CRI endpoint")]
+    NotASocket { path: PathBuf },
+    /// The path could not be inspected.
+    #[error("cannot inspect CRI socket {path}: {source}")]
+    Inspect {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The socket exists but the connection failed (nobody listening: a stale socket file).
+    #[error("cannot connect to CRI socket {path} (stale socket, or the runtime is not listening)")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// Connecting, or a call, took longer than allowed (a wedged runtime).
+    #[error("CRI socket {path}: {call} did not complete within {after:?}")]
+    Timeout { path: PathBuf, call: &'static str, after: Duration },
+    /// Something accepted the connection but did not answer the CRI v1 `Version` call.
+    #[error("{path} accepted a connection but is not a CRI v1 runtime (Version call failed)")]
+    NotCri {
+        path: PathBuf,
+        #[source]
+        source: tonic::Status,
+    },
+    /// A CRI call failed.
+    #[error("CRI call {call} on {path} failed")]
+    Call {
+        path: PathBuf,
+        call: &'static str,
+        #[source]
+        source: tonic::Status,
+    },
+    /// The runtime does not know this container (removed, or never existed).
+    #[error("the runtime at {path} has no container {container_id}")]
+    NotFound { path: PathBuf, container_id: String },
+}
+
+/// Version information the runtime reported on connect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeVersion {
+    /// e.g. `containerd`, `cri-o`.
+    pub runtime_name: String,
+    /// e.g. `1.6.20~ds1`.
+    pub runtime_version: String,
+    /// CRI API version the runtime speaks, e.g. `v1`.
+    pub runtime_api_version: String,
+}
+
+/// Opens a gRPC channel to a unix socket, after checking the path is a socket.
+///
+/// Shared by [`CriClient::connect`] and test harnesses that need the raw generated clients.
+pub async fn connect_channel(path: impl AsRef<Path>) -> Result<Channel, CriError> {
+    let path = path.as_ref().to_owned();
+    match std::fs::metadata(&path) {
+        Ok(meta) if meta.file_type().is_socket() => {}
+        Ok(_) => return Err(CriError::NotASocket { path }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(CriError::SocketMissing { path }),
+        Err(source) => return Err(CriError::Inspect { path, source }),
+    }
+    // The URI is required by tonic but unused: every connection goes to the socket below.
+    // No channel-wide request timeout: StopContainer legitimately takes as long as the grace
+    // period, so deadlines are set per call by the callers that know what they wait for.
+    let endpoint = Endpoint::from_static("http://cri.invalid").connect_timeout(CONNECT_TIMEOUT);
+    let socket = path.clone();
+    let connector = tower::service_fn(move |_: Uri| {
+        let socket = socket.clone();
+        async move { Ok::<_, io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
+    });
+    match tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect_with_connector(connector)).await {
+        Ok(Ok(channel)) => Ok(channel),
+        Ok(Err(source)) => Err(CriError::Connect { path, source }),
+        Err(_) => Err(CriError::Timeout { path, call: "connect", after: CONNECT_TIMEOUT }),
+    }
+}
+
+/// A connection to a CRI v1 runtime.
+#[derive(Clone, Debug)]
+pub struct CriClient {
+    socket: PathBuf,
+    runtime: RuntimeServiceClient<Channel>,
+    version: RuntimeVersion,
+}
+
+impl CriClient {
+    /// Connects and proves the peer is a CRI v1 runtime with a `Version` call.
+    pub async fn connect(path: impl AsRef<Path>) -> Result<Self, CriError> {
+        let socket = path.as_ref().to_owned();
+        let mut runtime = RuntimeServiceClient::new(connect_channel(&socket).await?);
+        let request = proto::VersionRequest { version: "v1".to_owned() };
+        let answer = match tokio::time::timeout(CONNECT_TIMEOUT, runtime.version(request)).await {
+            Ok(Ok(answer)) => answer.into_inner(),
+            Ok(Err(source)) => return Err(CriError::NotCri { path: socket, source }),
+            Err(_) => return Err(CriError::Timeout { path: socket, call: "Version", after: CONNECT_TIMEOUT }),
+        };
+        let version = RuntimeVersion {
+            runtime_name: answer.runtime_name,
+            runtime_version: answer.runtime_version,
+            runtime_api_version: answer.runtime_api_version,
+        };
+        Ok(Self { socket, runtime, version })
+    }
+
+    /// The socket this client talks to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// What the runtime reported on connect.
+    pub fn version(&self) -> &RuntimeVersion {
+        &self.version
+    }
+
+    /// The generated `RuntimeService` client on the same channel, for calls this module does
+    /// not wrap (tests use it to create pods and containers).
+    pub fn runtime_service(&self) -> RuntimeServiceClient<Channel> {
+        self.runtime.clone()
+    }
+
+    /// Runs one call under [`CALL_TIMEOUT`], naming the call in any error.
+    async fn call<T>(
+        &self,
+        call: &'static str,
+        future: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, CriError> {
+        match tokio::time::timeout(CALL_TIMEOUT, future).await {
+            Ok(Ok(answer)) => Ok(answer.into_inner()),
+            Ok(Err(source)) => Err(CriError::Call { path: self.socket.clone(), call, source }),
+            Err(_) => Err(CriError::Timeout { path: self.socket.clone(), call, after: CALL_TIMEOUT }),
+        }
+    }
+
+    async fn list(&self, filter: Option<proto::ContainerFilter>) -> Result<Vec<proto::Container>, CriError> {
+        let mut runtime = self.runtime.clone();
+        let request = proto::ListContainersRequest { filter };
+        Ok(self.call("ListContainers", runtime.list_containers(request)).await?.containers)
+    }
+
+    /// Every container the runtime knows, in any state, from one `ListContainers` call.
+    ///
+    /// Outcome fields (exit code, reason, start/finish times) are `None`; ask
+    /// [`Self::container_status`] for those.
+    pub async fn list_containers(&self) -> Result<Vec<ContainerMeta>, CriError> {
+        let containers = self.list(None).await?;
+        Ok(containers
+            .iter()
+            .map(|container| {
+                let (meta, problems) = meta_from_list_entry(container);
+                log_problems(&meta.container_id, &problems);
+                meta
+            })
+            .collect())
+    }
+
+    /// One container with its outcome: state, exit code, reason, start and finish times.
+    ///
+    /// Two calls: `ContainerStatus` carries no sandbox id, so a `ListContainers` filtered to
+    /// this id supplies it.
+    pub async fn container_status(&self, container_id: &str) -> Result<ContainerMeta, CriError> {
+        let not_found = || CriError::NotFound { path: self.socket.clone(), container_id: container_id.to_owned() };
+        let mut runtime = self.runtime.clone();
+        let request = proto::ContainerStatusRequest { container_id: container_id.to_owned(), verbose: false };
+        let status = match self.call("ContainerStatus", runtime.container_status(request)).await {
+            Ok(answer) => answer.status.ok_or_else(not_found)?,
+            Err(CriError::Call { source, .. }) if source.code() == Code::NotFound => return Err(not_found()),
+            Err(e) => return Err(e),
+        };
+        let filter = proto::ContainerFilter { id: status.id.clone(), ..Default::default() };
+        let sandbox = self
+            .list(Some(filter))
+            .await?
+            .into_iter()
+            .find(|c| c.id == status.id)
+            .map(|c| c.pod_sandbox_id)
+            .ok_or_else(not_found)?;
+        let (meta, problems) = meta_from_status(&status, sandbox);
+        log_problems(&meta.container_id, &problems);
+        Ok(meta)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A private directory under the temp dir for one socket test (no root needed).
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(test: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("lifecycle-cri-{test}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("create scratch dir");
+            Self(dir)
+        }
+
+        fn path(&self, name: &str) -> PathBuf {
+            self.0.join(name)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[tokio::test]
+    async fn connect_names_a_missing_socket() {
+        let scratch = Scratch::new("missing");
+        let path = scratch.path("missing.sock");
+        let err = CriClient::connect(&path).await.expect_err("no socket there");
+        assert!(matches!(err, CriError::SocketMissing { .. }), "{err:?}");
+        assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");
+    }
+
+    #[tokio::test]
+    async fn connect_rejects_a_regular_file() {
+        let scratch = Scratch::new("file");
+        let path = scratch.path("file.sock");
+        std::fs::write(&path, b"").expect("write file");
+        let err = CriClient::connect(&path).await.expect_err("not a socket");
+        assert!(matches!(err, CriError::NotASocket { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn connect_reports_a_stale_socket() {
+        let scratch = Scratch::new("stale");
+        let path = scratch.path("stale.sock");
+        // Binding creates the socket file; dropping the listener leaves it behind unanswered,
+        // exactly what a crashed runtime leaves.
+        drop(std::os::unix::net::UnixListener::bind(&path).expect("bind"));
+        let err = CriClient::connect(&path).await.expect_err("nobody listening");
+        assert!(matches!(err, CriError::Connect { .. }), "{err:?}");
+        assert!(err.to_string().contains("stale"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn connect_rejects_a_server_that_is_not_grpc() {
+        use tokio::io::AsyncWriteExt;
+        let scratch = Scratch::new("http");
+        let path = scratch.path("http.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        let server = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                // Not HTTP/2: the client's handshake fails and Version never gets an answer.
+                let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+            }
+        });
+        let err = CriClient::connect(&path).await.expect_err("not a CRI server");
+        assert!(matches!(err, CriError::NotCri { .. }), "{err:?}");
+        server.abort();
+    }
+}
