@@ -5,6 +5,7 @@
 //! degrades feature by feature when a program cannot attach: only process exec/exit tracking is
 //! essential. Dropping the [`Sensor`] detaches every program.
 
+pub mod decode;
 pub mod layout;
 mod ring;
 

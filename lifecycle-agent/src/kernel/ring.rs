@@ -9,7 +9,8 @@ use std::time::Duration;
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{unix::AsyncFd, Interest};
 
-use crate::model::event::{decode, DecodeError, Event};
+use super::decode::{decode, DecodeError};
+use crate::model::event::Event;
 
 /// Why reading stopped.
 #[derive(Debug, thiserror::Error)]
