@@ -12,6 +12,7 @@ use std::{
 };
 
 use hyper::StatusCode;
+use lifecycle_common::CgroupCounters;
 use prometheus::{Histogram, HistogramOpts};
 use serde::Serialize;
 use tokio::sync::{watch, Notify};
@@ -21,13 +22,20 @@ use crate::{
     discovery::cgroupfs::{CgroupFsError, CgroupRoot},
     discovery::cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
     export::metrics::{AgentCounters, Metrics, MetricsError},
-    export::units::{boot_time_ns, unix_minus_boot_seconds, UnitMetrics},
-    kernel::{Sensor, SensorConfig, SensorError, StreamError},
+    export::units::{boot_time_ns, unix_minus_boot_seconds, KernelCounters, UnitMetrics},
+    kernel::{Sensor, SensorConfig, SensorError, SensorMaps, StreamError},
     model::event::{Detail, Event},
     model::node::{ContainerView, NodeTracker, Notice, SeedProcess, TrackerConfig},
     probe::supervisor::{take_query_param, ProbeSupervisor},
     probe::{metrics::ProbeMetrics, NodeProbes, ProbeAnswer as _},
 };
+
+/// The sensor's counter map is where the exporters' kernel counters come from.
+impl KernelCounters for SensorMaps {
+    fn counters_of(&self, cgroup_id: u64) -> Option<CgroupCounters> {
+        SensorMaps::counters_of(self, cgroup_id)
+    }
+}
 
 /// Settings for a running agent.
 #[derive(Clone, Debug)]
@@ -100,8 +108,9 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     )
     .map_err(MetricsError::from)?;
     metrics.registry().register(Box::new(latency.clone())).map_err(MetricsError::from)?;
-    let units = UnitMetrics::new(tracker.clone(), maps.clone(), Box::new(boot_time_ns));
-    metrics.add_text_source(Box::new(move |out| units.render(out)));
+    let units = Arc::new(UnitMetrics::new(tracker.clone(), maps.clone(), Box::new(boot_time_ns)));
+    let scraped_units = units.clone();
+    metrics.add_text_source(Box::new(move |out| scraped_units.render(out)));
 
     let node_probes = Arc::new(NodeProbes::default());
     let probe_metrics = ProbeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
@@ -160,6 +169,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
                     latency.observe(now.saturating_sub(event.time_ns) as f64 / 1e9);
                 }
             }
+            units.take_judgements(&mut tracker);
             tracker.take_notices()
         };
         batch.clear();

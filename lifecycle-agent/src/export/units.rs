@@ -10,31 +10,28 @@
 //! container's own last value is a gauge beside them.
 
 use std::{
-    collections::BTreeMap,
     fmt::Write as _,
     sync::{Arc, Mutex},
 };
 
 use lifecycle_common::CgroupCounters;
 
-use crate::{
-    kernel::SensorMaps,
-    model::container_state::{ContainerState, WaitingReason},
-    model::node::{reason_name, Histogram, NodeTracker, Unit, GRACE_RATIO_BUCKETS, TERMINATION_BUCKETS},
-    model::termination::TerminationOutcome,
+use super::{
+    histogram::{Histogram, TerminationHistograms, GRACE_RATIO_BUCKETS, TERMINATION_BUCKETS},
+    labels,
+};
+use crate::model::{
+    container_state::ContainerState,
+    node::{NodeTracker, Unit},
+    termination::TerminationOutcome,
 };
 
 const STATES: [&str; 3] = ["waiting", "running", "terminated"];
 
 /// Source of the kernel's per-cgroup counters (the sensor's map, or a fake in tests).
 pub trait KernelCounters: Send + Sync {
+    /// The live counters of one cgroup, if the kernel has an entry for it.
     fn counters_of(&self, cgroup_id: u64) -> Option<CgroupCounters>;
-}
-
-impl KernelCounters for SensorMaps {
-    fn counters_of(&self, cgroup_id: u64) -> Option<CgroupCounters> {
-        SensorMaps::counters_of(self, cgroup_id)
-    }
 }
 
 /// Writes the per-container families; handed to [`crate::export::metrics::Metrics::add_text_source`].
@@ -42,6 +39,8 @@ pub struct UnitMetrics {
     tracker: Arc<Mutex<NodeTracker>>,
     kernel: Arc<dyn KernelCounters>,
     clock: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// Filled from the tracker's judgements; outlives the units that fed it.
+    histograms: Mutex<TerminationHistograms>,
 }
 
 /// A family: name, help, type, and the samples written so far.
@@ -190,32 +189,35 @@ impl UnitMetrics {
         kernel: Arc<dyn KernelCounters>,
         clock: Box<dyn Fn() -> u64 + Send + Sync>,
     ) -> Self {
-        Self { tracker, kernel, clock }
+        Self { tracker, kernel, clock, histograms: Mutex::new(TerminationHistograms::default()) }
+    }
+
+    /// Moves the tracker's judged terminations into the distributions. The agent calls this after
+    /// every batch of events; a scrape calls it too, so nothing waits for the next batch.
+    pub fn take_judgements(&self, tracker: &mut NodeTracker) {
+        let judged = tracker.take_judgements();
+        if !judged.is_empty() {
+            self.histograms.lock().unwrap_or_else(|poison| poison.into_inner()).record(judged);
+        }
     }
 
     /// Appends every per-container family to `out`.
     pub fn render(&self, out: &mut String) {
         let now = (self.clock)();
         let boot_to_unix = unix_minus_boot_seconds();
-        let tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+        self.take_judgements(&mut tracker);
         let mut f = new_families();
-        // (namespace, outcome) -> durations; namespace -> grace used.
-        let mut durations: BTreeMap<(&str, &str), Histogram> = BTreeMap::new();
-        let mut grace_used: BTreeMap<&str, Histogram> = BTreeMap::new();
         for unit in tracker.units() {
             self.unit(&mut f, unit, now, boot_to_unix);
-            for (outcome, h) in &unit.counters.termination_seconds {
-                durations.entry((unit.labels.namespace.as_str(), outcome)).or_default().merge(h);
-            }
-            if unit.counters.grace_used_ratio.count > 0 {
-                grace_used.entry(unit.labels.namespace.as_str()).or_default().merge(&unit.counters.grace_used_ratio);
-            }
         }
-        for ((namespace, outcome), h) in &durations {
+        drop(tracker);
+        let histograms = self.histograms.lock().unwrap_or_else(|poison| poison.into_inner());
+        for ((namespace, outcome), h) in &histograms.durations {
             let labels = Labels { pairs: vec![("namespace", namespace)] };
-            f.histogram(F::Duration, &labels, &[("outcome", outcome)], &TERMINATION_BUCKETS, h);
+            f.histogram(F::Duration, &labels, &[("outcome", labels::outcome(*outcome))], &TERMINATION_BUCKETS, h);
         }
-        for (namespace, h) in &grace_used {
+        for (namespace, h) in &histograms.grace_used {
             let labels = Labels { pairs: vec![("namespace", namespace)] };
             f.histogram(F::GraceUsed, &labels, &[], &GRACE_RATIO_BUCKETS, h);
         }
@@ -223,7 +225,7 @@ impl UnitMetrics {
     }
 
     fn unit(&self, f: &mut Families, unit: &Unit, now: u64, boot_to_unix: f64) {
-        let l = &unit.labels;
+        let l = unit.labels();
         let with_uid = Labels {
             pairs: vec![("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container), ("uid", &l.uid)],
         };
@@ -238,10 +240,7 @@ impl UnitMetrics {
             f.sample(F::State, "", &with_uid, &[("state", candidate)], f64::from(u8::from(candidate == state)));
         }
         if let ContainerState::Waiting { reason, .. } = &snapshot.state {
-            let reason = match reason {
-                WaitingReason::ContainerCreating => "ContainerCreating",
-                WaitingReason::CrashLoopBackOff => "CrashLoopBackOff",
-            };
+            let reason = labels::waiting_reason(*reason);
             f.sample(F::Waiting, "", &with_uid, &[("reason", reason)], 1.0);
         }
         let last = match (&snapshot.state, &snapshot.last_state) {
@@ -250,12 +249,12 @@ impl UnitMetrics {
             _ => None,
         };
         if let Some(ContainerState::Terminated { reason, exit_code, finished_at, .. }) = last {
-            f.sample(F::LastReason, "", &with_uid, &[("reason", reason_name(*reason))], 1.0);
+            f.sample(F::LastReason, "", &with_uid, &[("reason", labels::terminated_reason(*reason))], 1.0);
             f.sample(F::LastCode, "", &with_uid, &[], f64::from(*exit_code));
             f.sample(F::LastTime, "", &with_uid, &[], *finished_at as f64 / 1e9 + boot_to_unix);
         }
         f.sample(F::Restarts, "", &with_uid, &[], f64::from(unit.restart_count()));
-        let c = &unit.counters;
+        let c = unit.counters();
         let mut code_text = String::new();
         for ((reason, code, signal), n) in &c.exits {
             code_text.clear();
@@ -265,16 +264,16 @@ impl UnitMetrics {
                 F::Exits,
                 "",
                 &short,
-                &[("reason", reason), ("exit_code", &code_text), ("signal", &signal)],
+                &[("reason", labels::terminated_reason(*reason)), ("exit_code", &code_text), ("signal", &signal)],
                 *n as f64,
             );
         }
         for (outcome, n) in &c.terminations {
-            f.sample(F::Terminations, "", &short, &[("outcome", outcome)], *n as f64);
+            f.sample(F::Terminations, "", &short, &[("outcome", labels::outcome(*outcome))], *n as f64);
         }
         // Initialised at 0 so the first violation is an increase, not a new series.
         f.sample(F::Violations, "", &with_uid, &[], c.grace_violations as f64);
-        if let Some(report) = &unit.last_termination {
+        if let Some(report) = unit.last_termination() {
             if let Some(stop) = &report.stop_signal {
                 f.sample(F::LastStopSeconds, "", &short, &[], report.exit_time.saturating_sub(stop.time) as f64 / 1e9);
             }
@@ -282,28 +281,34 @@ impl UnitMetrics {
                 f.sample(F::LastGraceRatio, "", &short, &[], grace_used_ratio);
             }
         }
-        if let Some(b) = &unit.last_backoff {
+        if let Some(b) = unit.last_backoff() {
             f.sample(F::Observed, "", &with_uid, &[], b.observed_delay_ns as f64 / 1e9);
             f.sample(F::Expected, "", &with_uid, &[], b.expected_delay_ns as f64 / 1e9);
         }
         for (verdict, n) in &c.backoff_verdicts {
-            f.sample(F::Verdicts, "", &short, &[("verdict", verdict)], *n as f64);
+            f.sample(F::Verdicts, "", &short, &[("verdict", labels::verdict(*verdict))], *n as f64);
         }
         let mut signal_text = String::new();
         for ((signal, sender), n) in &c.signals {
             signal_text.clear();
             let _ = write!(signal_text, "{signal}");
-            f.sample(F::Signals, "", &short, &[("signal", &signal_text), ("sender", sender)], *n as f64);
+            f.sample(
+                F::Signals,
+                "",
+                &short,
+                &[("signal", &signal_text), ("sender", labels::sender_kind(*sender))],
+                *n as f64,
+            );
         }
         f.sample(F::Oom, "", &short, &[], c.oom_kills as f64);
-        let mut kernel = unit.departed_kernel_counters;
-        if let Some(live) = unit.cgroup_id.and_then(|id| self.kernel.counters_of(id)) {
+        let mut kernel = unit.departed_kernel_counters();
+        if let Some(live) = unit.cgroup_id().and_then(|id| self.kernel.counters_of(id)) {
             kernel += live;
         }
         f.sample(F::Execs, "", &short, &[], kernel.execs as f64);
         f.sample(F::ProcessExits, "", &short, &[], kernel.process_exits as f64);
         let mut port_text = String::new();
-        for (port, stats) in &unit.tcp {
+        for (port, stats) in unit.tcp() {
             port_text.clear();
             let _ = write!(port_text, "{port}");
             let port = [("port", port_text.as_str())];

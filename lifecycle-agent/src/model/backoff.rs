@@ -121,7 +121,7 @@ impl Tolerance {
 }
 
 /// How a restart's timing compares with the kubelet's rules.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     WithinTolerance,

@@ -24,7 +24,7 @@ pub enum WaitingReason {
 }
 
 /// Why a container terminated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum TerminatedReason {
     /// Exit status 0.
     Completed,

@@ -58,10 +58,34 @@ impl SignalSender {
         }
     }
 
+    /// Which kind of sender this is, without the details (a bounded set, for counting).
+    pub fn kind(&self) -> SenderKind {
+        match self {
+            SignalSender::Runtime => SenderKind::Runtime,
+            SignalSender::Kubelet => SenderKind::Kubelet,
+            SignalSender::SameContainer => SenderKind::SameContainer,
+            SignalSender::OtherProcess { .. } => SenderKind::OtherProcess,
+        }
+    }
+
     /// The runtime or the kubelet, the only senders a kubelet-driven stop comes from.
     fn is_kubelet_side(&self) -> bool {
         matches!(self, SignalSender::Runtime | SignalSender::Kubelet)
     }
+}
+
+/// [`SignalSender`] without its details: what signals are counted by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SenderKind {
+    /// The container runtime stack.
+    Runtime,
+    /// The kubelet itself.
+    Kubelet,
+    /// A process of the same container.
+    SameContainer,
+    /// Anything else.
+    OtherProcess,
 }
 
 /// A container's preStop hook, from the `io.kubernetes.container.preStopHandler` annotation.
@@ -262,6 +286,35 @@ pub enum TerminationOutcome {
     OomKilled,
     /// No stop signal: a crash or a normal completion.
     ExitedWithoutStopSignal { exit_status: Option<u8>, signal: Option<u8> },
+}
+
+/// [`TerminationOutcome`] without its details: what terminations are counted by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKind {
+    /// See [`TerminationOutcome::ExitedWithinGrace`].
+    ExitedWithinGrace,
+    /// See [`TerminationOutcome::SigkilledAfterGrace`].
+    SigkilledAfterGrace,
+    /// See [`TerminationOutcome::KilledWithoutGrace`].
+    KilledWithoutGrace,
+    /// See [`TerminationOutcome::OomKilled`].
+    OomKilled,
+    /// See [`TerminationOutcome::ExitedWithoutStopSignal`].
+    ExitedWithoutStopSignal,
+}
+
+impl TerminationOutcome {
+    /// The outcome's kind.
+    pub fn kind(&self) -> OutcomeKind {
+        match self {
+            TerminationOutcome::ExitedWithinGrace { .. } => OutcomeKind::ExitedWithinGrace,
+            TerminationOutcome::SigkilledAfterGrace { .. } => OutcomeKind::SigkilledAfterGrace,
+            TerminationOutcome::KilledWithoutGrace { .. } => OutcomeKind::KilledWithoutGrace,
+            TerminationOutcome::OomKilled => OutcomeKind::OomKilled,
+            TerminationOutcome::ExitedWithoutStopSignal { .. } => OutcomeKind::ExitedWithoutStopSignal,
+        }
+    }
 }
 
 /// The judged end of one container instance.

@@ -1,0 +1,71 @@
+//! Label values as the exported series spell them. The model counts with enums; this is the one
+//! place that turns them into strings, so every value comes from a bounded set.
+
+use crate::model::{
+    backoff::Verdict,
+    container_state::{TerminatedReason, WaitingReason},
+    termination::{OutcomeKind, SenderKind},
+};
+
+/// `sender` label of a signal.
+pub fn sender_kind(sender: SenderKind) -> &'static str {
+    match sender {
+        SenderKind::Runtime => "runtime",
+        SenderKind::Kubelet => "kubelet",
+        SenderKind::SameContainer => "same_container",
+        SenderKind::OtherProcess => "other_process",
+    }
+}
+
+/// `outcome` label of a termination.
+pub fn outcome(outcome: OutcomeKind) -> &'static str {
+    match outcome {
+        OutcomeKind::ExitedWithinGrace => "exited_within_grace",
+        OutcomeKind::SigkilledAfterGrace => "sigkilled_after_grace",
+        OutcomeKind::KilledWithoutGrace => "killed_without_grace",
+        OutcomeKind::OomKilled => "oom_killed",
+        OutcomeKind::ExitedWithoutStopSignal => "exited_without_stop_signal",
+    }
+}
+
+/// `verdict` label of a judged restart.
+pub fn verdict(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::WithinTolerance => "within_tolerance",
+        Verdict::TooEarly => "too_early",
+        Verdict::TooLate => "too_late",
+    }
+}
+
+/// `reason` label of a terminated container, as the kubelet spells it.
+pub fn terminated_reason(reason: TerminatedReason) -> &'static str {
+    match reason {
+        TerminatedReason::Completed => "Completed",
+        TerminatedReason::Error => "Error",
+        TerminatedReason::OomKilled => "OOMKilled",
+        TerminatedReason::Signal => "Signal",
+        TerminatedReason::Unknown => "Unknown",
+    }
+}
+
+/// `reason` label of a waiting container, as the kubelet spells it.
+pub fn waiting_reason(reason: WaitingReason) -> &'static str {
+    match reason {
+        WaitingReason::ContainerCreating => "ContainerCreating",
+        WaitingReason::CrashLoopBackOff => "CrashLoopBackOff",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_the_kubelets_words() {
+        assert_eq!(terminated_reason(TerminatedReason::OomKilled), "OOMKilled");
+        assert_eq!(waiting_reason(WaitingReason::CrashLoopBackOff), "CrashLoopBackOff");
+        assert_eq!(outcome(OutcomeKind::SigkilledAfterGrace), "sigkilled_after_grace");
+        assert_eq!(sender_kind(SenderKind::SameContainer), "same_container");
+        assert_eq!(verdict(Verdict::TooEarly), "too_early");
+    }
+}

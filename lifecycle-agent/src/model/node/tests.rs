@@ -1,0 +1,347 @@
+//! The tracker driven by hand-made event sequences.
+
+use super::*;
+use crate::model::event::{CgroupDetail, SignalResult};
+use crate::model::metadata::ContainerState as CriState;
+use crate::model::{
+    backoff::Verdict,
+    container_state::{ContainerState, TerminatedReason},
+    metadata::ContainerType,
+    termination::{SenderKind, TerminationOutcome},
+};
+
+const SECOND: u64 = 1_000_000_000;
+const POD_UID: &str = "0b1c2d3e-4f5a-6b7c-8d9e-0f1a2b3c4d5e";
+const POD_CGROUP: u64 = 500;
+const SHIM_CGROUP: u64 = 7;
+
+fn container_id(n: u64) -> String {
+    format!("{n:064x}")
+}
+
+fn meta(n: u64, grace_s: u64) -> ContainerMeta {
+    ContainerMeta {
+        container_id: container_id(n),
+        pod_sandbox_id: "sandbox".into(),
+        pod_name: "web-1".into(),
+        pod_namespace: "shop".into(),
+        pod_uid: POD_UID.into(),
+        container_name: "app".into(),
+        attempt: 0,
+        restart_count: None,
+        container_type: Some(ContainerType::Regular),
+        spec_hash: Some(0xabc),
+        termination_grace_period_ns: Some(grace_s * SECOND),
+        deletion_grace_period_ns: None,
+        pre_stop_handler: None,
+        ports: None,
+        state: CriState::Running,
+        exit_code: None,
+        reason: None,
+        message: None,
+        created_ns: 0,
+        started_ns: None,
+        finished_ns: None,
+    }
+}
+
+fn event(time: u64, tgid: u32, cgroup_id: u64, detail: Detail) -> Event {
+    Event { time_ns: time, pid: tgid, tgid, cgroup_id, detail }
+}
+
+fn mkdir(time: u64, id: u64, path: &str) -> Event {
+    event(time, 1, 1, Detail::CgroupMkdir(CgroupDetail { id, path: path.into(), truncated: false }))
+}
+
+fn container_cgroup(tracker: &mut NodeTracker, time: u64, n: u64) -> u64 {
+    let id = 1000 + n;
+    tracker.apply(&mkdir(time, id, &format!("/kubepods/burstable/pod{POD_UID}/{}", container_id(n))));
+    id
+}
+
+fn exec(time: u64, tgid: u32, cgroup_id: u64, parent_cgroup_id: u64, comm: &str) -> Event {
+    let detail = Detail::Exec {
+        parent_tgid: 1,
+        parent_cgroup_id,
+        namespace_init: parent_cgroup_id != cgroup_id,
+        child_pid_namespace: true,
+        start_time_ns: time,
+        comm: comm.into(),
+    };
+    event(time, tgid, cgroup_id, detail)
+}
+
+fn exit(time: u64, tgid: u32, cgroup_id: u64, status: Option<u8>, signal: Option<u8>) -> Event {
+    let detail = Detail::Exit {
+        exit_status: status,
+        signal,
+        core_dumped: false,
+        group_dead: true,
+        parent_tgid: 1,
+        start_time_ns: 0,
+        cpu_time_ns: 5_000_000,
+        comm: "app".into(),
+    };
+    event(time, tgid, cgroup_id, detail)
+}
+
+fn signal(time: u64, from: (u32, u64, &str), to: (u32, u64), sig: u32) -> Event {
+    let detail = Detail::Signal {
+        signal: sig,
+        result: SignalResult::Delivered,
+        group: true,
+        target_pid: to.0,
+        target_tgid: to.0,
+        target_cgroup_id: to.1,
+        sender_comm: from.2.into(),
+        target_comm: "app".into(),
+    };
+    event(time, from.0, from.1, detail)
+}
+
+fn tracker_with_cri() -> NodeTracker {
+    let mut tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
+    tracker.apply(&mkdir(0, POD_CGROUP, &format!("/kubepods/burstable/pod{POD_UID}")));
+    tracker
+}
+
+fn only_view(tracker: &NodeTracker, now: u64) -> ContainerView {
+    let views = tracker.containers(now);
+    assert_eq!(views.len(), 1, "{views:#?}");
+    views.into_iter().next().expect("one")
+}
+
+#[test]
+fn a_sidecar_signalled_before_the_main_container_exited_is_flagged() {
+    let mut tracker = tracker_with_cri();
+    let mut sidecar = meta(1, 30);
+    (sidecar.container_name, sidecar.container_type) = ("proxy".into(), Some(ContainerType::Init));
+    tracker.set_metadata(vec![sidecar, meta(2, 30)]);
+    let proxy = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND, 100, proxy, SHIM_CGROUP, "proxy"));
+    let app = container_cgroup(&mut tracker, 2 * SECOND, 2);
+    tracker.apply(&exec(3 * SECOND, 200, app, SHIM_CGROUP, "app"));
+    // The runtime signals both at once (the rule: the sidecar only after the app exited).
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (200, app), 15));
+    tracker.apply(&signal(10 * SECOND, shim, (100, proxy), 15));
+    tracker.apply(&exit(10 * SECOND + 1000, 100, proxy, None, Some(15)));
+    tracker.apply(&exit(12 * SECOND, 200, app, Some(0), None));
+    let views = tracker.containers(13 * SECOND);
+    let proxy = views.iter().find(|v| v.labels.container == "proxy").expect("proxy");
+    assert!(proxy.sidecar);
+    let order = proxy.sidecar_order.clone().expect("judged");
+    assert_eq!(
+        order.verdict,
+        crate::model::termination::SidecarVerdict::SignalledBeforeMainExited { main_container: "app".into() }
+    );
+    let app = views.iter().find(|v| v.labels.container == "app").expect("app");
+    assert!(!app.sidecar && app.sidecar_order.is_none());
+}
+
+#[test]
+fn a_container_runs_and_completes_with_kubelet_names() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_metadata(vec![meta(1, 30)]);
+    let cg = container_cgroup(&mut tracker, SECOND, 1);
+    tracker.apply(&exec(2 * SECOND, 100, cg, SHIM_CGROUP, "app"));
+    let view = only_view(&tracker, 3 * SECOND);
+    assert_eq!(
+        (
+            view.labels.namespace.as_str(),
+            view.labels.pod.as_str(),
+            view.labels.container.as_str(),
+            view.labels.uid.as_str()
+        ),
+        ("shop", "web-1", "app", POD_UID)
+    );
+    assert_eq!(view.status.state, ContainerState::Running { started_at: 2 * SECOND });
+    tracker.apply(&exit(4 * SECOND, 100, cg, Some(0), None));
+    let view = only_view(&tracker, 5 * SECOND);
+    assert!(matches!(
+        view.status.state,
+        ContainerState::Terminated { reason: TerminatedReason::Completed, exit_code: 0, .. }
+    ));
+    assert!(matches!(
+        view.last_termination.map(|r| r.outcome),
+        Some(TerminationOutcome::ExitedWithoutStopSignal { exit_status: Some(0), signal: None })
+    ));
+}
+
+#[test]
+fn late_metadata_links_the_instance_and_judges_with_its_grace_period() {
+    let mut tracker = tracker_with_cri();
+    let cg = container_cgroup(&mut tracker, SECOND, 1);
+    assert_eq!(tracker.take_notices(), vec![Notice::MetadataNeeded { container_id: container_id(1) }]);
+    tracker.apply(&exec(2 * SECOND, 100, cg, SHIM_CGROUP, "app"));
+    tracker.apply(&signal(10 * SECOND, (50, SHIM_CGROUP, "containerd-shim"), (100, cg), 15));
+    tracker.apply(&signal(13 * SECOND, (50, SHIM_CGROUP, "containerd-shim"), (100, cg), 9));
+    tracker.apply(&exit(13 * SECOND + 1000, 100, cg, None, Some(9)));
+    assert!(tracker.containers(14 * SECOND).is_empty(), "nothing shown before the runtime names it");
+    tracker.set_metadata(vec![meta(1, 3)]);
+    let view = only_view(&tracker, 14 * SECOND);
+    let report = view.last_termination.expect("judged on linking");
+    assert_eq!(report.grace_ns, 3 * SECOND, "the annotation's grace period, not the 30 s default");
+    assert!(
+        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { stop_to_kill_ns, killed_early: false, .. } if stop_to_kill_ns == 3 * SECOND)
+    );
+    let unit = tracker.units().next().expect("unit");
+    assert_eq!(unit.counters().grace_violations, 1);
+    assert_eq!(unit.counters().signals.get(&(15, SenderKind::Runtime)), Some(&1));
+    assert_eq!(unit.counters().exits.get(&(TerminatedReason::Signal, 137, Some(9))), Some(&1));
+}
+
+#[test]
+fn a_crash_loop_is_compared_with_the_kubelet_back_off() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_metadata((1..=4).map(|n| meta(n, 30)).collect());
+    // (created, started, exited) per instance, seconds. Restarts: immediate, +10 s (due),
+    // then +5 s where 20 s were due.
+    let runs = [(0.0, 0.1, 1.0), (1.1, 1.2, 2.0), (12.0, 12.1, 13.0), (17.9, 18.0, 19.0)];
+    for (n, (created, started, exited)) in runs.iter().enumerate() {
+        let at = |s: f64| (s * SECOND as f64) as u64;
+        let cg = container_cgroup(&mut tracker, at(*created), n as u64 + 1);
+        tracker.apply(&exec(at(*started), 100 + n as u32, cg, SHIM_CGROUP, "app"));
+        tracker.apply(&exit(at(*exited), 100 + n as u32, cg, Some(1), None));
+    }
+    let unit = tracker.units().next().expect("unit");
+    assert_eq!(unit.restart_count(), 3);
+    assert_eq!(unit.counters().backoff_verdicts.get(&Verdict::WithinTolerance), Some(&2));
+    assert_eq!(unit.counters().backoff_verdicts.get(&Verdict::TooEarly), Some(&1));
+    let last = unit.last_backoff.clone().expect("observation");
+    assert_eq!((last.expected_delay_ns, last.verdict), (20 * SECOND, Verdict::TooEarly));
+    // Right after the fourth exit the kubelet would hold the restart for 40 s.
+    let view = only_view(&tracker, 20 * SECOND);
+    assert!(matches!(view.status.state, ContainerState::Waiting { .. }), "{:?}", view.status.state);
+    assert_eq!(view.status.back_off_remaining_ns, Some(39 * SECOND));
+}
+
+#[test]
+fn the_runtimes_setup_process_in_the_new_cgroup_is_not_the_init() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_metadata(vec![meta(1, 30)]);
+    let cg = container_cgroup(&mut tracker, 0, 1);
+    // runc re-executes itself after being moved into the container's cgroup, still in the
+    // host's pid namespace, then exits once the container's init is set up.
+    let mut setup = exec(SECOND / 10, 90, cg, SHIM_CGROUP, "runc");
+    if let Detail::Exec { child_pid_namespace, namespace_init, .. } = &mut setup.detail {
+        (*child_pid_namespace, *namespace_init) = (false, false);
+    }
+    tracker.apply(&setup);
+    tracker.apply(&exit(SECOND / 5, 90, cg, Some(0), None));
+    tracker.apply(&exec(SECOND, 100, cg, SHIM_CGROUP, "app"));
+    let view = only_view(&tracker, 2 * SECOND);
+    assert!(matches!(view.status.state, ContainerState::Running { .. }), "{:?}", view.status.state);
+    assert_eq!(view.exec_sessions, 0);
+    tracker.apply(&exit(3 * SECOND, 100, cg, Some(3), None));
+    let view = only_view(&tracker, 4 * SECOND);
+    assert!(matches!(view.status.state, ContainerState::Terminated { exit_code: 3, .. }));
+}
+
+#[test]
+fn a_host_pid_container_ends_with_its_cgroup_when_no_namespaced_init_follows() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_metadata(vec![meta(1, 30)]);
+    let cg = container_cgroup(&mut tracker, 0, 1);
+    let mut init = exec(SECOND, 100, cg, SHIM_CGROUP, "agent");
+    if let Detail::Exec { child_pid_namespace, namespace_init, .. } = &mut init.detail {
+        (*child_pid_namespace, *namespace_init) = (false, false);
+    }
+    tracker.apply(&init);
+    assert!(matches!(only_view(&tracker, 2 * SECOND).status.state, ContainerState::Running { .. }));
+    tracker.apply(&exit(3 * SECOND, 100, cg, Some(1), None));
+    tracker.apply(&event(
+        4 * SECOND,
+        1,
+        1,
+        Detail::CgroupRmdir(CgroupDetail { id: cg, path: String::new(), truncated: false }),
+    ));
+    let view = only_view(&tracker, 5 * SECOND);
+    assert!(
+        matches!(view.status.state, ContainerState::Terminated { exit_code: 1, finished_at, .. } if finished_at == 3 * SECOND)
+    );
+}
+
+#[test]
+fn runtime_started_processes_are_exec_sessions_with_their_cpu() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_metadata(vec![meta(1, 30)]);
+    let cg = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND, 100, cg, SHIM_CGROUP, "app"));
+    // The app forks a helper: not a session.
+    tracker.apply(&exec(2 * SECOND, 101, cg, cg, "helper"));
+    // Two exec probes from the runtime, one forking a child of its own.
+    tracker.apply(&exec(3 * SECOND, 200, cg, SHIM_CGROUP, "sh"));
+    let mut child = exec(3 * SECOND + 10, 201, cg, cg, "cat");
+    if let Detail::Exec { parent_tgid, .. } = &mut child.detail {
+        *parent_tgid = 200;
+    }
+    tracker.apply(&child);
+    tracker.apply(&exit(3 * SECOND + 20, 201, cg, Some(0), None));
+    tracker.apply(&exit(3 * SECOND + 30, 200, cg, Some(0), None));
+    tracker.apply(&exec(4 * SECOND, 300, cg, SHIM_CGROUP, "true"));
+    tracker.apply(&exit(4 * SECOND + 10, 300, cg, Some(0), None));
+    tracker.apply(&exit(5 * SECOND, 101, cg, Some(0), None));
+    let unit = tracker.units().next().expect("unit");
+    assert_eq!(unit.counters().exec_sessions, 2);
+    assert_eq!(unit.counters().exec_session_cpu_ns, 3 * 5_000_000, "sh, its cat, and true; not the helper");
+    assert!(matches!(unit.state(), ContainerState::Running { .. }));
+}
+
+#[test]
+fn containers_the_runtime_does_not_list_are_sandboxes_and_ignored() {
+    let mut tracker = tracker_with_cri();
+    let cg = container_cgroup(&mut tracker, 0, 9);
+    tracker.apply(&exec(SECOND, 100, cg, SHIM_CGROUP, "pause"));
+    tracker.set_metadata(vec![meta(1, 30)]);
+    assert!(tracker.containers(2 * SECOND).is_empty());
+}
+
+#[test]
+fn without_a_runtime_containers_are_named_by_id() {
+    let mut tracker = NodeTracker::new(TrackerConfig::default());
+    let cg = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND, 100, cg, SHIM_CGROUP, "app"));
+    let view = only_view(&tracker, 2 * SECOND);
+    assert_eq!((view.labels.container.as_str(), view.labels.uid.as_str()), ("000000000000", POD_UID));
+}
+
+#[test]
+fn host_cgroups_are_units_that_run_while_any_process_does() {
+    let mut tracker = NodeTracker::new(TrackerConfig::default());
+    tracker.apply(&mkdir(0, 42, "/system.slice/web.service"));
+    assert!(tracker.containers(0).is_empty(), "a cgroup becomes a unit when something runs in it");
+    tracker.apply(&exec(SECOND, 10, 42, 1, "web"));
+    tracker.apply(&exec(2 * SECOND, 11, 42, 42, "worker"));
+    tracker.apply(&exit(3 * SECOND, 10, 42, Some(0), None));
+    let view = only_view(&tracker, 4 * SECOND);
+    assert_eq!((view.labels.namespace.as_str(), view.labels.container.as_str()), ("host", "/system.slice/web.service"));
+    assert!(matches!(view.status.state, ContainerState::Running { .. }), "the worker still runs");
+    tracker.apply(&exit(5 * SECOND, 11, 42, Some(2), None));
+    let view = only_view(&tracker, 6 * SECOND);
+    assert!(matches!(view.status.state, ContainerState::Terminated { exit_code: 2, .. }));
+    tracker.apply(&exec(7 * SECOND, 12, 42, 1, "web"));
+    let view = only_view(&tracker, 8 * SECOND);
+    assert!(matches!(view.status.state, ContainerState::Running { started_at } if started_at == 7 * SECOND));
+    assert_eq!(view.status.restart_count, 1);
+}
+
+#[test]
+fn events_for_unknown_cgroups_ask_for_a_rescan_and_departed_units_expire() {
+    let mut tracker = NodeTracker::new(TrackerConfig::default());
+    tracker.apply(&exec(SECOND, 10, 77, 1, "x"));
+    assert_eq!(tracker.take_notices(), vec![Notice::UnknownCgroup(77)]);
+    tracker.seed_cgroup(77, "/batch/job", SECOND);
+    tracker.apply(&exec(2 * SECOND, 10, 77, 1, "x"));
+    tracker.apply(&exit(3 * SECOND, 10, 77, Some(0), None));
+    tracker.apply(&event(
+        4 * SECOND,
+        1,
+        1,
+        Detail::CgroupRmdir(CgroupDetail { id: 77, path: "/batch/job".into(), truncated: false }),
+    ));
+    tracker.expire(5 * SECOND, 10 * SECOND);
+    assert_eq!(tracker.containers(5 * SECOND).len(), 1, "kept during the retention");
+    tracker.expire(20 * SECOND, 10 * SECOND);
+    assert!(tracker.containers(20 * SECOND).is_empty());
+}

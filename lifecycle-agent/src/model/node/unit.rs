@@ -1,0 +1,368 @@
+//! A unit: one container over its restarts (or a plain-host cgroup), with its status, back-off,
+//! termination history and counters. Linking attaches an instance to its unit once its identity
+//! is known; finishing judges an exited instance and applies the verdict to the unit.
+
+use std::collections::BTreeMap;
+
+use lifecycle_common::CgroupCounters;
+use serde::Serialize;
+
+use super::{instance::InstanceKind, NodeTracker, Notice};
+use crate::model::{
+    backoff::{BackoffTracker, Observation, Verdict},
+    container_state::{ContainerState, ContainerStatus, ContainerStatusSnapshot, RestartSpec, TerminatedReason},
+    metadata::{ContainerMeta, ContainerType},
+    termination::{
+        OutcomeKind, PreStopHandler, SenderKind, TerminationOutcome, TerminationReport, TerminationSettings,
+    },
+};
+
+/// Who a unit is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum UnitKey {
+    /// A Kubernetes container: the kubelet's back-off key without the spec hash.
+    Container { pod_uid: String, container: String },
+    /// A cgroup on a plain host, named by its path.
+    Host { path: String },
+}
+
+/// Labels as kube-state-metrics spells them, so series join.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct UnitLabels {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub uid: String,
+}
+
+/// Per-port TCP facts of a unit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PortStats {
+    /// Listening sockets open now.
+    pub listeners: i64,
+    pub established: u64,
+    pub accepts: u64,
+    /// When the app last accepted a connection on this port (boot ns).
+    pub last_accept_ns: Option<u64>,
+}
+
+/// Counters kept per unit across its instances.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct UnitCounters {
+    /// (reason, exit code, signal) -> exits of the init.
+    pub exits: BTreeMap<(TerminatedReason, i32, Option<u8>), u64>,
+    /// Termination outcome -> count.
+    pub terminations: BTreeMap<OutcomeKind, u64>,
+    /// SIGKILLs after the grace period ran out.
+    pub grace_violations: u64,
+    /// Back-off verdict -> restarts judged so.
+    pub backoff_verdicts: BTreeMap<Verdict, u64>,
+    /// (signal, sender kind) -> signals received by the unit's processes.
+    pub signals: BTreeMap<(u32, SenderKind), u64>,
+    /// Processes of the unit the OOM killer chose.
+    pub oom_kills: u64,
+    /// Processes started into the container by the runtime (exec probes, kubectl exec).
+    pub exec_sessions: u64,
+    /// CPU those processes and their children used.
+    pub exec_session_cpu_ns: u64,
+}
+
+/// One unit: a container over its restarts, or a host cgroup.
+#[derive(Clone, Debug)]
+///
+/// Only the tracker changes a unit; everyone else reads it through the accessors below.
+pub struct Unit {
+    pub(super) key: UnitKey,
+    pub(super) labels: UnitLabels,
+    pub(super) status: ContainerStatus,
+    pub(super) backoff: BackoffTracker,
+    pub(super) restart: RestartSpec,
+    pub(super) counters: UnitCounters,
+    pub(super) tcp: BTreeMap<u16, PortStats>,
+    pub(super) last_termination: Option<TerminationReport>,
+    pub(super) last_backoff: Option<Observation>,
+    /// The instance (cgroup) the unit runs as now.
+    pub(super) cgroup_id: Option<u64>,
+    pub(super) container_id: Option<String>,
+    /// Last time anything changed (boot ns); departed units expire from it.
+    pub(super) last_change_ns: u64,
+    /// The kernel's counters of this unit's instances whose cgroups are gone.
+    pub(super) departed_kernel_counters: CgroupCounters,
+    /// An init container (per the runtime's metadata).
+    pub(super) init_container: bool,
+    /// An init container seen running beside a main container: a sidecar (restartPolicy Always;
+    /// the runtime does not report the policy, so the agent recognises it by that).
+    pub(super) sidecar: bool,
+    /// When the current instance's init started (orders sidecars as the kubelet started them).
+    pub(super) started_at: Option<u64>,
+}
+
+/// One judged termination, for the exporters' distributions (the model keeps no histograms).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Judgement {
+    /// The unit's namespace (`host` on a plain host).
+    pub namespace: String,
+    pub outcome: OutcomeKind,
+    /// Stop signal to exit, when there was a stop signal.
+    pub stop_to_exit_seconds: Option<f64>,
+    /// Share of the grace period used, for exits within grace.
+    pub grace_used_ratio: Option<f64>,
+}
+
+impl UnitCounters {
+    /// Adds counts gathered elsewhere (an instance before it was linked).
+    fn merge(&mut self, other: UnitCounters) {
+        for (k, v) in other.exits {
+            *self.exits.entry(k).or_default() += v;
+        }
+        for (k, v) in other.signals {
+            *self.signals.entry(k).or_default() += v;
+        }
+        self.oom_kills += other.oom_kills;
+        self.exec_sessions += other.exec_sessions;
+        self.exec_session_cpu_ns += other.exec_session_cpu_ns;
+    }
+}
+
+impl Unit {
+    /// Who the unit is.
+    pub fn key(&self) -> &UnitKey {
+        &self.key
+    }
+
+    /// Its labels, as kube-state-metrics spells them.
+    pub fn labels(&self) -> &UnitLabels {
+        &self.labels
+    }
+
+    /// Counters over all its instances.
+    pub fn counters(&self) -> &UnitCounters {
+        &self.counters
+    }
+
+    /// TCP facts per local port.
+    pub fn tcp(&self) -> &BTreeMap<u16, PortStats> {
+        &self.tcp
+    }
+
+    /// The last judged termination.
+    pub fn last_termination(&self) -> Option<&TerminationReport> {
+        self.last_termination.as_ref()
+    }
+
+    /// The last judged restart.
+    pub fn last_backoff(&self) -> Option<&Observation> {
+        self.last_backoff.as_ref()
+    }
+
+    /// The cgroup it runs in now, if any.
+    pub fn cgroup_id(&self) -> Option<u64> {
+        self.cgroup_id
+    }
+
+    /// The kernel's counters of its instances whose cgroups are gone.
+    pub fn departed_kernel_counters(&self) -> CgroupCounters {
+        self.departed_kernel_counters
+    }
+
+    /// The unit's current status (without back-off projection).
+    pub fn state(&self) -> &ContainerState {
+        self.status.state()
+    }
+
+    pub fn restart_count(&self) -> u32 {
+        self.status.restart_count()
+    }
+
+    /// The status at `now`, with CrashLoopBackOff projected from the back-off.
+    pub fn snapshot(&self, now: u64) -> ContainerStatusSnapshot {
+        self.status.state_at(now, &self.restart, &self.backoff)
+    }
+}
+
+impl NodeTracker {
+    pub(super) fn link(&mut self, cgroup_id: u64) {
+        let Some(instance) = self.instances.get(&cgroup_id) else { return };
+        if instance.unit.is_some() || instance.ignored {
+            return;
+        }
+        let (key, labels, meta) = match &instance.kind {
+            InstanceKind::Host { path } => (
+                UnitKey::Host { path: path.clone() },
+                UnitLabels {
+                    namespace: "host".into(),
+                    pod: String::new(),
+                    container: path.clone(),
+                    uid: String::new(),
+                },
+                None,
+            ),
+            InstanceKind::Container { container_id, pod_uid } => match self.metadata.get(container_id) {
+                Some(meta) => (
+                    UnitKey::Container { pod_uid: meta.pod_uid.clone(), container: meta.container_name.clone() },
+                    UnitLabels {
+                        namespace: meta.pod_namespace.clone(),
+                        pod: meta.pod_name.clone(),
+                        container: meta.container_name.clone(),
+                        uid: meta.pod_uid.clone(),
+                    },
+                    Some(meta.clone()),
+                ),
+                None if !self.config.cri_available => {
+                    let short: String = container_id.chars().take(12).collect();
+                    (
+                        UnitKey::Container { pod_uid: pod_uid.clone(), container: short.clone() },
+                        UnitLabels {
+                            namespace: String::new(),
+                            pod: String::new(),
+                            container: short,
+                            uid: pod_uid.clone(),
+                        },
+                        None,
+                    )
+                }
+                None => {
+                    self.notices.push(Notice::MetadataNeeded { container_id: container_id.clone() });
+                    return;
+                }
+            },
+        };
+        let restart = RestartSpec {
+            pod_restart_policy: self.config.restart_policy,
+            container_restart_policy: None,
+            restart_policy_rules: Vec::new(),
+            is_init_container: meta.as_ref().is_some_and(|m| m.container_type == Some(ContainerType::Init)),
+        };
+        let (backoff_policy, tolerance) = (self.config.backoff.clone(), self.config.tolerance.clone());
+        let unit = self.units.entry(key.clone()).or_insert_with(|| Unit {
+            key: key.clone(),
+            labels: labels.clone(),
+            status: match &key {
+                UnitKey::Container { pod_uid, container } => ContainerStatus::new(pod_uid.clone(), container.clone()),
+                UnitKey::Host { path } => ContainerStatus::new(String::new(), path.clone()),
+            },
+            backoff: BackoffTracker::new(backoff_policy, tolerance),
+            restart: restart.clone(),
+            counters: UnitCounters::default(),
+            tcp: BTreeMap::new(),
+            last_termination: None,
+            last_backoff: None,
+            cgroup_id: None,
+            container_id: None,
+            last_change_ns: 0,
+            departed_kernel_counters: CgroupCounters::default(),
+            init_container: false,
+            sidecar: false,
+            started_at: None,
+        });
+        unit.labels = labels;
+        unit.init_container = restart.is_init_container;
+        unit.restart = restart;
+        let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
+        instance.unit = Some(key.clone());
+        if let Some(meta) = &meta {
+            instance.termination.set_settings(termination_settings(meta));
+            instance.spec_hash = meta.spec_hash.map(|h| format!("{h:x}"));
+        }
+        unit.cgroup_id = Some(cgroup_id);
+        unit.container_id = match &instance.kind {
+            InstanceKind::Container { container_id, .. } => Some(container_id.clone()),
+            InstanceKind::Host { .. } => None,
+        };
+        unit.tcp.values_mut().for_each(|p| p.listeners = 0);
+        unit.counters.merge(std::mem::take(&mut instance.pending_counters));
+        for (port, stats) in std::mem::take(&mut instance.pending_tcp) {
+            let into = unit.tcp.entry(port).or_default();
+            into.listeners += stats.listeners;
+            into.established += stats.established;
+            into.accepts += stats.accepts;
+            into.last_accept_ns = into.last_accept_ns.max(stats.last_accept_ns);
+        }
+        unit.status.on_instance_created(instance.created_at);
+        unit.last_change_ns = unit.last_change_ns.max(instance.created_at);
+        if let Some(init) = instance.init {
+            start_unit(unit, init.started_at, instance.spec_hash.clone());
+        }
+        let exited = instance.exit.is_some();
+        if let UnitKey::Container { pod_uid, .. } = &key {
+            self.recognise_sidecars(&pod_uid.clone());
+        }
+        if exited {
+            self.finish(cgroup_id);
+        }
+    }
+
+    /// Judges an exited, linked instance and applies the result to its unit (once).
+    pub(super) fn finish(&mut self, cgroup_id: u64) {
+        let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
+        let (Some(exit), Some(key)) = (instance.exit, instance.unit.clone()) else { return };
+        if instance.finished {
+            return;
+        }
+        instance.finished = true;
+        if self.units.get(&key).is_some_and(|u| u.sidecar) && !instance.termination.settings().is_sidecar {
+            let settings = TerminationSettings { is_sidecar: true, ..instance.termination.settings().clone() };
+            instance.termination.set_settings(settings);
+        }
+        let report = instance.termination.on_init_exit(exit.time, exit.exit_status, exit.signal).clone();
+        let host = matches!(instance.kind, InstanceKind::Host { .. });
+        // A host instance is over with its last process; the next process starts a new one.
+        if host {
+            instance.init = None;
+        }
+        let tolerance = self.config.tolerance.clone();
+        let Some(unit) = self.units.get_mut(&key) else { return };
+        let oom_killed = matches!(report.outcome, TerminationOutcome::OomKilled);
+        unit.status.on_init_exited(exit.time, exit.exit_status, exit.signal, oom_killed);
+        unit.backoff.on_finished(exit.time);
+        if let ContainerState::Terminated { reason, exit_code, signal, .. } = unit.status.state() {
+            *unit.counters.exits.entry((*reason, *exit_code, *signal)).or_default() += 1;
+        }
+        let outcome = report.outcome.kind();
+        *unit.counters.terminations.entry(outcome).or_default() += 1;
+        let mut judgement = Judgement {
+            namespace: unit.labels.namespace.clone(),
+            outcome,
+            stop_to_exit_seconds: report
+                .stop_signal
+                .as_ref()
+                .map(|stop| exit.time.saturating_sub(stop.time) as f64 / 1e9),
+            grace_used_ratio: None,
+        };
+        match &report.outcome {
+            TerminationOutcome::SigkilledAfterGrace { .. } => unit.counters.grace_violations += 1,
+            TerminationOutcome::ExitedWithinGrace { grace_used_ratio, .. } => {
+                judgement.grace_used_ratio = Some(*grace_used_ratio);
+            }
+            _ => {}
+        }
+        unit.last_termination = Some(report);
+        unit.last_change_ns = exit.time;
+        if host {
+            // Host units have no kubelet: a new process is a new run, not a restart to judge.
+            unit.backoff = BackoffTracker::new(unit.backoff.policy().clone(), tolerance);
+        }
+        self.record_judgement(judgement);
+    }
+}
+
+pub(super) fn start_unit(unit: &mut Unit, started_at: u64, spec_hash: Option<String>) {
+    unit.started_at = Some(started_at);
+    unit.status.on_init_started(started_at);
+    if let Some(observation) = unit.backoff.on_started(started_at, spec_hash) {
+        *unit.counters.backoff_verdicts.entry(observation.verdict).or_default() += 1;
+        unit.last_backoff = Some(observation);
+    }
+    unit.last_change_ns = unit.last_change_ns.max(started_at);
+}
+
+pub(super) fn termination_settings(meta: &ContainerMeta) -> TerminationSettings {
+    let defaults = TerminationSettings::default();
+    TerminationSettings {
+        grace_period_ns: meta.termination_grace_period_ns.unwrap_or(defaults.grace_period_ns),
+        deletion_grace_ns: meta.deletion_grace_period_ns,
+        pre_stop: meta.pre_stop_handler.as_deref().and_then(|json| PreStopHandler::from_annotation(json).ok()),
+        ..defaults
+    }
+}

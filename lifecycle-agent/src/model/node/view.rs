@@ -1,0 +1,87 @@
+//! Read-only views of the node for the exporters and the API: a unit's JSON view, the running
+//! containers with their main process, and the units still tracked.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::{instance::InstanceKind, NodeTracker, PortStats, Unit, UnitLabels};
+use crate::model::{
+    backoff::Observation,
+    container_state::ContainerStatusSnapshot,
+    termination::{SidecarOrder, TerminationReport},
+};
+
+/// A container as the API shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ContainerView {
+    #[serde(flatten)]
+    pub labels: UnitLabels,
+    pub container_id: Option<String>,
+    pub cgroup_id: Option<u64>,
+    #[serde(flatten)]
+    pub status: ContainerStatusSnapshot,
+    pub last_termination: Option<TerminationReport>,
+    pub last_backoff: Option<Observation>,
+    pub exec_sessions: u64,
+    pub exec_session_cpu_seconds: f64,
+    pub tcp: BTreeMap<u16, PortStats>,
+    pub sidecar: bool,
+    /// For a sidecar whose pod terminated: whether it was stopped in its turn.
+    pub sidecar_order: Option<SidecarOrder>,
+}
+
+impl NodeTracker {
+    /// Every unit.
+    pub fn units(&self) -> impl Iterator<Item = &Unit> {
+        self.units.values()
+    }
+
+    /// The API view of every unit at `now`.
+    pub fn containers(&self, now: u64) -> Vec<ContainerView> {
+        let mut views: Vec<ContainerView> = self.units.values().map(|unit| self.view(unit, now)).collect();
+        let orders = self.sidecar_orders();
+        for view in &mut views {
+            if view.sidecar {
+                view.sidecar_order = orders.get(&(view.labels.uid.clone(), view.labels.container.clone())).cloned();
+            }
+        }
+        views
+    }
+
+    pub fn view(&self, unit: &Unit, now: u64) -> ContainerView {
+        ContainerView {
+            labels: unit.labels.clone(),
+            container_id: unit.container_id.clone(),
+            cgroup_id: unit.cgroup_id,
+            status: unit.status.state_at(now, &unit.restart, &unit.backoff),
+            last_termination: unit.last_termination.clone(),
+            last_backoff: unit.last_backoff.clone(),
+            exec_sessions: unit.counters.exec_sessions,
+            exec_session_cpu_seconds: unit.counters.exec_session_cpu_ns as f64 / 1e9,
+            tcp: unit.tcp.clone(),
+            sidecar: unit.sidecar,
+            sidecar_order: None,
+        }
+    }
+
+    /// Kubernetes containers running now, with their main process.
+    pub fn running_containers(&self) -> Vec<(UnitLabels, u32)> {
+        self.instances
+            .values()
+            .filter(|i| matches!(i.kind, InstanceKind::Container { .. }) && i.exit.is_none())
+            .filter_map(|i| {
+                let unit = self.units.get(i.unit.as_ref()?)?;
+                Some((unit.labels.clone(), i.init?.tgid))
+            })
+            .collect()
+    }
+
+    /// (namespace, pod, container) of every unit still tracked.
+    pub fn unit_targets(&self) -> Vec<(String, String, String)> {
+        self.units
+            .values()
+            .map(|u| (u.labels.namespace.clone(), u.labels.pod.clone(), u.labels.container.clone()))
+            .collect()
+    }
+}
