@@ -1,0 +1,178 @@
+//! The judged end of one container instance: the outcome, the stop signal and preStop hook as
+//! observed, and who sent the signals.
+
+use serde::Serialize;
+
+/// Who sent a signal to a container's process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SignalSender {
+    /// The container runtime stack: containerd, its shims, runc/crun, CRI-O, conmon, dockerd.
+    Runtime,
+    /// The kubelet itself.
+    Kubelet,
+    /// A process in the same container cgroup: the application signalling itself.
+    SameContainer,
+    /// Anything else (an operator's `kill`, another agent).
+    OtherProcess { comm: String },
+}
+
+impl SignalSender {
+    /// Names a sender from its `comm` and whether it ran in the target's container cgroup.
+    /// Membership wins: a process called `runc` inside the container is the application.
+    pub fn from_comm(comm: &str, same_container: bool) -> Self {
+        // Prefixes, because comm is cut at 15 bytes ("containerd-shim-runc-v2" -> "containerd-shim")
+        // and runc renames its stages ("runc:[2:INIT]").
+        const RUNTIME_PREFIXES: [&str; 9] =
+            ["containerd", "runc", "crun", "conmon", "crio", "dockerd", "docker-", "youki", "runsc"];
+        if same_container {
+            SignalSender::SameContainer
+        } else if comm == "kubelet" {
+            SignalSender::Kubelet
+        } else if RUNTIME_PREFIXES.iter().any(|prefix| comm.starts_with(prefix)) {
+            SignalSender::Runtime
+        } else {
+            SignalSender::OtherProcess { comm: comm.to_owned() }
+        }
+    }
+
+    /// Which kind of sender this is, without the details (a bounded set, for counting).
+    pub fn kind(&self) -> SenderKind {
+        match self {
+            SignalSender::Runtime => SenderKind::Runtime,
+            SignalSender::Kubelet => SenderKind::Kubelet,
+            SignalSender::SameContainer => SenderKind::SameContainer,
+            SignalSender::OtherProcess { .. } => SenderKind::OtherProcess,
+        }
+    }
+
+    /// The runtime or the kubelet, the only senders a kubelet-driven stop comes from.
+    pub(super) fn is_kubelet_side(&self) -> bool {
+        matches!(self, SignalSender::Runtime | SignalSender::Kubelet)
+    }
+}
+
+/// [`SignalSender`] without its details: what signals are counted by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SenderKind {
+    /// The container runtime stack.
+    Runtime,
+    /// The kubelet itself.
+    Kubelet,
+    /// A process of the same container.
+    SameContainer,
+    /// Anything else.
+    OtherProcess,
+}
+
+/// The stop signal as observed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StopSignalSeen {
+    pub time: u64,
+    pub signal: u8,
+    pub sender: SignalSender,
+    /// The signal is the one the settings name (a different one suggests an image STOPSIGNAL the
+    /// agent was not told about).
+    pub matches_configured: bool,
+}
+
+/// The preStop hook as observed: an exec session matching the hook's program.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PreStopSeen {
+    pub started_at: u64,
+    pub ended_at: Option<u64>,
+    /// How long the session ran, when its end was seen.
+    pub duration_ns: Option<u64>,
+    /// The session was still running when the stop signal came, after at least the grace
+    /// period: the kubelet gave up waiting for it.
+    pub overran_grace: bool,
+}
+
+/// How the instance ended.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TerminationOutcome {
+    /// The stop signal came and the init exited before any SIGKILL.
+    ExitedWithinGrace {
+        /// Stop signal to exit.
+        duration_ns: u64,
+        /// `duration_ns` over the time the runtime allowed (see `expected_kill_after_ns`).
+        grace_used_ratio: f64,
+    },
+    /// A violation of the app's side of the contract: the stop signal came, the app did not exit
+    /// in time, and it was SIGKILLed.
+    SigkilledAfterGrace {
+        /// The effective grace period.
+        grace_ns: u64,
+        /// Stop signal to SIGKILL (to the exit when the SIGKILL itself was not seen).
+        stop_to_kill_ns: u64,
+        /// When the model says the SIGKILL was due after the stop signal.
+        expected_kill_after_ns: u64,
+        /// The SIGKILL came earlier than the model allows (minus the tolerance).
+        killed_early: bool,
+        /// Connections the app accepted after the stop signal: it kept serving.
+        accepts_after_stop: u64,
+        /// The app still had a listening socket when it was killed.
+        still_listening: bool,
+    },
+    /// SIGKILL with no stop signal before it, not by the OOM killer.
+    KilledWithoutGrace {
+        /// The SIGKILL's sender, when it was seen.
+        sender: Option<SignalSender>,
+    },
+    /// The kernel's OOM killer killed the init (from the OOM event, never from exit code 137).
+    OomKilled,
+    /// No stop signal: a crash or a normal completion.
+    ExitedWithoutStopSignal { exit_status: Option<u8>, signal: Option<u8> },
+}
+
+/// [`TerminationOutcome`] without its details: what terminations are counted by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKind {
+    /// See [`TerminationOutcome::ExitedWithinGrace`].
+    ExitedWithinGrace,
+    /// See [`TerminationOutcome::SigkilledAfterGrace`].
+    SigkilledAfterGrace,
+    /// See [`TerminationOutcome::KilledWithoutGrace`].
+    KilledWithoutGrace,
+    /// See [`TerminationOutcome::OomKilled`].
+    OomKilled,
+    /// See [`TerminationOutcome::ExitedWithoutStopSignal`].
+    ExitedWithoutStopSignal,
+}
+
+impl TerminationOutcome {
+    /// The outcome's kind.
+    pub fn kind(&self) -> OutcomeKind {
+        match self {
+            TerminationOutcome::ExitedWithinGrace { .. } => OutcomeKind::ExitedWithinGrace,
+            TerminationOutcome::SigkilledAfterGrace { .. } => OutcomeKind::SigkilledAfterGrace,
+            TerminationOutcome::KilledWithoutGrace { .. } => OutcomeKind::KilledWithoutGrace,
+            TerminationOutcome::OomKilled => OutcomeKind::OomKilled,
+            TerminationOutcome::ExitedWithoutStopSignal { .. } => OutcomeKind::ExitedWithoutStopSignal,
+        }
+    }
+}
+
+/// The judged end of one container instance.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TerminationReport {
+    pub stop_signal: Option<StopSignalSeen>,
+    pub pre_stop: Option<PreStopSeen>,
+    pub exit_time: u64,
+    pub exit_status: Option<u8>,
+    pub exit_signal: Option<u8>,
+    /// The effective grace period.
+    pub grace_ns: u64,
+    /// Stop signal to SIGKILL as the kubelet computes it: max(grace - preStop whole seconds, 2 s).
+    pub expected_kill_after_ns: u64,
+    /// False when the model could only give the 2 s floor: a sidecar (its wait for its turn is
+    /// subtracted too), an httpGet/tcpSocket hook, or an exec hook whose session was not seen.
+    pub expected_kill_exact: bool,
+    /// OOM kills in the container before the exit (any victim).
+    pub oom_kills: u32,
+    pub is_sidecar: bool,
+    pub outcome: TerminationOutcome,
+}

@@ -1,0 +1,71 @@
+//! The sidecar rule: sidecars get their stop signal only after every main container exited, in
+//! reverse order of definition. Judged per pod termination from the containers' reports.
+
+use serde::Serialize;
+
+use super::TerminationReport;
+
+/// Whether a sidecar's stop came in its turn.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SidecarVerdict {
+    /// Signalled after every main container and every later-defined sidecar had exited.
+    InOrder,
+    /// Signalled while a main container was still running: the rule was broken.
+    SignalledBeforeMainExited { main_container: String },
+    /// Signalled before a sidecar defined after it had exited (sidecars stop in reverse order).
+    SignalledBeforeLaterSidecarExited { sidecar: String },
+    /// No stop signal (it crashed, completed, or was killed in an emergency termination).
+    NotSignalled,
+}
+
+/// One sidecar's termination order, judged.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SidecarOrder {
+    pub container: String,
+    pub stop_signal_at: Option<u64>,
+    /// The exit of the main container that exited last.
+    pub last_main_exit: Option<u64>,
+    pub verdict: SidecarVerdict,
+}
+
+/// Judges the sidecars of one pod termination. Pass every container's report as (name, report)
+/// in the pod spec's order (init containers first, as defined), including every main container:
+/// a main container that was still running when a sidecar was signalled shows up through its
+/// later exit time.
+pub fn sidecar_order<'a>(reports: impl IntoIterator<Item = (&'a str, &'a TerminationReport)>) -> Vec<SidecarOrder> {
+    let reports: Vec<(&str, &TerminationReport)> = reports.into_iter().collect();
+    let mains: Vec<(&str, u64)> = reports
+        .iter()
+        .filter(|(_, report)| !report.is_sidecar)
+        .map(|(name, report)| (*name, report.exit_time))
+        .collect();
+    let last_main = mains.iter().max_by_key(|(_, exit)| *exit).copied();
+    let sidecars: Vec<(&str, &TerminationReport)> =
+        reports.iter().filter(|(_, report)| report.is_sidecar).copied().collect();
+    sidecars
+        .iter()
+        .enumerate()
+        .map(|(index, (name, report))| {
+            let stop_signal_at = report.stop_signal.as_ref().map(|stop| stop.time);
+            let verdict = match stop_signal_at {
+                None => SidecarVerdict::NotSignalled,
+                Some(at) => match last_main.filter(|(_, exit)| *exit > at) {
+                    Some((main, _)) => SidecarVerdict::SignalledBeforeMainExited { main_container: main.to_owned() },
+                    None => match sidecars[index + 1..].iter().find(|(_, later)| later.exit_time > at) {
+                        Some((later, _)) => {
+                            SidecarVerdict::SignalledBeforeLaterSidecarExited { sidecar: (*later).to_owned() }
+                        }
+                        None => SidecarVerdict::InOrder,
+                    },
+                },
+            };
+            SidecarOrder {
+                container: (*name).to_owned(),
+                stop_signal_at,
+                last_main_exit: last_main.map(|(_, exit)| exit),
+                verdict,
+            }
+        })
+        .collect()
+}
