@@ -4,9 +4,6 @@
 //! ContainerStatus. Both sides are observed by polling as fast as a client can (the measurement,
 //! not a synchronisation), and both are measured against the same kernel timestamp.
 
-#[path = "support/containerd.rs"]
-mod containerd;
-
 use std::{
     io::{Read as _, Write as _},
     net::{TcpListener, TcpStream},
@@ -14,8 +11,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use containerd::{start_or_skip, KubeletAnnotations};
 use k8s_cri::v1 as cri;
+use lifecycle_testkit::containerd::{start_or_skip, KubeletAnnotations};
 use serde_json::Value;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");

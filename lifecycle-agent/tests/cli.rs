@@ -2,10 +2,6 @@
 //! accepts and detaches every program on SIGTERM; `events` prints JSON lines for one cgroup; bad
 //! flags and missing BTF give one clear sentence and a non-zero exit.
 
-mod support {
-    pub mod cgroup;
-}
-
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::TcpStream,
@@ -13,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use support::cgroup::TestCgroup;
+use lifecycle_testkit::{cgroup::TestCgroup, require_privileges};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
 

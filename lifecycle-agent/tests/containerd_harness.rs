@@ -4,17 +4,14 @@
 //!
 //! Run: `cargo test -p lifecycle-agent --test containerd_harness -- --test-threads=1`
 
-#[path = "support/containerd.rs"]
-mod containerd;
-
 use std::time::{Duration, Instant};
 
-use containerd::{start_or_skip, KubeletAnnotations};
 use k8s_cri::v1 as cri;
 use lifecycle_agent::{
     discovery::cri::CriError,
     model::metadata::{ContainerState, ContainerType},
 };
+use lifecycle_testkit::containerd::{start_or_skip, KubeletAnnotations};
 
 const EXITED: i32 = cri::ContainerState::ContainerExited as i32;
 

@@ -7,16 +7,11 @@
 //! Then `dashboards/check_dashboards.py --prometheus URL` runs every panel's queries against that
 //! Prometheus and must exit 0.
 //!
-//! Needs root, containerd/runc/busybox-static (see tests/support/containerd.rs) and Debian's
+//! Needs root, containerd/runc/busybox-static (see lifecycle-testkit/src/containerd/) and Debian's
 //! `prometheus`; skips with the reason otherwise. Uses `target/pyenv/bin/python` when it exists
 //! (the grafana-foundation-sdk round trip runs too), else `python3`.
 //!
 //! Run: `cargo test -p lifecycle-agent --test dashboards -- --nocapture`
-
-#[path = "support/agent.rs"]
-mod agent;
-#[path = "support/containerd.rs"]
-mod containerd;
 
 use std::{
     fs,
@@ -27,13 +22,16 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use agent::{free_port, get, Agent};
-use containerd::{skip_reason, Containerd, KubeletAnnotations, Pod};
+use lifecycle_testkit::{
+    agent::{free_port, get, Agent},
+    containerd::{skip_reason, Containerd, KubeletAnnotations, Pod},
+};
 use serde_json::Value;
 
 /// The `node` label the scrape adds, as the PodMonitor's relabelling does.
 const NODE: &str = "dashboards-e2e-node";
 const JOB: &str = "lifecycle-agent";
+const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
 
 /// Debian's Prometheus on a loopback port with a temp config and tsdb; stopped (by pid) and its
 /// directory removed on drop.
@@ -325,7 +323,7 @@ fn every_dashboard_panel_has_data_from_a_real_scrape() {
         Err(e) => panic!("{TEST}: cannot start containerd: {e:#}"),
     };
     // Reduced decay (1 s initial back-off) keeps the crash loop short.
-    let agent = Agent::start(&h, &["--reduced-backoff-decay"]);
+    let agent = Agent::start(AGENT, &h, &["--reduced-backoff-decay"]);
     let mut prometheus = Prometheus::start(&agent.addr);
     let up_after = prometheus.wait_target_up();
     eprintln!("prometheus {} scraping the agent at {} (up after {up_after:.1?})", prometheus.url(), agent.addr);

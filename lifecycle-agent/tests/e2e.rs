@@ -4,17 +4,15 @@
 //!
 //! Run: `cargo test -p lifecycle-agent --test e2e -- --test-threads=1`
 
-#[path = "support/agent.rs"]
-mod agent;
-#[path = "support/containerd.rs"]
-mod containerd;
-
 use std::time::{Duration, Instant};
 
-use agent::{free_port, Agent};
-use containerd::{start_or_skip, KubeletAnnotations, Pod};
+use lifecycle_testkit::{
+    agent::{free_port, Agent},
+    containerd::{start_or_skip, KubeletAnnotations, Pod},
+};
 use serde_json::Value;
 
+const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
 const SECOND: f64 = 1e9;
 
 fn state(c: &Value) -> &str {
@@ -39,7 +37,7 @@ fn annotations(grace_s: i64, restart_count: u32) -> KubeletAnnotations {
 #[test]
 fn app_exiting_on_sigterm_is_within_grace() {
     let Some(mut h) = start_or_skip("app_exiting_on_sigterm_is_within_grace") else { return };
-    let agent = Agent::start(&h, &[]);
+    let agent = Agent::start(AGENT, &h, &[]);
     let pod = h.new_pod("graceful").expect("pod");
     let script = "trap 'exit 0' TERM; while true; do sleep 0.1; done";
     let id = h.run_container(&pod, "app", &["sh", "-c", script], &annotations(30, 0), None).expect("container");
@@ -69,7 +67,7 @@ fn app_exiting_on_sigterm_is_within_grace() {
 #[test]
 fn app_ignoring_sigterm_is_sigkilled_at_the_timeout_as_a_violation() {
     let Some(mut h) = start_or_skip("app_ignoring_sigterm_is_sigkilled_at_the_timeout_as_a_violation") else { return };
-    let agent = Agent::start(&h, &[]);
+    let agent = Agent::start(AGENT, &h, &[]);
     let pod = h.new_pod("stubborn").expect("pod");
     // Accepting nothing, ignoring TERM: the kubelet's stop ends in SIGKILL at the grace period.
     let script = "trap '' TERM; while true; do sleep 0.1; done";
@@ -100,7 +98,7 @@ fn app_ignoring_sigterm_is_sigkilled_at_the_timeout_as_a_violation() {
 fn crash_loop_delays_are_judged_against_the_kubelet_back_off() {
     let Some(mut h) = start_or_skip("crash_loop_delays_are_judged_against_the_kubelet_back_off") else { return };
     // The reduced-decay gate (1 s initial) keeps the kubelet-like delays short enough for a test.
-    let agent = Agent::start(&h, &["--reduced-backoff-decay"]);
+    let agent = Agent::start(AGENT, &h, &["--reduced-backoff-decay"]);
     let pod = h.new_pod("crashloop").expect("pod");
     // Delay before each restart, as the harness (playing the kubelet) applies it after the
     // previous exit: immediate (first crash), 1 s (due), then 0.2 s where 2 s are due.
@@ -142,7 +140,7 @@ fn crash_loop_delays_are_judged_against_the_kubelet_back_off() {
 #[test]
 fn memory_limit_oom_kill_is_oomkilled_from_the_kernel_event() {
     let Some(mut h) = start_or_skip("memory_limit_oom_kill_is_oomkilled_from_the_kernel_event") else { return };
-    let agent = Agent::start(&h, &[]);
+    let agent = Agent::start(AGENT, &h, &[]);
     let pod = h.new_pod("hog").expect("pod");
     let script = "a=xxxxxxxxxxxxxxxx; while true; do a=\"$a$a\"; done";
     let id =
@@ -158,7 +156,7 @@ fn memory_limit_oom_kill_is_oomkilled_from_the_kernel_event() {
 #[test]
 fn exit_zero_is_a_completion_without_stop_signal() {
     let Some(mut h) = start_or_skip("exit_zero_is_a_completion_without_stop_signal") else { return };
-    let agent = Agent::start(&h, &[]);
+    let agent = Agent::start(AGENT, &h, &[]);
     let pod = h.new_pod("job").expect("pod");
     let id = h
         .run_container(&pod, "task", &["sh", "-c", "sleep 0.3; exit 0"], &annotations(30, 0), None)
@@ -180,7 +178,7 @@ fn exit_zero_is_a_completion_without_stop_signal() {
 #[test]
 fn probes_answer_from_kernel_state_and_exec_sessions_are_costed() {
     let Some(mut h) = start_or_skip("probes_answer_from_kernel_state_and_exec_sessions_are_costed") else { return };
-    let agent = Agent::start(&h, &[]);
+    let agent = Agent::start(AGENT, &h, &[]);
     let pod = h.new_pod("web").expect("pod");
     // busybox httpd listens and accepts; the pod shares the node's network (no CNI here), so its
     // probes are answered by the node endpoint, which uses the same per-container state.

@@ -3,11 +3,6 @@
 //! it spawned, the cgroup directory's inode, its own netns), so a wrong BTF offset or a wrong
 //! cgroup attribution fails here. Skips with a printed reason when not root.
 
-mod support {
-    pub mod cgroup;
-    pub mod hub;
-}
-
 use std::{
     io::{BufRead as _, BufReader},
     net::TcpStream,
@@ -18,9 +13,10 @@ use lifecycle_agent::{
     kernel::{Sensor, SensorConfig},
     model::event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
 };
-use support::{
+use lifecycle_testkit::{
     cgroup::{own_cgroup_id, own_netns, own_thread_comm, TestCgroup},
     hub::Hub,
+    require_privileges,
 };
 
 const PYTHON: &str = "/usr/bin/python3";

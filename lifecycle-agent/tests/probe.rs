@@ -2,12 +2,6 @@
 //! container; the tcp state is driven only by the real kernel programs' events (the agent never
 //! connects to the app) and by /proc. Skips with a printed reason when not root.
 
-mod support {
-    pub mod cgroup;
-    pub mod hub;
-    pub mod netns;
-}
-
 use std::{
     io::{Read as _, Write as _},
     net::SocketAddr,
@@ -26,9 +20,10 @@ use lifecycle_agent::{
         PodProbe,
     },
 };
-use support::{
+use lifecycle_testkit::{
     hub::Hub,
     netns::{netns_skip_reason, runc_skip_reason, Proc, RuncContainer, TestNetns},
+    require_privileges,
 };
 
 const PYTHON: &str = "/usr/bin/python3";

@@ -1,12 +1,10 @@
-//! Test support: real cgroups and processes placed in them, cleaned up on drop.
+//! Real cgroups and processes placed in them, cleaned up on drop.
 //!
 //! Each [`TestCgroup`] is a fresh directory on the v2 hierarchy (and, for memory limits on a
 //! hybrid host, a sibling in the v1 memory controller). Processes are spawned straight into it
 //! (the child writes itself into cgroup.procs before exec), so every event they cause is charged
 //! to it from the first instruction. Drop kills only the processes this cgroup spawned, by pid,
 //! and removes the directories.
-
-#![allow(dead_code)]
 
 use std::{
     ffi::CString,
@@ -37,7 +35,7 @@ pub fn skip_reason() -> Option<String> {
 #[macro_export]
 macro_rules! require_privileges {
     () => {
-        if let Some(reason) = $crate::support::cgroup::skip_reason() {
+        if let Some(reason) = $crate::cgroup::skip_reason() {
             eprintln!("skipped: {reason}");
             return;
         }

@@ -1,7 +1,5 @@
-//! Test support: one loaded sensor per test binary, its events collected on a background thread,
+//! One loaded sensor per test binary, its events collected on a background thread,
 //! and waits that block until a matching event arrives (or fail after a deadline).
-
-#![allow(dead_code)]
 
 use std::{
     sync::{Arc, Condvar, Mutex, OnceLock},

@@ -1,9 +1,7 @@
-//! Test support: a fresh named network namespace (`ip netns add lifecycle-probe-<pid>-<n>`) with
+//! A fresh named network namespace (`ip netns add lifecycle-probe-<pid>-<n>`) with
 //! loopback up, processes started inside it with `ip netns exec`, and a small runc container
 //! built from busybox-static. Drop ends only the processes started here, by pid, then deletes
 //! the namespace (or the container and its bundle).
-
-#![allow(dead_code)]
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -38,6 +36,11 @@ pub struct TestNetns {
 }
 
 impl TestNetns {
+    /// Adds the namespace and brings its loopback up.
+    #[expect(
+        clippy::new_without_default,
+        reason = "creating one runs `ip netns add` as root: a side effect, not a default value"
+    )]
     pub fn new() -> Self {
         let name = format!("lifecycle-probe-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         run(Command::new("ip").args(["netns", "add", &name]));

@@ -1,21 +1,20 @@
-//! Test support: the `lifecycle-agent run` binary pointed at a containerd harness, and the
-//! HTTP calls the end-to-end tests make to it. Shared by e2e.rs and dashboards.rs (declare it
-//! with `#[path = "support/agent.rs"] mod agent;` beside `mod containerd;`).
-
-#![allow(dead_code)]
+//! The `lifecycle-agent run` binary pointed at a containerd harness, and the HTTP calls the
+//! end-to-end tests make to it.
+//!
+//! The binary's path comes from the test: only the agent's own integration tests get
+//! `CARGO_BIN_EXE_lifecycle-agent` (and cargo builds the binary for them).
 
 use std::{
     io::{Read as _, Write as _},
     net::{TcpListener, TcpStream},
+    path::Path,
     process::{Child, Command},
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 
-use super::containerd::{Containerd, Pod};
-
-const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
+use crate::containerd::{Containerd, Pod};
 
 /// The agent binary pointed at the harness's runtime; stopped (by pid) on drop.
 pub struct Agent {
@@ -24,10 +23,12 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn start(h: &Containerd, extra: &[&str]) -> Self {
+    /// Starts `binary` (`env!("CARGO_BIN_EXE_lifecycle-agent")`) with `run` against the
+    /// harness's CRI socket plus `extra` flags, and waits until /healthz answers 200.
+    pub fn start(binary: impl AsRef<Path>, h: &Containerd, extra: &[&str]) -> Self {
         let addr = format!("127.0.0.1:{}", free_port());
         let socket = h.socket().to_string_lossy().into_owned();
-        let child = Command::new(AGENT)
+        let child = Command::new(binary.as_ref())
             .args(["run", "--listen", &addr, "--cri-socket", &socket])
             .args(extra)
             .env("RUST_LOG", "warn")

@@ -1,0 +1,163 @@
+//! The containerd process of one harness: its config (everything private to the run directory),
+//! the spawn that ends when the CRI Version call answers, the image import the CRI must see
+//! before any sandbox starts, and the stop (SIGTERM, then SIGKILL).
+
+use std::{
+    fs,
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use k8s_cri::v1 as cri;
+use lifecycle_agent::discovery::cri::CriClient;
+
+use super::{host::signal, Containerd, IMAGE, READY_TIMEOUT};
+
+impl Containerd {
+    /// Spawns containerd with the run directory's config; returns once its CRI Version call
+    /// answers (the readiness check), failing with the log's tail if it exits or times out.
+    pub(super) fn spawn_containerd(&mut self) -> Result<()> {
+        let config = self.run.path.join("config.toml");
+        fs::write(&config, containerd_config(&self.run.path)).context("write containerd config")?;
+        let log = fs::File::create(self.run.path.join("containerd.log")).context("create containerd log")?;
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("dup log fd")?)
+            .stderr(log)
+            .spawn()
+            .context("spawn containerd")?;
+        fs::write(self.run.path.join("containerd.pid"), child.id().to_string()).context("record pid")?;
+        self.child = Some(child);
+
+        let socket = self.socket().to_owned();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                bail!("containerd exited with {status} before answering:\n{}", self.log_tail(30));
+            }
+            // The readiness check is the CRI Version call itself, not a sleep.
+            match self.rt.block_on(CriClient::connect(&socket)) {
+                Ok(client) => {
+                    self.cri = Some(client);
+                    return Ok(());
+                }
+                Err(e) if Instant::now() > deadline => {
+                    bail!("containerd not ready after {READY_TIMEOUT:?}: {e}\n{}", self.log_tail(30))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    /// `ctr images import`, then waits until the CRI image service lists the image.
+    pub(super) fn import_image(&self, tarball: &Path) -> Result<()> {
+        let output = Command::new("ctr")
+            .arg("--address")
+            .arg(self.socket())
+            .args(["--namespace", "k8s.io", "images", "import"])
+            .arg(tarball)
+            .output()
+            .context("run ctr images import")?;
+        if !output.status.success() {
+            bail!("ctr images import failed: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        // The CRI plugin learns about imported images from containerd events: wait until its
+        // image service answers for the name, so RunPodSandbox never tries to pull.
+        let channel = self.block_on(lifecycle_agent::discovery::cri::connect_channel(self.socket()))?;
+        let mut images = cri::image_service_client::ImageServiceClient::new(channel);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let request = cri::ImageStatusRequest {
+                image: Some(cri::ImageSpec { image: IMAGE.to_owned(), ..Default::default() }),
+                verbose: false,
+            };
+            let status = self.block_on(images.image_status(request)).context("CRI ImageStatus")?;
+            if status.into_inner().image.is_some() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("CRI does not list {IMAGE} after import");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGTERM to our containerd, SIGKILL if it has not exited within 5 s.
+    pub(super) fn stop_containerd(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        signal(child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+fn containerd_config(run: &Path) -> String {
+    let dir = run.display();
+    // Everything private to the run directory except the shim sockets, which containerd 1.6
+    // always puts under /run/containerd/s.
+    format!(
+        r#"version = 2
+root = "{dir}/root"
+state = "{dir}/state"
+oom_score = 0
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp",
+]
+
+[grpc]
+  address = "{dir}/containerd.sock"
+
+[ttrpc]
+  address = "{dir}/containerd.sock.ttrpc"
+
+[debug]
+  address = ""
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{dir}/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{IMAGE}"
+  # root has no CAP_SYS_RESOURCE here; without this every container start fails.
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{dir}/runc"
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{dir}/cni/bin"
+    conf_dir = "{dir}/cni/conf"
+"#
+    )
+}

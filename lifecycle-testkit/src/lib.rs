@@ -1,0 +1,19 @@
+//! Test support for lifecycle's privileged integration tests (`lifecycle-agent/tests/`): real
+//! cgroups, network namespaces, a loaded sensor, a private containerd driven the way the kubelet
+//! drives it, and the agent binary pointed at it. Dev-only: nothing here ships.
+//!
+//! Every helper owns what it creates and removes it on drop, ending only processes it started,
+//! by pid. Helpers that need root or missing tools say why through a `*skip_reason` function;
+//! tests print it and return.
+//!
+//! - [`cgroup`]: fresh v2 cgroups with processes spawned into them; [`require_privileges!`].
+//! - [`hub`]: one loaded sensor per test binary and waits on its events.
+//! - [`netns`]: named network namespaces and a small runc container.
+//! - [`containerd`]: a private containerd with the CRI plugin.
+//! - [`agent`]: the `lifecycle-agent run` binary against a [`containerd::Containerd`].
+
+pub mod agent;
+pub mod cgroup;
+pub mod containerd;
+pub mod hub;
+pub mod netns;
