@@ -133,7 +133,12 @@ fn scrape_of_a_thousand_containers() {
     let tracker = Arc::new(Mutex::new(node(containers)));
     assert_eq!(tracker.lock().expect("lock").units().count() as u64, containers);
     let mut metrics = Metrics::bare();
-    let units = UnitMetrics::new(tracker, Arc::new(FakeKernel), Box::new(|| 100_000_000_000));
+    let units = UnitMetrics::new(
+        tracker,
+        Arc::new(FakeKernel),
+        Box::new(|| 100_000_000_000),
+        Box::new(lifecycle_agent::discovery::clock::unix_minus_boot_seconds),
+    );
     metrics.add_text_source(Box::new(move |out| units.render(out)));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let (tx, rx) = tokio::sync::watch::channel(false);

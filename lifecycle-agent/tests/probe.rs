@@ -11,11 +11,11 @@ use std::{
 };
 
 use lifecycle_agent::{
+    discovery::{clock::boottime_ns, proc as observe},
     model::event::{Detail, Event},
     probe::{
         check::CheckSpec,
         metrics::ProbeTarget,
-        observe::{self, boottime_ns},
         server::{bind_in_netns, BlockingServer, ProbeAnswer},
         PodProbe,
     },

@@ -20,9 +20,11 @@ use tokio::sync::{watch, Notify};
 use crate::{
     agent::http::{ApiHandler, HttpError, Routes},
     discovery::cgroupfs::{CgroupFsError, CgroupRoot},
+    discovery::clock::{boottime_ns, unix_minus_boot_seconds},
     discovery::cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
+    discovery::proc,
     export::metrics::{AgentCounters, Metrics, MetricsError},
-    export::units::{boot_time_ns, unix_minus_boot_seconds, KernelCounters, UnitMetrics},
+    export::units::{KernelCounters, UnitMetrics},
     kernel::{Sensor, SensorConfig, SensorError, SensorMaps, StreamError},
     model::event::{Detail, Event},
     model::node::{ContainerView, NodeTracker, Notice, SeedProcess, TrackerConfig},
@@ -108,7 +110,12 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     )
     .map_err(MetricsError::from)?;
     metrics.registry().register(Box::new(latency.clone())).map_err(MetricsError::from)?;
-    let units = Arc::new(UnitMetrics::new(tracker.clone(), maps.clone(), Box::new(boot_time_ns)));
+    let units = Arc::new(UnitMetrics::new(
+        tracker.clone(),
+        maps.clone(),
+        Box::new(boottime_ns),
+        Box::new(unix_minus_boot_seconds),
+    ));
     let scraped_units = units.clone();
     metrics.add_text_source(Box::new(move |out| scraped_units.render(out)));
 
@@ -163,7 +170,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
                 tracker.apply(event);
                 node_probes.on_event(event);
             }
-            let now = boot_time_ns();
+            let now = boottime_ns();
             for event in &batch {
                 if matches!(event.detail, Detail::Exit { group_dead: true, .. }) {
                     latency.observe(now.saturating_sub(event.time_ns) as f64 / 1e9);
@@ -203,7 +210,7 @@ fn handle_notices(
         *last_rescan = Some(std::time::Instant::now());
         // A cgroup's mkdir record was lost (ring overflow, counted): learn it from cgroupfs.
         let found = root.scan();
-        let now = boot_time_ns();
+        let now = boottime_ns();
         let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
         for (id, path) in found {
             tracker.seed_cgroup(id, &path, now);
@@ -215,36 +222,22 @@ fn handle_notices(
 fn seed(tracker: &Mutex<NodeTracker>, root: &CgroupRoot) {
     let cgroups = root.scan();
     let by_path: std::collections::HashMap<&str, u64> = cgroups.iter().map(|(id, path)| (path.as_str(), *id)).collect();
-    let now = boot_time_ns();
-    let mut processes = Vec::new();
-    if let Ok(all) = procfs::process::all_processes() {
-        let ticks = procfs::ticks_per_second().max(1);
-        for process in all.flatten() {
-            let (Ok(stat), Ok(groups)) = (process.stat(), process.cgroups()) else { continue };
-            let Some(path) = groups.0.iter().find(|g| g.hierarchy == 0).map(|g| g.pathname.clone()) else { continue };
-            let Some(&cgroup_id) = by_path.get(path.as_str()) else { continue };
-            let start_ns = stat.starttime * (1_000_000_000 / ticks);
-            // NSpid lists the pid in each namespace from the host's down: more than one entry
-            // means the process lives in a container's pid namespace.
-            let child_ns = process.status().ok().and_then(|s| s.nspid).is_some_and(|ids| ids.len() > 1);
-            processes.push((start_ns, stat.pid as u32, stat.ppid as u32, cgroup_id, child_ns, stat.comm));
-        }
-    }
-    let cgroup_of: std::collections::HashMap<u32, u64> = processes.iter().map(|p| (p.1, p.3)).collect();
-    processes.sort_by_key(|p| p.0);
+    let now = boottime_ns();
+    let processes = proc::processes_at_start(&by_path);
+    let cgroup_of: std::collections::HashMap<u32, u64> = processes.iter().map(|p| (p.tgid, p.cgroup_id)).collect();
     let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
     for (id, path) in &cgroups {
         tracker.seed_cgroup(*id, path, now);
     }
-    for (start_time_ns, tgid, ppid, cgroup_id, child_pid_namespace, comm) in processes {
-        let parent_cgroup_id = cgroup_of.get(&ppid).copied().unwrap_or(0);
+    for process in &processes {
+        let parent_cgroup_id = cgroup_of.get(&process.ppid).copied().unwrap_or(0);
         tracker.seed_process(SeedProcess {
-            tgid,
-            cgroup_id,
+            tgid: process.tgid,
+            cgroup_id: process.cgroup_id,
             parent_cgroup_id,
-            child_pid_namespace,
-            start_time_ns,
-            comm: &comm,
+            child_pid_namespace: process.child_pid_namespace,
+            start_time_ns: process.start_time_ns,
+            comm: &process.comm,
         });
     }
     log::info!("found {} cgroups at start", cgroups.len());
@@ -305,7 +298,7 @@ async fn expiry_loop(tracker: Arc<Mutex<NodeTracker>>, retention: Duration, mut 
             _ = shutdown.changed() => return,
         }
         let retention_ns = u64::try_from(retention.as_nanos()).unwrap_or(u64::MAX);
-        tracker.lock().unwrap_or_else(|poison| poison.into_inner()).expire(boot_time_ns(), retention_ns);
+        tracker.lock().unwrap_or_else(|poison| poison.into_inner()).expire(boottime_ns(), retention_ns);
     }
 }
 
@@ -332,7 +325,7 @@ impl ApiHandler for ContainersApi {
         if path != "/api/v1/containers" {
             return None;
         }
-        let now = boot_time_ns();
+        let now = boottime_ns();
         let containers = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner()).containers(now);
         let body = ContainersResponse { boot_to_unix_seconds: unix_minus_boot_seconds(), now, containers };
         Some(match serde_json::to_string(&body) {

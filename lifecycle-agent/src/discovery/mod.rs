@@ -3,6 +3,14 @@
 //!
 //! - [`cgroupfs`]: the cgroup v2 mount, paths and ids.
 //! - [`cri`]: the container runtime's CRI socket (names, pods, spec annotations).
+//! - [`proc`]: /proc: processes at start, and what the probes sample of a process.
+//! - [`sockdiag`]: listeners and backlogs of a network namespace over NETLINK_SOCK_DIAG.
+//! - [`netns`]: running a piece of work inside another network namespace.
+//! - [`clock`]: the boot-time clock the kernel stamps events with.
 
 pub mod cgroupfs;
+pub mod clock;
 pub mod cri;
+pub mod netns;
+pub mod proc;
+pub mod sockdiag;

@@ -39,6 +39,8 @@ pub struct UnitMetrics {
     tracker: Arc<Mutex<NodeTracker>>,
     kernel: Arc<dyn KernelCounters>,
     clock: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// The offset that turns a boot time into a Unix time, read at each scrape.
+    boot_to_unix: Box<dyn Fn() -> f64 + Send + Sync>,
     /// Filled from the tracker's judgements; outlives the units that fed it.
     histograms: Mutex<TerminationHistograms>,
 }
@@ -188,8 +190,9 @@ impl UnitMetrics {
         tracker: Arc<Mutex<NodeTracker>>,
         kernel: Arc<dyn KernelCounters>,
         clock: Box<dyn Fn() -> u64 + Send + Sync>,
+        boot_to_unix: Box<dyn Fn() -> f64 + Send + Sync>,
     ) -> Self {
-        Self { tracker, kernel, clock, histograms: Mutex::new(TerminationHistograms::default()) }
+        Self { tracker, kernel, clock, boot_to_unix, histograms: Mutex::new(TerminationHistograms::default()) }
     }
 
     /// Moves the tracker's judged terminations into the distributions. The agent calls this after
@@ -204,7 +207,7 @@ impl UnitMetrics {
     /// Appends every per-container family to `out`.
     pub fn render(&self, out: &mut String) {
         let now = (self.clock)();
-        let boot_to_unix = unix_minus_boot_seconds();
+        let boot_to_unix = (self.boot_to_unix)();
         let mut tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
         self.take_judgements(&mut tracker);
         let mut f = new_families();
@@ -323,23 +326,4 @@ impl UnitMetrics {
             f.sample(F::ExecCpu, "", &short, &[], c.exec_session_cpu_ns as f64 / 1e9);
         }
     }
-}
-
-/// CLOCK_REALTIME - CLOCK_BOOTTIME, in seconds: adds to a boot time to give a Unix time.
-pub fn unix_minus_boot_seconds() -> f64 {
-    let read = |clock| {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: ts is a valid timespec for clock_gettime to fill.
-        unsafe { libc::clock_gettime(clock, &mut ts) };
-        ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
-    };
-    read(libc::CLOCK_REALTIME) - read(libc::CLOCK_BOOTTIME)
-}
-
-/// CLOCK_BOOTTIME now, in ns: the clock the kernel stamps events with.
-pub fn boot_time_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: ts is a valid timespec for clock_gettime to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

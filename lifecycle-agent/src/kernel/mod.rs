@@ -363,15 +363,8 @@ fn has_bpf_privileges() -> bool {
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+    let Some(effective) = crate::discovery::proc::effective_capabilities() else {
         // Without /proc we cannot tell; let the kernel decide at load time.
-        return true;
-    };
-    let Some(effective) = status
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-    else {
         return true;
     };
     let has = |cap: u32| effective & (1 << cap) != 0;

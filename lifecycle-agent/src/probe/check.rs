@@ -7,6 +7,7 @@
 use std::{collections::HashMap, fmt};
 
 use super::tcp::AcceptProgress;
+pub use crate::discovery::proc::ProcessState;
 
 /// Stall limit of a tcp check that does not say `stall=`.
 pub const DEFAULT_STALL_NS: u64 = 5_000_000_000;
@@ -85,23 +86,6 @@ pub struct ProcessFacts {
     pub state: ProcessState,
     /// When the process was first seen in `state` (uninterrupted since), `CLOCK_BOOTTIME` ns.
     pub state_since_ns: u64,
-}
-
-/// Scheduler state of a process, from the state letter of `/proc/<pid>/stat.`
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProcessState {
-    Running,
-    Sleeping,
-    /// D: uninterruptible sleep (usually I/O).
-    Uninterruptible,
-    /// T or t: stopped by a signal or traced.
-    Stopped,
-    /// Z: exited, not yet reaped.
-    Zombie,
-    /// X, or the process is gone, or its pid now belongs to another process.
-    Dead,
-    /// I (idle kernel thread) and anything else.
-    Other(char),
 }
 
 impl ProcessFacts {

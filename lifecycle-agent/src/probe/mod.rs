@@ -9,7 +9,7 @@
 //! - [`check`] (pure): probe URLs -> [`check::CheckSpec`]; snapshot + time -> [`check::Verdict`].
 //! - [`tcp`] (pure): accept progress per listener from kernel events and queue samples, with
 //!   exact deadlines for stall detection.
-//! - [`observe`] (plumbing, the only /proc user here): listeners, drop counters, process state,
+//! - `discovery::proc` and `discovery::sockdiag` (plumbing) sample listeners, drop counters, process state,
 //!   files read with `openat2(RESOLVE_IN_ROOT)` inside the container's root.
 //! - [`sockdiag`] (plumbing): listeners and backlogs of a netns via NETLINK_SOCK_DIAG.
 //! - [`pod`]: one container's cached snapshot, fed by events and refreshes, answering requests.
@@ -36,10 +36,8 @@
 
 pub mod check;
 pub mod metrics;
-pub mod observe;
 pub mod pod;
 pub mod server;
-pub mod sockdiag;
 pub mod supervisor;
 pub mod tcp;
 

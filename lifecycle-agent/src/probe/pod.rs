@@ -8,7 +8,6 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    path::PathBuf,
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant, SystemTime},
 };
@@ -18,12 +17,18 @@ use tokio::sync::watch;
 use super::{
     check::{CheckSpec, FileFacts, Observed, ProcessFacts, ProcessState, Verdict, FILE_HEAD_BYTES},
     metrics::{ProbeMetrics, ProbeTarget},
-    observe::{self, ObserveError},
     server::ProbeAnswer,
-    sockdiag::SockDiag,
     tcp::{AcceptProgress, QueueSample},
 };
-use crate::model::event::{Detail, Event};
+use crate::{
+    discovery::{
+        clock::{boottime_ns, wall_to_boottime},
+        netns,
+        proc::{self, ObserveError},
+        sockdiag::SockDiag,
+    },
+    model::event::{Detail, Event},
+};
 
 /// How often /proc is sampled when no deadline comes sooner.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(2);
@@ -55,15 +60,15 @@ impl PodProbe {
     pub fn new(target: ProbeTarget, main_pid: u32, metrics: Option<Arc<ProbeMetrics>>) -> Result<Self, ObserveError> {
         // A process that already exited (zombie or gone) has no namespaces left; it still gets a
         // probe (which fails, saying so), matching no TCP events.
-        let netns = match observe::netns_inode(main_pid) {
+        let netns = match proc::netns_inode(main_pid) {
             Ok(netns) => netns,
-            Err(err) => match observe::process_state(main_pid)? {
+            Err(err) => match proc::process_state(main_pid)? {
                 None => 0,
                 Some(s) if s.state == ProcessState::Zombie || s.state == ProcessState::Dead => 0,
                 Some(_) => return Err(err),
             },
         };
-        let diag = match SockDiag::open_in(&PathBuf::from(format!("/proc/{main_pid}/ns/net"))) {
+        let diag = match SockDiag::open_in(&netns::of_pid(main_pid)) {
             Ok(diag) => Some(diag),
             Err(err) => {
                 log::warn!(
@@ -75,7 +80,7 @@ impl PodProbe {
             }
         };
         let probe = Self { target, netns, main_pid, metrics, diag, state: Mutex::new(PodState::default()) };
-        probe.refresh(observe::boottime_ns())?;
+        probe.refresh(boottime_ns())?;
         Ok(probe)
     }
 
@@ -133,10 +138,10 @@ impl PodProbe {
         // Read outside the lock; apply under it.
         let listeners = match &self.diag {
             Some(diag) => diag.listeners().map_err(ObserveError::from),
-            None => observe::listeners_from_proc(self.main_pid),
+            None => proc::listeners_from_proc(self.main_pid),
         };
-        let drops = observe::netstat_overflows(self.main_pid).map(|c| c.drops);
-        let process = observe::process_state(self.main_pid)?;
+        let drops = proc::netstat_overflows(self.main_pid).map(|c| c.drops);
+        let process = proc::process_state(self.main_pid)?;
         let watched: Vec<String> = self.lock().watched_files.iter().cloned().collect();
         let files: Vec<(String, FileFacts)> = watched
             .into_iter()
@@ -172,9 +177,9 @@ impl PodProbe {
     }
 
     fn read_file(&self, path: &str) -> FileFacts {
-        match observe::read_file_in_root(self.main_pid, path, FILE_HEAD_BYTES) {
+        match proc::read_file_in_root(self.main_pid, path, FILE_HEAD_BYTES) {
             Ok(read) => FileFacts::Present {
-                modified_ns: observe::wall_to_boottime(read.modified, SystemTime::now(), observe::boottime_ns()),
+                modified_ns: wall_to_boottime(read.modified, SystemTime::now(), boottime_ns()),
                 head: read.head,
             },
             Err(ObserveError::Open { source, .. }) => FileFacts::Unreadable(source.to_string()),
@@ -235,7 +240,7 @@ impl PodProbe {
     /// Refreshes every `period`, and exactly at each check's next deadline, until `shutdown`.
     pub async fn run_refresher(self: Arc<Self>, period: Duration, mut shutdown: watch::Receiver<bool>) {
         loop {
-            let now = observe::boottime_ns();
+            let now = boottime_ns();
             // /proc and netlink reads block: keep them off the runtime that answers requests.
             let probe = Arc::clone(&self);
             match tokio::task::spawn_blocking(move || probe.refresh(now)).await {
@@ -256,7 +261,7 @@ impl PodProbe {
 }
 
 impl PodState {
-    fn apply_process(&mut self, pid: u32, sample: Option<observe::ProcessSample>, now: u64) {
+    fn apply_process(&mut self, pid: u32, sample: Option<proc::ProcessSample>, now: u64) {
         let previous = self.observed.process.take();
         let state = match sample {
             None => ProcessState::Dead,
@@ -293,7 +298,7 @@ impl ProbeAnswer for PodProbe {
             Ok(spec) => spec,
             Err(err) => return (400, format!("{err}\n")),
         };
-        let verdict = self.evaluate(&spec, observe::boottime_ns());
+        let verdict = self.evaluate(&spec, boottime_ns());
         let (code, body) = if verdict.pass { (200, "ok\n".to_owned()) } else { (503, format!("{}\n", verdict.reason)) };
         if let Some(metrics) = &self.metrics {
             metrics.record_request(&self.target, &spec.label(), spec.kind(), code, started.elapsed().as_secs_f64());

@@ -8,7 +8,6 @@
 
 use std::{
     collections::BTreeMap,
-    fs::File,
     io,
     net::SocketAddr,
     os::fd::AsRawFd as _,
@@ -17,7 +16,10 @@ use std::{
 };
 
 use super::{metrics::ProbeTarget, pod::PodProbe};
-use crate::model::event::Event;
+use crate::{
+    discovery::netns::{self, NetnsError},
+    model::event::Event,
+};
 
 /// Port of the per-pod probe listener unless configured otherwise.
 pub const DEFAULT_POD_PORT: u16 = 9891;
@@ -31,20 +33,9 @@ pub trait ProbeAnswer: Send + Sync {
 /// Why a probe listener could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    /// The netns file (e.g. `/proc/<pid>/ns/net`) could not be opened.
-    #[error("cannot open network namespace {path}: {source}")]
-    OpenNetns {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    /// setns(CLONE_NEWNET) was refused (needs CAP_SYS_ADMIN) or the file is not a netns.
-    #[error("cannot enter network namespace {path}: {source}")]
-    Setns {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    /// The pod's network namespace could not be entered.
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
     /// The address is taken or not available inside that namespace.
     #[error("cannot listen on {addr} in network namespace {path}: {source}")]
     Bind {
@@ -53,9 +44,6 @@ pub enum ServerError {
         #[source]
         source: io::Error,
     },
-    /// The binding thread could not be started or panicked.
-    #[error("the thread binding in {path} failed")]
-    Thread { path: PathBuf },
     /// The std listener could not be handed to tokio.
     #[error("cannot register the probe listener with tokio: {0}")]
     Register(#[source] io::Error),
@@ -65,21 +53,8 @@ pub enum ServerError {
 /// `/var/run/netns/<name>`), returning a listener that stays in that namespace.
 pub fn bind_in_netns(netns: &Path, addr: SocketAddr) -> Result<std::net::TcpListener, ServerError> {
     let path = netns.to_path_buf();
-    let file = File::open(&path).map_err(|source| ServerError::OpenNetns { path: path.clone(), source })?;
-    let thread_path = path.clone();
-    std::thread::Builder::new()
-        .name("probe-netns-bind".into())
-        .spawn(move || {
-            // SAFETY: setns on an fd we own; it changes only this thread's netns, and this thread
-            // ends right after binding, so no other code ever runs in the pod's namespace.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(ServerError::Setns { path: thread_path, source: io::Error::last_os_error() });
-            }
-            std::net::TcpListener::bind(addr).map_err(|source| ServerError::Bind { addr, path: thread_path, source })
-        })
-        .map_err(|_| ServerError::Thread { path: path.clone() })?
-        .join()
-        .map_err(|_| ServerError::Thread { path })?
+    netns::run_in(netns, "probe-netns-bind", move || std::net::TcpListener::bind(addr))?
+        .map_err(|source| ServerError::Bind { addr, path, source })
 }
 
 /// A probe listener served by its own thread with blocking I/O: accept, read, answer, close.

@@ -8,7 +8,6 @@
 use std::{
     collections::HashMap,
     net::SocketAddr,
-    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -16,6 +15,7 @@ use std::{
 use tokio::sync::watch;
 
 use crate::{
+    discovery::netns,
     model::node::NodeTracker,
     probe::{
         bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, pod::DEFAULT_REFRESH, server::BlockingServer,
@@ -55,9 +55,7 @@ impl ProbeSupervisor {
             pod_port,
             // The agent runs in the node's network namespace (hostNetwork), so its own netns is
             // the one host-network pods share.
-            host_netns: std::fs::metadata("/proc/self/ns/net")
-                .map(|m| std::os::unix::fs::MetadataExt::ino(&m) as u32)
-                .unwrap_or(0),
+            host_netns: netns::inode(&netns::own()).unwrap_or(0),
             listeners: HashMap::new(),
             running: HashMap::new(),
             shutdown,
@@ -125,7 +123,7 @@ impl ProbeSupervisor {
         if self.listeners.get(&key).is_some_and(|l| l.netns == netns) {
             return;
         }
-        let path = PathBuf::from(format!("/proc/{pid}/ns/net"));
+        let path = netns::of_pid(pid);
         match bind_in_netns(&path, SocketAddr::from(([0, 0, 0, 0], port))) {
             Ok(listener) => {
                 let answer: Arc<dyn ProbeAnswer> =

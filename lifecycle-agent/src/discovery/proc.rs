@@ -1,8 +1,12 @@
-//! What the probes read from /proc: a process's listeners and their accept queues, its netns's
+//! What the agent reads from /proc: the processes running at start (through the `procfs`
+//! crate), and for the probes a process's listeners and their accept queues, its netns's
 //! listen-drop counter, its scheduler state, and files inside its root.
 //!
-//! The only /proc user of the probe modules (listeners come from sock_diag, see `sockdiag.rs`). Parsers are pure functions (unit tested here); the
-//! readers around them do the I/O. Files inside a container are opened with `openat2(2)` and
+//! Listeners come from sock_diag (see `sockdiag.rs`), /proc/net/tcp only as the fallback.
+//! Parsers are pure functions (unit tested here); the readers around them do the I/O. The three
+//! narrow parsers stay hand-written: procfs 0.18 has no reader for `/proc/<pid>/net/netstat`
+//! (TcpExt), and a probe refresh needs two fields of `stat` and the LISTEN rows of the socket
+//! table, not the crate's full records. Files inside a container are opened with `openat2(2)` and
 //! `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS` relative to `/proc/<pid>/root`, so `..`, absolute
 //! or relative symlinks and `/proc/self/root`-style magic links all stay inside (or are refused
 //! by) the container's root. A kernel without openat2 is refused, never worked around.
@@ -13,16 +17,78 @@ use std::{
     io::{self, Read as _},
     os::{
         fd::{AsRawFd as _, FromRawFd as _},
-        unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+        unix::fs::OpenOptionsExt as _,
     },
     path::PathBuf,
     time::SystemTime,
 };
 
 use super::{
-    check::ProcessState,
+    netns,
     sockdiag::{SockDiag, SockDiagError},
 };
+
+/// Scheduler state of a process, from the state letter of `/proc/<pid>/stat.`
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessState {
+    Running,
+    Sleeping,
+    /// D: uninterruptible sleep (usually I/O).
+    Uninterruptible,
+    /// T or t: stopped by a signal or traced.
+    Stopped,
+    /// Z: exited, not yet reaped.
+    Zombie,
+    /// X, or the process is gone, or its pid now belongs to another process.
+    Dead,
+    /// I (idle kernel thread) and anything else.
+    Other(char),
+}
+
+/// The agent's own effective capability set (`CapEff`), if /proc can tell.
+pub fn effective_capabilities() -> Option<u64> {
+    procfs::process::Process::myself().ok()?.status().ok().map(|status| status.capeff)
+}
+
+/// A process found in /proc when the agent starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartProcess {
+    pub tgid: u32,
+    pub ppid: u32,
+    pub cgroup_id: u64,
+    /// In a pid namespace below the host's (NSpid has more than one entry).
+    pub child_pid_namespace: bool,
+    /// Start time in boot ns.
+    pub start_time_ns: u64,
+    pub comm: String,
+}
+
+/// Every process whose cgroup v2 path is in `cgroup_ids`, oldest first (the order the tracker
+/// must see them in: the first process of a container becomes its init). Processes that vanish
+/// while being read are skipped.
+pub fn processes_at_start(cgroup_ids: &std::collections::HashMap<&str, u64>) -> Vec<StartProcess> {
+    let mut out = Vec::new();
+    let Ok(all) = procfs::process::all_processes() else { return out };
+    let ticks = procfs::ticks_per_second().max(1);
+    for process in all.flatten() {
+        let (Ok(stat), Ok(groups)) = (process.stat(), process.cgroups()) else { continue };
+        let Some(path) = groups.0.iter().find(|g| g.hierarchy == 0).map(|g| g.pathname.clone()) else { continue };
+        let Some(&cgroup_id) = cgroup_ids.get(path.as_str()) else { continue };
+        // NSpid lists the pid in each namespace from the host's down: more than one entry
+        // means the process lives in a container's pid namespace.
+        let child_pid_namespace = process.status().ok().and_then(|s| s.nspid).is_some_and(|ids| ids.len() > 1);
+        out.push(StartProcess {
+            tgid: stat.pid as u32,
+            ppid: stat.ppid as u32,
+            cgroup_id,
+            child_pid_namespace,
+            start_time_ns: stat.starttime * (1_000_000_000 / ticks),
+            comm: stat.comm,
+        });
+    }
+    out.sort_by_key(|p| p.start_time_ns);
+    out
+}
 
 /// Why an observation failed.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +167,7 @@ fn read_proc(path: PathBuf) -> Result<String, ObserveError> {
 /// LISTEN sockets in the netns of `pid`, with their backlogs, from a sock_diag dump (cheap: only
 /// the listening hash is walked). For repeated samples keep a [`SockDiag`] instead.
 pub fn listeners(pid: u32) -> Result<Vec<Listener>, ObserveError> {
-    Ok(SockDiag::open_in(&PathBuf::from(format!("/proc/{pid}/ns/net")))?.listeners()?)
+    Ok(SockDiag::open_in(&netns::of_pid(pid))?.listeners()?)
 }
 
 /// LISTEN sockets in the netns of `pid` from `/proc/<pid>/net/tcp` and tcp6: the fallback when
@@ -203,9 +269,8 @@ pub fn parse_stat(text: &str) -> Result<ProcessSample, &'static str> {
 
 /// Inode of the network namespace of `pid` (what the kernel events call `netns`).
 pub fn netns_inode(pid: u32) -> Result<u32, ObserveError> {
-    let path = PathBuf::from(format!("/proc/{pid}/ns/net"));
-    // net_ns inode numbers are 32-bit (proc_inum).
-    std::fs::metadata(&path).map(|m| m.ino() as u32).map_err(|source| ObserveError::Read { path, source })
+    let path = netns::of_pid(pid);
+    netns::inode(&path).map_err(|source| ObserveError::Read { path, source })
 }
 
 /// Opens `path` inside the root of `pid` and returns its mtime and first `max_bytes` bytes.
@@ -259,23 +324,6 @@ pub fn read_file_in_root(pid: u32, path: &str, max_bytes: usize) -> Result<FileR
     Ok(FileRead { modified, head })
 }
 
-/// `CLOCK_BOOTTIME` now, in ns (the kernel events' clock).
-pub fn boottime_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec through a valid pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
-}
-
-/// Converts a wall-clock time to `CLOCK_BOOTTIME` ns, given both clocks read now.
-/// Times before boot map to 0 (which reads as "very old").
-pub fn wall_to_boottime(t: SystemTime, wall_now: SystemTime, boot_now: u64) -> u64 {
-    match wall_now.duration_since(t) {
-        Ok(age) => boot_now.saturating_sub(u64::try_from(age.as_nanos()).unwrap_or(u64::MAX)),
-        Err(ahead) => boot_now.saturating_add(u64::try_from(ahead.duration().as_nanos()).unwrap_or(u64::MAX)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,13 +365,5 @@ mod tests {
         assert!(matches!(sample.state, ProcessState::Running | ProcessState::Sleeping), "{sample:?}");
         assert!(process_state(u32::MAX - 1).expect("read").is_none());
         assert!(netns_inode(me).expect("netns") > 0);
-    }
-
-    #[test]
-    fn wall_times_convert_to_boottime() {
-        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000);
-        let earlier = now - std::time::Duration::from_secs(3);
-        assert_eq!(wall_to_boottime(earlier, now, 10_000_000_000), 7_000_000_000);
-        assert_eq!(wall_to_boottime(SystemTime::UNIX_EPOCH, now, 5), 0);
     }
 }

@@ -10,13 +10,15 @@
 //! on a short-lived thread that entered the pod's netns (like `server::bind_in_netns`).
 
 use std::{
-    fs::File,
     io,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     path::{Path, PathBuf},
 };
 
-use super::observe::Listener;
+use super::{
+    netns::{self, NetnsError},
+    proc::Listener,
+};
 
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const NLMSG_ERROR: u16 = 2;
@@ -31,7 +33,10 @@ const MSG_LEN: usize = 72;
 /// Why a sock_diag dump failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SockDiagError {
-    /// The netns could not be entered or the netlink socket not created there.
+    /// The namespace could not be entered.
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    /// The netlink socket could not be created in the namespace.
     #[error("cannot open a sock_diag socket in {path}: {source}")]
     Open {
         path: PathBuf,
@@ -56,29 +61,18 @@ impl SockDiag {
     /// Creates the socket inside the netns at `netns` (e.g. `/proc/<pid>/ns/net`).
     pub fn open_in(netns: &Path) -> Result<Self, SockDiagError> {
         let path = netns.to_path_buf();
-        let open_err = |source| SockDiagError::Open { path: path.clone(), source };
-        let file = File::open(netns).map_err(open_err)?;
-        let joined = std::thread::Builder::new()
-            .name("probe-netns-diag".into())
-            .spawn(move || -> io::Result<OwnedFd> {
-                // SAFETY: setns on an fd we own changes only this thread, which ends right after.
-                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: plain socket(2) call; the result is checked before use.
-                let fd = unsafe {
-                    libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG)
-                };
-                if fd < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: fd is a new descriptor nothing else owns.
-                Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-            })
-            .map_err(open_err)?
-            .join()
-            .map_err(|_| open_err(io::Error::other("diag thread panicked")))?;
-        Ok(Self { fd: joined.map_err(open_err)? })
+        let fd = netns::run_in(netns, "probe-netns-diag", || -> io::Result<OwnedFd> {
+            // SAFETY: plain socket(2) call; the result is checked before use.
+            let fd =
+                unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: fd is a new descriptor nothing else owns.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        })?
+        .map_err(|source| SockDiagError::Open { path, source })?;
+        Ok(Self { fd })
     }
 
     /// Every TCP listener (v4 and v6) of the namespace.
@@ -196,7 +190,7 @@ mod tests {
 
     #[test]
     fn own_netns_listener_is_seen_with_its_backlog() {
-        let Ok(diag) = SockDiag::open_in(Path::new("/proc/self/ns/net")) else {
+        let Ok(diag) = SockDiag::open_in(&netns::own()) else {
             eprintln!("skipped: cannot open a sock_diag socket here");
             return;
         };

@@ -1,0 +1,52 @@
+//! The node's clocks. The kernel stamps events with `CLOCK_BOOTTIME`, so the whole agent keeps
+//! time in boot nanoseconds; the API converts to wall-clock time with the offset below.
+
+use std::time::SystemTime;
+
+/// `CLOCK_BOOTTIME` now, in ns: the clock the kernel stamps events with.
+pub fn boottime_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// `CLOCK_REALTIME - CLOCK_BOOTTIME`, in seconds: adds to a boot time to give a Unix time.
+pub fn unix_minus_boot_seconds() -> f64 {
+    let read = |clock| {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: ts is a valid timespec for clock_gettime to fill.
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+    };
+    read(libc::CLOCK_REALTIME) - read(libc::CLOCK_BOOTTIME)
+}
+
+/// Converts a wall-clock time to `CLOCK_BOOTTIME` ns, given both clocks read now.
+/// Times before boot map to 0 (which reads as "very old").
+pub fn wall_to_boottime(t: SystemTime, wall_now: SystemTime, boot_now: u64) -> u64 {
+    match wall_now.duration_since(t) {
+        Ok(age) => boot_now.saturating_sub(u64::try_from(age.as_nanos()).unwrap_or(u64::MAX)),
+        Err(ahead) => boot_now.saturating_add(u64::try_from(ahead.duration().as_nanos()).unwrap_or(u64::MAX)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wall_times_convert_to_boottime() {
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000);
+        let earlier = now - std::time::Duration::from_secs(3);
+        assert_eq!(wall_to_boottime(earlier, now, 10_000_000_000), 7_000_000_000);
+        assert_eq!(wall_to_boottime(SystemTime::UNIX_EPOCH, now, 5), 0);
+    }
+
+    #[test]
+    fn boot_time_advances_and_the_offset_is_positive() {
+        let (a, b) = (boottime_ns(), boottime_ns());
+        assert!(b >= a && a > 0);
+        assert!(unix_minus_boot_seconds() > 1.0e9, "the Unix time of boot is after 2001");
+    }
+}
