@@ -7,8 +7,23 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# Keep in step with STABLE in xtask/src/toolchain.rs.
-STABLE=1.95.0
+# The value of key $1 in toolchains.env (the pin file; xtask and the agent's build.rs read it too):
+# the rest of the one line starting with `$1=`, which must be non-empty [A-Za-z0-9._-].
+pin() {
+  local line value count=0
+  while IFS= read -r line || [[ -n $line ]]; do
+    if [[ $line == "$1="* ]]; then
+      value=${line#"$1="}
+      count=$((count + 1))
+    fi
+  done <toolchains.env
+  if [[ $count -ne 1 || ! ${value:-} =~ ^[A-Za-z0-9._-]+$ ]]; then
+    echo "error: toolchains.env needs exactly one line $1=<version> ([A-Za-z0-9._-] only)" >&2
+    return 1
+  fi
+  printf '%s\n' "$value"
+}
+STABLE=$(pin RUST_STABLE)
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 
 if ! command -v rustup >/dev/null 2>&1; then

@@ -3,6 +3,9 @@
 //! The eBPF crate needs a nightly with rust-src (`-Z build-std=core`) and a bpf-linker linked
 //! against that same nightly's libLLVM: an LLVM major mismatch fails with "Invalid record". Both
 //! are pinned; a second run finds them and installs nothing.
+//!
+//! The versions live in `toolchains.env` at the workspace root, embedded here at compile time and
+//! parsed by a `const fn`: a missing, repeated or malformed key fails the build of xtask.
 
 use std::{path::PathBuf, process::Command};
 
@@ -10,12 +13,92 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::shell::{capture, run};
 
-/// The stable toolchain that builds the agent and xtask (also pinned in xtask/x.sh).
-pub const STABLE: &str = "1.95.0";
-/// The nightly that builds the eBPF crate (also pinned in lifecycle-agent/build.rs).
-pub const EBPF_NIGHTLY: &str = "nightly-2026-05-20";
+/// The pin file (`toolchains.env` at the workspace root; x.sh and the agent's build.rs read it too).
+const PINS: &str = include_str!("../../toolchains.env");
+
+/// The stable toolchain that builds the agent and xtask.
+pub const STABLE: &str = pin(PINS, "RUST_STABLE");
+/// The nightly that builds the eBPF crate.
+pub const EBPF_NIGHTLY: &str = pin(PINS, "EBPF_NIGHTLY");
 /// bpf-linker release, built from crates.io against [`EBPF_NIGHTLY`]'s LLVM.
-pub const BPF_LINKER_VERSION: &str = "0.13.0";
+pub const BPF_LINKER_VERSION: &str = pin(PINS, "BPF_LINKER_VERSION");
+
+/// Why a key could not be read from the pin file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PinError {
+    Missing,
+    Repeated,
+    /// Empty, or a character outside `[A-Za-z0-9._-]` (quotes, spaces, a CR from CRLF endings).
+    Malformed,
+}
+
+/// The value of `key` in the pin file: the rest of the one line that starts with `key=`. Lines
+/// that start otherwise (comments, blank lines, other keys) are skipped.
+const fn lookup<'a>(text: &'a str, key: &str) -> Result<&'a str, PinError> {
+    let mut rest = text.as_bytes();
+    let mut found: Option<&'a [u8]> = None;
+    while !rest.is_empty() {
+        let mut end = 0;
+        while end < rest.len() && rest[end] != b'\n' {
+            end += 1;
+        }
+        let (line, tail) = rest.split_at(end);
+        rest = match tail.split_first() {
+            Some((_newline, after)) => after,
+            None => tail,
+        };
+        if let Some(value) = strip_key(line, key.as_bytes()) {
+            if found.is_some() {
+                return Err(PinError::Repeated);
+            }
+            found = Some(value);
+        }
+    }
+    let Some(value) = found else {
+        return Err(PinError::Missing);
+    };
+    if value.is_empty() {
+        return Err(PinError::Malformed);
+    }
+    let mut i = 0;
+    while i < value.len() {
+        let byte = value[i];
+        if !(byte.is_ascii_alphanumeric() || byte == b'.' || byte == b'-' || byte == b'_') {
+            return Err(PinError::Malformed);
+        }
+        i += 1;
+    }
+    match std::str::from_utf8(value) {
+        Ok(value) => Ok(value),
+        Err(_) => Err(PinError::Malformed),
+    }
+}
+
+/// `line` without its leading `key=`, or None when it does not start with exactly that.
+const fn strip_key<'a>(line: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+    if line.len() <= key.len() || line[key.len()] != b'=' {
+        return None;
+    }
+    let mut i = 0;
+    while i < key.len() {
+        if line[i] != key[i] {
+            return None;
+        }
+        i += 1;
+    }
+    Some(line.split_at(key.len() + 1).1)
+}
+
+/// [`lookup`] for the constants above: evaluated at compile time, so a bad pin file is a build
+/// error that points at the constant whose key is at fault.
+const fn pin(text: &'static str, key: &'static str) -> &'static str {
+    match lookup(text, key) {
+        Ok(value) => value,
+        Err(PinError::Missing) => panic!("toolchains.env lacks this key"),
+        Err(PinError::Repeated) => panic!("toolchains.env has this key more than once"),
+        Err(PinError::Malformed) => panic!("toolchains.env: this key's value is empty or not [A-Za-z0-9._-]"),
+    }
+}
 
 /// Installs whatever of the pinned toolchain set is missing.
 pub fn ensure() -> Result<()> {
@@ -141,7 +224,85 @@ fn ensure_bpf_linker() -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::has_component;
+    use super::{has_component, lookup, PinError, BPF_LINKER_VERSION, EBPF_NIGHTLY, PINS, STABLE};
+    use crate::workspace_root;
+
+    /// Dot-separated decimal numbers, `parts` of them.
+    fn is_version(text: &str, parts: usize) -> bool {
+        let numbers: Vec<&str> = text.split('.').collect();
+        numbers.len() == parts && numbers.iter().all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    }
+
+    #[test]
+    fn the_pin_file_parses_into_plausible_versions() {
+        assert_eq!(lookup(PINS, "RUST_STABLE"), Ok(STABLE));
+        assert_eq!(lookup(PINS, "EBPF_NIGHTLY"), Ok(EBPF_NIGHTLY));
+        assert_eq!(lookup(PINS, "BPF_LINKER_VERSION"), Ok(BPF_LINKER_VERSION));
+        assert!(is_version(STABLE, 3), "RUST_STABLE={STABLE} is not x.y.z");
+        assert!(is_version(BPF_LINKER_VERSION, 3), "BPF_LINKER_VERSION={BPF_LINKER_VERSION} is not x.y.z");
+        let date = EBPF_NIGHTLY.strip_prefix("nightly-").unwrap_or_default();
+        let fields: Vec<&str> = date.split('-').collect();
+        assert!(
+            fields.len() == 3 && fields.iter().all(|f| f.bytes().all(|b| b.is_ascii_digit())),
+            "EBPF_NIGHTLY={EBPF_NIGHTLY} is not nightly-YYYY-MM-DD"
+        );
+    }
+
+    #[test]
+    fn the_pin_file_is_what_disk_has() {
+        // include_str! and the file the shell script and build.rs read are the same file.
+        let on_disk = std::fs::read_to_string(workspace_root().join("toolchains.env")).unwrap_or_default();
+        assert_eq!(on_disk, PINS);
+    }
+
+    #[test]
+    fn lookup_takes_whole_keys_at_line_start_once() {
+        let text =
+            "# RUST_STABLE=0.0.1 in a comment\n\nRUST_STABLE_OLD=1.0.0\n RUST_STABLE=9.9.9\nRUST_STABLE=1.2.3\nLAST=x";
+        assert_eq!(lookup(text, "RUST_STABLE"), Ok("1.2.3"));
+        assert_eq!(lookup(text, "RUST_STABLE_OLD"), Ok("1.0.0"));
+        assert_eq!(lookup(text, "LAST"), Ok("x"), "the last line needs no newline");
+        assert_eq!(lookup(text, "RUST"), Err(PinError::Missing));
+        assert_eq!(lookup("", "RUST_STABLE"), Err(PinError::Missing));
+        assert_eq!(lookup("A=1\nA=1\n", "A"), Err(PinError::Repeated));
+        for bad in ["A=\n", "A=\"1.0\"\n", "A=1.0 \n", "A=1.0\r\n", "A=1.0 # comment\n", "A=$(x)\n"] {
+            assert_eq!(lookup(bad, "A"), Err(PinError::Malformed), "{bad:?}");
+        }
+    }
+
+    /// The workspace's declared minimum Rust (Cargo.toml rust-version) must not be newer than the
+    /// pinned stable that builds it.
+    #[test]
+    fn rust_version_is_not_newer_than_the_pinned_stable() {
+        let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap_or_default();
+        let Some(declared) = manifest.lines().find_map(|line| {
+            line.trim()
+                .strip_prefix("rust-version")?
+                .trim()
+                .strip_prefix('=')?
+                .trim()
+                .strip_prefix('"')?
+                .strip_suffix('"')
+        }) else {
+            return; // no rust-version declared: nothing to compare
+        };
+        let numbers = |v: &str| -> Vec<u64> { v.split('.').map(|n| n.parse().unwrap_or(u64::MAX)).collect() };
+        let (declared, pinned) = (numbers(declared), numbers(STABLE));
+        assert!(declared[..] <= pinned[..declared.len().min(pinned.len())], "rust-version {declared:?} > {STABLE}");
+    }
+
+    /// The scripts and build files that use the pins read them from toolchains.env rather than
+    /// repeating them (prose in READMEs may mention versions).
+    #[test]
+    fn users_of_the_pins_do_not_repeat_them() {
+        for path in ["xtask/x.sh", "lifecycle-agent/build.rs", "deploy/Containerfile"] {
+            let text = std::fs::read_to_string(workspace_root().join(path)).unwrap_or_default();
+            assert!(text.contains("toolchains.env"), "{path} does not read toolchains.env");
+            for pinned in [STABLE, EBPF_NIGHTLY] {
+                assert!(!text.contains(pinned), "{path} repeats {pinned}; read it from toolchains.env");
+            }
+        }
+    }
 
     /// `rustup component list --installed` of a minimal-profile toolchain with rust-src added.
     const MINIMAL: &str = "cargo-x86_64-unknown-linux-gnu\nrust-src\nrust-std-x86_64-unknown-linux-gnu\n\
