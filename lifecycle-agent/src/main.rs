@@ -91,18 +91,9 @@ enum RestartPolicyArg {
     Never,
 }
 
-/// Parses `500ms`, `30s`, `10m`, `1h`.
+/// Parses `500ms`, `30s`, `1.5m`, `1h` (the same parser as probe URLs).
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 500ms, 30s, 10m or 1h"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(value)),
-        "s" => Ok(Duration::from_secs(value)),
-        "m" => Ok(Duration::from_secs(value * 60)),
-        "h" => Ok(Duration::from_secs(value * 3600)),
-        _ => Err(format!("{text:?} is not a duration like 500ms, 30s, 10m or 1h")),
-    }
+    lifecycle_agent::model::duration::parse_ns(text).map(Duration::from_nanos).map_err(|err| format!("{text:?}: {err}"))
 }
 
 #[derive(Args)]

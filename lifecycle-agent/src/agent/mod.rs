@@ -3,6 +3,8 @@
 //! pure core; every decision lives in `tracker` and below.
 
 pub mod http;
+mod routes;
+mod tasks;
 
 use std::{
     net::SocketAddr,
@@ -11,26 +13,29 @@ use std::{
     time::Duration,
 };
 
-use hyper::StatusCode;
 use lifecycle_common::CgroupCounters;
 use prometheus::{Histogram, HistogramOpts};
-use serde::Serialize;
 use tokio::sync::{watch, Notify};
 
 use crate::{
-    agent::http::{ApiHandler, HttpError, Routes},
-    discovery::cgroupfs::{CgroupFsError, CgroupRoot},
-    discovery::clock::{boottime_ns, unix_minus_boot_seconds},
-    discovery::cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
-    discovery::proc,
-    export::metrics::{AgentCounters, Metrics, MetricsError},
-    export::units::{KernelCounters, UnitMetrics},
+    discovery::{
+        cgroupfs::{CgroupFsError, CgroupRoot},
+        clock::{boottime_ns, unix_minus_boot_seconds},
+    },
+    export::{
+        metrics::{AgentCounters, Metrics, MetricsError},
+        units::{KernelCounters, UnitMetrics},
+    },
     kernel::{Sensor, SensorConfig, SensorError, SensorMaps, StreamError},
-    model::event::{Detail, Event},
-    model::node::{ContainerView, NodeTracker, Notice, SeedProcess, TrackerConfig},
-    probe::supervisor::{take_query_param, ProbeSupervisor},
-    probe::{metrics::ProbeMetrics, NodeProbes, ProbeAnswer as _},
+    model::{
+        event::{Detail, Event},
+        node::{NodeTracker, TrackerConfig},
+    },
+    probe::{metrics::ProbeMetrics, supervisor::ProbeSupervisor, NodeProbes},
 };
+use http::{HttpError, Routes};
+use routes::ContainersApi;
+use tasks::{connect_cri, expiry_loop, handle_notices, metadata_loop, refresh_metadata, seed};
 
 /// The sensor's counter map is where the exporters' kernel counters come from.
 impl KernelCounters for SensorMaps {
@@ -187,164 +192,4 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     drop(sensor);
     let _ = server.await;
     Ok(())
-}
-
-fn handle_notices(
-    notices: Vec<Notice>,
-    tracker: &Mutex<NodeTracker>,
-    root: &CgroupRoot,
-    metadata_wanted: &Notify,
-    last_rescan: &mut Option<std::time::Instant>,
-) {
-    let mut rescan = false;
-    for notice in notices {
-        match notice {
-            Notice::MetadataNeeded { .. } => metadata_wanted.notify_one(),
-            Notice::UnknownCgroup(_) => rescan = true,
-            Notice::BadCgroupPath { path, error } => log::warn!("cgroup {path}: {error}"),
-        }
-    }
-    // A walk of cgroupfs costs milliseconds on a busy node: at most one a second, however many
-    // events name an unknown cgroup (a vanished one would otherwise trigger a walk per batch).
-    if rescan && last_rescan.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
-        *last_rescan = Some(std::time::Instant::now());
-        // A cgroup's mkdir record was lost (ring overflow, counted): learn it from cgroupfs.
-        let found = root.scan();
-        let now = boottime_ns();
-        let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-        for (id, path) in found {
-            tracker.seed_cgroup(id, &path, now);
-        }
-    }
-}
-
-/// Cgroups and processes that existed before the programs were attached.
-fn seed(tracker: &Mutex<NodeTracker>, root: &CgroupRoot) {
-    let cgroups = root.scan();
-    let by_path: std::collections::HashMap<&str, u64> = cgroups.iter().map(|(id, path)| (path.as_str(), *id)).collect();
-    let now = boottime_ns();
-    let processes = proc::processes_at_start(&by_path);
-    let cgroup_of: std::collections::HashMap<u32, u64> = processes.iter().map(|p| (p.tgid, p.cgroup_id)).collect();
-    let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-    for (id, path) in &cgroups {
-        tracker.seed_cgroup(*id, path, now);
-    }
-    for process in &processes {
-        let parent_cgroup_id = cgroup_of.get(&process.ppid).copied().unwrap_or(0);
-        tracker.seed_process(SeedProcess {
-            tgid: process.tgid,
-            cgroup_id: process.cgroup_id,
-            parent_cgroup_id,
-            child_pid_namespace: process.child_pid_namespace,
-            start_time_ns: process.start_time_ns,
-            comm: &process.comm,
-        });
-    }
-    log::info!("found {} cgroups at start", cgroups.len());
-}
-
-async fn connect_cri(configured: Option<&std::path::Path>) -> Option<CriClient> {
-    let candidates: Vec<PathBuf> = match configured {
-        Some(path) => vec![path.to_owned()],
-        None => vec![PathBuf::from(CONTAINERD_SOCKET), PathBuf::from(CRIO_SOCKET)],
-    };
-    let mut errors = Vec::new();
-    for path in &candidates {
-        match CriClient::connect(path).await {
-            Ok(client) => {
-                log::info!("container runtime metadata from {}", path.display());
-                return Some(client);
-            }
-            Err(err) => errors.push(err.to_string()),
-        }
-    }
-    log::warn!(
-        "no container runtime answers ({}): containers are named by their cgroup (pod uid and container id), without pod names or grace periods",
-        errors.join("; ")
-    );
-    None
-}
-
-async fn refresh_metadata(cri: &CriClient, tracker: &Mutex<NodeTracker>) {
-    match cri.list_containers().await {
-        Ok(list) => tracker.lock().unwrap_or_else(|poison| poison.into_inner()).set_metadata(list),
-        Err(err) => log::warn!("listing containers from the runtime failed: {err}"),
-    }
-}
-
-async fn metadata_loop(
-    cri: CriClient,
-    tracker: Arc<Mutex<NodeTracker>>,
-    wanted: Arc<Notify>,
-    period: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut ticker = tokio::time::interval(period);
-    loop {
-        tokio::select! {
-            _ = wanted.notified() => {}
-            _ = ticker.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        refresh_metadata(&cri, &tracker).await;
-    }
-}
-
-async fn expiry_loop(tracker: Arc<Mutex<NodeTracker>>, retention: Duration, mut shutdown: watch::Receiver<bool>) {
-    let mut ticker = tokio::time::interval(Duration::from_secs(30).min(retention.max(Duration::from_secs(1))));
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        let retention_ns = u64::try_from(retention.as_nanos()).unwrap_or(u64::MAX);
-        tracker.lock().unwrap_or_else(|poison| poison.into_inner()).expire(boottime_ns(), retention_ns);
-    }
-}
-
-/// The body of `GET /api/v1/containers`.
-#[derive(Serialize)]
-pub struct ContainersResponse {
-    /// Add to any `*_at`/`time` field (CLOCK_BOOTTIME ns) / 1e9 to get Unix seconds.
-    pub boot_to_unix_seconds: f64,
-    /// CLOCK_BOOTTIME ns when this answer was made.
-    pub now: u64,
-    pub containers: Vec<ContainerView>,
-}
-
-struct ContainersApi {
-    tracker: Arc<Mutex<NodeTracker>>,
-    probes: Arc<NodeProbes>,
-}
-
-impl ApiHandler for ContainersApi {
-    fn get(&self, path: &str, query: Option<&str>) -> Option<(StatusCode, String)> {
-        if let Some(target) = path.strip_prefix("/api/v1/probe/") {
-            return Some(self.probe(target, query));
-        }
-        if path != "/api/v1/containers" {
-            return None;
-        }
-        let now = boottime_ns();
-        let containers = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner()).containers(now);
-        let body = ContainersResponse { boot_to_unix_seconds: unix_minus_boot_seconds(), now, containers };
-        Some(match serde_json::to_string(&body) {
-            Ok(json) => (StatusCode::OK, json),
-            Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{{\"error\":\"{err}\"}}")),
-        })
-    }
-}
-
-impl ContainersApi {
-    /// `GET /api/v1/probe/<namespace>/<pod>/<container>?check=<tcp|process|file|all>&...`: the same
-    /// answer the pod's own probe listener gives, for people, scripts and host-network pods.
-    fn probe(&self, target: &str, query: Option<&str>) -> (StatusCode, String) {
-        let (check, rest) = take_query_param(query, "check");
-        let Some(check) = check else {
-            return (StatusCode::BAD_REQUEST, "add check=tcp|process|file|all to the query\n".to_owned());
-        };
-        let (code, body) =
-            self.probes.answer(&format!("/probe/{}/{check}", target.trim_end_matches('/')), rest.as_deref());
-        (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body)
-    }
 }

@@ -4,6 +4,7 @@
 
 pub mod backoff;
 pub mod container_state;
+pub mod duration;
 pub mod event;
 pub mod identity;
 pub mod metadata;

@@ -6,8 +6,9 @@
 
 use std::{collections::HashMap, fmt};
 
-use super::tcp::AcceptProgress;
+use super::{query::Query, tcp::AcceptProgress};
 pub use crate::discovery::proc::ProcessState;
+use crate::model::duration;
 
 /// Stall limit of a tcp check that does not say `stall=`.
 pub const DEFAULT_STALL_NS: u64 = 5_000_000_000;
@@ -126,27 +127,33 @@ pub struct Observed {
 impl CheckSpec {
     /// Parses the part after `/probe` (e.g. `/tcp`) and the raw query.
     pub fn parse(kind_path: &str, query: Option<&str>) -> Result<Self, ParseError> {
-        let params = parse_query(query.unwrap_or(""))?;
-        match kind_path.trim_end_matches('/') {
-            "/tcp" => {
-                only(&params, "tcp", &["port", "stall"])?;
+        let kind = kind_path.trim_end_matches('/').strip_prefix('/').unwrap_or(kind_path);
+        Self::from_query(kind, &Query::parse(query)?)
+    }
+
+    /// The check of `kind` (`tcp`, `process`, `file`, `all`) with the parameters of `query`.
+    pub fn from_query(kind: &str, query: &Query) -> Result<Self, ParseError> {
+        let params = query.params();
+        match kind {
+            "tcp" => {
+                only(params, "tcp", &["port", "stall"])?;
                 let port =
-                    parse_port(single(&params, "port")?.ok_or(ParseError::Missing { kind: "tcp", param: "port" })?)?;
-                let stall_ns = single(&params, "stall")?.map(|v| parse_duration("stall", v)).transpose()?;
+                    parse_port(single(params, "port")?.ok_or(ParseError::Missing { kind: "tcp", param: "port" })?)?;
+                let stall_ns = single(params, "stall")?.map(|v| parse_duration("stall", v)).transpose()?;
                 Ok(Self::Tcp { port, stall_ns: stall_ns.unwrap_or(DEFAULT_STALL_NS) })
             }
-            "/process" => {
-                only(&params, "process", &["max_d_state"])?;
-                let max = single(&params, "max_d_state")?.map(|v| parse_duration("max_d_state", v)).transpose()?;
+            "process" => {
+                only(params, "process", &["max_d_state"])?;
+                let max = single(params, "max_d_state")?.map(|v| parse_duration("max_d_state", v)).transpose()?;
                 Ok(Self::Process { max_uninterruptible_ns: max })
             }
-            "/file" => {
-                only(&params, "file", &["path", "fresh", "contains"])?;
-                let path = single(&params, "path")?.ok_or(ParseError::Missing { kind: "file", param: "path" })?;
-                file_spec(path, single(&params, "fresh")?, single(&params, "contains")?)
+            "file" => {
+                only(params, "file", &["path", "fresh", "contains"])?;
+                let path = single(params, "path")?.ok_or(ParseError::Missing { kind: "file", param: "path" })?;
+                file_spec(path, single(params, "fresh")?, single(params, "contains")?)
             }
-            "/all" => parse_all(&params),
-            other => Err(ParseError::UnknownPath(format!("/probe{other}"))),
+            "all" => parse_all(params),
+            other => Err(ParseError::UnknownPath(format!("/probe/{other}"))),
         }
     }
 
@@ -365,55 +372,9 @@ fn parse_port(value: &str) -> Result<u16, ParseError> {
     }
 }
 
-/// `500ms`, `5s`, `1.5s`, `2m`, `1h` -> ns.
+/// A probe parameter's duration in ns (see [`crate::model::duration`]).
 pub fn parse_duration(param: &'static str, value: &str) -> Result<u64, ParseError> {
-    let bad = || ParseError::BadDuration { param, value: value.to_owned() };
-    let split = value.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
-    let (number, unit) = value.split_at(split);
-    let scale: f64 = match unit {
-        "ms" => 1e6,
-        "s" => 1e9,
-        "m" => 60e9,
-        "h" => 3600e9,
-        _ => return Err(bad()),
-    };
-    let number: f64 = number.parse().map_err(|_| bad())?;
-    let ns = number * scale;
-    if !ns.is_finite() || ns < 0.0 || ns > u64::MAX as f64 / 2.0 {
-        return Err(bad());
-    }
-    Ok(ns.round() as u64)
-}
-
-/// Splits `a=1&b&c=x%20y` into decoded pairs, keeping order.
-fn parse_query(query: &str) -> Result<Vec<(String, Option<String>)>, ParseError> {
-    query
-        .split('&')
-        .filter(|part| !part.is_empty())
-        .map(|part| match part.split_once('=') {
-            Some((k, v)) => Ok((decode(k)?, Some(decode(v)?))),
-            None => Ok((decode(part)?, None)),
-        })
-        .collect()
-}
-
-fn decode(text: &str) -> Result<String, ParseError> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = text.get(i + 1..i + 3).ok_or_else(|| ParseError::BadEncoding(text.to_owned()))?;
-                out.push(u8::from_str_radix(hex, 16).map_err(|_| ParseError::BadEncoding(text.to_owned()))?);
-                i += 2;
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| ParseError::BadEncoding(text.to_owned()))
+    duration::parse_ns(value).map_err(|_| ParseError::BadDuration { param, value: value.to_owned() })
 }
 
 #[cfg(test)]

@@ -37,6 +37,7 @@
 pub mod check;
 pub mod metrics;
 pub mod pod;
+pub mod query;
 pub mod server;
 pub mod supervisor;
 pub mod tcp;

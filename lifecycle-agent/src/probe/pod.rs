@@ -288,21 +288,27 @@ fn file_paths(spec: &CheckSpec) -> Vec<&str> {
     }
 }
 
-impl ProbeAnswer for PodProbe {
-    fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
+impl PodProbe {
+    /// Judges one check now: 200 `ok`, or 503 with the one-line reason; records the request.
+    pub fn answer_check(&self, spec: &CheckSpec) -> (u16, String) {
         let started = Instant::now();
-        let Some(kind_path) = path.strip_prefix("/probe") else {
-            return (404, "probe paths start with /probe/\n".to_owned());
-        };
-        let spec = match CheckSpec::parse(kind_path, query) {
-            Ok(spec) => spec,
-            Err(err) => return (400, format!("{err}\n")),
-        };
-        let verdict = self.evaluate(&spec, boottime_ns());
+        let verdict = self.evaluate(spec, boottime_ns());
         let (code, body) = if verdict.pass { (200, "ok\n".to_owned()) } else { (503, format!("{}\n", verdict.reason)) };
         if let Some(metrics) = &self.metrics {
             metrics.record_request(&self.target, &spec.label(), spec.kind(), code, started.elapsed().as_secs_f64());
         }
         (code, body)
+    }
+}
+
+impl ProbeAnswer for PodProbe {
+    fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
+        let Some(kind_path) = path.strip_prefix("/probe") else {
+            return (404, "probe paths start with /probe/\n".to_owned());
+        };
+        match CheckSpec::parse(kind_path, query) {
+            Ok(spec) => self.answer_check(&spec),
+            Err(err) => (400, format!("{err}\n")),
+        }
     }
 }

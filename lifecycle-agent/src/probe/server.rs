@@ -15,7 +15,7 @@ use std::{
     sync::{Arc, RwLock},
 };
 
-use super::{metrics::ProbeTarget, pod::PodProbe};
+use super::{check::CheckSpec, metrics::ProbeTarget, pod::PodProbe, query::Query};
 use crate::{
     discovery::netns::{self, NetnsError},
     model::event::Event,
@@ -258,6 +258,18 @@ impl NodeProbes {
     }
 }
 
+impl NodeProbes {
+    /// Judges `spec` for the container `target`; 404 when no such container has probes here.
+    pub fn answer_check(&self, target: &ProbeTarget, spec: &CheckSpec) -> (u16, String) {
+        match self.get(target) {
+            Some(probe) => probe.answer_check(spec),
+            None => {
+                (404, format!("no probes for {}/{}/{} on this node\n", target.namespace, target.pod, target.container))
+            }
+        }
+    }
+}
+
 impl ProbeAnswer for NodeProbes {
     fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
         let mut parts = path.strip_prefix("/probe/").unwrap_or("").splitn(4, '/');
@@ -267,9 +279,9 @@ impl ProbeAnswer for NodeProbes {
             return (404, "host-network probes live at /probe/<namespace>/<pod>/<container>/<kind>\n".to_owned());
         };
         let target = ProbeTarget { namespace: namespace.into(), pod: pod.into(), container: container.into() };
-        match self.get(&target) {
-            Some(probe) => probe.answer(&format!("/probe/{kind}"), query),
-            None => (404, format!("no probes for {namespace}/{pod}/{container} on this node\n")),
+        match Query::parse(query).and_then(|q| CheckSpec::from_query(kind, &q)) {
+            Ok(spec) => self.answer_check(&target, &spec),
+            Err(err) => (400, format!("{err}\n")),
         }
     }
 }

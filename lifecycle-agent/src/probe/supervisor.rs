@@ -18,8 +18,8 @@ use crate::{
     discovery::netns,
     model::node::NodeTracker,
     probe::{
-        bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, pod::DEFAULT_REFRESH, server::BlockingServer,
-        NodeProbes, PodProbe, ProbeAnswer,
+        bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, pod::DEFAULT_REFRESH, query::Query,
+        server::BlockingServer, CheckSpec, NodeProbes, PodProbe, ProbeAnswer,
     },
 };
 
@@ -166,52 +166,33 @@ impl ProbeAnswer for PodAnswer {
         let Some(kind) = path.strip_prefix("/probe/") else {
             return (404, "probes live at /probe/tcp, /probe/process, /probe/file, /probe/all\n".to_owned());
         };
-        let (container, rest) = take_query_param(query, "container");
-        let containers = self.probes.containers_of(&self.namespace, &self.pod);
-        let container = match container {
+        let mut query = match Query::parse(query) {
+            Ok(query) => query,
+            Err(err) => return (400, format!("{err}\n")),
+        };
+        let container = match query.take("container") {
             Some(name) => name,
-            None if containers.len() == 1 => containers[0].clone(),
             None => {
-                return (
-                    400,
-                    format!("pod has containers {}; add container=<name> to the query\n", containers.join(", ")),
-                );
+                let containers = self.probes.containers_of(&self.namespace, &self.pod);
+                match <[String; 1]>::try_from(containers) {
+                    Ok([only]) => only,
+                    Err(containers) => {
+                        return (
+                            400,
+                            format!(
+                                "pod has containers {}; add container=<name> to the query\n",
+                                containers.join(", ")
+                            ),
+                        )
+                    }
+                }
             }
         };
+        let spec = match CheckSpec::from_query(kind.trim_end_matches('/'), &query) {
+            Ok(spec) => spec,
+            Err(err) => return (400, format!("{err}\n")),
+        };
         let target = ProbeTarget { namespace: self.namespace.clone(), pod: self.pod.clone(), container };
-        self.probes
-            .answer(&format!("/probe/{}/{}/{}/{kind}", target.namespace, target.pod, target.container), rest.as_deref())
-    }
-}
-
-/// Takes `<key>=<value>` out of a query string, returning the value and the rest.
-pub fn take_query_param(query: Option<&str>, key: &str) -> (Option<String>, Option<String>) {
-    let Some(query) = query else { return (None, None) };
-    let mut value = None;
-    let rest: Vec<&str> = query
-        .split('&')
-        .filter(|part| match part.split_once('=') {
-            Some((k, v)) if k == key => {
-                value = Some(v.to_owned());
-                false
-            }
-            _ => !part.is_empty(),
-        })
-        .collect();
-    (value, (!rest.is_empty()).then(|| rest.join("&")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_parameter_is_taken_out_of_the_query() {
-        let take = |q| take_query_param(q, "container");
-        assert_eq!(take(None), (None, None));
-        assert_eq!(take(Some("port=8080")), (None, Some("port=8080".into())));
-        assert_eq!(take(Some("container=app&port=8080")), (Some("app".into()), Some("port=8080".into())));
-        assert_eq!(take(Some("container=app")), (Some("app".into()), None));
-        assert_eq!(take(Some("containers=x")), (None, Some("containers=x".into())));
+        self.probes.answer_check(&target, &spec)
     }
 }
