@@ -83,7 +83,7 @@ fn process_exiting_3_reports_exec_and_exit_fields_exactly() {
 fn killed_by(signal: i32, name: &str) {
     let hub = Hub::get();
     let mut cg = TestCgroup::new(name);
-    let mut child = cg.spawn(&mut Command::new("/bin/sleep").arg("1000"));
+    let mut child = cg.spawn(Command::new("/bin/sleep").arg("1000"));
     let pid = child.id();
     // Signal only once the kernel has reported the exec: the target is then `sleep`, not the
     // forked test binary, and its comm is known.

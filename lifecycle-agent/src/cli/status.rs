@@ -127,7 +127,7 @@ fn age(ns: u64) -> String {
     let s = ms / 1000;
     match s {
         0 => format!("{ms}ms"),
-        1..=59 if ms % 1000 != 0 && s < 10 => format!("{:.1}s", ms as f64 / 1000.0),
+        1..=59 if !ms.is_multiple_of(1000) && s < 10 => format!("{:.1}s", ms as f64 / 1000.0),
         1..=59 => format!("{s}s"),
         60..=3599 => format!("{}m{}s", s / 60, s % 60),
         3600..=86_399 => format!("{}h{}m", s / 3600, s % 3600 / 60),

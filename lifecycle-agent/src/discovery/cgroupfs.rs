@@ -174,7 +174,7 @@ mod tests {
         let name = dir.file_name().expect("name").to_string_lossy().into_owned();
         let parent = CgroupRoot::at(dir.parent().expect("parent"));
         assert_eq!(parent.id_of(Path::new(&format!("/{name}"))).expect("kernel-style path"), expected);
-        let outside = root.id_of(Path::new("/etc/hostname")).unwrap_err();
+        let outside = root.id_of(Path::new("/etc/hostname")).expect_err("outside the cgroup mount");
         assert!(outside.to_string().contains("is not a cgroup directory"), "{outside}");
     }
 }

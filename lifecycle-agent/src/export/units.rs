@@ -60,7 +60,6 @@ macro_rules! families {
     ($($id:ident: $name:literal, $kind:literal, $help:literal;)*) => {
         #[derive(Clone, Copy)]
         #[repr(usize)]
-        #[allow(non_camel_case_types)]
         enum F { $($id),* }
         fn new_families() -> Families {
             Families(vec![$(Family { name: $name, help: $help, kind: $kind, body: String::new() }),*])

@@ -114,7 +114,7 @@ impl KernelBtf {
                     .ok_or_else(|| LayoutError::NoMember { strukt, member: path.to_owned() })?;
             }
         }
-        if total_bits % 8 != 0 {
+        if !total_bits.is_multiple_of(8) {
             return Err(LayoutError::Bitfield { strukt, member: path.to_owned() });
         }
         Ok(total_bits / 8)
@@ -206,9 +206,9 @@ mod tests {
     #[test]
     fn missing_members_and_structs_are_named_in_the_error() {
         let Some(btf) = btf() else { return };
-        let err = btf.offset_of("task_struct", "no_such_member").unwrap_err();
+        let err = btf.offset_of("task_struct", "no_such_member").expect_err("no such member");
         assert!(err.to_string().contains("task_struct has no member no_such_member"), "{err}");
-        let err = btf.offset_of("no_such_struct", "x").unwrap_err();
+        let err = btf.offset_of("no_such_struct", "x").expect_err("no such struct");
         assert!(err.to_string().contains("no struct no_such_struct"), "{err}");
     }
 

@@ -226,7 +226,7 @@ impl Sensor {
             return Err(SensorError::NotPrivileged);
         }
         let page = page_size();
-        if !config.ring_bytes.is_power_of_two() || config.ring_bytes as usize % page != 0 {
+        if !config.ring_bytes.is_power_of_two() || !(config.ring_bytes as usize).is_multiple_of(page) {
             return Err(SensorError::BadRingSize(config.ring_bytes));
         }
         let kernel_btf = KernelBtf::open(&config.btf_path)?;

@@ -260,8 +260,6 @@ impl NodeTracker {
         self.units.retain(|key, unit| live.contains(key) || now.saturating_sub(unit.last_change_ns) < retention_ns);
     }
 
-    /// Every unit.
-
     /// Terminations judged since the last call, for the exporters' distributions.
     pub fn take_judgements(&mut self) -> Vec<Judgement> {
         std::mem::take(&mut self.judgements)
@@ -314,8 +312,6 @@ impl NodeTracker {
             Err(error) => self.notices.push(Notice::BadCgroupPath { path: path.to_owned(), error: error.to_string() }),
         }
     }
-
-    /// Links an instance to its unit if its identity is known, replaying what it already did.
 
     fn on_instance_gone(&mut self, cgroup_id: u64) {
         // A provisional init (hostPID container) whose exit no real init followed: that was it.

@@ -182,6 +182,7 @@ impl Unit {
 }
 
 impl NodeTracker {
+    /// Links an instance to its unit if its identity is known, replaying what it already did.
     pub(super) fn link(&mut self, cgroup_id: u64) {
         let Some(instance) = self.instances.get(&cgroup_id) else { return };
         if instance.unit.is_some() || instance.ignored {
@@ -234,7 +235,7 @@ impl NodeTracker {
             restart_policy_rules: Vec::new(),
             is_init_container: meta.as_ref().is_some_and(|m| m.container_type == Some(ContainerType::Init)),
         };
-        let (backoff_policy, tolerance) = (self.config.backoff.clone(), self.config.tolerance.clone());
+        let (backoff_policy, tolerance) = (self.config.backoff, self.config.tolerance);
         let unit = self.units.entry(key.clone()).or_insert_with(|| Unit {
             key: key.clone(),
             labels: labels.clone(),
@@ -311,7 +312,7 @@ impl NodeTracker {
         if host {
             instance.init = None;
         }
-        let tolerance = self.config.tolerance.clone();
+        let tolerance = self.config.tolerance;
         let Some(unit) = self.units.get_mut(&key) else { return };
         let oom_killed = matches!(report.outcome, TerminationOutcome::OomKilled);
         unit.status.on_init_exited(exit.time, exit.exit_status, exit.signal, oom_killed);
@@ -341,7 +342,7 @@ impl NodeTracker {
         unit.last_change_ns = exit.time;
         if host {
             // Host units have no kubelet: a new process is a new run, not a restart to judge.
-            unit.backoff = BackoffTracker::new(unit.backoff.policy().clone(), tolerance);
+            unit.backoff = BackoffTracker::new(*unit.backoff.policy(), tolerance);
         }
         self.record_judgement(judgement);
     }
