@@ -23,3 +23,35 @@ pub mod export;
 pub mod kernel;
 pub mod model;
 pub mod probe;
+
+/// Displays an error with every cause in its chain, `outer: cause: root`. Errors in this crate
+/// name their cause through `#[source]` and not in their own message, so logs print them with
+/// this (and the CLI with anyhow's `{:#}`): each cause appears exactly once.
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            write!(f, ": {error}")?;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorChain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn every_cause_is_printed_once() {
+        let err = Outer(std::io::Error::other("root cause"));
+        assert_eq!(ErrorChain(&err).to_string(), "outer: root cause");
+    }
+}

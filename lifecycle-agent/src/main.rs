@@ -170,13 +170,7 @@ impl SensorArgs {
 
     fn load_for_events(&self) -> anyhow::Result<Sensor> {
         let sensor = Sensor::load(&self.config())?;
-        for state in sensor.features() {
-            match (&state.reason, state.enabled) {
-                (_, true) => log::info!("feature {} enabled", state.feature.name()),
-                (Some(reason), false) => log::warn!("feature {} is off: {reason}", state.feature.name()),
-                (None, false) => log::warn!("feature {} is off", state.feature.name()),
-            }
-        }
+        sensor.log_features();
         Ok(sensor)
     }
 }

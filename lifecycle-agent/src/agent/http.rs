@@ -29,7 +29,7 @@ pub struct Routes {
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     /// The address is in use or not ours to bind.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]

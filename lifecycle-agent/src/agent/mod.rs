@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use lifecycle_common::CgroupCounters;
+use lifecycle_common::{CgroupCounters, KindStats, EVENT_KIND_COUNT};
 use prometheus::{Histogram, HistogramOpts};
 use tokio::sync::{watch, Notify};
 
@@ -23,7 +23,7 @@ use crate::{
         clock::{boottime_ns, unix_minus_boot_seconds},
     },
     export::{
-        metrics::{AgentCounters, Metrics, MetricsError},
+        metrics::{AgentCounters, FeatureFlag, KernelStats, Metrics, MetricsError},
         units::{KernelCounters, UnitMetrics},
     },
     kernel::{Sensor, SensorConfig, SensorError, SensorMaps, StreamError},
@@ -41,6 +41,17 @@ use tasks::{connect_cri, expiry_loop, handle_notices, metadata_loop, refresh_met
 impl KernelCounters for SensorMaps {
     fn counters_of(&self, cgroup_id: u64) -> Option<CgroupCounters> {
         SensorMaps::counters_of(self, cgroup_id)
+    }
+}
+
+/// ... and its statistics.
+impl KernelStats for SensorMaps {
+    fn kind_stats(&self) -> [KindStats; EVENT_KIND_COUNT] {
+        SensorMaps::kind_stats(self)
+    }
+
+    fn counter_entries(&self) -> usize {
+        self.cgroup_counters().len()
     }
 }
 
@@ -66,14 +77,19 @@ pub struct AgentConfig {
 /// Why the agent stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// The kernel programs could not be loaded or attached.
     #[error(transparent)]
     Sensor(#[from] SensorError),
+    /// The cgroup v2 hierarchy could not be found.
     #[error(transparent)]
     CgroupFs(#[from] CgroupFsError),
+    /// The metrics registry could not be set up.
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    /// The HTTP listener could not be bound.
     #[error(transparent)]
     Http(#[from] HttpError),
+    /// Reading the event ring failed.
     #[error(transparent)]
     Stream(#[from] StreamError),
     /// The sensor's event stream was already taken (a programming error).
@@ -84,13 +100,7 @@ pub enum AgentError {
 /// Runs until `shutdown` turns true, then detaches everything.
 pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result<(), AgentError> {
     let mut sensor = Sensor::load(&config.sensor)?;
-    for state in sensor.features() {
-        match (&state.reason, state.enabled) {
-            (_, true) => log::info!("feature {} enabled", state.feature.name()),
-            (Some(reason), false) => log::warn!("feature {} is off: {reason}", state.feature.name()),
-            (None, false) => log::warn!("feature {} is off", state.feature.name()),
-        }
-    }
+    sensor.log_features();
     let root = CgroupRoot::detect()?;
     let cri = connect_cri(config.cri_socket.as_deref()).await;
     let tracker_config = TrackerConfig { cri_available: cri.is_some(), ..config.tracker.clone() };
@@ -98,9 +108,11 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     seed(&tracker, &root);
     let maps = sensor.maps();
     let agent_counters = Arc::new(AgentCounters::default());
+    let features: Vec<FeatureFlag> =
+        sensor.features().iter().map(|f| FeatureFlag { name: f.feature.name(), enabled: f.enabled }).collect();
     let mut metrics = Metrics::new(
         maps.clone(),
-        sensor.features(),
+        &features,
         config.sensor.counter_entries,
         config.sensor.ring_bytes,
         agent_counters.clone(),

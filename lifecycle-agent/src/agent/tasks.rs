@@ -1,6 +1,7 @@
 //! The agent's background work: seeding from cgroupfs and /proc at start, the runtime's
 //! metadata (connect, refresh on demand and on a timer), rescans on notices, and expiry.
 
+use crate::ErrorChain;
 use std::{
     path::PathBuf,
     sync::{Arc, Mutex},
@@ -85,7 +86,7 @@ pub(super) async fn connect_cri(configured: Option<&std::path::Path>) -> Option<
                 log::info!("container runtime metadata from {}", path.display());
                 return Some(client);
             }
-            Err(err) => errors.push(err.to_string()),
+            Err(err) => errors.push(ErrorChain(&err).to_string()),
         }
     }
     log::warn!(
@@ -98,7 +99,7 @@ pub(super) async fn connect_cri(configured: Option<&std::path::Path>) -> Option<
 pub(super) async fn refresh_metadata(cri: &CriClient, tracker: &Mutex<NodeTracker>) {
     match cri.list_containers().await {
         Ok(list) => tracker.lock().unwrap_or_else(|poison| poison.into_inner()).set_metadata(list),
-        Err(err) => log::warn!("listing containers from the runtime failed: {err}"),
+        Err(err) => log::warn!("listing containers from the runtime failed: {}", ErrorChain(&err)),
     }
 }
 

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
     /// Nothing listens there, or the connection broke.
-    #[error("cannot reach the agent at {addr}: {source} (is `lifecycle-agent run` running there?)")]
+    #[error("cannot reach the agent at {addr} (is `lifecycle-agent run` running there?)")]
     Connect {
         addr: SocketAddr,
         #[source]

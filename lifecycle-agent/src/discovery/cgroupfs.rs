@@ -18,7 +18,7 @@ pub enum CgroupFsError {
     #[error("no cgroup v2 hierarchy is mounted (looked for fstype cgroup2 in /proc/self/mountinfo)")]
     NoV2Mount,
     /// mountinfo could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: PathBuf,
         #[source]

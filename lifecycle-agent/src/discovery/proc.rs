@@ -94,7 +94,7 @@ pub fn processes_at_start(cgroup_ids: &std::collections::HashMap<&str, u64>) -> 
 #[derive(Debug, thiserror::Error)]
 pub enum ObserveError {
     /// A /proc file could not be read (the process may be gone).
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: PathBuf,
         #[source]
@@ -107,7 +107,7 @@ pub enum ObserveError {
     #[error("openat2(2) is not available on this kernel; refusing to open {path} in the root of pid {pid} without RESOLVE_IN_ROOT")]
     Openat2Unsupported { pid: u32, path: String },
     /// The path could not be opened inside the container's root (missing, or an escape refused).
-    #[error("cannot open {path} inside the root of pid {pid}: {source}")]
+    #[error("cannot open {path} inside the root of pid {pid}")]
     Open {
         pid: u32,
         path: String,

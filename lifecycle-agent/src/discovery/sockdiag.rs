@@ -37,14 +37,14 @@ pub enum SockDiagError {
     #[error(transparent)]
     Netns(#[from] NetnsError),
     /// The netlink socket could not be created in the namespace.
-    #[error("cannot open a sock_diag socket in {path}: {source}")]
+    #[error("cannot open a sock_diag socket in {path}")]
     Open {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
     /// Sending the request or reading the answer failed, or the kernel answered an error.
-    #[error("sock_diag dump failed: {0}")]
+    #[error("sock_diag dump failed")]
     Dump(#[source] io::Error),
     /// The answer did not have the expected shape.
     #[error("malformed sock_diag answer: {0}")]

@@ -6,17 +6,33 @@ use std::sync::{
     Arc,
 };
 
-use lifecycle_common::EventKind;
+use lifecycle_common::{EventKind, KindStats, EVENT_KIND_COUNT};
 use prometheus::{
     core::{Collector, Desc},
     proto::MetricFamily,
     Encoder, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::kernel::{FeatureState, SensorMaps};
-
 /// Metric name prefix.
 pub const NAMESPACE: &str = "lifecycle";
+
+/// What the exporters read of the kernel's own statistics at scrape time (the sensor's maps, or
+/// a fake in tests).
+pub trait KernelStats: Send + Sync {
+    /// Records submitted, lost and refused per event kind, summed over CPUs.
+    fn kind_stats(&self) -> [KindStats; EVENT_KIND_COUNT];
+    /// Entries in use in the per-cgroup counter map.
+    fn counter_entries(&self) -> usize;
+}
+
+/// One kernel feature's state, for `lifecycle_feature_enabled`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FeatureFlag {
+    /// The feature's label value.
+    pub name: &'static str,
+    /// Attached or not.
+    pub enabled: bool,
+}
 
 /// Agent-side counters that the kernel does not keep.
 #[derive(Debug, Default)]
@@ -41,7 +57,7 @@ pub struct Metrics {
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
     /// Two collectors claimed the same metric, or a name was invalid.
-    #[error("metric registration failed: {0}")]
+    #[error("metric registration failed")]
     Register(#[from] prometheus::Error),
 }
 
@@ -49,8 +65,8 @@ impl Metrics {
     /// Registers the agent-health metrics: per-kind delivery and loss read from the kernel, the
     /// feature switchboard, and build info.
     pub fn new(
-        maps: Arc<SensorMaps>,
-        features: &[FeatureState],
+        maps: Arc<dyn KernelStats>,
+        features: &[FeatureFlag],
         counter_capacity: u32,
         ring_bytes: u32,
         agent: Arc<AgentCounters>,
@@ -66,7 +82,7 @@ impl Metrics {
             &["feature"],
         )?;
         for state in features {
-            enabled.with_label_values(&[state.feature.name()]).set(i64::from(state.enabled));
+            enabled.with_label_values(&[state.name]).set(i64::from(state.enabled));
         }
         registry.register(Box::new(enabled))?;
 
@@ -120,7 +136,7 @@ impl Metrics {
 
 /// Reads the kernel's per-kind statistics and the counters map's fill at scrape time.
 struct KernelStatsCollector {
-    maps: Arc<SensorMaps>,
+    maps: Arc<dyn KernelStats>,
     agent: Arc<AgentCounters>,
     submitted: IntCounterVec,
     lost: IntCounterVec,
@@ -131,7 +147,7 @@ struct KernelStatsCollector {
 }
 
 impl KernelStatsCollector {
-    fn new(maps: Arc<SensorMaps>, capacity: u32, agent: Arc<AgentCounters>) -> Result<Self, prometheus::Error> {
+    fn new(maps: Arc<dyn KernelStats>, capacity: u32, agent: Arc<AgentCounters>) -> Result<Self, prometheus::Error> {
         let submitted = IntCounterVec::new(
             Opts::new("events_total", "Event records the kernel programs sent to the agent, by kind.")
                 .namespace(NAMESPACE),
@@ -185,7 +201,7 @@ impl Collector for KernelStatsCollector {
             &self.decode_errors.with_label_values(&[] as &[&str]),
             self.agent.decode_errors.load(Ordering::Relaxed),
         );
-        let entries = self.maps.cgroup_counters().len();
+        let entries = self.maps.counter_entries();
         self.map_entries
             .with_label_values(&["cgroup_counters", "used"])
             .set(i64::try_from(entries).unwrap_or(i64::MAX));

@@ -14,7 +14,7 @@ use lifecycle_common::KernelOffsets;
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
     /// The BTF file is missing or unreadable: the kernel lacks CONFIG_DEBUG_INFO_BTF.
-    #[error("cannot read kernel BTF at {path}: {source} (the kernel needs CONFIG_DEBUG_INFO_BTF=y)")]
+    #[error("cannot read kernel BTF at {path} (the kernel needs CONFIG_DEBUG_INFO_BTF=y)")]
     Unreadable {
         path: PathBuf,
         #[source]
@@ -30,7 +30,7 @@ pub enum LayoutError {
     #[error("kernel BTF member {strukt}.{member} is a bitfield")]
     Bitfield { strukt: &'static str, member: String },
     /// A BTF record could not be decoded.
-    #[error("kernel BTF is malformed near {context}: {source}")]
+    #[error("kernel BTF is malformed near {context}")]
     Malformed {
         context: String,
         #[source]

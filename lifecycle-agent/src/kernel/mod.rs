@@ -9,6 +9,7 @@ pub mod decode;
 pub mod layout;
 mod ring;
 
+use crate::ErrorChain;
 use std::{
     ffi::CString,
     io,
@@ -96,11 +97,56 @@ enum Attachment {
 }
 
 /// Whether a feature runs, and why not when it does not.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct FeatureState {
     pub feature: Feature,
     pub enabled: bool,
-    pub reason: Option<String>,
+    /// Why it is off; None when it runs.
+    pub reason: Option<Arc<AttachError>>,
+}
+
+/// Why a feature's programs could not be attached.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// Switched off with `--disable`.
+    #[error("disabled by flag")]
+    Disabled,
+    /// The kernel has no such BTF tracepoint (too old, or configured without it).
+    #[error("kernel has no tracepoint {0}")]
+    NoTracepoint(&'static str),
+    /// The embedded object lacks the program (a build mismatch).
+    #[error("object has no program {0}")]
+    NoProgram(&'static str),
+    /// aya refused the program: wrong type, verifier rejection, or attach failure.
+    #[error("{stage} {program}")]
+    Program {
+        stage: &'static str,
+        program: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// Classic tracepoints need tracefs, which is unavailable.
+    #[error("{program} needs tracefs")]
+    Tracefs {
+        program: &'static str,
+        #[source]
+        source: Arc<TracefsError>,
+    },
+}
+
+/// tracefs is not mounted and could not be mounted.
+#[derive(Debug, thiserror::Error)]
+pub enum TracefsError {
+    /// The configured path cannot be passed to mount(2).
+    #[error("tracefs path {0} contains a NUL byte")]
+    NulInPath(PathBuf),
+    /// mount(2) failed (no CAP_SYS_ADMIN in the mount namespace, or no tracefs in the kernel).
+    #[error("tracefs is not mounted and mounting it at {path} failed")]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Settings for loading the sensor.
@@ -149,16 +195,20 @@ pub enum SensorError {
     #[error("ring buffer size {0} is not a power of two and a multiple of the page size")]
     BadRingSize(u32),
     /// aya could not parse or prepare the object.
-    #[error("cannot load the kernel programs: {0}")]
+    #[error("cannot load the kernel programs")]
     Load(#[source] Box<aya::EbpfError>),
     /// An essential program failed; without it nothing can be tracked.
-    #[error("cannot start essential feature {feature}: {reason}")]
-    CoreFeature { feature: &'static str, reason: String },
+    #[error("cannot start essential feature {feature}")]
+    CoreFeature {
+        feature: &'static str,
+        #[source]
+        source: Arc<AttachError>,
+    },
     /// A map the agent reads is absent from the object.
     #[error("kernel object has no map {0}")]
     MissingMap(&'static str),
     /// A map exists but could not be opened as the expected type.
-    #[error("kernel map {name} cannot be used: {source}")]
+    #[error("kernel map {name} cannot be used")]
     Map {
         name: &'static str,
         #[source]
@@ -243,18 +293,18 @@ impl Sensor {
             .load(OBJECT)
             .map_err(|e| SensorError::Load(Box::new(e)))?;
 
-        let tracefs = ensure_tracefs(&config.tracefs_path);
+        let tracefs = ensure_tracefs(&config.tracefs_path).map_err(Arc::new);
         let mut features = Vec::new();
         for feature in Feature::ALL {
             let state = if config.disabled.contains(&feature) {
-                FeatureState { feature, enabled: false, reason: Some("disabled by flag".into()) }
+                FeatureState { feature, enabled: false, reason: Some(Arc::new(AttachError::Disabled)) }
             } else {
                 match attach_feature(&mut ebpf, feature, &aya_btf, &kernel_btf, &tracefs) {
                     Ok(()) => FeatureState { feature, enabled: true, reason: None },
                     Err(reason) if feature.is_core() => {
-                        return Err(SensorError::CoreFeature { feature: feature.name(), reason })
+                        return Err(SensorError::CoreFeature { feature: feature.name(), source: Arc::new(reason) })
                     }
-                    Err(reason) => FeatureState { feature, enabled: false, reason: Some(reason) },
+                    Err(reason) => FeatureState { feature, enabled: false, reason: Some(Arc::new(reason)) },
                 }
             };
             features.push(state);
@@ -282,6 +332,19 @@ impl Sensor {
         &self.features
     }
 
+    /// Logs which features run, and why the others do not.
+    pub fn log_features(&self) {
+        for state in &self.features {
+            match (&state.reason, state.enabled) {
+                (_, true) => log::info!("feature {} enabled", state.feature.name()),
+                (Some(reason), false) => {
+                    log::warn!("feature {} is off: {}", state.feature.name(), ErrorChain(reason.as_ref()))
+                }
+                (None, false) => log::warn!("feature {} is off", state.feature.name()),
+            }
+        }
+    }
+
     /// Shared handle on the counter and statistics maps.
     pub fn maps(&self) -> Arc<SensorMaps> {
         Arc::clone(&self.maps)
@@ -303,56 +366,55 @@ fn attach_feature(
     feature: Feature,
     aya_btf: &Btf,
     kernel_btf: &KernelBtf,
-    tracefs: &Result<(), String>,
-) -> Result<(), String> {
+    tracefs: &Result<(), Arc<TracefsError>>,
+) -> Result<(), AttachError> {
+    let failed = |stage, program| move |source| AttachError::Program { stage, program, source };
     for attachment in feature.attachments() {
         match *attachment {
             Attachment::Btf(name) => {
                 if !kernel_btf.has_raw_tracepoint(name) {
-                    return Err(format!("kernel has no tracepoint {name}"));
+                    return Err(AttachError::NoTracepoint(name));
                 }
                 let program: &mut BtfTracePoint = program_mut(ebpf, name)?;
-                program.load(name, aya_btf).map_err(|e| format!("loading {name}: {e}"))?;
-                program.attach().map_err(|e| format!("attaching {name}: {e}"))?;
+                program.load(name, aya_btf).map_err(failed("loading", name))?;
+                program.attach().map_err(failed("attaching", name))?;
             }
             Attachment::Tracepoint(category, name) => {
-                tracefs.clone().map_err(|e| format!("{name} needs tracefs: {e}"))?;
+                if let Err(source) = tracefs {
+                    return Err(AttachError::Tracefs { program: name, source: source.clone() });
+                }
                 let program: &mut TracePoint = program_mut(ebpf, name)?;
-                program.load().map_err(|e| format!("loading {name}: {e}"))?;
-                program.attach(category, name).map_err(|e| format!("attaching {category}/{name}: {e}"))?;
+                program.load().map_err(failed("loading", name))?;
+                program.attach(category, name).map_err(failed("attaching", name))?;
             }
         }
     }
     Ok(())
 }
 
-fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, String>
+fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, AttachError>
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
 {
-    let program = ebpf.program_mut(name).ok_or_else(|| format!("object has no program {name}"))?;
-    program.try_into().map_err(|e| format!("program {name}: {e}"))
+    let program = ebpf.program_mut(name).ok_or(AttachError::NoProgram(name))?;
+    program.try_into().map_err(|source| AttachError::Program { stage: "preparing", program: name, source })
 }
 
 /// Makes sure tracefs is reachable, mounting it when the host has not. Classic tracepoints need
 /// it; aya looks at /sys/kernel/tracing, then /sys/kernel/debug/tracing, and caches the answer, so
 /// this runs before the first attach.
-fn ensure_tracefs(path: &Path) -> Result<(), String> {
+fn ensure_tracefs(path: &Path) -> Result<(), TracefsError> {
     let debugfs_tracing = Path::new("/sys/kernel/debug/tracing/events");
     if path.join("events").is_dir() || debugfs_tracing.is_dir() {
         return Ok(());
     }
-    let target = CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| format!("tracefs path {} contains a NUL byte", path.display()))?;
+    let target =
+        CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| TracefsError::NulInPath(path.to_owned()))?;
     let fstype = c"tracefs";
     // SAFETY: all pointers are valid NUL-terminated strings that outlive the call; data is null.
     let rc = unsafe { libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
-        return Err(format!(
-            "tracefs is not mounted and mounting it at {} failed: {}",
-            path.display(),
-            io::Error::last_os_error()
-        ));
+        return Err(TracefsError::Mount { path: path.to_owned(), source: io::Error::last_os_error() });
     }
     log::info!("mounted tracefs at {}", path.display());
     Ok(())

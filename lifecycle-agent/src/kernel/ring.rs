@@ -16,10 +16,10 @@ use crate::model::event::Event;
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
     /// The ring's file descriptor could not be registered with the runtime.
-    #[error("cannot watch the event ring: {0}")]
+    #[error("cannot watch the event ring")]
     Register(#[source] std::io::Error),
     /// Waiting for readiness failed.
-    #[error("waiting on the event ring failed: {0}")]
+    #[error("waiting on the event ring failed")]
     Wait(#[source] std::io::Error),
 }
 

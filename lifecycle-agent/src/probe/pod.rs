@@ -6,6 +6,7 @@
 //! counts metrics; it does no /proc work except the first time a file check names a file not yet
 //! watched (one read, then the file joins the refreshed set).
 
+use crate::ErrorChain;
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     sync::{Arc, Mutex, MutexGuard},
@@ -72,9 +73,10 @@ impl PodProbe {
             Ok(diag) => Some(diag),
             Err(err) => {
                 log::warn!(
-                    "probes of {}/{}: {err}; reading /proc/{main_pid}/net/tcp instead",
+                    "probes of {}/{}: {}; reading /proc/{main_pid}/net/tcp instead",
                     target.namespace,
-                    target.pod
+                    target.pod,
+                    ErrorChain(&err)
                 );
                 None
             }
@@ -245,7 +247,9 @@ impl PodProbe {
             let probe = Arc::clone(&self);
             match tokio::task::spawn_blocking(move || probe.refresh(now)).await {
                 Ok(Ok(())) => {}
-                Ok(Err(err)) => log::debug!("probe refresh of {}/{}: {err}", self.target.namespace, self.target.pod),
+                Ok(Err(err)) => {
+                    log::debug!("probe refresh of {}/{}: {}", self.target.namespace, self.target.pod, ErrorChain(&err))
+                }
                 Err(err) => {
                     log::warn!("probe refresh of {}/{} panicked: {err}", self.target.namespace, self.target.pod)
                 }

@@ -37,7 +37,7 @@ pub enum ServerError {
     #[error(transparent)]
     Netns(#[from] NetnsError),
     /// The address is taken or not available inside that namespace.
-    #[error("cannot listen on {addr} in network namespace {path}: {source}")]
+    #[error("cannot listen on {addr} in network namespace {path}")]
     Bind {
         addr: SocketAddr,
         path: PathBuf,
@@ -45,7 +45,7 @@ pub enum ServerError {
         source: io::Error,
     },
     /// The std listener could not be handed to tokio.
-    #[error("cannot register the probe listener with tokio: {0}")]
+    #[error("cannot register the probe listener with tokio")]
     Register(#[source] io::Error),
 }
 

@@ -5,6 +5,7 @@
 //!
 //! Plumbing: it reads /proc (namespaces) and binds sockets; decisions come from `probe::*`.
 
+use crate::ErrorChain;
 use std::{
     collections::HashMap,
     net::SocketAddr,
@@ -89,7 +90,13 @@ impl ProbeSupervisor {
                     self.ensure_listener(&labels.namespace, &labels.pod, pid, netns);
                 }
                 Err(err) => {
-                    log::debug!("no probes for {}/{}/{} yet: {err}", target.namespace, target.pod, target.container)
+                    log::debug!(
+                        "no probes for {}/{}/{} yet: {}",
+                        target.namespace,
+                        target.pod,
+                        target.container,
+                        ErrorChain(&err)
+                    )
                 }
             }
         }
@@ -134,10 +141,10 @@ impl ProbeSupervisor {
                         // Replacing an old listener (the pod's sandbox changed) drops, and so stops, it.
                         self.listeners.insert(key, PodListener { netns, _server: server });
                     }
-                    Err(err) => log::warn!("no probe listener for {namespace}/{pod}: {err}"),
+                    Err(err) => log::warn!("no probe listener for {namespace}/{pod}: {}", ErrorChain(&err)),
                 }
             }
-            Err(err) => log::warn!("no probe listener for {namespace}/{pod}: {err}"),
+            Err(err) => log::warn!("no probe listener for {namespace}/{pod}: {}", ErrorChain(&err)),
         }
     }
 

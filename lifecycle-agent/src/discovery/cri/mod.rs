@@ -47,7 +47,7 @@ pub enum CriError {
     #[error("{path} exists but is not a unix socket, so it cannot be a CRI endpoint")]
     NotASocket { path: PathBuf },
     /// The path could not be inspected.
-    #[error("cannot inspect CRI socket {path}: {source}")]
+    #[error("cannot inspect CRI socket {path}")]
     Inspect {
         path: PathBuf,
         #[source]

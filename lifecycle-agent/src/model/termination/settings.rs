@@ -98,7 +98,7 @@ impl PreStopHandler {
 #[derive(Debug, thiserror::Error)]
 pub enum TerminationError {
     /// The preStopHandler annotation is not JSON of a lifecycle handler.
-    #[error("preStopHandler annotation {json:?} is not a lifecycle handler: {source}")]
+    #[error("preStopHandler annotation {json:?} is not a lifecycle handler")]
     PreStopJson {
         json: String,
         #[source]
