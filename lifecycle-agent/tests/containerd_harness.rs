@@ -169,19 +169,19 @@ fn cri_client_reads_kubelet_identity_and_outcome() {
     assert_eq!(app_meta.pod_uid, uid);
     assert_eq!(app_meta.container_name, "app");
     assert_eq!(app_meta.attempt, 2);
-    assert_eq!(app_meta.restart_count, Some(2));
-    assert_eq!(app_meta.spec_hash, Some(0xdead_beef));
-    assert_eq!(app_meta.container_type, Some(ContainerType::Regular));
-    assert_eq!(app_meta.termination_grace_period_ns, Some(45_000_000_000));
-    assert_eq!(app_meta.deletion_grace_period_ns, Some(10_000_000_000));
-    assert_eq!(app_meta.pre_stop_handler.as_deref(), Some(pre_stop));
-    assert_eq!(app_meta.ports.as_deref(), Some(ports));
+    assert_eq!(app_meta.kubelet.restart_count, Some(2));
+    assert_eq!(app_meta.kubelet.spec_hash, Some(0xdead_beef));
+    assert_eq!(app_meta.kubelet.container_type, Some(ContainerType::Regular));
+    assert_eq!(app_meta.kubelet.termination_grace_period_ns, Some(45_000_000_000));
+    assert_eq!(app_meta.kubelet.deletion_grace_period_ns, Some(10_000_000_000));
+    assert_eq!(app_meta.kubelet.pre_stop_handler.as_deref(), Some(pre_stop));
+    assert_eq!(app_meta.kubelet.ports.as_deref(), Some(ports));
     assert_eq!(app_meta.state, ContainerState::Running);
     assert!(app_meta.created_ns > 0);
 
     let init_meta = listed.iter().find(|m| m.container_id == init).expect("init listed");
-    assert_eq!(init_meta.container_type, Some(ContainerType::Init));
-    assert_eq!(init_meta.termination_grace_period_ns, None);
+    assert_eq!(init_meta.kubelet.container_type, Some(ContainerType::Init));
+    assert_eq!(init_meta.kubelet.termination_grace_period_ns, None);
     assert_eq!(init_meta.state, ContainerState::Exited);
 
     let done = h.block_on(h.cri().container_status(&init)).expect("status");

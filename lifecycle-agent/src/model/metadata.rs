@@ -100,20 +100,8 @@ pub struct ContainerMeta {
     pub container_name: String,
     /// CRI metadata attempt: how many times the kubelet created this container before.
     pub attempt: u32,
-    /// `io.kubernetes.container.restartCount`.
-    pub restart_count: Option<u32>,
-    /// `io.kubernetes.container.type`.
-    pub container_type: Option<ContainerType>,
-    /// `io.kubernetes.container.hash` (hex in the annotation).
-    pub spec_hash: Option<u64>,
-    /// `io.kubernetes.pod.terminationGracePeriod`, converted from seconds.
-    pub termination_grace_period_ns: Option<u64>,
-    /// `io.kubernetes.pod.deletionGracePeriod`, converted from seconds.
-    pub deletion_grace_period_ns: Option<u64>,
-    /// `io.kubernetes.container.preStopHandler`, raw JSON (checked to be well-formed).
-    pub pre_stop_handler: Option<String>,
-    /// `io.kubernetes.container.ports`, raw JSON (checked to be well-formed).
-    pub ports: Option<String>,
+    /// What the kubelet wrote in the container's annotations.
+    pub kubelet: KubeletAnnotations,
     /// Runtime state.
     pub state: ContainerState,
     /// Exit code; only known from a status call on an exited container.
@@ -184,15 +172,23 @@ impl PodIdentity {
     }
 }
 
-/// The kubelet's annotations on one container, decoded field by field.
-#[derive(Debug, Default)]
+/// The kubelet's annotations on one container, decoded field by field; each is `None` when
+/// absent or malformed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KubeletAnnotations {
+    /// `io.kubernetes.container.restartCount`.
     pub restart_count: Option<u32>,
+    /// `io.kubernetes.container.type`.
     pub container_type: Option<ContainerType>,
+    /// `io.kubernetes.container.hash` (hex in the annotation).
     pub spec_hash: Option<u64>,
+    /// `io.kubernetes.pod.terminationGracePeriod`, converted from seconds.
     pub termination_grace_period_ns: Option<u64>,
+    /// `io.kubernetes.pod.deletionGracePeriod`, converted from seconds.
     pub deletion_grace_period_ns: Option<u64>,
+    /// `io.kubernetes.container.preStopHandler`, raw JSON (checked to be well-formed).
     pub pre_stop_handler: Option<String>,
+    /// `io.kubernetes.container.ports`, raw JSON (checked to be well-formed).
     pub ports: Option<String>,
 }
 

@@ -145,13 +145,7 @@ impl PodProbe {
         let drops = proc::netstat_overflows(self.main_pid).map(|c| c.drops);
         let process = proc::process_state(self.main_pid)?;
         let watched: Vec<String> = self.lock().watched_files.iter().cloned().collect();
-        let files: Vec<(String, FileFacts)> = watched
-            .into_iter()
-            .map(|p| {
-                let f = self.read_file(&p);
-                (p, f)
-            })
-            .collect();
+        let files = self.read_files(watched);
 
         let mut state = self.lock();
         state.apply_process(self.main_pid, process, now);
@@ -189,19 +183,24 @@ impl PodProbe {
         }
     }
 
+    /// Reads each file (outside the lock), paired with its path.
+    fn read_files(&self, paths: Vec<String>) -> Vec<(String, FileFacts)> {
+        paths
+            .into_iter()
+            .map(|path| {
+                let facts = self.read_file(&path);
+                (path, facts)
+            })
+            .collect()
+    }
+
     /// Evaluates `spec` at `now` from the cache (reading a not-yet-watched file once).
     pub fn evaluate(&self, spec: &CheckSpec, now: u64) -> Verdict {
         let missing: Vec<String> = {
             let state = self.lock();
             file_paths(spec).into_iter().filter(|p| !state.watched_files.contains(*p)).map(str::to_owned).collect()
         };
-        let first_reads: Vec<(String, FileFacts)> = missing
-            .into_iter()
-            .map(|p| {
-                let f = self.read_file(&p);
-                (p, f)
-            })
-            .collect();
+        let first_reads = self.read_files(missing);
         let mut state = self.lock();
         for (path, facts) in first_reads {
             state.watched_files.insert(path.clone());

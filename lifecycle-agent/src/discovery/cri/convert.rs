@@ -39,13 +39,7 @@ pub fn meta_from_list_entry(container: &proto::Container) -> (ContainerMeta, Vec
         pod_uid,
         container_name,
         attempt: container.metadata.as_ref().map_or(0, |m| m.attempt),
-        restart_count: a.restart_count,
-        container_type: a.container_type,
-        spec_hash: a.spec_hash,
-        termination_grace_period_ns: a.termination_grace_period_ns,
-        deletion_grace_period_ns: a.deletion_grace_period_ns,
-        pre_stop_handler: a.pre_stop_handler,
-        ports: a.ports,
+        kubelet: a,
         state: state_from_proto(container.state),
         exit_code: None,
         reason: None,
@@ -76,13 +70,7 @@ pub fn meta_from_status(
         pod_uid,
         container_name,
         attempt: status.metadata.as_ref().map_or(0, |m| m.attempt),
-        restart_count: a.restart_count,
-        container_type: a.container_type,
-        spec_hash: a.spec_hash,
-        termination_grace_period_ns: a.termination_grace_period_ns,
-        deletion_grace_period_ns: a.deletion_grace_period_ns,
-        pre_stop_handler: a.pre_stop_handler,
-        ports: a.ports,
+        kubelet: a,
         state,
         // The CRI reports 0 for containers that have not exited; only an exited one has a code.
         exit_code: (state == ContainerState::Exited).then_some(status.exit_code),
@@ -154,13 +142,13 @@ mod tests {
         assert_eq!(meta.pod_uid, "7d2c0a8e-1111-2222-3333-444455556666");
         assert!(meta.is_kubelet_managed());
         assert_eq!(meta.attempt, 3);
-        assert_eq!(meta.restart_count, Some(3));
-        assert_eq!(meta.spec_hash, Some(0xa1b2_c3d4));
-        assert_eq!(meta.container_type, Some(ContainerType::Init));
-        assert_eq!(meta.termination_grace_period_ns, Some(30_000_000_000));
-        assert_eq!(meta.deletion_grace_period_ns, Some(0));
-        assert_eq!(meta.pre_stop_handler.as_deref(), Some(r#"{"exec":{"command":["sleep","5"]}}"#));
-        assert_eq!(meta.ports.as_deref(), Some(r#"[{"containerPort":80,"protocol":"TCP"}]"#));
+        assert_eq!(meta.kubelet.restart_count, Some(3));
+        assert_eq!(meta.kubelet.spec_hash, Some(0xa1b2_c3d4));
+        assert_eq!(meta.kubelet.container_type, Some(ContainerType::Init));
+        assert_eq!(meta.kubelet.termination_grace_period_ns, Some(30_000_000_000));
+        assert_eq!(meta.kubelet.deletion_grace_period_ns, Some(0));
+        assert_eq!(meta.kubelet.pre_stop_handler.as_deref(), Some(r#"{"exec":{"command":["sleep","5"]}}"#));
+        assert_eq!(meta.kubelet.ports.as_deref(), Some(r#"[{"containerPort":80,"protocol":"TCP"}]"#));
         assert_eq!(meta.state, ContainerState::Running);
         assert_eq!(meta.created_ns, 1_700_000_000_000_000_000);
         assert_eq!((meta.exit_code, meta.started_ns, meta.finished_ns), (None, None, None));
@@ -170,10 +158,10 @@ mod tests {
     fn absent_annotations_are_none_without_problems() {
         let (meta, problems) = meta_from_list_entry(&entry(HashMap::new()));
         assert!(problems.is_empty());
-        assert_eq!(meta.restart_count, None);
-        assert_eq!(meta.container_type, None);
-        assert_eq!(meta.termination_grace_period_ns, None);
-        assert_eq!(meta.pre_stop_handler, None);
+        assert_eq!(meta.kubelet.restart_count, None);
+        assert_eq!(meta.kubelet.container_type, None);
+        assert_eq!(meta.kubelet.termination_grace_period_ns, None);
+        assert_eq!(meta.kubelet.pre_stop_handler, None);
     }
 
     #[test]
@@ -199,14 +187,14 @@ mod tests {
                 keys::PRE_STOP_HANDLER,
             ]
         );
-        assert_eq!(meta.restart_count, None);
-        assert_eq!(meta.spec_hash, None);
-        assert_eq!(meta.container_type, None);
-        assert_eq!(meta.termination_grace_period_ns, None);
-        assert_eq!(meta.deletion_grace_period_ns, None);
-        assert_eq!(meta.pre_stop_handler, None);
+        assert_eq!(meta.kubelet.restart_count, None);
+        assert_eq!(meta.kubelet.spec_hash, None);
+        assert_eq!(meta.kubelet.container_type, None);
+        assert_eq!(meta.kubelet.termination_grace_period_ns, None);
+        assert_eq!(meta.kubelet.deletion_grace_period_ns, None);
+        assert_eq!(meta.kubelet.pre_stop_handler, None);
         // The well-formed neighbour and the identity survive.
-        assert_eq!(meta.ports.as_deref(), Some(r#"[{"containerPort":8080}]"#));
+        assert_eq!(meta.kubelet.ports.as_deref(), Some(r#"[{"containerPort":8080}]"#));
         assert_eq!(meta.pod_name, "web-0");
         assert!(problems[3].to_string().contains("\"thirty\""), "{}", problems[3]);
     }
@@ -244,7 +232,7 @@ mod tests {
         assert_eq!(meta.reason.as_deref(), Some("OOMKilled"));
         assert_eq!(meta.message, None);
         assert_eq!((meta.created_ns, meta.started_ns, meta.finished_ns), (10, Some(20), Some(30)));
-        assert_eq!(meta.termination_grace_period_ns, Some(2_000_000_000));
+        assert_eq!(meta.kubelet.termination_grace_period_ns, Some(2_000_000_000));
 
         // A running container's 0 exit code and 0 finish time mean "not yet", not "exit 0 at 1970".
         status.state = proto::ContainerState::ContainerRunning as i32;

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::model::event::{CgroupDetail, SignalResult};
-use crate::model::metadata::ContainerState as CriState;
+use crate::model::metadata::{ContainerState as CriState, KubeletAnnotations};
 use crate::model::{
     backoff::Verdict,
     container_state::{ContainerState, TerminatedReason},
@@ -28,13 +28,15 @@ fn meta(n: u64, grace_s: u64) -> ContainerMeta {
         pod_uid: POD_UID.into(),
         container_name: "app".into(),
         attempt: 0,
-        restart_count: None,
-        container_type: Some(ContainerType::Regular),
-        spec_hash: Some(0xabc),
-        termination_grace_period_ns: Some(grace_s * SECOND),
-        deletion_grace_period_ns: None,
-        pre_stop_handler: None,
-        ports: None,
+        kubelet: KubeletAnnotations {
+            restart_count: None,
+            container_type: Some(ContainerType::Regular),
+            spec_hash: Some(0xabc),
+            termination_grace_period_ns: Some(grace_s * SECOND),
+            deletion_grace_period_ns: None,
+            pre_stop_handler: None,
+            ports: None,
+        },
         state: CriState::Running,
         exit_code: None,
         reason: None,
@@ -115,7 +117,7 @@ fn only_view(tracker: &NodeTracker, now: u64) -> ContainerView {
 fn a_sidecar_signalled_before_the_main_container_exited_is_flagged() {
     let mut tracker = tracker_with_cri();
     let mut sidecar = meta(1, 30);
-    (sidecar.container_name, sidecar.container_type) = ("proxy".into(), Some(ContainerType::Init));
+    (sidecar.container_name, sidecar.kubelet.container_type) = ("proxy".into(), Some(ContainerType::Init));
     tracker.set_metadata(vec![sidecar, meta(2, 30)]);
     let proxy = container_cgroup(&mut tracker, 0, 1);
     tracker.apply(&exec(SECOND, 100, proxy, SHIM_CGROUP, "proxy"));

@@ -233,7 +233,7 @@ impl NodeTracker {
             pod_restart_policy: self.config.restart_policy,
             container_restart_policy: None,
             restart_policy_rules: Vec::new(),
-            is_init_container: meta.as_ref().is_some_and(|m| m.container_type == Some(ContainerType::Init)),
+            is_init_container: meta.as_ref().is_some_and(|m| m.kubelet.container_type == Some(ContainerType::Init)),
         };
         let (backoff_policy, tolerance) = (self.config.backoff, self.config.tolerance);
         let unit = self.units.entry(key.clone()).or_insert_with(|| Unit {
@@ -264,7 +264,7 @@ impl NodeTracker {
         instance.unit = Some(key.clone());
         if let Some(meta) = &meta {
             instance.termination.set_settings(termination_settings(meta));
-            instance.spec_hash = meta.spec_hash.map(|h| format!("{h:x}"));
+            instance.spec_hash = meta.kubelet.spec_hash.map(|h| format!("{h:x}"));
         }
         unit.cgroup_id = Some(cgroup_id);
         unit.container_id = match &instance.kind {
@@ -361,9 +361,9 @@ pub(super) fn start_unit(unit: &mut Unit, started_at: u64, spec_hash: Option<Str
 pub(super) fn termination_settings(meta: &ContainerMeta) -> TerminationSettings {
     let defaults = TerminationSettings::default();
     TerminationSettings {
-        grace_period_ns: meta.termination_grace_period_ns.unwrap_or(defaults.grace_period_ns),
-        deletion_grace_ns: meta.deletion_grace_period_ns,
-        pre_stop: meta.pre_stop_handler.as_deref().and_then(|json| PreStopHandler::from_annotation(json).ok()),
+        grace_period_ns: meta.kubelet.termination_grace_period_ns.unwrap_or(defaults.grace_period_ns),
+        deletion_grace_ns: meta.kubelet.deletion_grace_period_ns,
+        pre_stop: meta.kubelet.pre_stop_handler.as_deref().and_then(|json| PreStopHandler::from_annotation(json).ok()),
         ..defaults
     }
 }
