@@ -414,7 +414,13 @@ fn ensure_tracefs(path: &Path) -> Result<(), TracefsError> {
     // SAFETY: all pointers are valid NUL-terminated strings that outlive the call; data is null.
     let rc = unsafe { libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
-        return Err(TracefsError::Mount { path: path.to_owned(), source: io::Error::last_os_error() });
+        let source = io::Error::last_os_error();
+        // Another process (a second agent starting at the same moment) may have mounted it in
+        // between: EBUSY then means it is there.
+        if path.join("events").is_dir() {
+            return Ok(());
+        }
+        return Err(TracefsError::Mount { path: path.to_owned(), source });
     }
     log::info!("mounted tracefs at {}", path.display());
     Ok(())

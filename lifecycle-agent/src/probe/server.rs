@@ -182,7 +182,7 @@ const MAX_REQUEST_HEAD: usize = 4096;
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Status, body and whether to send the body (not for HEAD) for a raw request head.
-fn respond(head: &[u8], answer: &dyn ProbeAnswer) -> (u16, String, bool) {
+pub fn respond(head: &[u8], answer: &dyn ProbeAnswer) -> (u16, String, bool) {
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split(' ');
