@@ -188,6 +188,13 @@ impl BackoffTracker {
         self.pending_finish
     }
 
+    /// The kubelet restarted: its back-off lives in memory only (`flowcontrol.Backoff`), so the
+    /// new kubelet has no entry and restarts the container at once when its back-off would still
+    /// hold it. The next restart is judged against no back-off.
+    pub fn on_kubelet_restart(&mut self) {
+        self.entry = None;
+    }
+
     /// An instance exited.
     pub fn on_finished(&mut self, finished_at: u64) {
         self.pending_finish = Some(finished_at);

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use lifecycle_common::CgroupCounters;
+
 use super::{unit::start_unit, NodeTracker, PortStats, UnitCounters, UnitKey};
 use crate::model::{
     identity::{classify, CgroupIdentity},
@@ -61,6 +63,11 @@ pub(super) struct Instance {
     /// Counted before the instance was linked; merged into the unit on linking.
     pub(super) pending_counters: UnitCounters,
     pub(super) pending_tcp: BTreeMap<u16, PortStats>,
+    /// Kernel counters of departed cgroups carried over when the instance changes units.
+    pub(super) pending_kernel_counters: CgroupCounters,
+    /// Linked to a unit named by pod uid + container id because the runtime could not name it;
+    /// re-linked to its real unit when metadata arrives.
+    pub(super) named_by_id: bool,
 }
 
 /// A process found in /proc at start.
@@ -102,6 +109,8 @@ impl Instance {
             spec_hash: None,
             pending_counters: UnitCounters::default(),
             pending_tcp: BTreeMap::new(),
+            pending_kernel_counters: CgroupCounters::default(),
+            named_by_id: false,
         }
     }
 }

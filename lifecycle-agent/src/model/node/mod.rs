@@ -16,6 +16,7 @@
 //! (the read-only views exporters and the API use).
 
 mod instance;
+mod naming;
 mod sidecar;
 #[cfg(test)]
 mod tests;
@@ -48,7 +49,8 @@ pub struct TrackerConfig {
     pub tolerance: Tolerance,
     /// The pod restartPolicy assumed (the CRI does not carry it): Always, the API default.
     pub restart_policy: RestartPolicy,
-    /// Whether a CRI runtime answers; without one, containers are named by their id.
+    /// Whether a CRI runtime answers at start; while none does, containers are named by pod uid
+    /// and container id (see `naming.rs`), and named when it answers.
     pub cri_available: bool,
 }
 
@@ -74,6 +76,9 @@ pub enum Notice {
     BadCgroupPath { path: String, error: String },
 }
 
+/// The kubelet's process name as the kernel records it.
+const KUBELET_COMM: &str = "kubelet";
+
 /// Judgements kept for the exporters between two drains; beyond this the oldest are dropped
 /// (and counted), so a node nobody scrapes cannot grow the agent.
 const MAX_PENDING_JUDGEMENTS: usize = 4096;
@@ -89,10 +94,13 @@ pub struct NodeTracker {
     notices: Vec<Notice>,
     judgements: Vec<Judgement>,
     judgements_dropped: u64,
+    /// The runtime answered the last time it was asked (see `naming.rs`).
+    runtime_reachable: bool,
 }
 
 impl NodeTracker {
     pub fn new(config: TrackerConfig) -> Self {
+        let runtime_reachable = config.cri_available;
         Self {
             config,
             cgroups: HashMap::new(),
@@ -103,6 +111,7 @@ impl NodeTracker {
             notices: Vec::new(),
             judgements: Vec::new(),
             judgements_dropped: 0,
+            runtime_reachable,
         }
     }
 
@@ -141,6 +150,8 @@ impl NodeTracker {
     /// id the runtime does not list are sandboxes or foreign containers and are ignored.
     pub fn set_metadata(&mut self, containers: Vec<ContainerMeta>) {
         self.metadata = containers.into_iter().map(|m| (m.container_id.clone(), m)).collect();
+        self.runtime_reachable = true;
+        self.name_units_named_by_id();
         let pending: Vec<u64> =
             self.instances.iter().filter(|(_, i)| i.unit.is_none() && !i.ignored).map(|(id, _)| *id).collect();
         for cgroup_id in pending {
@@ -181,6 +192,9 @@ impl NodeTracker {
                 self.on_instance_gone(c.id);
             }
             Detail::Exec { parent_tgid, parent_cgroup_id, start_time_ns, comm, child_pid_namespace, .. } => {
+                if comm == KUBELET_COMM && !self.is_container_cgroup(event.cgroup_id) {
+                    self.on_kubelet_started();
+                }
                 if self.known_cgroup(event.cgroup_id) {
                     let exec = ExecFacts {
                         tgid: event.tgid,
@@ -276,6 +290,19 @@ impl NodeTracker {
             self.judgements_dropped += 1;
         }
         self.judgements.push(judgement);
+    }
+
+    /// A kubelet process started on the host: every container's back-off starts over.
+    fn on_kubelet_started(&mut self) {
+        for unit in self.units.values_mut() {
+            if matches!(unit.key, UnitKey::Container { .. }) {
+                unit.backoff.on_kubelet_restart();
+            }
+        }
+    }
+
+    fn is_container_cgroup(&self, id: u64) -> bool {
+        self.instances.get(&id).is_some_and(|i| matches!(i.kind, InstanceKind::Container { .. }))
     }
 
     fn known_cgroup(&mut self, id: u64) -> bool {

@@ -347,3 +347,99 @@ fn events_for_unknown_cgroups_ask_for_a_rescan_and_departed_units_expire() {
     tracker.expire(20 * SECOND, 10 * SECOND);
     assert!(tracker.containers(20 * SECOND).is_empty());
 }
+
+#[test]
+fn containers_the_runtime_cannot_name_are_listed_by_id_and_named_when_it_answers() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_metadata(vec![]);
+    tracker.set_runtime_reachable(false);
+    let cg = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND, 100, cg, SHIM_CGROUP, "app"));
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(2 * SECOND, (60, 1, "kill"), (100, cg), 10));
+    let view = only_view(&tracker, 2 * SECOND);
+    assert!(view.named_by_id);
+    assert_eq!((view.labels.uid.as_str(), view.labels.container.as_str()), (POD_UID, &container_id(1)[..12]));
+    assert!(matches!(view.status.state, ContainerState::Running { .. }), "{:?}", view.status.state);
+
+    // Stopped while unnamed: SIGTERM, then SIGKILL 2 s later. With the default 30 s grace that
+    // is an early kill; the pod's 2 s grace (known once named) makes it a kill after grace.
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(12 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(12 * SECOND + 1000, 100, cg, None, Some(9)));
+    let early = only_view(&tracker, 13 * SECOND).last_termination.expect("judged while unnamed");
+    assert!(matches!(early.outcome, TerminationOutcome::SigkilledAfterGrace { killed_early: true, .. }));
+    assert!(tracker.take_judgements().is_empty(), "no namespace yet: not in the distributions");
+
+    let mut known = meta(1, 2);
+    known.state = CriState::Exited;
+    tracker.set_metadata(vec![known]);
+    let view = only_view(&tracker, 14 * SECOND);
+    assert!(!view.named_by_id);
+    assert_eq!(
+        (view.labels.namespace.as_str(), view.labels.pod.as_str(), view.labels.container.as_str()),
+        ("shop", "web-1", "app")
+    );
+    assert_eq!(view.container_id, Some(container_id(1)));
+    let report = view.last_termination.expect("judged again under its name");
+    assert!(
+        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { grace_ns, killed_early: false, .. } if grace_ns == 2 * SECOND),
+        "{report:?}"
+    );
+    let unit = tracker.units().next().expect("one unit");
+    assert_eq!(unit.counters().signals.get(&(10, SenderKind::OtherProcess)), Some(&1), "counts joined the name");
+    assert_eq!(unit.counters().grace_violations, 1, "judged once");
+    assert_eq!(tracker.take_judgements().len(), 1);
+}
+
+#[test]
+fn a_running_instance_the_runtime_does_not_list_is_a_sandbox_and_dropped() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_runtime_reachable(false);
+    let sandbox = container_cgroup(&mut tracker, 0, 9);
+    tracker.apply(&exec(SECOND, 90, sandbox, SHIM_CGROUP, "pause"));
+    let finished = container_cgroup(&mut tracker, 0, 8);
+    tracker.apply(&exec(SECOND, 80, finished, SHIM_CGROUP, "job"));
+    tracker.apply(&exit(2 * SECOND, 80, finished, Some(0), None));
+    assert_eq!(tracker.containers(3 * SECOND).len(), 2, "{:#?}", tracker.containers(3 * SECOND));
+    tracker.set_metadata(vec![]);
+    let views = tracker.containers(3 * SECOND);
+    assert_eq!(views.len(), 1, "{views:#?}");
+    assert_eq!(views[0].labels.container, container_id(8)[..12], "an exited one keeps its verdict");
+    assert!(tracker.runtime_reachable());
+}
+
+#[test]
+fn a_kubelet_restart_resets_the_back_off() {
+    let run = |kubelet_restarts: bool| {
+        let mut tracker = tracker_with_cri();
+        tracker.set_metadata((1..=3).map(|n| meta(n, 30)).collect());
+        tracker.apply(&mkdir(0, 300, "/system.slice/kubelet.service"));
+        // Exits at 1 s and 2 s; the first restart is immediate, the second is due 10 s later.
+        let runs = [(0.0, 0.1, 1.0), (1.0, 1.1, 2.0)];
+        for (n, (created, started, exited)) in runs.iter().enumerate() {
+            let at = |s: f64| (s * SECOND as f64) as u64;
+            let cg = container_cgroup(&mut tracker, at(*created), n as u64 + 1);
+            tracker.apply(&exec(at(*started), 100 + n as u32, cg, SHIM_CGROUP, "app"));
+            tracker.apply(&exit(at(*exited), 100 + n as u32, cg, Some(1), None));
+        }
+        if kubelet_restarts {
+            let mut kubelet = exec(3 * SECOND, 400, 300, 300, "kubelet");
+            if let Detail::Exec { child_pid_namespace, namespace_init, .. } = &mut kubelet.detail {
+                (*child_pid_namespace, *namespace_init) = (false, false);
+            }
+            tracker.apply(&kubelet);
+        }
+        // The new kubelet restarts the container at once, 1.5 s after its exit.
+        let cg = container_cgroup(&mut tracker, 3 * SECOND + SECOND / 2, 3);
+        tracker.apply(&exec(3 * SECOND + SECOND / 2, 102, cg, SHIM_CGROUP, "app"));
+        let observation =
+            tracker.units().find(|u| matches!(u.key(), UnitKey::Container { .. })).and_then(|u| u.last_backoff().cloned());
+        observation
+    };
+    let after_restart = run(true).expect("judged");
+    assert_eq!((after_restart.expected_delay_ns, after_restart.verdict), (0, Verdict::WithinTolerance));
+    assert!(after_restart.entry_reset);
+    let without = run(false).expect("judged");
+    assert_eq!((without.expected_delay_ns, without.verdict), (10 * SECOND, Verdict::TooEarly));
+}

@@ -96,6 +96,8 @@ pub struct Unit {
     pub(super) sidecar: bool,
     /// When the current instance's init started (orders sidecars as the kubelet started them).
     pub(super) started_at: Option<u64>,
+    /// Named by pod uid + container id: the runtime could not name it (yet).
+    pub(super) named_by_id: bool,
 }
 
 /// One judged termination, for the exporters' distributions (the model keeps no histograms).
@@ -156,6 +158,12 @@ impl Unit {
         self.last_backoff.as_ref()
     }
 
+    /// Whether the unit is named by pod uid + container id because the runtime's metadata is
+    /// missing; it takes its real name when the metadata arrives.
+    pub fn named_by_id(&self) -> bool {
+        self.named_by_id
+    }
+
     /// The cgroup it runs in now, if any.
     pub fn cgroup_id(&self) -> Option<u64> {
         self.cgroup_id
@@ -210,10 +218,11 @@ impl NodeTracker {
                     },
                     Some(meta.clone()),
                 ),
-                None if !self.config.cri_available => {
+                None if !self.runtime_reachable => {
+                    // Keyed by the full id (unique); labelled with the short one, as crictl shows it.
                     let short: String = container_id.chars().take(12).collect();
                     (
-                        UnitKey::Container { pod_uid: pod_uid.clone(), container: short.clone() },
+                        UnitKey::Container { pod_uid: pod_uid.clone(), container: container_id.clone() },
                         UnitLabels {
                             namespace: String::new(),
                             pod: String::new(),
@@ -256,12 +265,17 @@ impl NodeTracker {
             init_container: false,
             sidecar: false,
             started_at: None,
+            named_by_id: false,
         });
         unit.labels = labels;
         unit.init_container = restart.is_init_container;
         unit.restart = restart;
         let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
         instance.unit = Some(key.clone());
+        let named_by_id = meta.is_none() && matches!(instance.kind, InstanceKind::Container { .. });
+        instance.named_by_id = named_by_id;
+        unit.named_by_id = named_by_id;
+        unit.departed_kernel_counters += std::mem::take(&mut instance.pending_kernel_counters);
         if let Some(meta) = &meta {
             instance.termination.set_settings(termination_settings(meta));
             instance.spec_hash = meta.kubelet.spec_hash.map(|h| format!("{h:x}"));
@@ -344,7 +358,10 @@ impl NodeTracker {
             // Host units have no kubelet: a new process is a new run, not a restart to judge.
             unit.backoff = BackoffTracker::new(*unit.backoff.policy(), tolerance);
         }
-        self.record_judgement(judgement);
+        // A unit named by id has no namespace yet; it is judged again once named (see naming.rs).
+        if !unit.named_by_id {
+            self.record_judgement(judgement);
+        }
     }
 }
 

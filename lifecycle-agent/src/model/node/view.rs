@@ -27,6 +27,8 @@ pub struct ContainerView {
     pub exec_session_cpu_seconds: f64,
     pub tcp: BTreeMap<u16, PortStats>,
     pub sidecar: bool,
+    /// Named by pod uid + container id: the runtime has not named it (yet).
+    pub named_by_id: bool,
     /// For a sidecar whose pod terminated: whether it was stopped in its turn.
     pub sidecar_order: Option<SidecarOrder>,
 }
@@ -61,6 +63,7 @@ impl NodeTracker {
             exec_session_cpu_seconds: unit.counters.exec_session_cpu_ns as f64 / 1e9,
             tcp: unit.tcp.clone(),
             sidecar: unit.sidecar,
+            named_by_id: unit.named_by_id,
             sidecar_order: None,
         }
     }

@@ -147,6 +147,12 @@ impl TerminationTracker {
         self.report.insert(report)
     }
 
+    /// Drops the report so the next [`Self::on_init_exit`] judges again, with the settings in force
+    /// then (the instance's metadata arrived after it was judged with defaults).
+    pub fn forget_report(&mut self) {
+        self.report = None;
+    }
+
     /// The report, once the init exited.
     pub fn report(&self) -> Option<&TerminationReport> {
         self.report.as_ref()
