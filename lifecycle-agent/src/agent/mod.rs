@@ -4,6 +4,7 @@
 
 pub mod http;
 mod routes;
+mod runtime;
 mod tasks;
 
 use std::{
@@ -23,7 +24,7 @@ use crate::{
         clock::{boottime_ns, unix_minus_boot_seconds},
     },
     export::{
-        metrics::{AgentCounters, FeatureFlag, KernelStats, Metrics, MetricsError},
+        metrics::{AgentCounters, FeatureFlag, KernelStats, Metrics, MetricsError, RuntimeMetrics},
         units::{KernelCounters, UnitMetrics},
     },
     kernel::{Sensor, SensorConfig, SensorError, SensorMaps, StreamError},
@@ -35,7 +36,8 @@ use crate::{
 };
 use http::{HttpError, Routes};
 use routes::ContainersApi;
-use tasks::{connect_cri, expiry_loop, handle_notices, metadata_loop, refresh_metadata, seed};
+use runtime::{runtime_loop, RuntimeLink};
+use tasks::{expiry_loop, handle_notices, seed};
 
 /// The sensor's counter map is where the exporters' kernel counters come from.
 impl KernelCounters for SensorMaps {
@@ -102,8 +104,9 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let mut sensor = Sensor::load(&config.sensor)?;
     sensor.log_features();
     let root = CgroupRoot::detect()?;
-    let cri = connect_cri(config.cri_socket.as_deref()).await;
-    let tracker_config = TrackerConfig { cri_available: cri.is_some(), ..config.tracker.clone() };
+    // Until the runtime is first asked, containers wait for their names; the first refresh below
+    // names them, or tells the tracker to name them by id.
+    let tracker_config = TrackerConfig { cri_available: true, ..config.tracker.clone() };
     let tracker = Arc::new(Mutex::new(NodeTracker::new(tracker_config)));
     seed(&tracker, &root);
     let maps = sensor.maps();
@@ -142,16 +145,10 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     tokio::spawn(supervisor.run(tracker.clone(), Duration::from_secs(1)));
 
     let metadata_wanted = Arc::new(Notify::new());
-    if let Some(cri) = cri {
-        refresh_metadata(&cri, &tracker).await;
-        tokio::spawn(metadata_loop(
-            cri,
-            tracker.clone(),
-            metadata_wanted.clone(),
-            config.cri_refresh,
-            shutdown.clone(),
-        ));
-    }
+    let runtime_metrics = RuntimeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
+    let mut runtime = RuntimeLink::new(config.cri_socket.clone(), runtime_metrics);
+    runtime.refresh(&tracker).await;
+    tokio::spawn(runtime_loop(runtime, tracker.clone(), metadata_wanted.clone(), config.cri_refresh, shutdown.clone()));
     tokio::spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));
 
     let listener = http::bind(config.listen).await?;

@@ -1,9 +1,7 @@
 //! The agent's background work: seeding from cgroupfs and /proc at start, the runtime's
 //! metadata (connect, refresh on demand and on a timer), rescans on notices, and expiry.
 
-use crate::ErrorChain;
 use std::{
-    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -11,12 +9,7 @@ use std::{
 use tokio::sync::{watch, Notify};
 
 use crate::{
-    discovery::{
-        cgroupfs::CgroupRoot,
-        clock::boottime_ns,
-        cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
-        proc,
-    },
+    discovery::{cgroupfs::CgroupRoot, clock::boottime_ns, proc},
     model::node::{NodeTracker, Notice, SeedProcess},
 };
 
@@ -72,53 +65,6 @@ pub(super) fn seed(tracker: &Mutex<NodeTracker>, root: &CgroupRoot) {
         });
     }
     log::info!("found {} cgroups at start", cgroups.len());
-}
-
-pub(super) async fn connect_cri(configured: Option<&std::path::Path>) -> Option<CriClient> {
-    let candidates: Vec<PathBuf> = match configured {
-        Some(path) => vec![path.to_owned()],
-        None => vec![PathBuf::from(CONTAINERD_SOCKET), PathBuf::from(CRIO_SOCKET)],
-    };
-    let mut errors = Vec::new();
-    for path in &candidates {
-        match CriClient::connect(path).await {
-            Ok(client) => {
-                log::info!("container runtime metadata from {}", path.display());
-                return Some(client);
-            }
-            Err(err) => errors.push(ErrorChain(&err).to_string()),
-        }
-    }
-    log::warn!(
-        "no container runtime answers ({}): containers are named by their cgroup (pod uid and container id), without pod names or grace periods",
-        errors.join("; ")
-    );
-    None
-}
-
-pub(super) async fn refresh_metadata(cri: &CriClient, tracker: &Mutex<NodeTracker>) {
-    match cri.list_containers().await {
-        Ok(list) => tracker.lock().unwrap_or_else(|poison| poison.into_inner()).set_metadata(list),
-        Err(err) => log::warn!("listing containers from the runtime failed: {}", ErrorChain(&err)),
-    }
-}
-
-pub(super) async fn metadata_loop(
-    cri: CriClient,
-    tracker: Arc<Mutex<NodeTracker>>,
-    wanted: Arc<Notify>,
-    period: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut ticker = tokio::time::interval(period);
-    loop {
-        tokio::select! {
-            _ = wanted.notified() => {}
-            _ = ticker.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        refresh_metadata(&cri, &tracker).await;
-    }
 }
 
 pub(super) async fn expiry_loop(

@@ -10,7 +10,7 @@ use lifecycle_common::{EventKind, KindStats, EVENT_KIND_COUNT};
 use prometheus::{
     core::{Collector, Desc},
     proto::MetricFamily,
-    Encoder, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Metric name prefix.
@@ -32,6 +32,56 @@ pub struct FeatureFlag {
     pub name: &'static str,
     /// Attached or not.
     pub enabled: bool,
+}
+
+/// The runtime connection's health: whether the CRI socket answers, how often asking failed, and
+/// when it last answered (so `time() - ...` says how long metadata has been missing).
+#[derive(Clone)]
+pub struct RuntimeMetrics {
+    up: IntGauge,
+    failures: IntCounter,
+    last_success: Gauge,
+}
+
+impl RuntimeMetrics {
+    /// Registers the three series.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let up = IntGauge::with_opts(
+            Opts::new(
+                "runtime_metadata_up",
+                "1 when the container runtime's CRI socket answered the last refresh, 0 while containers are named by id.",
+            )
+            .namespace(NAMESPACE),
+        )?;
+        let failures = IntCounter::with_opts(
+            Opts::new("runtime_metadata_refresh_failures_total", "Refreshes of runtime metadata that failed.")
+                .namespace(NAMESPACE),
+        )?;
+        let last_success = Gauge::with_opts(
+            Opts::new(
+                "runtime_metadata_last_success_timestamp_seconds",
+                "Unix time of the last refresh the runtime answered (0: never).",
+            )
+            .namespace(NAMESPACE),
+        )?;
+        registry.register(Box::new(up.clone()))?;
+        registry.register(Box::new(failures.clone()))?;
+        registry.register(Box::new(last_success.clone()))?;
+        Ok(Self { up, failures, last_success })
+    }
+
+    /// The runtime answered.
+    pub fn succeeded(&self) {
+        self.up.set(1);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        self.last_success.set(now.as_secs_f64());
+    }
+
+    /// Asking the runtime failed.
+    pub fn failed(&self) {
+        self.up.set(0);
+        self.failures.inc();
+    }
 }
 
 /// Agent-side counters that the kernel does not keep.

@@ -433,8 +433,10 @@ fn a_kubelet_restart_resets_the_back_off() {
         // The new kubelet restarts the container at once, 1.5 s after its exit.
         let cg = container_cgroup(&mut tracker, 3 * SECOND + SECOND / 2, 3);
         tracker.apply(&exec(3 * SECOND + SECOND / 2, 102, cg, SHIM_CGROUP, "app"));
-        let observation =
-            tracker.units().find(|u| matches!(u.key(), UnitKey::Container { .. })).and_then(|u| u.last_backoff().cloned());
+        let observation = tracker
+            .units()
+            .find(|u| matches!(u.key(), UnitKey::Container { .. }))
+            .and_then(|u| u.last_backoff().cloned());
         observation
     };
     let after_restart = run(true).expect("judged");

@@ -219,6 +219,8 @@ impl NodeTracker {
                     Some(meta.clone()),
                 ),
                 None if !self.runtime_reachable => {
+                    // Named by id now; the plumbing keeps asking the runtime for the name.
+                    self.notices.push(Notice::MetadataNeeded { container_id: container_id.clone() });
                     // Keyed by the full id (unique); labelled with the short one, as crictl shows it.
                     let short: String = container_id.chars().take(12).collect();
                     (

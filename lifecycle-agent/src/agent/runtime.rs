@@ -1,0 +1,144 @@
+//! The link to the container runtime's CRI socket, kept alive for the agent's whole life.
+//!
+//! The runtime restarts (node upgrades, crashes) and its socket is replaced with a new inode, so
+//! the agent never holds on to one: every connection attempt resolves the socket path again (the
+//! DaemonSet mounts the socket's directory, not the file, for the same reason). When a call
+//! fails, the client is dropped, the tracker is told the runtime is unreachable (containers are
+//! then named by pod uid + container id), and connecting is retried with back-off — at once when a
+//! new container asks for a name, but never more often than [`MIN_RETRY`]. The agent never needs
+//! a restart of its own to see the runtime again.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{watch, Notify};
+
+use crate::{
+    discovery::cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
+    export::metrics::RuntimeMetrics,
+    model::node::NodeTracker,
+    ErrorChain,
+};
+
+/// Shortest gap between two connection attempts, however often a name is asked for.
+const MIN_RETRY: Duration = Duration::from_millis(200);
+/// Longest gap between two connection attempts while the runtime stays away.
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// The runtime connection and its state.
+pub(super) struct RuntimeLink {
+    candidates: Vec<PathBuf>,
+    client: Option<CriClient>,
+    metrics: RuntimeMetrics,
+    /// Whether the last attempt reached the runtime (logs only transitions).
+    answered: Option<bool>,
+}
+
+impl RuntimeLink {
+    /// The configured socket, else containerd's and CRI-O's default paths, tried in order.
+    pub(super) fn new(configured: Option<PathBuf>, metrics: RuntimeMetrics) -> Self {
+        let candidates = match configured {
+            Some(path) => vec![path],
+            None => vec![PathBuf::from(CONTAINERD_SOCKET), PathBuf::from(CRIO_SOCKET)],
+        };
+        Self { candidates, client: None, metrics, answered: None }
+    }
+
+    /// One attempt: connect if needed, list every container, hand the list to the tracker.
+    /// Returns whether the runtime answered.
+    pub(super) async fn refresh(&mut self, tracker: &Mutex<NodeTracker>) -> bool {
+        if self.client.is_none() {
+            match self.connect().await {
+                Ok(client) => {
+                    log::info!("container runtime metadata from {}", client.socket().display());
+                    self.client = Some(client);
+                }
+                Err(errors) => {
+                    self.failed(tracker, || {
+                        format!(
+                            "no container runtime answers ({}): containers are named by pod uid and container id until one does",
+                            errors.join("; ")
+                        )
+                    });
+                    return false;
+                }
+            }
+        }
+        let Some(client) = &self.client else { return false };
+        match client.list_containers().await {
+            Ok(list) => {
+                tracker.lock().unwrap_or_else(|poison| poison.into_inner()).set_metadata(list);
+                self.metrics.succeeded();
+                if self.answered == Some(false) {
+                    log::info!("the container runtime answers again; containers named by id take their names");
+                }
+                self.answered = Some(true);
+                true
+            }
+            Err(err) => {
+                let socket = client.socket().display().to_string();
+                self.client = None;
+                self.failed(tracker, || format!("listing containers from {socket} failed: {}", ErrorChain(&err)));
+                false
+            }
+        }
+    }
+
+    fn failed(&mut self, tracker: &Mutex<NodeTracker>, why: impl FnOnce() -> String) {
+        self.metrics.failed();
+        tracker.lock().unwrap_or_else(|poison| poison.into_inner()).set_runtime_reachable(false);
+        if self.answered != Some(false) {
+            log::warn!("{}", why());
+        } else {
+            log::debug!("{}", why());
+        }
+        self.answered = Some(false);
+    }
+
+    async fn connect(&self) -> Result<CriClient, Vec<String>> {
+        let mut errors = Vec::new();
+        for path in &self.candidates {
+            match CriClient::connect(path).await {
+                Ok(client) => return Ok(client),
+                Err(err) => errors.push(ErrorChain(&err).to_string()),
+            }
+        }
+        Err(errors)
+    }
+}
+
+/// Refreshes every `period`, when a container asks for a name (`wanted`), and while the runtime
+/// is away, with back-off from [`MIN_RETRY`] to [`MAX_RETRY`], until shutdown.
+pub(super) async fn runtime_loop(
+    mut link: RuntimeLink,
+    tracker: Arc<Mutex<NodeTracker>>,
+    wanted: Arc<Notify>,
+    period: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut retry = MIN_RETRY;
+    let mut last_attempt = Instant::now();
+    let mut up = link.answered == Some(true);
+    loop {
+        let wait = if up { period } else { retry };
+        tokio::select! {
+            _ = wanted.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => return,
+        }
+        // Many containers asking at once (a node starting) make one attempt, not many.
+        let since = last_attempt.elapsed();
+        if since < MIN_RETRY {
+            tokio::select! {
+                _ = tokio::time::sleep(MIN_RETRY - since) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+        last_attempt = Instant::now();
+        up = link.refresh(&tracker).await;
+        retry = if up { MIN_RETRY } else { (retry * 2).min(MAX_RETRY) };
+    }
+}
