@@ -38,7 +38,9 @@ KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")
 NOT_MANIFESTS = {"alerts.rules.yaml", "alerts.test.yaml"}
 CRD_GROUPS = {"monitoring.coreos.com"}
 EXPECTED_CAPABILITIES = {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"}
-EXPECTED_MOUNTS = {"/sys/fs/cgroup", "/sys/kernel/btf", "/sys/kernel/tracing", "/host/proc", "/run/containerd/containerd.sock"}
+EXPECTED_MOUNTS = {"/sys/fs/cgroup", "/sys/kernel/btf", "/sys/kernel/tracing", "/host/proc", "/run/containerd", "/var/run/crio"}
+# Runtime sockets are replaced on every runtime restart: mount their directories, never the file.
+RUNTIME_DIRECTORIES = {"/run/containerd", "/var/run/crio"}
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
@@ -150,6 +152,13 @@ def daemonset_problems(doc: dict) -> list[str]:
     mounts = {m["mountPath"] for m in agent.get("volumeMounts", [])}
     if EXPECTED_MOUNTS - mounts:
         problems.append(f"missing mounts {sorted(EXPECTED_MOUNTS - mounts)}")
+    volumes = {v.get("name"): v for v in (doc["spec"]["template"]["spec"].get("volumes") or [])}
+    for mount in agent.get("volumeMounts", []):
+        host_path = (volumes.get(mount.get("name")) or {}).get("hostPath") or {}
+        if host_path.get("type") == "Socket" or str(host_path.get("path", "")).endswith(".sock"):
+            problems.append(f"{mount['mountPath']}: mount the runtime's socket directory, not the socket file")
+        if mount["mountPath"] in RUNTIME_DIRECTORIES and not mount.get("readOnly"):
+            problems.append(f"{mount['mountPath']} must be read-only")
     args = agent.get("args", [])
     if "--listen" not in args or args[args.index("--listen") + 1] != "0.0.0.0:9890":
         problems.append("args must contain --listen 0.0.0.0:9890")
