@@ -26,18 +26,24 @@ pub mod probe;
 
 /// Displays an error with every cause in its chain, `outer: cause: root`. Errors in this crate
 /// name their cause through `#[source]` and not in their own message, so logs print them with
-/// this (and the CLI with anyhow's `{:#}`): each cause appears exactly once.
+/// this (and the CLI with anyhow's `{:#}`): each cause appears exactly once. Other crates' errors
+/// (tonic's, io's inside them) often repeat their source in their own message; a cause whose text
+/// is already printed is skipped.
 pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut printed = self.0.to_string();
         let mut cause = self.0.source();
         while let Some(error) = cause {
-            write!(f, ": {error}")?;
+            let text = error.to_string();
+            if !printed.contains(&text) {
+                printed.push_str(": ");
+                printed.push_str(&text);
+            }
             cause = error.source();
         }
-        Ok(())
+        f.write_str(&printed)
     }
 }
 
@@ -49,9 +55,15 @@ mod tests {
     #[error("outer")]
     struct Outer(#[source] std::io::Error);
 
+    #[derive(Debug, thiserror::Error)]
+    #[error("call failed: {0}")]
+    struct Repeating(#[source] std::io::Error);
+
     #[test]
     fn every_cause_is_printed_once() {
         let err = Outer(std::io::Error::other("root cause"));
         assert_eq!(ErrorChain(&err).to_string(), "outer: root cause");
+        let err = Outer(std::io::Error::other(Repeating(std::io::Error::other("no such file"))));
+        assert_eq!(ErrorChain(&err).to_string(), "outer: call failed: no such file");
     }
 }

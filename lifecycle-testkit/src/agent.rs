@@ -26,8 +26,14 @@ impl Agent {
     /// Starts `binary` (`env!("CARGO_BIN_EXE_lifecycle-agent")`) with `run` against the
     /// harness's CRI socket plus `extra` flags, and waits until /healthz answers 200.
     pub fn start(binary: impl AsRef<Path>, h: &Containerd, extra: &[&str]) -> Self {
+        Self::start_with_socket(binary, h.socket(), extra)
+    }
+
+    /// Like [`Self::start`], with the CRI socket at `socket` (a path that reaches the harness's
+    /// socket some other way, as a mounted directory does).
+    pub fn start_with_socket(binary: impl AsRef<Path>, socket: &Path, extra: &[&str]) -> Self {
         let addr = format!("127.0.0.1:{}", free_port());
-        let socket = h.socket().to_string_lossy().into_owned();
+        let socket = socket.to_string_lossy().into_owned();
         let child = Command::new(binary.as_ref())
             .args(["run", "--listen", &addr, "--cri-socket", &socket])
             .args(extra)

@@ -73,6 +73,8 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
                             "--test",
                             "e2e",
                             "--test",
+                            "runtime_restart",
+                            "--test",
                             "dashboards",
                         ])
                         .args(["--", "--test-threads=1"]),

@@ -21,7 +21,12 @@ impl Containerd {
     pub(super) fn spawn_containerd(&mut self) -> Result<()> {
         let config = self.run.path.join("config.toml");
         fs::write(&config, containerd_config(&self.run.path)).context("write containerd config")?;
-        let log = fs::File::create(self.run.path.join("containerd.log")).context("create containerd log")?;
+        // Appended to, so a restarted containerd's log follows the first one's.
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.run.path.join("containerd.log"))
+            .context("open containerd log")?;
         let child = Command::new("containerd")
             .arg("--config")
             .arg(&config)
@@ -84,6 +89,16 @@ impl Containerd {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Stops containerd and starts it again on the same state, as a node upgrade or a runtime
+    /// crash does: containers keep running under their shims, and the socket is created anew
+    /// (a new inode). Returns once the new containerd answers the CRI.
+    pub fn restart_containerd(&mut self) -> Result<()> {
+        // Drop the gRPC channel before its server goes away.
+        self.cri = None;
+        self.stop_containerd();
+        self.spawn_containerd()
     }
 
     /// SIGTERM to our containerd, SIGKILL if it has not exited within 5 s.
