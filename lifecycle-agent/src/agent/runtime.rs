@@ -4,9 +4,10 @@
 //! the agent never holds on to one: every connection attempt resolves the socket path again (the
 //! DaemonSet mounts the socket's directory, not the file, for the same reason). When a call
 //! fails, the client is dropped, the tracker is told the runtime is unreachable (containers are
-//! then named by pod uid + container id), and connecting is retried with back-off — at once when a
-//! new container asks for a name, but never more often than [`MIN_RETRY`]. The agent never needs
-//! a restart of its own to see the runtime again.
+//! then named by pod uid + container id), and connecting is retried with back-off — sooner when a
+//! new container asks for a name, but never more often than [`MIN_RETRY`]. While the runtime
+//! answers, a container asking for its name is answered at once. The agent never needs a restart
+//! of its own to see the runtime again.
 
 use std::{
     path::PathBuf,
@@ -129,9 +130,11 @@ pub(super) async fn runtime_loop(
             _ = tokio::time::sleep(wait) => {}
             _ = shutdown.changed() => return,
         }
-        // Many containers asking at once (a node starting) make one attempt, not many.
+        // While the runtime answers, a container asking for its name is answered at once (it may
+        // live for milliseconds). While it does not, many containers asking (a node starting)
+        // make one attempt, not many.
         let since = last_attempt.elapsed();
-        if since < MIN_RETRY {
+        if !up && since < MIN_RETRY {
             tokio::select! {
                 _ = tokio::time::sleep(MIN_RETRY - since) => {}
                 _ = shutdown.changed() => return,

@@ -65,6 +65,9 @@ pub(super) struct Instance {
     pub(super) pending_tcp: BTreeMap<u16, PortStats>,
     /// Kernel counters of departed cgroups carried over when the instance changes units.
     pub(super) pending_kernel_counters: CgroupCounters,
+    /// Its cgroup is gone while it still waited for its name: kept until the next metadata links
+    /// (and judges) or ignores it, so a container that lives for milliseconds is not lost.
+    pub(super) departed: bool,
     /// Linked to a unit named by pod uid + container id because the runtime could not name it;
     /// re-linked to its real unit when metadata arrives.
     pub(super) named_by_id: bool,
@@ -111,6 +114,7 @@ impl Instance {
             pending_tcp: BTreeMap::new(),
             pending_kernel_counters: CgroupCounters::default(),
             named_by_id: false,
+            departed: false,
         }
     }
 }

@@ -76,6 +76,10 @@ pub enum Notice {
     BadCgroupPath { path: String, error: String },
 }
 
+/// Containers gone before the runtime named them, kept for the next metadata (a crash loop on a
+/// node whose runtime answers slowly); more than this and the oldest are dropped.
+const MAX_DEPARTED_WAITING: usize = 1024;
+
 /// The kubelet's process name as the kernel records it.
 const KUBELET_COMM: &str = "kubelet";
 
@@ -181,6 +185,7 @@ impl NodeTracker {
                 instance.termination.set_settings(termination_settings(meta));
             }
         }
+        self.drop_departed();
     }
 
     /// Applies one kernel event.
@@ -340,6 +345,32 @@ impl NodeTracker {
         }
     }
 
+    /// Instances whose cgroup is gone and that were linked or ignored since: finished with.
+    fn drop_departed(&mut self) {
+        let done: Vec<u64> = self
+            .instances
+            .iter()
+            .filter(|(_, i)| i.departed && (i.unit.is_some() || i.ignored))
+            .map(|(id, _)| *id)
+            .collect();
+        for cgroup_id in done {
+            self.on_instance_gone(cgroup_id);
+        }
+    }
+
+    /// At most [`MAX_DEPARTED_WAITING`] gone instances wait for a name; the oldest go first.
+    fn bound_departed(&mut self) {
+        let mut waiting: Vec<(u64, u64)> =
+            self.instances.iter().filter(|(_, i)| i.departed).map(|(id, i)| (i.created_at, *id)).collect();
+        if waiting.len() <= MAX_DEPARTED_WAITING {
+            return;
+        }
+        waiting.sort_unstable();
+        for (_, cgroup_id) in &waiting[..waiting.len() - MAX_DEPARTED_WAITING] {
+            self.instances.remove(cgroup_id);
+        }
+    }
+
     fn on_instance_gone(&mut self, cgroup_id: u64) {
         // A provisional init (hostPID container) whose exit no real init followed: that was it.
         if let Some(instance) = self.instances.get_mut(&cgroup_id) {
@@ -349,6 +380,15 @@ impl NodeTracker {
                     self.finish(cgroup_id);
                 }
             }
+        }
+        let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
+        let waiting_for_name =
+            instance.unit.is_none() && !instance.ignored && matches!(instance.kind, InstanceKind::Container { .. });
+        if waiting_for_name && !instance.departed {
+            instance.departed = true;
+            self.processes.retain(|_, p| p.cgroup_id != cgroup_id);
+            self.bound_departed();
+            return;
         }
         let Some(instance) = self.instances.remove(&cgroup_id) else { return };
         if let Some(unit) = instance.unit.and_then(|k| self.units.get_mut(&k)) {

@@ -23,6 +23,7 @@ impl NodeTracker {
             for cgroup_id in waiting {
                 self.link(cgroup_id);
             }
+            self.drop_departed();
         }
     }
 

@@ -445,3 +445,26 @@ fn a_kubelet_restart_resets_the_back_off() {
     let without = run(false).expect("judged");
     assert_eq!((without.expected_delay_ns, without.verdict), (10 * SECOND, Verdict::TooEarly));
 }
+
+#[test]
+fn a_container_gone_before_its_metadata_arrived_is_still_judged() {
+    let mut tracker = tracker_with_cri();
+    let cg = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND / 10, 100, cg, SHIM_CGROUP, "app"));
+    tracker.apply(&exit(SECOND / 5, 100, cg, Some(1), None));
+    tracker.apply(&event(
+        SECOND / 4,
+        1,
+        1,
+        Detail::CgroupRmdir(CgroupDetail { id: cg, path: String::new(), truncated: false }),
+    ));
+    assert!(tracker.containers(SECOND).is_empty(), "waiting for its name");
+    tracker.set_metadata(vec![meta(1, 30)]);
+    let view = only_view(&tracker, SECOND);
+    assert_eq!(view.labels.container, "app");
+    assert!(matches!(view.status.state, ContainerState::Terminated { exit_code: 1, .. }), "{:?}", view.status.state);
+    assert_eq!(view.cgroup_id, None, "its cgroup is gone");
+    // Linked and gone: nothing is kept for it any more.
+    tracker.set_metadata(vec![]);
+    assert_eq!(tracker.containers(SECOND).len(), 1);
+}
