@@ -58,6 +58,7 @@ fn node(n: u64) -> NodeTracker {
                     pre_stop_handler: None,
                     ports: None,
                 },
+                probe_declaration: None,
                 state: ContainerState::Running,
                 exit_code: None,
                 reason: None,

@@ -38,6 +38,10 @@ pub mod keys {
     pub const PORTS: &str = "io.kubernetes.container.ports";
     /// Annotation: pod spec terminationGracePeriodSeconds, decimal seconds.
     pub const TERMINATION_GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
+    /// Pod annotation (on the sandbox, set by the pod's author): the agent probes the pod
+    /// declares, one probe path per line (`/probe/tcp?port=8080&stall=5s`). Only these are
+    /// answered when the agent has no pod spec from the API.
+    pub const PROBE_DECLARATION: &str = "lifecycle.dev/probes";
     /// Annotation: pod deletionGracePeriodSeconds, decimal seconds; set once deletion started.
     pub const DELETION_GRACE_PERIOD: &str = "io.kubernetes.pod.deletionGracePeriod";
 }
@@ -102,6 +106,9 @@ pub struct ContainerMeta {
     pub attempt: u32,
     /// What the kubelet wrote in the container's annotations.
     pub kubelet: KubeletAnnotations,
+    /// The pod's [`keys::PROBE_DECLARATION`] annotation, raw (at most
+    /// [`MAX_PROBE_DECLARATION_BYTES`]; a longer one is dropped as malformed).
+    pub probe_declaration: Option<String>,
     /// Runtime state.
     pub state: ContainerState,
     /// Exit code; only known from a status call on an exited container.
@@ -139,6 +146,22 @@ pub struct AnnotationProblem {
 impl fmt::Display for AnnotationProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "annotation {}={:?}: {}", self.key, self.value, self.why)
+    }
+}
+
+/// Longest probe declaration accepted: a pod declares a handful of probe paths.
+pub const MAX_PROBE_DECLARATION_BYTES: usize = 4096;
+
+/// The pod's probe declaration from its annotations, if present and not over the size bound.
+pub fn probe_declaration(pod_annotations: &HashMap<String, String>) -> Result<Option<String>, AnnotationProblem> {
+    match pod_annotations.get(keys::PROBE_DECLARATION) {
+        None => Ok(None),
+        Some(text) if text.len() > MAX_PROBE_DECLARATION_BYTES => Err(AnnotationProblem {
+            key: keys::PROBE_DECLARATION,
+            value: text.chars().take(64).collect(),
+            why: "longer than 4096 bytes",
+        }),
+        Some(text) => Ok(Some(text.clone())),
     }
 }
 
@@ -243,6 +266,17 @@ fn checked_json(raw: &str) -> Result<String, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probe_declarations_are_bounded() {
+        let with = |text: String| HashMap::from([(keys::PROBE_DECLARATION.to_owned(), text)]);
+        assert_eq!(probe_declaration(&HashMap::new()), Ok(None));
+        let one = "/probe/tcp?port=8080".to_owned();
+        assert_eq!(probe_declaration(&with(one.clone())), Ok(Some(one)));
+        let long = "x".repeat(MAX_PROBE_DECLARATION_BYTES + 1);
+        let problem = probe_declaration(&with(long)).expect_err("too long");
+        assert_eq!((problem.key, problem.value.len()), (keys::PROBE_DECLARATION, 64));
+    }
 
     #[test]
     fn grace_seconds_that_overflow_nanoseconds_are_rejected() {

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 use crate::{
     discovery::netns,
-    model::node::NodeTracker,
+    model::node::{NodeTracker, RunningContainer},
     probe::{
         bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, pod::DEFAULT_REFRESH, query::Query,
         server::BlockingServer, CheckSpec, NodeProbes, PodProbe, ProbeAnswer,
@@ -67,7 +67,7 @@ impl ProbeSupervisor {
     pub fn reconcile(&mut self, tracker: &Mutex<NodeTracker>) {
         let running = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).running_containers();
         let mut seen = Vec::new();
-        for (labels, pid) in running {
+        for RunningContainer { labels, main_pid: pid, .. } in running {
             let target = ProbeTarget {
                 namespace: labels.namespace.clone(),
                 pod: labels.pod.clone(),

@@ -40,6 +40,7 @@ pub fn meta_from_list_entry(container: &proto::Container) -> (ContainerMeta, Vec
         container_name,
         attempt: container.metadata.as_ref().map_or(0, |m| m.attempt),
         kubelet: a,
+        probe_declaration: None,
         state: state_from_proto(container.state),
         exit_code: None,
         reason: None,
@@ -71,6 +72,7 @@ pub fn meta_from_status(
         container_name,
         attempt: status.metadata.as_ref().map_or(0, |m| m.attempt),
         kubelet: a,
+        probe_declaration: None,
         state,
         // The CRI reports 0 for containers that have not exited; only an exited one has a code.
         exit_code: (state == ContainerState::Exited).then_some(status.exit_code),

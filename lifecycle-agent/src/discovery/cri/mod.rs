@@ -7,6 +7,7 @@
 mod convert;
 
 use std::{
+    collections::HashMap,
     io,
     os::unix::fs::FileTypeExt,
     path::{Path, PathBuf},
@@ -25,7 +26,7 @@ use tonic::{
 use convert::log_problems;
 pub use convert::{meta_from_list_entry, meta_from_status};
 
-use crate::model::metadata::ContainerMeta;
+use crate::model::metadata::{probe_declaration, ContainerMeta};
 
 /// containerd's default CRI socket.
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
@@ -189,14 +190,35 @@ impl CriClient {
     /// [`Self::container_status`] for those.
     pub async fn list_containers(&self) -> Result<Vec<ContainerMeta>, CriError> {
         let containers = self.list(None).await?;
+        let declarations = self.probe_declarations().await?;
         Ok(containers
             .iter()
             .map(|container| {
-                let (meta, problems) = meta_from_list_entry(container);
+                let (mut meta, problems) = meta_from_list_entry(container);
                 log_problems(&meta.container_id, &problems);
+                meta.probe_declaration = declarations.get(&meta.pod_sandbox_id).cloned();
                 meta
             })
             .collect())
+    }
+
+    /// Sandbox id -> the pod's probe declaration, for the pods that have one (pod annotations
+    /// live on the sandbox, not on its containers).
+    async fn probe_declarations(&self) -> Result<HashMap<String, String>, CriError> {
+        let mut runtime = self.runtime.clone();
+        let request = proto::ListPodSandboxRequest { filter: None };
+        let sandboxes = self.call("ListPodSandbox", runtime.list_pod_sandbox(request)).await?.items;
+        let mut out = HashMap::new();
+        for sandbox in sandboxes {
+            match probe_declaration(&sandbox.annotations) {
+                Ok(Some(text)) => {
+                    out.insert(sandbox.id, text);
+                }
+                Ok(None) => {}
+                Err(problem) => log::warn!("pod sandbox {}: {problem}; no probes declared", sandbox.id),
+            }
+        }
+        Ok(out)
     }
 
     /// One container with its outcome: state, exit code, reason, start and finish times.

@@ -40,7 +40,7 @@ pub use instance::SeedProcess;
 use instance::{ExecFacts, Instance, InstanceKind, ProcessEntry};
 use unit::termination_settings;
 pub use unit::{Judgement, PortStats, Unit, UnitCounters, UnitKey, UnitLabels};
-pub use view::ContainerView;
+pub use view::{ContainerView, RunningContainer};
 
 /// Settings for the model; defaults are the kubelet's.
 #[derive(Clone, Debug)]
@@ -183,6 +183,10 @@ impl NodeTracker {
             if let (Some(meta), Some(instance)) = (self.metadata.get(&container_id), self.instances.get_mut(&cgroup_id))
             {
                 instance.termination.set_settings(termination_settings(meta));
+                // A pod's annotations can change while it runs (its probe declaration).
+                if let Some(unit) = instance.unit.as_ref().and_then(|key| self.units.get_mut(key)) {
+                    unit.probe_declaration.clone_from(&meta.probe_declaration);
+                }
             }
         }
         self.drop_departed();

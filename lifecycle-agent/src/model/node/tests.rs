@@ -37,6 +37,7 @@ fn meta(n: u64, grace_s: u64) -> ContainerMeta {
             pre_stop_handler: None,
             ports: None,
         },
+        probe_declaration: None,
         state: CriState::Running,
         exit_code: None,
         reason: None,

@@ -98,6 +98,8 @@ pub struct Unit {
     pub(super) started_at: Option<u64>,
     /// Named by pod uid + container id: the runtime could not name it (yet).
     pub(super) named_by_id: bool,
+    /// The pod's probe declaration, from the runtime's metadata.
+    pub(super) probe_declaration: Option<String>,
 }
 
 /// One judged termination, for the exporters' distributions (the model keeps no histograms).
@@ -268,8 +270,10 @@ impl NodeTracker {
             sidecar: false,
             started_at: None,
             named_by_id: false,
+            probe_declaration: None,
         });
         unit.labels = labels;
+        unit.probe_declaration = meta.as_ref().and_then(|m| m.probe_declaration.clone());
         unit.init_container = restart.is_init_container;
         unit.restart = restart;
         let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };

@@ -33,6 +33,16 @@ pub struct ContainerView {
     pub sidecar_order: Option<SidecarOrder>,
 }
 
+/// A container running now, as the probe supervisor needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunningContainer {
+    pub labels: UnitLabels,
+    /// The container's init, as the host sees it.
+    pub main_pid: u32,
+    /// The pod's declared probes (raw annotation text; see `metadata::keys::PROBE_DECLARATION`).
+    pub probe_declaration: Option<String>,
+}
+
 impl NodeTracker {
     /// Every unit.
     pub fn units(&self) -> impl Iterator<Item = &Unit> {
@@ -68,14 +78,19 @@ impl NodeTracker {
         }
     }
 
-    /// Kubernetes containers running now, with their main process.
-    pub fn running_containers(&self) -> Vec<(UnitLabels, u32)> {
+    /// Kubernetes containers running now, with their main process and their pod's probe
+    /// declaration.
+    pub fn running_containers(&self) -> Vec<RunningContainer> {
         self.instances
             .values()
             .filter(|i| matches!(i.kind, InstanceKind::Container { .. }) && i.exit.is_none())
             .filter_map(|i| {
                 let unit = self.units.get(i.unit.as_ref()?)?;
-                Some((unit.labels.clone(), i.init?.tgid))
+                Some(RunningContainer {
+                    labels: unit.labels.clone(),
+                    main_pid: i.init?.tgid,
+                    probe_declaration: unit.probe_declaration.clone(),
+                })
             })
             .collect()
     }
