@@ -3,6 +3,7 @@
 //!
 //! - [`cgroupfs`]: the cgroup v2 mount, paths and ids.
 //! - [`cri`]: the container runtime's CRI socket (names, pods, spec annotations).
+//! - [`kube`]: the Kubernetes API: this node's pods (spec and reported status) and their events.
 //! - [`proc`]: /proc: processes at start, and what the probes sample of a process.
 //! - [`sockdiag`]: listeners and backlogs of a network namespace over NETLINK_SOCK_DIAG.
 //! - [`netns`]: running a piece of work inside another network namespace.
@@ -11,6 +12,7 @@
 pub mod cgroupfs;
 pub mod clock;
 pub mod cri;
+pub mod kube;
 pub mod netns;
 pub mod proc;
 pub mod sockdiag;

@@ -11,4 +11,5 @@ pub mod identity;
 mod layering;
 pub mod metadata;
 pub mod node;
+pub mod spec;
 pub mod termination;

@@ -1,0 +1,277 @@
+//! What only the pod spec and the API tell (the CRI does not carry it), decoded into the facts
+//! the verdicts need: each container's restart rules, stop signal, preStop hook and probe
+//! grace periods; the pod's deletion and its grace; what disrupted it; and what the kubelet
+//! reported, to compare with what the kernel saw.
+//!
+//! Pure types and rules. `discovery::kube` fills them from Pod and Event objects.
+
+use serde::Serialize;
+
+use super::{
+    container_state::{RestartPolicy, RestartSpec},
+    termination::PreStopHandler,
+};
+
+/// Where a container came from in the pod spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContainerKind {
+    /// `initContainers`, run to completion before the others.
+    Init,
+    /// `initContainers` with `restartPolicy: Always`: runs beside the main containers.
+    Sidecar,
+    /// `containers`.
+    Regular,
+    /// `ephemeralContainers` (kubectl debug).
+    Ephemeral,
+}
+
+/// One container's spec, as far as verdicts need it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerFacts {
+    pub name: String,
+    pub kind: ContainerKind,
+    /// restartPolicy of the pod, the container's own and its `restartPolicyRules`.
+    pub restart: RestartSpec,
+    /// `lifecycle.stopSignal` (1.33+), as a signal number.
+    pub stop_signal: Option<u8>,
+    pub pre_stop: Option<PreStopHandler>,
+    /// `livenessProbe.terminationGracePeriodSeconds`, when set.
+    pub liveness_grace_ns: Option<u64>,
+    /// `startupProbe.terminationGracePeriodSeconds`, when set.
+    pub startup_grace_ns: Option<u64>,
+    /// `httpGet` paths of the container's probes aimed at `port` numbers (for declared probes).
+    pub http_probes: Vec<HttpProbe>,
+}
+
+/// An `httpGet` probe of a container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpProbe {
+    /// The numeric port (named ports are resolved against the container's ports).
+    pub port: u16,
+    /// Path with query, as the kubelet sends it.
+    pub path: String,
+}
+
+/// A state the kubelet reported in `status.containerStatuses[]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ReportedState {
+    Waiting { reason: String },
+    Running,
+    Terminated { reason: String, exit_code: i32, signal: Option<i32> },
+}
+
+/// What the kubelet reported for one container.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReportedContainer {
+    pub name: String,
+    pub restart_count: u32,
+    pub state: Option<ReportedState>,
+    pub last_state: Option<ReportedState>,
+    /// `status.containerStatuses[].stopSignal` (1.33+): the signal the runtime will use.
+    pub stop_signal: Option<u8>,
+    pub container_id: Option<String>,
+}
+
+/// Why a pod is being stopped, when the Pod object says (status, conditions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Disruption {
+    /// `status.reason: Evicted`, or condition DisruptionTarget with reason EvictionByEvictionAPI
+    /// or TerminationByKubelet.
+    Evicted,
+    /// Condition DisruptionTarget reason PreemptionByScheduler, or a `Preempting` event.
+    Preempted,
+    /// Node shutdown: `status.reason: Terminated` with the kubelet's shutdown message.
+    NodeShutdown,
+}
+
+/// One pod as the API shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodFacts {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub restart_policy: RestartPolicy,
+    /// `spec.terminationGracePeriodSeconds` (None: the API default, 30 s).
+    pub grace_ns: Option<u64>,
+    /// `metadata.deletionGracePeriodSeconds`, set once the pod is being deleted.
+    pub deletion_grace_ns: Option<u64>,
+    pub disruption: Option<Disruption>,
+    /// Condition AllContainersRestarting (RestartAllContainers, 1.35 alpha).
+    pub restarting_all_containers: bool,
+    pub containers: Vec<ContainerFacts>,
+    /// `status.phase` as the kubelet reported it.
+    pub reported_phase: Option<String>,
+    pub reported: Vec<ReportedContainer>,
+}
+
+impl PodFacts {
+    /// The spec of container `name`.
+    pub fn container(&self, name: &str) -> Option<&ContainerFacts> {
+        self.containers.iter().find(|c| c.name == name)
+    }
+
+    /// What the kubelet reported for container `name`.
+    pub fn reported(&self, name: &str) -> Option<&ReportedContainer> {
+        self.reported.iter().find(|c| c.name == name)
+    }
+}
+
+/// Why a container was stopped, as one bounded word (a metric label value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopCause {
+    /// The pod was deleted (the grace used is the deletion's).
+    Deleted,
+    /// The kubelet killed it after its liveness probe failed.
+    LivenessProbe,
+    /// The kubelet killed it after its startup probe failed.
+    StartupProbe,
+    /// The pod was evicted.
+    Evicted,
+    /// The pod was preempted by a higher-priority pod.
+    Preempted,
+    /// The node shut down.
+    NodeShutdown,
+    /// A RestartAllContainers rule fired.
+    RestartAllContainers,
+    /// The runtime stopped it, and neither the Pod nor its Events say why (or the API is not
+    /// available).
+    RuntimeOrUnknown,
+}
+
+/// A container-level kill the kubelet announced in an Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KillNotice {
+    pub pod_uid: String,
+    pub container: String,
+    pub cause: StopCause,
+}
+
+/// Reads the kubelet's `Killing` event message: "Container app failed liveness probe, will be
+/// restarted" (and the startup probe's). Other kills (deletion) say nothing about a cause.
+pub fn kill_cause_from_message(message: &str) -> Option<(String, StopCause)> {
+    let rest = message.strip_prefix("Container ")?;
+    let (container, tail) = rest.split_once(' ')?;
+    let cause = if tail.starts_with("failed liveness probe") {
+        StopCause::LivenessProbe
+    } else if tail.starts_with("failed startup probe") {
+        StopCause::StartupProbe
+    } else {
+        return None;
+    };
+    Some((container.to_owned(), cause))
+}
+
+/// Where the facts a verdict used came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpecSource {
+    /// The Pod object from the API, current when the container stopped.
+    Api,
+    /// The API was configured but not reachable: the verdict used the last known spec, or the
+    /// runtime's labels. It may be wrong where only the API tells (a deletion's grace).
+    ApiUnreachable,
+    /// The runtime's labels and annotations only (no API configured).
+    #[default]
+    Runtime,
+}
+
+/// The grace period the kubelet used to stop a container: a deletion's, else a probe's own
+/// `terminationGracePeriodSeconds` for a probe kill, else the pod's (None: unknown here, the
+/// runtime's labels apply).
+pub fn grace_used_ns(pod: &PodFacts, container: &ContainerFacts, cause: Option<StopCause>) -> Option<u64> {
+    if let Some(deletion) = pod.deletion_grace_ns {
+        return Some(deletion);
+    }
+    let probe_grace = match cause {
+        Some(StopCause::LivenessProbe) => container.liveness_grace_ns,
+        Some(StopCause::StartupProbe) => container.startup_grace_ns,
+        _ => None,
+    };
+    probe_grace.or(pod.grace_ns)
+}
+
+/// The cause the Pod object itself shows (disruption, deletion, restart-all), if any.
+pub fn pod_level_cause(pod: &PodFacts) -> Option<StopCause> {
+    match pod.disruption {
+        Some(Disruption::Evicted) => Some(StopCause::Evicted),
+        Some(Disruption::Preempted) => Some(StopCause::Preempted),
+        Some(Disruption::NodeShutdown) => Some(StopCause::NodeShutdown),
+        None if pod.restarting_all_containers => Some(StopCause::RestartAllContainers),
+        None if pod.deletion_grace_ns.is_some() => Some(StopCause::Deleted),
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn pod() -> PodFacts {
+        PodFacts {
+            uid: "u".into(),
+            namespace: "ns".into(),
+            name: "p".into(),
+            restart_policy: RestartPolicy::Always,
+            grace_ns: Some(30 * S),
+            deletion_grace_ns: None,
+            disruption: None,
+            restarting_all_containers: false,
+            containers: vec![container()],
+            reported_phase: None,
+            reported: Vec::new(),
+        }
+    }
+
+    fn container() -> ContainerFacts {
+        ContainerFacts {
+            name: "app".into(),
+            kind: ContainerKind::Regular,
+            restart: RestartSpec::default(),
+            stop_signal: None,
+            pre_stop: None,
+            liveness_grace_ns: Some(5 * S),
+            startup_grace_ns: None,
+            http_probes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_grace_used_is_the_deletions_then_the_probes_then_the_pods() {
+        let (mut p, c) = (pod(), container());
+        assert_eq!(grace_used_ns(&p, &c, None), Some(30 * S));
+        assert_eq!(grace_used_ns(&p, &c, Some(StopCause::LivenessProbe)), Some(5 * S));
+        assert_eq!(grace_used_ns(&p, &c, Some(StopCause::StartupProbe)), Some(30 * S), "no startup override");
+        p.deletion_grace_ns = Some(3 * S);
+        assert_eq!(grace_used_ns(&p, &c, Some(StopCause::LivenessProbe)), Some(3 * S));
+    }
+
+    #[test]
+    fn kill_events_name_the_container_and_the_probe() {
+        assert_eq!(
+            kill_cause_from_message("Container app failed liveness probe, will be restarted"),
+            Some(("app".into(), StopCause::LivenessProbe))
+        );
+        assert_eq!(
+            kill_cause_from_message("Container db failed startup probe, will be restarted"),
+            Some(("db".into(), StopCause::StartupProbe))
+        );
+        assert_eq!(kill_cause_from_message("Stopping container app"), None);
+        assert_eq!(kill_cause_from_message(""), None);
+    }
+
+    #[test]
+    fn the_pod_object_names_disruptions_before_deletion() {
+        let mut p = pod();
+        assert_eq!(pod_level_cause(&p), None);
+        p.deletion_grace_ns = Some(0);
+        assert_eq!(pod_level_cause(&p), Some(StopCause::Deleted));
+        p.disruption = Some(Disruption::Evicted);
+        assert_eq!(pod_level_cause(&p), Some(StopCause::Evicted));
+    }
+}
