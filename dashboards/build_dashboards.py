@@ -404,7 +404,7 @@ def overview() -> dict:
         timeseries("Terminations by outcome", "How containers that stopped ended: within grace, SIGKILLed after grace, killed without grace, OOM-killed, or exited on their own.",
                    targets((f"sum by (outcome) ({inc('lifecycle_terminations_total', S, RATE)})", "{{outcome}}")),
                    bars=True, stack=True),
-        timeseries("Container exits by reason", "Container exits by the reason the agent derived (Completed, Error, OOMKilled, Signal, or Unknown when the exit status was not seen).",
+        timeseries("Container exits by reason", "Container exits by the reason the agent derived, in the kubelet's words (Completed, Error — a non-zero exit or a signal death —, OOMKilled, or Unknown when the exit status was not seen).",
                    targets((f"sum by (reason) ({inc('lifecycle_container_exits_total', S, RATE)})", "{{reason}}")),
                    bars=True, stack=True),
         table("Container states", "One row per container with its current state. Click a row to open its termination view.",

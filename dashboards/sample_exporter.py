@@ -90,7 +90,7 @@ def render() -> str:
     e.family("lifecycle_container_exits_total", "counter", "Container exits.")
     for l in short:
         e.sample("lifecycle_container_exits_total", tick, **l, reason="Error", exit_code="1", signal="")
-        e.sample("lifecycle_container_exits_total", tick // 2, **l, reason="Signal", exit_code="137", signal="9")
+        e.sample("lifecycle_container_exits_total", tick // 2, **l, reason="Error", exit_code="137", signal="9")
 
     # Like the agent: the histograms per namespace (and outcome), each container's last value a gauge.
     e.family("lifecycle_termination_duration_seconds", "histogram", "Stop signal to exit, per namespace and outcome.")

@@ -84,7 +84,8 @@ fn app_ignoring_sigterm_is_sigkilled_at_the_timeout_as_a_violation() {
     // runtime's own latency (measured 0.05-0.15 s here), never less than 2 s.
     let stop_to_kill = o["stop_to_kill_ns"].as_f64().expect("stop_to_kill") / SECOND;
     assert!((2.0..2.5).contains(&stop_to_kill), "SIGKILL {stop_to_kill} s after the stop signal");
-    assert_eq!(done["state"]["reason"], "Signal");
+    assert_eq!(done["state"]["reason"], "Error", "a signal death is Error with exit 128+N, as the kubelet says");
+    assert_eq!(done["state"]["signal"], 9);
     assert_eq!(done["state"]["exit_code"], 137);
     let metrics = agent.metrics();
     assert_eq!(metric_line(&metrics, "lifecycle_grace_period_violations_total", &pod, ""), Some(1.0));

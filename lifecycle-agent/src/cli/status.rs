@@ -86,9 +86,10 @@ fn row(c: &Value, now: u64) -> [String; 8] {
     let last_exit = last
         .map(|s| {
             let code = s.get("exit_code").and_then(Value::as_i64).unwrap_or(-1);
+            let signal = s.get("signal").and_then(Value::as_u64).map(|n| format!(", {}", signal_name(n)));
             let when =
                 s.get("finished_at").and_then(Value::as_u64).map(|t| format!(" {} ago", age(now.saturating_sub(t))));
-            format!("{} ({code}){}", text(&s, "reason"), when.unwrap_or_default())
+            format!("{} ({code}{}){}", text(&s, "reason"), signal.unwrap_or_default(), when.unwrap_or_default())
         })
         .unwrap_or_else(|| "-".to_owned());
     let termination = c
@@ -108,6 +109,13 @@ fn row(c: &Value, now: u64) -> [String; 8] {
                 other => other.replace('_', " "),
             }
         })
+        .map(|verdict| {
+            let cause = c.get("last_termination").map(|t| text(t, "cause")).filter(|cause| !cause.is_empty());
+            match cause {
+                Some(cause) => format!("{verdict}; {}", cause.replace('_', " ")),
+                None => verdict,
+            }
+        })
         .unwrap_or_else(|| "-".to_owned());
     [
         text(c, "namespace"),
@@ -119,6 +127,18 @@ fn row(c: &Value, now: u64) -> [String; 8] {
         last_exit,
         termination,
     ]
+}
+
+/// `SIGKILL` for 9: the names people read in `kill -l`.
+fn signal_name(signal: u64) -> String {
+    const NAMES: [&str; 16] = [
+        "", "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
+        "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM",
+    ];
+    match usize::try_from(signal).ok().and_then(|n| NAMES.get(n)).filter(|n| !n.is_empty()) {
+        Some(name) => (*name).to_owned(),
+        None => format!("signal {signal}"),
+    }
 }
 
 /// `kubectl`-style ages: 45s, 3m12s, 2h5m, 3d4h; sub-second as ms.
@@ -160,8 +180,8 @@ mod tests {
                  "last_state": {"state": "terminated", "reason": "Error", "exit_code": 1, "finished_at": 90_000_000_000u64},
                  "last_termination": {"outcome": {"kind": "exited_without_stop_signal"}}},
                 {"namespace": "shop", "pod": "db-0", "container": "db", "uid": "v", "restart_count": 0,
-                 "state": {"state": "terminated", "reason": "Signal", "exit_code": 137, "finished_at": 99_000_000_000u64},
-                 "last_termination": {"outcome": {"kind": "sigkilled_after_grace", "stop_to_kill_ns": 30_000_000_000u64}}}
+                 "state": {"state": "terminated", "reason": "Error", "exit_code": 137, "signal": 9, "finished_at": 99_000_000_000u64},
+                 "last_termination": {"cause": "deleted", "outcome": {"kind": "sigkilled_after_grace", "stop_to_kill_ns": 30_000_000_000u64}}}
             ]
         })
         .to_string();
@@ -175,7 +195,8 @@ mod tests {
             "{table}"
         );
         assert!(
-            lines[2].contains("SIGKILLED after 30s (grace violated)") && lines[2].contains("Signal (137) 1s ago"),
+            lines[2].contains("SIGKILLED after 30s (grace violated); deleted")
+                && lines[2].contains("Error (137, SIGKILL) 1s ago"),
             "{table}"
         );
         assert_eq!(render_table("not json"), None);

@@ -4,6 +4,7 @@
 use crate::model::{
     backoff::Verdict,
     container_state::{TerminatedReason, WaitingReason},
+    spec::StopCause,
     termination::{OutcomeKind, SenderKind},
 };
 
@@ -28,6 +29,20 @@ pub fn outcome(outcome: OutcomeKind) -> &'static str {
     }
 }
 
+/// `cause` label of a stop (empty when nothing stopped the container: it exited by itself).
+pub fn stop_cause(cause: StopCause) -> &'static str {
+    match cause {
+        StopCause::Deleted => "deleted",
+        StopCause::LivenessProbe => "liveness_probe",
+        StopCause::StartupProbe => "startup_probe",
+        StopCause::Evicted => "evicted",
+        StopCause::Preempted => "preempted",
+        StopCause::NodeShutdown => "node_shutdown",
+        StopCause::RestartAllContainers => "restart_all_containers",
+        StopCause::RuntimeOrUnknown => "runtime_or_unknown",
+    }
+}
+
 /// `verdict` label of a judged restart.
 pub fn verdict(verdict: Verdict) -> &'static str {
     match verdict {
@@ -43,7 +58,6 @@ pub fn terminated_reason(reason: TerminatedReason) -> &'static str {
         TerminatedReason::Completed => "Completed",
         TerminatedReason::Error => "Error",
         TerminatedReason::OomKilled => "OOMKilled",
-        TerminatedReason::Signal => "Signal",
         TerminatedReason::Unknown => "Unknown",
     }
 }

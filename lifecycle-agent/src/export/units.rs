@@ -270,8 +270,9 @@ impl UnitMetrics {
                 *n as f64,
             );
         }
-        for (outcome, n) in &c.terminations {
-            f.sample(F::Terminations, "", &short, &[("outcome", labels::outcome(*outcome))], *n as f64);
+        for ((outcome, cause), n) in &c.terminations {
+            let labels = [("outcome", labels::outcome(*outcome)), ("cause", cause.map_or("", labels::stop_cause))];
+            f.sample(F::Terminations, "", &short, &labels, *n as f64);
         }
         // Initialised at 0 so the first violation is an increase, not a new series.
         f.sample(F::Violations, "", &with_uid, &[], c.grace_violations as f64);

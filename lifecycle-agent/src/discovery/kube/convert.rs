@@ -181,6 +181,7 @@ fn container_facts(
             container_restart_policy,
             restart_policy_rules: rules,
             is_init_container: init,
+            pod_terminating: false,
         },
         stop_signal,
         pre_stop: lifecycle.and_then(|l| l.pre_stop.as_ref()).and_then(pre_stop),

@@ -28,13 +28,12 @@ pub enum WaitingReason {
 pub enum TerminatedReason {
     /// Exit status 0.
     Completed,
-    /// A non-zero exit status.
+    /// A non-zero exit status, or death by a signal (exit code 128 + N, `signal` set), as the
+    /// kubelet and kube-state-metrics report both.
     Error,
     /// The kernel's OOM killer killed the init (from the OOM event, not from exit code 137).
     #[serde(rename = "OOMKilled")]
     OomKilled,
-    /// Killed by a signal (SIGTERM -> exit code 143): not an "Error" of the app.
-    Signal,
     /// The exit was seen without a status or a signal (a lost record): nothing to report.
     Unknown,
 }
@@ -118,6 +117,8 @@ pub struct RestartSpec {
     pub restart_policy_rules: Vec<RestartRule>,
     /// Listed in `initContainers`.
     pub is_init_container: bool,
+    /// The pod is being deleted: nothing is restarted any more.
+    pub pod_terminating: bool,
 }
 
 impl RestartSpec {
@@ -128,6 +129,9 @@ impl RestartSpec {
 
     /// Whether the kubelet restarts the container after it exited with `exit_code`.
     pub fn should_restart(&self, exit_code: i32) -> bool {
+        if self.pod_terminating {
+            return false;
+        }
         if let Some(rule) = self.restart_policy_rules.iter().find(|rule| rule.matches(exit_code)) {
             return match rule.action {
                 RestartRuleAction::Restart => true,
@@ -247,7 +251,7 @@ impl ContainerStatus {
             ContainerState::Waiting { .. } => None,
         };
         let (exit_code, reason) = match (signal, exit_status) {
-            (Some(signal), _) => (128 + i32::from(signal), TerminatedReason::Signal),
+            (Some(signal), _) => (128 + i32::from(signal), TerminatedReason::Error),
             (None, Some(0)) => (0, TerminatedReason::Completed),
             (None, Some(status)) => (i32::from(status), TerminatedReason::Error),
             (None, None) => (-1, TerminatedReason::Unknown),

@@ -48,8 +48,8 @@ fn exit_reasons_and_codes() {
     let cases = [
         (Some(1), None, false, TerminatedReason::Error, 1, None),
         (Some(143), None, false, TerminatedReason::Error, 143, None),
-        (None, Some(15), false, TerminatedReason::Signal, 143, Some(15)),
-        (None, Some(9), false, TerminatedReason::Signal, 137, Some(9)),
+        (None, Some(15), false, TerminatedReason::Error, 143, Some(15)),
+        (None, Some(9), false, TerminatedReason::Error, 137, Some(9)),
         (None, Some(9), true, TerminatedReason::OomKilled, 137, Some(9)),
         (None, None, false, TerminatedReason::Unknown, -1, None),
     ];
@@ -71,7 +71,7 @@ fn status_running() -> ContainerStatus {
 fn sigterm_exit_is_never_oom_killed() {
     let mut c = status_running();
     c.on_init_exited(10 * S, None, Some(15), false);
-    assert!(matches!(c.state(), ContainerState::Terminated { reason: TerminatedReason::Signal, exit_code: 143, .. }));
+    assert!(matches!(c.state(), ContainerState::Terminated { reason: TerminatedReason::Error, exit_code: 143, .. }));
 }
 
 #[test]
@@ -220,8 +220,11 @@ fn restart_rules_come_before_restart_policies() {
             values: vec![42],
         }],
         is_init_container: false,
+        pod_terminating: false,
     };
     assert!(retry_on_42.should_restart(42));
+    let deleted = RestartSpec { pod_terminating: true, ..retry_on_42.clone() };
+    assert!(!deleted.should_restart(42), "a pod being deleted restarts nothing");
     assert!(!retry_on_42.should_restart(1), "no rule matched: the container's Never applies");
     assert!(!retry_on_42.should_restart(0));
 
@@ -234,6 +237,7 @@ fn restart_rules_come_before_restart_policies() {
             values: vec![0, 2],
         }],
         is_init_container: false,
+        pod_terminating: false,
     };
     assert!(retry_unless_done.should_restart(1));
     assert!(retry_unless_done.should_restart(137));
@@ -251,6 +255,7 @@ fn restart_rules_come_before_restart_policies() {
             values: vec![137],
         }],
         is_init_container: false,
+        pod_terminating: false,
     };
     assert!(shows_back_off(&c.state_at(5 * S, &retry_on_kill, &b)));
 }
@@ -285,7 +290,7 @@ fn snapshots_serialize_like_the_api() {
     let json = serde_json::to_value(c.state_at(5 * S, &always(), &b)).expect("json");
     assert_eq!(json["state"]["state"], "waiting");
     assert_eq!(json["state"]["reason"], "CrashLoopBackOff");
-    assert_eq!(json["last_state"]["reason"], "Signal");
+    assert_eq!(json["last_state"]["reason"], "Error");
     assert_eq!(json["last_state"]["exit_code"], 137);
     let mut oom = status_running();
     oom.on_init_exited(2 * S, None, Some(9), true);

@@ -17,6 +17,7 @@
 
 mod instance;
 mod naming;
+mod pods;
 mod sidecar;
 #[cfg(test)]
 mod tests;
@@ -33,12 +34,12 @@ use crate::model::{
     event::{Detail, Event},
     identity::{classify, CgroupIdentity},
     metadata::ContainerMeta,
+    spec::{PodFacts, StopCause},
     termination::SignalSender,
 };
 
 pub use instance::SeedProcess;
 use instance::{ExecFacts, Instance, InstanceKind, ProcessEntry};
-use unit::termination_settings;
 pub use unit::{Judgement, PortStats, Unit, UnitCounters, UnitKey, UnitLabels};
 pub use view::{ContainerView, RunningContainer};
 
@@ -100,6 +101,12 @@ pub struct NodeTracker {
     judgements_dropped: u64,
     /// The runtime answered the last time it was asked (see `naming.rs`).
     runtime_reachable: bool,
+    /// Pods from the API by uid (see `pods.rs`).
+    pods: HashMap<String, PodFacts>,
+    /// (pod uid, container) -> the cause of a kill the kubelet announced and that has not
+    /// happened yet.
+    kill_notices: BTreeMap<(String, String), StopCause>,
+    api: pods::ApiState,
 }
 
 impl NodeTracker {
@@ -116,6 +123,9 @@ impl NodeTracker {
             judgements: Vec::new(),
             judgements_dropped: 0,
             runtime_reachable,
+            pods: HashMap::new(),
+            kill_notices: BTreeMap::new(),
+            api: pods::ApiState::default(),
         }
     }
 
@@ -169,24 +179,26 @@ impl NodeTracker {
             self.link(cgroup_id);
         }
         // Metadata can change (a deletion grace period appears when the pod is deleted).
-        let linked: Vec<(u64, String)> = self
+        let linked: Vec<(u64, String, UnitKey)> = self
             .instances
             .iter()
-            .filter_map(|(id, i)| match &i.kind {
-                InstanceKind::Container { container_id, .. } if i.unit.is_some() && !i.finished => {
-                    Some((*id, container_id.clone()))
+            .filter_map(|(id, i)| match (&i.kind, &i.unit) {
+                (InstanceKind::Container { container_id, .. }, Some(key)) if !i.finished => {
+                    Some((*id, container_id.clone(), key.clone()))
                 }
                 _ => None,
             })
             .collect();
-        for (cgroup_id, container_id) in linked {
-            if let (Some(meta), Some(instance)) = (self.metadata.get(&container_id), self.instances.get_mut(&cgroup_id))
-            {
-                instance.termination.set_settings(termination_settings(meta));
-                // A pod's annotations can change while it runs (its probe declaration).
-                if let Some(unit) = instance.unit.as_ref().and_then(|key| self.units.get_mut(key)) {
-                    unit.probe_declaration.clone_from(&meta.probe_declaration);
-                }
+        for (cgroup_id, container_id, key) in linked {
+            let Some(meta) = self.metadata.get(&container_id) else { continue };
+            let settings = self.settings_for(&key, Some(meta));
+            let declaration = meta.probe_declaration.clone();
+            if let Some(instance) = self.instances.get_mut(&cgroup_id) {
+                instance.termination.set_settings(settings);
+            }
+            // A pod's annotations can change while it runs (its probe declaration).
+            if let Some(unit) = self.units.get_mut(&key) {
+                unit.probe_declaration = declaration;
             }
         }
         self.drop_departed();

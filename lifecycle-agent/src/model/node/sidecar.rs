@@ -36,8 +36,12 @@ impl NodeTracker {
         out
     }
 
-    /// Marks init containers running beside a main container of their pod as sidecars.
+    /// Without the pod spec, marks init containers running beside a main container of their pod as sidecars.
     pub(super) fn recognise_sidecars(&mut self, pod_uid: &str) {
+        // With the pod spec, sidecars are what it declares (set when it is applied).
+        if self.pods.contains_key(pod_uid) {
+            return;
+        }
         let in_pod = |u: &Unit| matches!(&u.key, UnitKey::Container { pod_uid: p, .. } if p == pod_uid);
         let running = |u: &Unit| matches!(u.status.state(), ContainerState::Running { .. });
         let main_running = self.units.values().any(|u| in_pod(u) && !u.init_container && running(u));

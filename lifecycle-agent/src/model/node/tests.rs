@@ -191,7 +191,7 @@ fn late_metadata_links_the_instance_and_judges_with_its_grace_period() {
     let unit = tracker.units().next().expect("unit");
     assert_eq!(unit.counters().grace_violations, 1);
     assert_eq!(unit.counters().signals.get(&(15, SenderKind::Runtime)), Some(&1));
-    assert_eq!(unit.counters().exits.get(&(TerminatedReason::Signal, 137, Some(9))), Some(&1));
+    assert_eq!(unit.counters().exits.get(&(TerminatedReason::Error, 137, Some(9))), Some(&1));
 }
 
 #[test]
@@ -468,4 +468,143 @@ fn a_container_gone_before_its_metadata_arrived_is_still_judged() {
     // Linked and gone: nothing is kept for it any more.
     tracker.set_metadata(vec![]);
     assert_eq!(tracker.containers(SECOND).len(), 1);
+}
+
+fn pod_facts(
+    grace_s: u64,
+    restart_policy: crate::model::container_state::RestartPolicy,
+) -> crate::model::spec::PodFacts {
+    use crate::model::spec::{ContainerFacts, ContainerKind, PodFacts};
+    PodFacts {
+        uid: POD_UID.into(),
+        namespace: "shop".into(),
+        name: "web-1".into(),
+        restart_policy,
+        grace_ns: Some(grace_s * SECOND),
+        deletion_grace_ns: None,
+        disruption: None,
+        restarting_all_containers: false,
+        containers: vec![ContainerFacts {
+            name: "app".into(),
+            kind: ContainerKind::Regular,
+            restart: crate::model::container_state::RestartSpec {
+                pod_restart_policy: restart_policy,
+                ..Default::default()
+            },
+            stop_signal: None,
+            pre_stop: None,
+            liveness_grace_ns: Some(5 * SECOND),
+            startup_grace_ns: None,
+            http_probes: Vec::new(),
+        }],
+        reported_phase: Some("Running".into()),
+        reported: Vec::new(),
+    }
+}
+
+/// A running container of the pod above, with the API as its spec source.
+fn tracker_with_pod(pod: crate::model::spec::PodFacts) -> (NodeTracker, u64) {
+    let mut tracker = tracker_with_cri();
+    tracker.set_api_configured();
+    tracker.set_api_reachable(true);
+    tracker.apply_pod(pod);
+    tracker.set_metadata(vec![meta(1, 30)]);
+    let cg = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND, 100, cg, SHIM_CGROUP, "app"));
+    (tracker, cg)
+}
+
+#[test]
+fn a_deletion_shorter_than_the_spec_is_judged_with_the_deletions_grace() {
+    use crate::model::{
+        container_state::RestartPolicy,
+        spec::{SpecSource, StopCause},
+    };
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Always));
+    let mut deleted = pod_facts(30, RestartPolicy::Always);
+    deleted.deletion_grace_ns = Some(3 * SECOND);
+    tracker.apply_pod(deleted);
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(13 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(13 * SECOND + 1000, 100, cg, None, Some(9)));
+    let view = only_view(&tracker, 14 * SECOND);
+    let report = view.last_termination.expect("judged");
+    assert!(
+        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { grace_ns, killed_early: false, .. } if grace_ns == 3 * SECOND),
+        "the runtime's SIGKILL at 3 s is right, not early: {report:?}"
+    );
+    assert_eq!((report.cause, report.spec), (Some(StopCause::Deleted), SpecSource::Api));
+    assert!(!view.status.restart_expected, "a deleted pod expects no restart");
+}
+
+#[test]
+fn a_never_pod_that_exited_is_final() {
+    use crate::model::container_state::RestartPolicy;
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Never));
+    tracker.apply(&exit(2 * SECOND, 100, cg, Some(2), None));
+    let view = only_view(&tracker, 60 * SECOND);
+    assert!(!view.status.restart_expected);
+    assert!(
+        matches!(view.status.state, ContainerState::Terminated { reason: TerminatedReason::Error, exit_code: 2, .. }),
+        "no CrashLoopBackOff for a Never pod: {:?}",
+        view.status.state
+    );
+    assert_eq!(view.last_termination.expect("judged").cause, None, "nothing stopped it");
+}
+
+#[test]
+fn a_liveness_kill_uses_the_probes_grace_and_names_the_cause() {
+    use crate::model::{
+        container_state::RestartPolicy,
+        spec::{KillNotice, StopCause},
+    };
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Always));
+    tracker.apply_kill_notice(KillNotice {
+        pod_uid: POD_UID.into(),
+        container: "app".into(),
+        cause: StopCause::LivenessProbe,
+    });
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(15 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(15 * SECOND + 1000, 100, cg, None, Some(9)));
+    let report = only_view(&tracker, 16 * SECOND).last_termination.expect("judged");
+    assert_eq!(report.cause, Some(StopCause::LivenessProbe));
+    assert!(
+        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { grace_ns, killed_early: false, .. } if grace_ns == 5 * SECOND),
+        "{report:?}"
+    );
+    let unit = tracker.units().next().expect("unit");
+    let counted: Vec<_> = unit.counters().terminations.keys().collect();
+    assert_eq!(
+        counted,
+        vec![&(crate::model::termination::OutcomeKind::SigkilledAfterGrace, Some(StopCause::LivenessProbe))]
+    );
+}
+
+#[test]
+fn verdicts_made_while_the_api_is_away_say_so() {
+    use crate::model::{
+        container_state::RestartPolicy,
+        spec::{SpecSource, StopCause},
+    };
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Always));
+    tracker.set_api_reachable(false);
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&exit(10 * SECOND + 1000, 100, cg, None, Some(15)));
+    let report = only_view(&tracker, 11 * SECOND).last_termination.expect("judged");
+    assert_eq!((report.spec, report.cause), (SpecSource::ApiUnreachable, Some(StopCause::RuntimeOrUnknown)));
+}
+
+#[test]
+fn sidecars_come_from_the_spec() {
+    use crate::model::{container_state::RestartPolicy, spec::ContainerKind};
+    let mut pod = pod_facts(30, RestartPolicy::Always);
+    pod.containers[0].kind = ContainerKind::Sidecar;
+    pod.containers[0].restart.is_init_container = true;
+    pod.containers[0].restart.container_restart_policy = Some(RestartPolicy::Always);
+    let (tracker, _) = tracker_with_pod(pod);
+    assert!(only_view(&tracker, 2 * SECOND).sidecar, "declared, not guessed from running beside a main container");
 }

@@ -11,7 +11,8 @@ use super::{instance::InstanceKind, NodeTracker, Notice};
 use crate::model::{
     backoff::{BackoffTracker, Observation, Verdict},
     container_state::{ContainerState, ContainerStatus, ContainerStatusSnapshot, RestartSpec, TerminatedReason},
-    metadata::{ContainerMeta, ContainerType},
+    metadata::ContainerMeta,
+    spec::{ContainerKind, StopCause},
     termination::{
         OutcomeKind, PreStopHandler, SenderKind, TerminationOutcome, TerminationReport, TerminationSettings,
     },
@@ -52,8 +53,8 @@ pub struct PortStats {
 pub struct UnitCounters {
     /// (reason, exit code, signal) -> exits of the init.
     pub exits: BTreeMap<(TerminatedReason, i32, Option<u8>), u64>,
-    /// Termination outcome -> count.
-    pub terminations: BTreeMap<OutcomeKind, u64>,
+    /// (termination outcome, stop cause) -> count.
+    pub terminations: BTreeMap<(OutcomeKind, Option<StopCause>), u64>,
     /// SIGKILLs after the grace period ran out.
     pub grace_violations: u64,
     /// Back-off verdict -> restarts judged so.
@@ -242,12 +243,9 @@ impl NodeTracker {
                 }
             },
         };
-        let restart = RestartSpec {
-            pod_restart_policy: self.config.restart_policy,
-            container_restart_policy: None,
-            restart_policy_rules: Vec::new(),
-            is_init_container: meta.as_ref().is_some_and(|m| m.kubelet.container_type == Some(ContainerType::Init)),
-        };
+        let restart = self.restart_spec(&key, meta.as_ref());
+        let settings = self.settings_for(&key, meta.as_ref());
+        let sidecar_in_spec = self.spec_of(&key).map(|(_, c)| c.kind == ContainerKind::Sidecar);
         let (backoff_policy, tolerance) = (self.config.backoff, self.config.tolerance);
         let unit = self.units.entry(key.clone()).or_insert_with(|| Unit {
             key: key.clone(),
@@ -276,14 +274,17 @@ impl NodeTracker {
         unit.probe_declaration = meta.as_ref().and_then(|m| m.probe_declaration.clone());
         unit.init_container = restart.is_init_container;
         unit.restart = restart;
+        if let Some(sidecar) = sidecar_in_spec {
+            unit.sidecar = sidecar;
+        }
         let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
         instance.unit = Some(key.clone());
         let named_by_id = meta.is_none() && matches!(instance.kind, InstanceKind::Container { .. });
         instance.named_by_id = named_by_id;
         unit.named_by_id = named_by_id;
         unit.departed_kernel_counters += std::mem::take(&mut instance.pending_kernel_counters);
+        instance.termination.set_settings(settings);
         if let Some(meta) = &meta {
-            instance.termination.set_settings(termination_settings(meta));
             instance.spec_hash = meta.kubelet.spec_hash.map(|h| format!("{h:x}"));
         }
         unit.cgroup_id = Some(cgroup_id);
@@ -326,12 +327,14 @@ impl NodeTracker {
             let settings = TerminationSettings { is_sidecar: true, ..instance.termination.settings().clone() };
             instance.termination.set_settings(settings);
         }
-        let report = instance.termination.on_init_exit(exit.time, exit.exit_status, exit.signal).clone();
+        let mut report = instance.termination.on_init_exit(exit.time, exit.exit_status, exit.signal).clone();
         let host = matches!(instance.kind, InstanceKind::Host { .. });
         // A host instance is over with its last process; the next process starts a new one.
         if host {
             instance.init = None;
         }
+        report.cause = self.stop_cause(&key, &report);
+        report.spec = self.spec_source(&key);
         let tolerance = self.config.tolerance;
         let Some(unit) = self.units.get_mut(&key) else { return };
         let oom_killed = matches!(report.outcome, TerminationOutcome::OomKilled);
@@ -341,7 +344,7 @@ impl NodeTracker {
             *unit.counters.exits.entry((*reason, *exit_code, *signal)).or_default() += 1;
         }
         let outcome = report.outcome.kind();
-        *unit.counters.terminations.entry(outcome).or_default() += 1;
+        *unit.counters.terminations.entry((outcome, report.cause)).or_default() += 1;
         let mut judgement = Judgement {
             namespace: unit.labels.namespace.clone(),
             outcome,

@@ -1,6 +1,8 @@
 //! The per-instance judge: collects signals, OOM kills, exec sessions and listener activity
 //! until the init exits, then applies the kubelet's stop rules to produce a report.
 
+use crate::model::spec::SpecSource;
+
 use super::{
     PreStopHandler, PreStopSeen, SignalSender, StopSignalSeen, TerminationOutcome, TerminationReport,
     TerminationSettings, MINIMUM_GRACE_NS, SECOND_NS, SIGKILL,
@@ -233,6 +235,9 @@ impl TerminationTracker {
             oom_kills: u32::try_from(oom_before_exit.len()).unwrap_or(u32::MAX),
             is_sidecar: self.settings.is_sidecar,
             outcome,
+            // The node's tracker knows the pod: it names the cause and the facts' source.
+            cause: None,
+            spec: SpecSource::default(),
         }
     }
 

@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use crate::model::spec::{SpecSource, StopCause};
+
 /// Who sent a signal to a container's process.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -47,7 +49,7 @@ impl SignalSender {
     }
 
     /// The runtime or the kubelet, the only senders a kubelet-driven stop comes from.
-    pub(super) fn is_kubelet_side(&self) -> bool {
+    pub fn is_kubelet_side(&self) -> bool {
         matches!(self, SignalSender::Runtime | SignalSender::Kubelet)
     }
 }
@@ -175,4 +177,8 @@ pub struct TerminationReport {
     pub oom_kills: u32,
     pub is_sidecar: bool,
     pub outcome: TerminationOutcome,
+    /// Why it was stopped (None when nothing stopped it: it exited, or the OOM killer).
+    pub cause: Option<StopCause>,
+    /// Where the facts behind this verdict came from.
+    pub spec: SpecSource,
 }

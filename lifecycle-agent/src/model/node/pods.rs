@@ -1,0 +1,170 @@
+//! The pod spec and status from the API, applied to units: restart expectations from the pod's
+//! and container's restart policies, sidecars from the spec, the grace period and stop signal the
+//! kubelet really used, and the cause of each stop. Without the API, the runtime's labels and
+//! annotations stand in, and verdicts say so (`SpecSource`).
+
+use super::{unit::termination_settings, InstanceKind, NodeTracker, UnitKey};
+use crate::model::{
+    container_state::RestartSpec,
+    metadata::{ContainerMeta, ContainerType},
+    spec::{
+        grace_used_ns, pod_level_cause, ContainerFacts, ContainerKind, KillNotice, PodFacts, SpecSource, StopCause,
+    },
+    termination::{TerminationOutcome, TerminationReport, TerminationSettings, SIGTERM},
+};
+
+/// Pods kept per node at most (a node runs at most a few hundred).
+const MAX_PODS: usize = 4096;
+
+impl NodeTracker {
+    /// The Kubernetes API is the spec source from now on (it may still be unreachable).
+    pub fn set_api_configured(&mut self) {
+        self.api.configured = true;
+    }
+
+    /// Whether the API watch works now. While it does not, verdicts are marked as made without
+    /// a current spec.
+    pub fn set_api_reachable(&mut self, reachable: bool) {
+        self.api.reachable = reachable;
+    }
+
+    /// The API's current view of a pod on this node.
+    pub fn apply_pod(&mut self, pod: PodFacts) {
+        let uid = pod.uid.clone();
+        if !self.pods.contains_key(&uid) && self.pods.len() >= MAX_PODS {
+            return;
+        }
+        self.pods.insert(uid.clone(), pod);
+        self.apply_spec(&uid);
+    }
+
+    /// A pod left the API (deleted, or no longer on this node).
+    pub fn forget_pod(&mut self, uid: &str) {
+        self.pods.remove(uid);
+        self.kill_notices.retain(|(pod, _), _| pod != uid);
+    }
+
+    /// The uids of the pods known from the API (for a watch relist to drop the vanished).
+    pub fn pod_uids(&self) -> Vec<String> {
+        self.pods.keys().cloned().collect()
+    }
+
+    /// The kubelet announced why it kills a container (a failed liveness or startup probe).
+    pub fn apply_kill_notice(&mut self, notice: KillNotice) {
+        let key = (notice.pod_uid.clone(), notice.container.clone());
+        self.kill_notices.insert(key, notice.cause);
+        if self.kill_notices.len() > MAX_PODS {
+            // Notices are consumed by the stop they announce; stale ones are dropped first.
+            if let Some(stale) = self.kill_notices.keys().next().cloned() {
+                self.kill_notices.remove(&stale);
+            }
+        }
+        self.apply_spec(&notice.pod_uid);
+    }
+
+    /// The pod and container spec of a unit, when the API told.
+    pub(super) fn spec_of(&self, key: &UnitKey) -> Option<(&PodFacts, &ContainerFacts)> {
+        let UnitKey::Container { pod_uid, container } = key else { return None };
+        let pod = self.pods.get(pod_uid)?;
+        Some((pod, pod.container(container)?))
+    }
+
+    /// When and how the kubelet restarts the container: from the spec, else from the runtime's
+    /// container type and the configured default policy.
+    pub(super) fn restart_spec(&self, key: &UnitKey, meta: Option<&ContainerMeta>) -> RestartSpec {
+        if let Some((pod, container)) = self.spec_of(key) {
+            return RestartSpec { pod_terminating: pod.deletion_grace_ns.is_some(), ..container.restart.clone() };
+        }
+        RestartSpec {
+            pod_restart_policy: self.config.restart_policy,
+            container_restart_policy: None,
+            restart_policy_rules: Vec::new(),
+            is_init_container: meta.is_some_and(|m| m.kubelet.container_type == Some(ContainerType::Init)),
+            pod_terminating: false,
+        }
+    }
+
+    /// How the container is stopped: the spec's grace (the deletion's, or a probe's for a probe
+    /// kill), stop signal and preStop hook when the API told; the runtime's labels otherwise.
+    pub(super) fn settings_for(&self, key: &UnitKey, meta: Option<&ContainerMeta>) -> TerminationSettings {
+        let base = meta.map(termination_settings).unwrap_or_default();
+        let Some((pod, container)) = self.spec_of(key) else { return base };
+        let notice = self.kill_notices.get(&(pod.uid.clone(), container.name.clone())).copied();
+        let reported_signal = pod.reported(&container.name).and_then(|r| r.stop_signal);
+        TerminationSettings {
+            grace_period_ns: grace_used_ns(pod, container, notice).unwrap_or(base.grace_period_ns),
+            // grace_used_ns already chose the deletion's grace when there is one.
+            deletion_grace_ns: None,
+            pre_stop: container.pre_stop.clone().or(base.pre_stop),
+            stop_signal: container.stop_signal.or(reported_signal).unwrap_or(SIGTERM),
+            is_sidecar: container.kind == ContainerKind::Sidecar,
+            ..base
+        }
+    }
+
+    /// Re-applies the spec of pod `uid` to its units and their live instances.
+    fn apply_spec(&mut self, uid: &str) {
+        let keys: Vec<UnitKey> = self
+            .units
+            .keys()
+            .filter(|k| matches!(k, UnitKey::Container { pod_uid, .. } if pod_uid == uid))
+            .cloned()
+            .collect();
+        for key in keys {
+            let meta = self.units.get(&key).and_then(|u| u.container_id.as_ref()).and_then(|id| self.metadata.get(id));
+            let restart = self.restart_spec(&key, meta);
+            let settings = self.settings_for(&key, meta);
+            let sidecar = self.spec_of(&key).map(|(_, c)| c.kind == ContainerKind::Sidecar);
+            let Some(unit) = self.units.get_mut(&key) else { continue };
+            unit.init_container = restart.is_init_container;
+            unit.restart = restart;
+            if let Some(sidecar) = sidecar {
+                unit.sidecar = sidecar;
+            }
+            let live = unit.cgroup_id;
+            if let Some(instance) = live.and_then(|id| self.instances.get_mut(&id)) {
+                if matches!(instance.kind, InstanceKind::Container { .. }) && !instance.finished {
+                    instance.termination.set_settings(settings);
+                }
+            }
+        }
+    }
+
+    /// Why the container stopped, for a report: a probe kill the kubelet announced, else what
+    /// the Pod object says (eviction, preemption, shutdown, deletion, restart-all), else the
+    /// runtime's own doing. None when nothing stopped it (it exited, or was OOM-killed).
+    pub(super) fn stop_cause(&mut self, key: &UnitKey, report: &TerminationReport) -> Option<StopCause> {
+        let stopped = report.stop_signal.is_some()
+            || matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { .. })
+            || matches!(
+                &report.outcome,
+                TerminationOutcome::KilledWithoutGrace { sender: Some(sender) } if sender.is_kubelet_side()
+            );
+        if !stopped {
+            return None;
+        }
+        let Some((pod, container)) = self.spec_of(key).map(|(p, c)| (p.uid.clone(), c.name.clone())) else {
+            return Some(StopCause::RuntimeOrUnknown);
+        };
+        if let Some(cause) = self.kill_notices.remove(&(pod.clone(), container)) {
+            return Some(cause);
+        }
+        Some(self.pods.get(&pod).and_then(pod_level_cause).unwrap_or(StopCause::RuntimeOrUnknown))
+    }
+
+    /// Where a verdict's facts come from now.
+    pub(super) fn spec_source(&self, key: &UnitKey) -> SpecSource {
+        match (self.api.configured, self.api.reachable, self.spec_of(key).is_some()) {
+            (false, _, _) => SpecSource::Runtime,
+            (true, true, true) => SpecSource::Api,
+            (true, _, _) => SpecSource::ApiUnreachable,
+        }
+    }
+}
+
+/// The API connection as the tracker knows it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct ApiState {
+    pub(super) configured: bool,
+    pub(super) reachable: bool,
+}
