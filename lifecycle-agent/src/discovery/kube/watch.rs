@@ -1,0 +1,188 @@
+//! The watches: this node's pods (field selector `spec.nodeName=<node>`, kept in a reflector
+//! store) and the kubelet's `Killing` events, whose message names the probe that failed.
+//!
+//! Credentials come from the in-cluster service account, else `--kubeconfig`/`KUBECONFIG`. The
+//! watches resume by themselves with back-off after the API server goes away; the caller is told
+//! through [`PodChange::Unreachable`] so that verdicts made meanwhile say they lacked the spec.
+
+use std::{path::PathBuf, time::Duration};
+
+use futures::{Stream, StreamExt as _};
+use k8s_openapi::api::core::v1::{Event as ApiEvent, Pod};
+use kube::{
+    api::{Api, ListParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{
+        reflector::{self, Store},
+        watcher, WatchStreamExt as _,
+    },
+    Client, Config,
+};
+
+use crate::model::spec::{kill_cause_from_message, KillNotice};
+
+/// How long the first contact may take before the agent goes on without the API.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the API cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    /// No in-cluster service account, no `--kubeconfig` and no `KUBECONFIG`.
+    #[error("no Kubernetes credentials (not in a pod, and no --kubeconfig or KUBECONFIG)")]
+    NotConfigured,
+    /// The kubeconfig file could not be read or used.
+    #[error("cannot use kubeconfig {path}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// The client could not be built from the configuration.
+    #[error("cannot build a Kubernetes client")]
+    Client(#[source] kube::Error),
+    /// The API server did not answer the first list of this node's pods.
+    #[error("the Kubernetes API did not answer listing the pods of node {node}")]
+    Unreachable {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The first list took longer than allowed.
+    #[error("the Kubernetes API did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// A connected API client for one node.
+#[derive(Clone)]
+pub struct KubeSource {
+    client: Client,
+    node: String,
+}
+
+/// What the pod watch reports.
+#[derive(Debug)]
+pub enum PodChange {
+    /// A (re)list starts: pods not re-announced before [`PodChange::Listed`] are gone.
+    Relisting,
+    /// A pod as it is now.
+    Pod(Box<Pod>),
+    /// The relist is complete.
+    Listed,
+    /// A pod left (deleted, or moved off the node).
+    Gone(Box<Pod>),
+    /// The watch failed; it resumes with back-off by itself.
+    Unreachable(String),
+}
+
+impl KubeSource {
+    /// The node's name: `--node-name`, else `NODE_NAME` (the DaemonSet sets it from the
+    /// downward API), else the hostname.
+    pub fn node_name(flag: Option<String>) -> String {
+        flag.or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
+            .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()))
+            .unwrap_or_default()
+    }
+
+    /// Connects with in-cluster credentials, else the kubeconfig given or in `KUBECONFIG`, and
+    /// proves the API answers by listing one pod of `node`.
+    pub async fn connect(kubeconfig: Option<PathBuf>, node: String) -> Result<Self, KubeError> {
+        let kubeconfig = kubeconfig.or_else(|| std::env::var_os("KUBECONFIG").map(PathBuf::from));
+        let config = match (Config::incluster(), kubeconfig) {
+            (Ok(config), _) => config,
+            (Err(_), Some(path)) => {
+                let file = Kubeconfig::read_from(&path)
+                    .map_err(|source| KubeError::Kubeconfig { path: path.clone(), source })?;
+                Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|source| KubeError::Kubeconfig { path, source })?
+            }
+            (Err(_), None) => return Err(KubeError::NotConfigured),
+        };
+        let client = Client::try_from(config).map_err(KubeError::Client)?;
+        let source = Self { client, node };
+        let pods: Api<Pod> = Api::all(source.client.clone());
+        let params = ListParams::default().fields(&source.node_selector()).limit(1);
+        let probe = pods.list(&params);
+        match tokio::time::timeout(CONNECT_TIMEOUT, probe).await {
+            Ok(Ok(_)) => Ok(source),
+            Ok(Err(source_err)) => Err(KubeError::Unreachable { node: source.node, source: source_err }),
+            Err(_) => Err(KubeError::Timeout(CONNECT_TIMEOUT)),
+        }
+    }
+
+    /// The node this source watches.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn node_selector(&self) -> String {
+        format!("spec.nodeName={}", self.node)
+    }
+
+    /// This node's pods, kept in a reflector store, as changes.
+    pub fn pods(&self) -> (Store<Pod>, impl Stream<Item = PodChange> + Send + 'static) {
+        let (reader, writer) = reflector::store();
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let config = watcher::Config::default().fields(&self.node_selector());
+        let stream = reflector::reflector(writer, watcher(api, config)).default_backoff().map(|event| match event {
+            Ok(watcher::Event::Init) => PodChange::Relisting,
+            Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)) => PodChange::Pod(Box::new(pod)),
+            Ok(watcher::Event::InitDone) => PodChange::Listed,
+            Ok(watcher::Event::Delete(pod)) => PodChange::Gone(Box::new(pod)),
+            Err(err) => PodChange::Unreachable(crate::ErrorChain(&err).to_string()),
+        });
+        (reader, stream)
+    }
+
+    /// The kubelet's `Killing` events that name a failed probe, as kill notices. Events of pods
+    /// on other nodes come too (events cannot be selected by node): the tracker ignores pods it
+    /// does not know.
+    pub fn kill_notices(&self) -> impl Stream<Item = Result<KillNotice, String>> + Send + 'static {
+        let api: Api<ApiEvent> = Api::all(self.client.clone());
+        let config = watcher::Config::default().fields("involvedObject.kind=Pod,reason=Killing");
+        watcher(api, config).default_backoff().applied_objects().filter_map(|event| async move {
+            match event {
+                Ok(event) => kill_notice(&event).map(Ok),
+                Err(err) => Some(Err(crate::ErrorChain(&err).to_string())),
+            }
+        })
+    }
+}
+
+/// The kill notice in a `Killing` event, if its message names a probe.
+pub fn kill_notice(event: &ApiEvent) -> Option<KillNotice> {
+    let (container, cause) = kill_cause_from_message(event.message.as_deref()?)?;
+    Some(KillNotice { pod_uid: event.involved_object.uid.clone()?, container, cause })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::spec::StopCause;
+
+    #[test]
+    fn killing_events_for_probes_become_notices() {
+        let event: ApiEvent = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-1.17a", "namespace": "shop"},
+            "involvedObject": {"kind": "Pod", "name": "web-1", "namespace": "shop", "uid": "u1",
+                               "fieldPath": "spec.containers{app}"},
+            "reason": "Killing",
+            "message": "Container app failed liveness probe, will be restarted",
+            "type": "Normal"
+        }))
+        .expect("an Event");
+        assert_eq!(
+            kill_notice(&event),
+            Some(KillNotice { pod_uid: "u1".into(), container: "app".into(), cause: StopCause::LivenessProbe })
+        );
+        let mut deletion = event.clone();
+        deletion.message = Some("Stopping container app".into());
+        assert_eq!(kill_notice(&deletion), None);
+    }
+
+    #[test]
+    fn the_node_name_comes_from_the_flag_first() {
+        assert_eq!(KubeSource::node_name(Some("node-a".into())), "node-a");
+        assert!(!KubeSource::node_name(None).is_empty(), "NODE_NAME or the hostname");
+    }
+}
