@@ -13,6 +13,7 @@ use lifecycle_agent::{
     model::container_state::RestartPolicy,
     model::event::Event,
     model::node::TrackerConfig,
+    probe::source::AllowFrom,
 };
 use tokio::sync::watch;
 
@@ -77,6 +78,10 @@ struct RunArgs {
     /// the node endpoint /api/v1/probe/... always answers).
     #[arg(long, default_value_t = lifecycle_agent::probe::server::DEFAULT_POD_PORT)]
     pod_probe_port: u16,
+    /// Who may connect to the per-pod probe listeners: `node` (the node's own addresses, where
+    /// the kubelet probes from; loopback excepted), `any`, or a CIDR block. Repeatable.
+    #[arg(long, default_value = "node")]
+    probe_allow_from: Vec<AllowFrom>,
     /// The pod restartPolicy to assume (the runtime does not report it).
     #[arg(long, value_enum, default_value = "always")]
     restart_policy: RestartPolicyArg,
@@ -238,6 +243,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         cri_refresh: Duration::from_secs(10),
         series_retention: args.series_retention,
         pod_probe_port: (args.pod_probe_port != 0).then_some(args.pod_probe_port),
+        probe_allow_from: args.probe_allow_from,
         tracker: TrackerConfig { backoff, restart_policy, ..TrackerConfig::default() },
     };
     agent::run(config, shutdown).await?;

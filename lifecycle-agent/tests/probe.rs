@@ -1,13 +1,18 @@
 //! Privileged tier for the probes: real apps in real network namespaces and a real runc
 //! container; the tcp state is driven only by the real kernel programs' events (the agent never
-//! connects to the app) and by /proc. Skips with a printed reason when not root.
+//! connects to the app) and by /proc. Every check asked is declared first, as a pod does with
+//! its `lifecycle.dev/probes` annotation; the surface tests at the end attack the real listener
+//! (issue 10). Skips with a printed reason when not root.
 
 use std::{
     io::{Read as _, Write as _},
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr, TcpStream},
     os::unix::fs::MetadataExt as _,
-    sync::Arc,
-    time::{Duration, SystemTime},
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant, SystemTime},
 };
 
 use lifecycle_agent::{
@@ -15,8 +20,11 @@ use lifecycle_agent::{
     model::event::{Detail, Event},
     probe::{
         check::CheckSpec,
-        metrics::ProbeTarget,
-        server::{bind_in_netns, BlockingServer, ProbeAnswer},
+        declaration::{Declaration, RefusalReason},
+        listener::{ListenerLimits, ProbeListener},
+        metrics::{ConnectionCounters, ProbeMetrics, ProbeTarget},
+        server::{bind_in_netns, ProbeAnswer},
+        source::{AllowFrom, SourceFilter},
         PodProbe,
     },
 };
@@ -25,6 +33,7 @@ use lifecycle_testkit::{
     netns::{netns_skip_reason, runc_skip_reason, Proc, RuncContainer, TestNetns},
     require_privileges,
 };
+use prometheus::Encoder as _;
 
 const PYTHON: &str = "/usr/bin/python3";
 const APP_PORT: u16 = 8080;
@@ -128,12 +137,55 @@ fn tcp_check(stall: &str) -> CheckSpec {
     CheckSpec::parse("/tcp", Some(&format!("port={APP_PORT}&stall={stall}"))).expect("spec")
 }
 
+/// Declares `entries` (annotation lines) for the probe's container, as the supervisor does.
+fn declare(probe: &PodProbe, entries: &[&str]) {
+    let (declaration, refusals) = Declaration::from_annotation(&entries.join("\n"));
+    assert_eq!(refusals, vec![], "the test declares only valid checks");
+    probe.declare(declaration.checks_for(&probe.target().container));
+}
+
+/// A listener serving `answer` inside `netns`, on `port`, letting in what `sources` allows.
+fn listen_in(
+    netns: &TestNetns,
+    port: u16,
+    answer: Arc<dyn ProbeAnswer>,
+    sources: SourceFilter,
+) -> (ProbeListener, ConnectionCounters) {
+    let listener = bind_in_netns(&netns.path, SocketAddr::from(([0, 0, 0, 0], port))).expect("bind in netns");
+    let counters = ConnectionCounters::unregistered();
+    let server =
+        ProbeListener::start(listener, answer, sources, counters.clone(), ListenerLimits::default()).expect("serve");
+    (server, counters)
+}
+
+/// The default `--probe-allow-from node`, with this (the host's) namespace's addresses.
+fn node_sources() -> SourceFilter {
+    let sources = SourceFilter::new(&[AllowFrom::Node]);
+    sources.refresh_node_addresses().expect("read the node's addresses");
+    sources
+}
+
+/// One GET on a fresh connection from this (the host's) namespace, as the kubelet sends it:
+/// (status, body), or None when the connection was closed without an answer.
+fn kubelet_get(addr: SocketAddr, target: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let request =
+        format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.30\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let response = String::from_utf8(response).ok()?;
+    let code = response.get(9..12)?.parse().ok()?;
+    Some((code, response.split_once("\r\n\r\n")?.1.to_owned()))
+}
 #[test]
 fn a_listener_that_accepts_passes() {
     require!();
     let (mut netns, _holder, probe) = pod_in_netns("accepting");
     let mut feeder = Feeder { fed: 0 };
     let spec = tcp_check("1s");
+    declare(&probe, &["/probe/tcp?port=8080&stall=1s"]);
     assert_eq!(spec.evaluate(&probe.snapshot(), boottime_ns()).reason, "no listener on port 8080");
 
     let mut app = netns.spawn(PYTHON, &["-c", APP, "accept", &APP_PORT.to_string()]);
@@ -170,8 +222,9 @@ fn a_listener_that_never_accepts_fails_after_the_stall_while_connects_still_succ
     let first_established = events.iter().find(|e| matches!(e.detail, Detail::TcpEstablished(_))).expect("one").time_ns;
 
     let spec = tcp_check("1s");
+    // Declared, so the pod re-evaluates this check at its deadline.
+    declare(&probe, &["/probe/tcp?port=8080&stall=1s"]);
     let now = boottime_ns();
-    // Ask once so the pod re-evaluates this check at its deadline.
     assert!(probe.evaluate(&spec, now).pass, "fresh connections are not a stall yet");
     let deadline = probe.reevaluate(now).expect("a stall deadline");
     assert_eq!(deadline, first_established + S, "the deadline is the oldest connection's wait reaching the limit");
@@ -206,6 +259,7 @@ fn a_closed_listener_flips_the_check_at_the_close_event() {
     assert_eq!(app.read_line(), "listening");
     feeder.feed_until(&probe, "listen", |m| count(m, |d| matches!(d, Detail::TcpListen(_))) == 1);
     let spec = tcp_check("5s");
+    declare(&probe, &["/probe/tcp?port=8080&stall=5s"]);
     assert!(probe.evaluate(&spec, boottime_ns()).pass);
 
     app.write_line("close");
@@ -234,14 +288,20 @@ fn an_http_client_inside_the_netns_gets_200_then_503_from_the_probe_listener() {
     let before = own_netns();
     let listener = bind_in_netns(&netns.path, SocketAddr::from(([0, 0, 0, 0], 9891))).expect("bind in netns");
     assert_eq!(own_netns(), before, "the calling thread never changed namespace");
+    declare(&probe, &["/probe/tcp?port=8080&stall=5s", "/probe/process", "/probe/all?process&tcp=8080"]);
     let answer: Arc<dyn ProbeAnswer> = probe.clone();
-    let server = BlockingServer::start(listener, answer).expect("serve");
+    // This client runs inside the pod's namespace: let its loopback in explicitly (the default,
+    // node addresses only, refuses it; see the source tests below).
+    let loopback = SourceFilter::new(&["127.0.0.0/8".parse().expect("cidr")]);
+    let counters = ConnectionCounters::unregistered();
+    let server = ProbeListener::start(listener, answer, loopback, counters, ListenerLimits::default()).expect("serve");
 
     let get = |query: &str| {
         netns.output(PYTHON, &["-c", HTTP_GET, &format!("http://127.0.0.1:9891{query}")]).trim().to_owned()
     };
     assert_eq!(get("/probe/tcp?port=8080&stall=5s"), "200|ok");
-    assert_eq!(get("/probe/tcp?port=80a"), "400|bad port \"80a\": expected 1-65535");
+    // Unparsable is not declared: refused, and the refusal says nothing.
+    assert_eq!(get("/probe/tcp?port=80a"), "403|forbidden");
     assert_eq!(get("/probe/process"), "200|ok");
     // The request path's own cost: parse, lock, evaluate, format (no /proc, no syscalls).
     const CALLS: u32 = 10_000;
@@ -279,6 +339,16 @@ fn file_checks_in_a_runc_container_stay_inside_its_root() {
     assert_ne!(host_hostname, "inside-the-container\n");
 
     let probe = PodProbe::new(target("files"), container.pid, None).expect("probe");
+    declare(
+        &probe,
+        &[
+            "/probe/file?path=/tmp/healthy&fresh=30s&contains=ok",
+            "/probe/file?path=/tmp/healthy&contains=broken",
+            "/probe/file?path=/tmp/healthy&fresh=30s",
+            "/probe/file?path=/tmp/missing",
+            "/probe/file?path=/tmp/evil&contains=container-shadow",
+        ],
+    );
     let ask = |query: &str| probe.answer("/probe/file", Some(query));
     assert_eq!(ask("path=/tmp/healthy&fresh=30s&contains=ok"), (200, "ok\n".into()));
     assert_eq!(
@@ -297,9 +367,9 @@ fn file_checks_in_a_runc_container_stay_inside_its_root() {
     );
     assert_eq!(ask("path=/tmp/missing").0, 503);
 
-    // Escapes. `..` is refused by the URL parser outright...
-    assert_eq!(ask("path=../../etc/hostname").0, 400);
-    assert_eq!(ask("path=/tmp/../../etc/hostname").0, 400);
+    // Escapes. `..` is refused by the URL parser outright (so it can never be declared)...
+    assert_eq!(ask("path=../../etc/hostname"), (403, "forbidden\n".into()));
+    assert_eq!(ask("path=/tmp/../../etc/hostname"), (403, "forbidden\n".into()));
     // ...and the kernel keeps every resolution inside the root even when asked directly.
     let read = |path: &str| {
         observe::read_file_in_root(container.pid, path, 4096).map(|r| String::from_utf8_lossy(&r.head).into_owned())
@@ -328,6 +398,7 @@ fn process_checks_see_running_stopped_and_zombie() {
     }
     let container = RuncContainer::start("process");
     let probe = PodProbe::new(target("process"), container.pid, None).expect("probe");
+    declare(&probe, &["/probe/process"]);
     let ask = || probe.answer("/probe/process", None);
     assert_eq!(ask(), (200, "ok\n".into()));
     // SAFETY: kill has no memory-safety preconditions; the pid is our container's init.
@@ -345,6 +416,7 @@ fn process_checks_see_running_stopped_and_zombie() {
     let mut child = std::process::Command::new("/bin/true").spawn().expect("spawn true");
     wait_state(child.id(), 'Z');
     let zombie = PodProbe::new(target("zombie"), child.id(), None).expect("probe");
+    declare(&zombie, &["/probe/process"]);
     assert_eq!(zombie.answer("/probe/process", None), (503, format!("main process {} is a zombie\n", child.id())));
     child.wait().expect("reap");
     zombie.refresh(boottime_ns()).expect("refresh");
@@ -362,6 +434,164 @@ fn wait_state(pid: u32, letter: char) {
     panic!("pid {pid} never reached state {letter}");
 }
 
+/// Prints `answered`, `closed` (EOF or reset before any byte) or `timeout` for one GET sent to
+/// argv[1]:argv[2] from wherever it runs.
+const RAW_GET: &str = r#"
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+s.sendall(b"GET /probe/process HTTP/1.1\r\nHost: pod\r\n\r\n")
+try:
+    print("answered" if s.recv(100) else "closed")
+except ConnectionResetError:
+    print("closed")
+except socket.timeout:
+    print("timeout")
+"#;
+
+fn render(registry: &prometheus::Registry) -> String {
+    let mut out = Vec::new();
+    prometheus::TextEncoder::new().encode(&registry.gather(), &mut out).expect("encode");
+    String::from_utf8(out).expect("utf8")
+}
+
+#[test]
+fn the_file_content_oracle_gets_403_and_leaves_no_series() {
+    require!();
+    let registry = prometheus::Registry::new();
+    let metrics = ProbeMetrics::register(&registry).expect("metrics");
+    let (mut netns, holder, _) = pod_in_netns("oracle");
+    let probe = Arc::new(PodProbe::new(target("oracle"), holder.pid, Some(metrics)).expect("probe"));
+    // The pod declares a process check, and tries to declare the oracle itself: refused.
+    let (declaration, refusals) =
+        Declaration::from_annotation("/probe/process\n/probe/file?path=/proc/1/environ&contains=X\n");
+    assert_eq!(refusals.iter().map(|r| r.reason).collect::<Vec<_>>(), vec![RefusalReason::ForbiddenPath]);
+    assert!(refusals[0].to_string().contains("/proc, /sys or /dev"), "{}", refusals[0]);
+    probe.declare(declaration.checks_for("app"));
+    let (_host, inside) = netns.link_to_host();
+    let (server, counters) = listen_in(&netns, 9891, probe.clone(), node_sources());
+    let addr = SocketAddr::from((inside, 9891));
+    assert_eq!(kubelet_get(addr, "/probe/process"), Some((200, "ok\n".into())));
+    // Even from the kubelet's own address the oracle learns nothing: one answer for every guess.
+    let guesses = ["X", "PATH=", "HOME=/root", ""];
+    for guess in guesses {
+        let path = format!("/probe/file?path=/proc/1/environ&contains={guess}");
+        assert_eq!(kubelet_get(addr, &path), Some((403, "forbidden\n".into())), "{path}");
+    }
+    assert_eq!(kubelet_get(addr, "/probe/file?path=/proc/1/cmdline"), Some((403, "forbidden\n".into())));
+    assert_eq!(kubelet_get(addr, "/probe/tcp?port=22"), Some((403, "forbidden\n".into())));
+    // No state: no file was read or kept, and the declared set is what it was.
+    assert!(probe.snapshot().files.is_empty(), "{:?}", probe.snapshot().files);
+    assert_eq!(probe.declared(), vec![CheckSpec::Process { max_uninterruptible_ns: None }]);
+    // No series: the only check series is the declared one; the refusals are one fixed counter.
+    let text = render(&registry);
+    let results: Vec<&str> = text.lines().filter(|l| l.starts_with("lifecycle_probe_result{")).collect();
+    assert_eq!(
+        results,
+        vec![r#"lifecycle_probe_result{check="process",container="app",namespace="default",pod="oracle"} 1"#]
+    );
+    for leaked in ["environ", "cmdline", "file:", "tcp:22"] {
+        assert!(!text.contains(leaked), "{leaked} in\n{text}");
+    }
+    assert!(text.contains(&format!("lifecycle_probe_requests_forbidden_total {}\n", guesses.len() + 2)), "{text}");
+    assert_eq!((counters.source.get(), counters.busy.get()), (0, 0));
+    server.stop();
+}
+
+#[test]
+fn fifty_half_sent_requests_do_not_delay_a_declared_probe() {
+    require!();
+    const STALLERS: usize = 50;
+    const PROBES: usize = 200;
+    let (mut netns, _holder, probe) = pod_in_netns("stall");
+    let mut app = netns.spawn(PYTHON, &["-c", APP, "accept", &APP_PORT.to_string()]);
+    assert_eq!(app.read_line(), "listening");
+    probe.refresh(boottime_ns()).expect("refresh: sees the app's listener");
+    let path = "/probe/tcp?port=8080&stall=5s";
+    declare(&probe, &[path]);
+    let (_host, inside) = netns.link_to_host();
+    let (server, counters) = listen_in(&netns, 9891, Arc::new(probe), node_sources());
+    let addr = SocketAddr::from((inside, 9891));
+    assert_eq!(kubelet_get(addr, path), Some((200, "ok\n".into())));
+
+    // Each staller sends a piece of a request head and holds the connection; when the listener
+    // cuts it at the head deadline, it comes straight back with another.
+    let stop = Arc::new(AtomicBool::new(false));
+    let holding = Arc::new(AtomicUsize::new(0));
+    let stallers: Vec<_> = (0..STALLERS)
+        .map(|_| {
+            let (stop, holding) = (stop.clone(), holding.clone());
+            std::thread::spawn(move || {
+                let mut first = true;
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut stream) = TcpStream::connect(addr) else { continue };
+                    let _ = stream.write_all(b"GET /probe/tc");
+                    if std::mem::take(&mut first) {
+                        holding.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+                    let mut buf = [0u8; 16];
+                    loop {
+                        match stream.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(_) => panic!("a half-sent request was answered"),
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                if stop.load(Ordering::Relaxed) {
+                                    return;
+                                }
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    while holding.load(Ordering::Relaxed) < STALLERS {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Spread over several head deadlines (250 ms), so the stallers are cut and come back meanwhile.
+    let mut worst = Duration::ZERO;
+    for i in 0..PROBES {
+        let asked = Instant::now();
+        let answer = kubelet_get(addr, path);
+        let took = asked.elapsed();
+        assert_eq!(answer, Some((200, "ok\n".into())), "probe {i} after {took:?}");
+        assert!(took < Duration::from_secs(1), "probe {i} took {took:?}: past the kubelet's timeout");
+        worst = worst.max(took);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for staller in stallers {
+        staller.join().expect("staller");
+    }
+    assert!(counters.timeout.get() >= STALLERS as u64, "stallers cut at the deadline: {}", counters.timeout.get());
+    assert_eq!((counters.busy.get(), counters.source.get()), (0, 0));
+    eprintln!(
+        "{PROBES} probes beside {STALLERS} stalled clients: slowest {worst:?}; {} stalls cut",
+        counters.timeout.get()
+    );
+    server.stop();
+}
+
+#[test]
+fn connections_from_inside_the_pod_are_refused() {
+    require!();
+    let (mut netns, _holder, probe) = pod_in_netns("sources");
+    declare(&probe, &["/probe/process"]);
+    let (host, inside) = netns.link_to_host();
+    let sources = node_sources();
+    assert!(sources.allows(IpAddr::V4(host)), "the host end of the link is a node address");
+    let (server, counters) = listen_in(&netns, 9891, Arc::new(probe), sources);
+    // The kubelet's way in: from the node's side of the link.
+    assert_eq!(kubelet_get(SocketAddr::from((inside, 9891)), "/probe/process"), Some((200, "ok\n".into())));
+    // The pod itself, by loopback and by its own address: closed before a byte is read.
+    for own in ["127.0.0.1".to_owned(), inside.to_string()] {
+        assert_eq!(netns.output(PYTHON, &["-c", RAW_GET, &own, "9891"]).trim(), "closed", "from {own}");
+    }
+    assert_eq!(counters.source.get(), 2);
+    server.stop();
+}
+
 /// Not a test: the probe server `cargo xtask bench probes` measures. Serves a pod probe for
 /// LIFECYCLE_BENCH_PID's netns on 127.0.0.1 (ephemeral port) until stdin closes; prints
 /// `PROBE_SERVER <addr> <pid>` first.
@@ -369,7 +599,11 @@ fn wait_state(pid: u32, letter: char) {
 #[ignore = "run by cargo xtask bench probes"]
 fn bench_probe_server() {
     let pid: u32 = std::env::var("LIFECYCLE_BENCH_PID").expect("LIFECYCLE_BENCH_PID").parse().expect("pid");
+    let declared = std::env::var("LIFECYCLE_BENCH_PROBES").expect("LIFECYCLE_BENCH_PROBES: the declared probe paths");
     let probe = Arc::new(PodProbe::new(target("bench"), pid, None).expect("probe"));
+    let (declaration, refusals) = Declaration::from_annotation(&declared);
+    assert_eq!(refusals, vec![]);
+    probe.declare(declaration.checks_for("app"));
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     println!("PROBE_SERVER {addr} {}", std::process::id());
@@ -379,8 +613,12 @@ fn bench_probe_server() {
     let refresher = probe.clone();
     let answer: Arc<dyn ProbeAnswer> = probe;
     runtime.spawn(refresher.run_refresher(Duration::from_secs(2), stopped));
-    // The listener as the agent runs it: its own thread, blocking I/O.
-    let server = BlockingServer::start(listener, answer).expect("serve");
+    // The listener as the agent runs it: its own thread and event loop, the default bounds; the
+    // bench's clients are on loopback, so loopback is let in.
+    let sources = SourceFilter::new(&["127.0.0.0/8".parse().expect("cidr")]);
+    let server =
+        ProbeListener::start(listener, answer, sources, ConnectionCounters::unregistered(), ListenerLimits::default())
+            .expect("serve");
     // The refresher runs on this runtime until stdin closes (the bench's signal to stop).
     let refreshing = std::thread::spawn(move || runtime.block_on(std::future::pending::<()>()));
     let _ = std::io::stdin().read_to_end(&mut Vec::new());

@@ -1,5 +1,6 @@
 //! A fresh named network namespace (`ip netns add lifecycle-probe-<pid>-<n>`) with
-//! loopback up, processes started inside it with `ip netns exec`, and a small runc container
+//! loopback up (and, on request, a veth link to the host's namespace), processes started inside
+//! it with `ip netns exec`, and a small runc container
 //! built from busybox-static. Drop ends only the processes started here, by pid, then deletes
 //! the namespace (or the container and its bundle).
 
@@ -33,6 +34,8 @@ pub struct TestNetns {
     /// The namespace inode, as the kernel's TCP events report it.
     pub inode: u32,
     children: Vec<Child>,
+    /// Host sides of veth pairs made by [`TestNetns::link_to_host`].
+    host_links: Vec<String>,
 }
 
 impl TestNetns {
@@ -47,7 +50,7 @@ impl TestNetns {
         run(Command::new("ip").args(["-n", &name, "link", "set", "lo", "up"]));
         let path = PathBuf::from("/var/run/netns").join(&name);
         let inode = std::fs::metadata(&path).expect("stat netns").ino() as u32;
-        Self { name, path, inode, children: Vec::new() }
+        Self { name, path, inode, children: Vec::new(), host_links: Vec::new() }
     }
 
     /// `ip netns exec <name> <program> <args>` with piped stdin/stdout; `ip` execs the program,
@@ -67,6 +70,26 @@ impl TestNetns {
         Proc { pid, stdin, stdout }
     }
 
+    /// Links the namespace to the host's with a veth pair, the way a CNI links a pod: a /30 of
+    /// 169.254.0.0/16 (link-local: nothing outside this machine is ever addressed), the host
+    /// side's address one of the node's own. Returns (host side, namespace side).
+    pub fn link_to_host(&mut self) -> (std::net::Ipv4Addr, std::net::Ipv4Addr) {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let host_if = format!("lcv{}x{n}", std::process::id() % 100_000);
+        let (third, fourth) = (100 + (std::process::id() % 100) as u8, ((n * 4) % 256) as u8);
+        let host = std::net::Ipv4Addr::new(169, 254, third, fourth + 1);
+        let inside = std::net::Ipv4Addr::new(169, 254, third, fourth + 2);
+        run(Command::new("ip")
+            .args(["link", "add", &host_if, "type", "veth", "peer", "name", "veth0", "netns"])
+            .arg(&self.name));
+        run(Command::new("ip").args(["addr", "add", &format!("{host}/30"), "dev", &host_if]));
+        run(Command::new("ip").args(["link", "set", &host_if, "up"]));
+        run(Command::new("ip").args(["-n", &self.name, "addr", "add", &format!("{inside}/30"), "dev", "veth0"]));
+        run(Command::new("ip").args(["-n", &self.name, "link", "set", "veth0", "up"]));
+        self.host_links.push(host_if);
+        (host, inside)
+    }
+
     /// Runs a program inside to completion, returning its stdout.
     pub fn output(&self, program: &str, args: &[&str]) -> String {
         let out =
@@ -83,6 +106,10 @@ impl Drop for TestNetns {
             let _ = child.wait();
         }
         let _ = Command::new("ip").args(["netns", "delete", &self.name]).status();
+        // Deleting the namespace deletes its veth ends, and so the pairs; in case it did not:
+        for link in &self.host_links {
+            let _ = Command::new("ip").args(["link", "del", link]).stderr(Stdio::null()).status();
+        }
     }
 }
 

@@ -32,7 +32,12 @@ use crate::{
         event::{Detail, Event},
         node::{NodeTracker, TrackerConfig},
     },
-    probe::{metrics::ProbeMetrics, supervisor::ProbeSupervisor, NodeProbes},
+    probe::{
+        metrics::ProbeMetrics,
+        source::{AllowFrom, SourceFilter},
+        supervisor::ProbeSupervisor,
+        NodeProbes,
+    },
 };
 use http::{HttpError, Routes};
 use routes::ContainersApi;
@@ -73,6 +78,8 @@ pub struct AgentConfig {
     /// Port of the probe listener started inside each pod's network namespace; None: only the
     /// node endpoint `/api/v1/probe/...` answers.
     pub pod_probe_port: Option<u16>,
+    /// Who may connect to the per-pod probe listeners (`--probe-allow-from`).
+    pub probe_allow_from: Vec<AllowFrom>,
     pub tracker: TrackerConfig,
 }
 
@@ -139,9 +146,11 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let scraped_units = units.clone();
     metrics.add_text_source(Box::new(move |out| scraped_units.render(out)));
 
-    let node_probes = Arc::new(NodeProbes::default());
     let probe_metrics = ProbeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
-    let supervisor = ProbeSupervisor::new(node_probes.clone(), probe_metrics, config.pod_probe_port, shutdown.clone());
+    let node_probes = Arc::new(NodeProbes::new(Some(probe_metrics.clone())));
+    let sources = SourceFilter::new(&config.probe_allow_from);
+    let supervisor =
+        ProbeSupervisor::new(node_probes.clone(), probe_metrics, config.pod_probe_port, sources, shutdown.clone());
     tokio::spawn(supervisor.run(tracker.clone(), Duration::from_secs(1)));
 
     let metadata_wanted = Arc::new(Notify::new());

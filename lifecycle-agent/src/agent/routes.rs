@@ -1,6 +1,7 @@
 //! The agent's JSON API on `--listen`: `/api/v1/containers` (every unit's view) and
 //! `/api/v1/probe/<namespace>/<pod>/<container>` (the probe answer for people, scripts and
-//! host-network pods). `/metrics` and `/healthz` are served by `http.rs`.
+//! host-network pods: declared checks only, 403 otherwise). `/metrics` and `/healthz` are served
+//! by `http.rs`.
 
 use std::sync::{Arc, Mutex};
 
@@ -51,24 +52,23 @@ impl ContainersApi {
     /// `GET /api/v1/probe/<namespace>/<pod>/<container>?check=<tcp|process|file|all>&...`: the same
     /// answer the pod's own probe listener gives, for people, scripts and host-network pods.
     fn probe(&self, target: &str, query: Option<&str>) -> (StatusCode, String) {
-        let bad = |text: String| (StatusCode::BAD_REQUEST, text);
-        let mut query = match Query::parse(query) {
-            Ok(query) => query,
-            Err(err) => return bad(format!("{err}\n")),
-        };
+        // Only a declared check of a known container answers: the rest is 403 with no detail,
+        // like the pod listener's. A request without check= is the one usage error (400).
+        let Ok(mut query) = Query::parse(query) else { return forbidden(self.probes.forbidden()) };
         let Some(check) = query.take("check") else {
-            return bad("add check=tcp|process|file|all to the query\n".to_owned());
+            return (StatusCode::BAD_REQUEST, "add check=tcp|process|file|all to the query\n".to_owned());
         };
         let mut parts = target.trim_end_matches('/').splitn(3, '/');
         let (Some(namespace), Some(pod), Some(container)) = (parts.next(), parts.next(), parts.next()) else {
-            return (StatusCode::NOT_FOUND, "probes live at /api/v1/probe/<namespace>/<pod>/<container>\n".to_owned());
+            return forbidden(self.probes.forbidden());
         };
-        let spec = match CheckSpec::from_query(&check, &query) {
-            Ok(spec) => spec,
-            Err(err) => return bad(format!("{err}\n")),
-        };
+        let Ok(spec) = CheckSpec::from_query(&check, &query) else { return forbidden(self.probes.forbidden()) };
         let target = ProbeTarget { namespace: namespace.into(), pod: pod.into(), container: container.into() };
         let (code, body) = self.probes.answer_check(&target, &spec);
         (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body)
     }
+}
+
+fn forbidden((_, body): (u16, String)) -> (StatusCode, String) {
+    (StatusCode::FORBIDDEN, body)
 }

@@ -1,23 +1,25 @@
-//! Probe metrics: current result and transitions per check, requests by answer code, and the
-//! time to answer, registered into the registry the caller passes in.
+//! Probe metrics: current result and transitions per check, requests by answer code, the time
+//! to answer, and what the probe surface refused (declarations, connections, requests),
+//! registered into the registry the caller passes in.
 //!
-//! Label values are bounded: `check` is the canonical check text (`tcp:8080`, `process`,
-//! `file:/tmp/healthy`, `all:...`), and a pod gets at most [`MAX_CHECKS_PER_POD`] distinct ones;
-//! further checks are counted under `check="other"` (anything inside the pod's netns can send
-//! requests, so paths must not mint series). The histogram's `check` is the kind only.
+//! Label values are bounded: `check` is the canonical text of a *declared* check (`tcp:8080`,
+//! `process`, `file:/tmp/healthy`, `all:...`) — requests never mint series, they are answered
+//! only for declared checks — and a pod gets at most [`MAX_CHECK_SERIES_PER_POD`] (container,
+//! check) series; past that, results are not exported and `lifecycle_probe_series_dropped_total`
+//! counts the checks left out. Every other label comes from a fixed set.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
 };
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use super::check::Verdict;
+use super::{check::Verdict, declaration::RefusalReason};
 use crate::export::metrics::NAMESPACE;
 
-/// Distinct `check` label values per pod before falling back to `other`.
-pub const MAX_CHECKS_PER_POD: usize = 16;
+/// (container, check) series a pod may have; checks past it answer but are not exported.
+pub const MAX_CHECK_SERIES_PER_POD: usize = 32;
 
 /// Which container a probe speaks for (the kube-state-metrics label names).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -27,14 +29,67 @@ pub struct ProbeTarget {
     pub container: String,
 }
 
+impl ProbeTarget {
+    fn same_pod(&self, other: &ProbeTarget) -> bool {
+        self.namespace == other.namespace && self.pod == other.pod
+    }
+}
+
+/// Connections a pod listener closed without reading a request (the `reason` label of
+/// `lifecycle_probe_connections_rejected_total`). Handles share the registered family; clones
+/// count into the same series.
+#[derive(Clone)]
+pub struct ConnectionCounters {
+    /// The source address is not allowed (`--probe-allow-from`).
+    pub source: IntCounter,
+    /// The listener already had its maximum of connections open.
+    pub busy: IntCounter,
+    /// The request head did not arrive within the deadline.
+    pub timeout: IntCounter,
+}
+
+impl ConnectionCounters {
+    /// Counters that are not registered anywhere (tests, benchmarks).
+    pub fn unregistered() -> Self {
+        Self::from_family(&connection_family())
+    }
+
+    fn from_family(family: &IntCounterVec) -> Self {
+        Self {
+            source: family.with_label_values(&["source"]),
+            busy: family.with_label_values(&["busy"]),
+            timeout: family.with_label_values(&["timeout"]),
+        }
+    }
+}
+
+fn connection_family() -> IntCounterVec {
+    // A constant, valid name and label set: `new` cannot fail.
+    IntCounterVec::new(
+        Opts::new(
+            "probe_connections_rejected_total",
+            "Connections to pod probe listeners closed without an answer, by reason: source (address not allowed), busy (connection bound reached), timeout (request head too slow).",
+        )
+        .namespace(NAMESPACE),
+        &["reason"],
+    )
+    .expect("valid metric")
+}
+
 /// The probe metric families.
 pub struct ProbeMetrics {
     result: IntGaugeVec,
     transitions: IntCounterVec,
     requests: IntCounterVec,
     duration: HistogramVec,
-    /// Last result per (target, check label), to count transitions.
+    declarations_refused: IntCounterVec,
+    connections: ConnectionCounters,
+    forbidden: IntCounter,
+    series_dropped: IntCounter,
+    /// Last result per exported (target, check label), to count transitions.
     last: Mutex<HashMap<(ProbeTarget, String), bool>>,
+    /// (target, check label) left out by the per-pod cap, so each is counted once.
+    dropped: Mutex<HashSet<(ProbeTarget, String)>>,
 }
 
 impl ProbeMetrics {
@@ -42,16 +97,17 @@ impl ProbeMetrics {
     pub fn register(registry: &Registry) -> Result<Arc<Self>, prometheus::Error> {
         let labels = ["namespace", "pod", "container", "check"];
         let result = IntGaugeVec::new(
-            Opts::new("probe_result", "Last result of an agent probe check: 1 pass, 0 fail.").namespace(NAMESPACE),
+            Opts::new("probe_result", "Last result of a declared agent probe check: 1 pass, 0 fail.")
+                .namespace(NAMESPACE),
             &labels,
         )?;
         let transitions = IntCounterVec::new(
-            Opts::new("probe_transitions_total", "Times an agent probe check changed between pass and fail.")
+            Opts::new("probe_transitions_total", "Times a declared agent probe check changed between pass and fail.")
                 .namespace(NAMESPACE),
             &labels,
         )?;
         let requests = IntCounterVec::new(
-            Opts::new("probe_requests_total", "Probe HTTP requests answered, by HTTP status code.")
+            Opts::new("probe_requests_total", "Probe HTTP requests for declared checks answered, by HTTP status code.")
                 .namespace(NAMESPACE),
             &["namespace", "pod", "container", "check", "code"],
         )?;
@@ -61,36 +117,81 @@ impl ProbeMetrics {
                 .buckets(vec![1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2]),
             &["check"],
         )?;
+        let declarations_refused = IntCounterVec::new(
+            Opts::new(
+                "probe_declarations_refused_total",
+                "Entries of pods' probe declarations refused, by reason (unparsable, forbidden_path, too_many).",
+            )
+            .namespace(NAMESPACE),
+            &["reason"],
+        )?;
+        for reason in RefusalReason::ALL {
+            declarations_refused.with_label_values(&[reason.label()]).inc_by(0);
+        }
+        let connections = connection_family();
+        let forbidden = IntCounter::with_opts(
+            Opts::new(
+                "probe_requests_forbidden_total",
+                "Probe requests answered 403: not a declared check of a known container, or not a probe request.",
+            )
+            .namespace(NAMESPACE),
+        )?;
+        let series_dropped = IntCounter::with_opts(
+            Opts::new(
+                "probe_series_dropped_total",
+                "Declared (container, check) pairs left without series because their pod reached the per-pod cap.",
+            )
+            .namespace(NAMESPACE),
+        )?;
         registry.register(Box::new(result.clone()))?;
         registry.register(Box::new(transitions.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(duration.clone()))?;
-        Ok(Arc::new(Self { result, transitions, requests, duration, last: Mutex::new(HashMap::new()) }))
+        registry.register(Box::new(declarations_refused.clone()))?;
+        registry.register(Box::new(connections.clone()))?;
+        registry.register(Box::new(forbidden.clone()))?;
+        registry.register(Box::new(series_dropped.clone()))?;
+        Ok(Arc::new(Self {
+            result,
+            transitions,
+            requests,
+            duration,
+            declarations_refused,
+            connections: ConnectionCounters::from_family(&connections),
+            forbidden,
+            series_dropped,
+            last: Mutex::new(HashMap::new()),
+            dropped: Mutex::new(HashSet::new()),
+        }))
     }
 
-    /// The label to use for `check` of `target`, keeping the per-pod cardinality bounded.
-    pub fn check_label(&self, target: &ProbeTarget, label: &str) -> String {
-        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if last.contains_key(&(target.clone(), label.to_owned())) {
-            return label.to_owned();
+    /// Whether (`target`, `label`) has, or may now get, series; counts it once when the pod's
+    /// cap leaves it out.
+    fn exported(&self, last: &HashMap<(ProbeTarget, String), bool>, target: &ProbeTarget, label: &str) -> bool {
+        let key = (target.clone(), label.to_owned());
+        if last.contains_key(&key) {
+            return true;
         }
-        let count = last.keys().filter(|(t, _)| t == target).count();
-        if count >= MAX_CHECKS_PER_POD {
-            "other".to_owned()
-        } else {
-            label.to_owned()
+        if last.keys().filter(|(t, _)| t.same_pod(target)).count() < MAX_CHECK_SERIES_PER_POD {
+            return true;
         }
+        if self.dropped.lock().unwrap_or_else(|p| p.into_inner()).insert(key) {
+            self.series_dropped.inc();
+        }
+        false
     }
 
     /// Records a verdict; counts and logs a transition when it differs from the last one.
-    pub fn record_result(&self, target: &ProbeTarget, check: &str, verdict: &Verdict) {
-        let label = self.check_label(target, check);
-        let values = [target.namespace.as_str(), &target.pod, &target.container, &label];
-        self.result.with_label_values(&values).set(i64::from(verdict.pass));
+    pub fn record_result(&self, target: &ProbeTarget, label: &str, verdict: &Verdict) {
         let previous = {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-            last.insert((target.clone(), label.clone()), verdict.pass)
+            if !self.exported(&last, target, label) {
+                return;
+            }
+            last.insert((target.clone(), label.to_owned()), verdict.pass)
         };
+        let values = [target.namespace.as_str(), &target.pod, &target.container, label];
+        self.result.with_label_values(&values).set(i64::from(verdict.pass));
         match previous {
             Some(before) if before != verdict.pass => {
                 self.transitions.with_label_values(&values).inc();
@@ -112,26 +213,61 @@ impl ProbeMetrics {
         }
     }
 
-    /// Counts one answered request and its duration.
-    pub fn record_request(&self, target: &ProbeTarget, check: &str, kind: &str, code: u16, seconds: f64) {
-        let label = self.check_label(target, check);
-        let code = code.to_string();
-        self.requests.with_label_values(&[&target.namespace, &target.pod, &target.container, &label, &code]).inc();
+    /// Counts one answered request of a declared check and its duration.
+    pub fn record_request(&self, target: &ProbeTarget, label: &str, kind: &str, code: u16, seconds: f64) {
         self.duration.with_label_values(&[kind]).observe(seconds);
+        if !self.last.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&(target.clone(), label.to_owned())) {
+            return;
+        }
+        let code = code.to_string();
+        self.requests.with_label_values(&[&target.namespace, &target.pod, &target.container, label, &code]).inc();
     }
 
-    /// Drops every series of a pod that went away.
+    /// Counts one request answered 403.
+    pub fn record_forbidden(&self) {
+        self.forbidden.inc();
+    }
+
+    /// Counts one refused declaration entry.
+    pub fn record_refusal(&self, reason: RefusalReason) {
+        self.declarations_refused.with_label_values(&[reason.label()]).inc();
+    }
+
+    /// The shared handles the pod listeners count rejected connections with.
+    pub fn connection_counters(&self) -> ConnectionCounters {
+        self.connections.clone()
+    }
+
+    /// Drops the series of one check of a container (no longer declared).
+    pub fn forget_check(&self, target: &ProbeTarget, label: &str) {
+        let key = (target.clone(), label.to_owned());
+        self.dropped.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        if self.last.lock().unwrap_or_else(|p| p.into_inner()).remove(&key).is_some() {
+            self.remove_series(target, label);
+        }
+    }
+
+    /// Drops every series of a container that went away.
     pub fn forget(&self, target: &ProbeTarget) {
+        self.dropped.lock().unwrap_or_else(|p| p.into_inner()).retain(|(t, _)| t != target);
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         last.retain(|(t, label), _| {
             if t != target {
                 return true;
             }
-            let values = [t.namespace.as_str(), &t.pod, &t.container, label];
-            let _ = self.result.remove_label_values(&values);
-            let _ = self.transitions.remove_label_values(&values);
+            self.remove_series(t, label);
             false
         });
+    }
+
+    fn remove_series(&self, t: &ProbeTarget, label: &str) {
+        let values = [t.namespace.as_str(), &t.pod, &t.container, label];
+        let _ = self.result.remove_label_values(&values);
+        let _ = self.transitions.remove_label_values(&values);
+        // Requests are only counted for declared checks, answered 200 or 503.
+        for code in ["200", "503"] {
+            let _ = self.requests.remove_label_values(&[&t.namespace, &t.pod, &t.container, label, code]);
+        }
     }
 }
 
@@ -174,13 +310,59 @@ mod tests {
             r#"lifecycle_probe_requests_total{check="tcp:80",code="503",container="c",namespace="ns",pod="p"} 1"#
         ));
         assert!(text.contains(r#"lifecycle_probe_duration_seconds_count{check="tcp"} 1"#));
-        for port in 0..40 {
-            metrics.record_result(&target, &format!("tcp:{port}"), &Verdict::pass("ok"));
+        // The cap is per pod, across its containers; what it leaves out is counted once each.
+        let sidecar = ProbeTarget { container: "sidecar".into(), ..target.clone() };
+        for round in 0..2 {
+            for port in 0..40 {
+                let who = if port % 2 == 0 { &target } else { &sidecar };
+                metrics.record_result(who, &format!("tcp:{port}"), &Verdict::pass("ok"));
+                metrics.record_request(who, &format!("tcp:{port}"), "tcp", 200, 0.00001);
+            }
+            let text = render(&registry);
+            let series = |family: &str| text.lines().filter(|l| l.starts_with(family)).count();
+            assert_eq!(series("lifecycle_probe_result{"), MAX_CHECK_SERIES_PER_POD, "round {round}");
+            assert!(series("lifecycle_probe_requests_total{") <= MAX_CHECK_SERIES_PER_POD + 1);
+            assert!(text.contains("lifecycle_probe_series_dropped_total 9\n"), "41 checks, 32 kept\n{text}");
         }
-        let text = render(&registry);
-        let series = text.lines().filter(|l| l.starts_with("lifecycle_probe_result{")).count();
-        assert_eq!(series, MAX_CHECKS_PER_POD + 1, "16 checks plus `other`");
+        assert!(!text.contains("other"));
         metrics.forget(&target);
-        assert!(!render(&registry).contains("lifecycle_probe_result{"));
+        metrics.forget(&sidecar);
+        let text = render(&registry);
+        assert!(!text.contains("lifecycle_probe_result{"), "{text}");
+        assert!(!text.contains("lifecycle_probe_requests_total{"), "{text}");
+    }
+
+    #[test]
+    fn refusals_and_rejections_are_counted_under_fixed_labels() {
+        let registry = Registry::new();
+        let metrics = ProbeMetrics::register(&registry).expect("register");
+        let text = render(&registry);
+        for reason in ["unparsable", "forbidden_path", "too_many"] {
+            assert!(text.contains(&format!("lifecycle_probe_declarations_refused_total{{reason=\"{reason}\"}} 0")));
+        }
+        for reason in ["source", "busy", "timeout"] {
+            assert!(text.contains(&format!("lifecycle_probe_connections_rejected_total{{reason=\"{reason}\"}} 0")));
+        }
+        metrics.record_refusal(RefusalReason::ForbiddenPath);
+        metrics.record_forbidden();
+        let counters = metrics.connection_counters();
+        counters.busy.inc();
+        let text = render(&registry);
+        assert!(text.contains("lifecycle_probe_declarations_refused_total{reason=\"forbidden_path\"} 1"));
+        assert!(text.contains("lifecycle_probe_connections_rejected_total{reason=\"busy\"} 1"));
+        assert!(text.contains("lifecycle_probe_requests_forbidden_total 1"));
+        assert_eq!(ConnectionCounters::unregistered().busy.get(), 0, "unregistered handles are their own");
+    }
+
+    #[test]
+    fn a_check_no_longer_declared_loses_its_series() {
+        let registry = Registry::new();
+        let metrics = ProbeMetrics::register(&registry).expect("register");
+        let target = ProbeTarget { namespace: "ns".into(), pod: "p".into(), container: "c".into() };
+        metrics.record_result(&target, "process", &Verdict::pass("ok"));
+        metrics.record_result(&target, "tcp:80", &Verdict::pass("ok"));
+        metrics.forget_check(&target, "tcp:80");
+        let text = render(&registry);
+        assert!(text.contains(r#"check="process""#) && !text.contains(r#"check="tcp:80""#), "{text}");
     }
 }

@@ -13,7 +13,11 @@
 //!   files read with `openat2(RESOLVE_IN_ROOT)` inside the container's root.
 //! - [`sockdiag`] (plumbing): listeners and backlogs of a netns via NETLINK_SOCK_DIAG.
 //! - [`pod`]: one container's cached snapshot, fed by events and refreshes, answering requests.
-//! - [`server`]: the listener inside each pod's netns, and the host-network router.
+//! - [`declaration`] (pure): what a pod declared (the `lifecycle.dev/probes` annotation) — the
+//!   only checks answered; everything else gets 403 `forbidden` and creates nothing.
+//! - [`server`]: the request head and its answer, binding in a pod's netns, the host-network
+//!   router; [`listener`]: the per-pod listener's event loop (deadline, bound, source filter).
+//! - [`source`]: who may connect (`--probe-allow-from`: the node's addresses by default).
 //! - [`metrics`]: `lifecycle_probe_*` series.
 //!
 //! # Endpoints (on the per-pod listener, default port [`server::DEFAULT_POD_PORT`])
@@ -25,8 +29,9 @@
 //! - `/probe/all?tcp=8080&process&file=/tmp/healthy` — all of them (modifiers stall, max_d_state,
 //!   fresh, contains apply to their kind).
 //!
-//! 200 `ok`, 503 with a one-line reason, 400 with a one-line parse error. A kubelet probe:
-//! `httpGet: {path: /probe/tcp?port=8080&stall=5s, port: 9891}`.
+//! 200 `ok`, 503 with a one-line reason; 403 `forbidden` for anything the pod did not declare
+//! (see [`declaration`]). A kubelet probe: `httpGet: {path: /probe/tcp?port=8080&stall=5s, port:
+//! 9891}`, with the same path in the pod's `lifecycle.dev/probes` annotation.
 //!
 //! # Host network
 //! `hostNetwork: true` pods share the node netns, so the per-pod listener cannot exist for them;
@@ -35,13 +40,18 @@
 //! checks see every listener of the node netns on that port (ports are node-wide there anyway).
 
 pub mod check;
+pub mod declaration;
+pub mod listener;
 pub mod metrics;
 pub mod pod;
 pub mod query;
 pub mod server;
+pub mod source;
 pub mod supervisor;
 pub mod tcp;
 
 pub use check::{CheckSpec, Verdict};
+pub use declaration::Declaration;
+pub use listener::ProbeListener;
 pub use pod::PodProbe;
-pub use server::{bind_in_netns, BlockingServer, NodeProbes, ProbeAnswer};
+pub use server::{bind_in_netns, NodeProbes, ProbeAnswer};

@@ -1,14 +1,14 @@
-//! One container's probe state: the cached [`Observed`] snapshot, fed by kernel events (at once)
-//! and by /proc refreshes (on a period, and exactly at the next stall deadline), and answered
-//! from that cache.
+//! One container's probe state: the checks its pod declared, the cached [`Observed`] snapshot,
+//! fed by kernel events (at once) and by /proc refreshes (on a period, and exactly at the next
+//! stall deadline), and answered from that cache.
 //!
-//! The request path ([`ProbeAnswer::answer`]) parses the URL, takes the lock, evaluates, and
-//! counts metrics; it does no /proc work except the first time a file check names a file not yet
-//! watched (one read, then the file joins the refreshed set).
+//! Only declared checks are answered, watched and exported ([`PodProbe::declare`]); a request for
+//! anything else gets 403 and changes nothing. The request path ([`PodProbe::answer_check`])
+//! compares, takes the lock, evaluates and counts metrics: no /proc work, no new state.
 
 use crate::ErrorChain;
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{HashMap, HashSet},
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant, SystemTime},
 };
@@ -17,8 +17,9 @@ use tokio::sync::watch;
 
 use super::{
     check::{CheckSpec, FileFacts, Observed, ProcessFacts, ProcessState, Verdict, FILE_HEAD_BYTES},
+    declaration::parse_request,
     metrics::{ProbeMetrics, ProbeTarget},
-    server::ProbeAnswer,
+    server::{forbidden, ProbeAnswer},
     tcp::{AcceptProgress, QueueSample},
 };
 use crate::{
@@ -50,8 +51,11 @@ struct PodState {
     observed: Observed,
     /// Start time of the main process when first seen; a different one means the pid was reused.
     start_ticks: Option<u64>,
-    /// Checks asked for so far, by label: re-evaluated on events and deadlines for metrics.
-    checks: BTreeMap<String, CheckSpec>,
+    /// The declared checks, the only ones answered, each with the `check` label it is exported
+    /// under (None for a check whose label an earlier one already has): re-evaluated on events
+    /// and deadlines for metrics.
+    checks: Vec<(Option<String>, CheckSpec)>,
+    /// The files the declared checks read, refreshed with the rest.
     watched_files: HashSet<String>,
 }
 
@@ -166,7 +170,10 @@ impl PodProbe {
             }
         }
         for (path, facts) in files {
-            state.observed.files.insert(path, facts);
+            // A file no longer declared while it was being read is not kept.
+            if state.watched_files.contains(&path) {
+                state.observed.files.insert(path, facts);
+            }
         }
         self.record_all(&state, now);
         Ok(())
@@ -194,41 +201,73 @@ impl PodProbe {
             .collect()
     }
 
-    /// Evaluates `spec` at `now` from the cache (reading a not-yet-watched file once).
-    pub fn evaluate(&self, spec: &CheckSpec, now: u64) -> Verdict {
+    /// Makes `checks` the container's declared checks: the only ones it answers, watches and
+    /// exports. Files they name are read now; series of checks no longer declared are dropped.
+    pub fn declare(&self, checks: Vec<CheckSpec>) {
+        let files: HashSet<String> = checks.iter().flat_map(file_paths).map(str::to_owned).collect();
         let missing: Vec<String> = {
             let state = self.lock();
-            file_paths(spec).into_iter().filter(|p| !state.watched_files.contains(*p)).map(str::to_owned).collect()
+            files.iter().filter(|p| !state.observed.files.contains_key(*p)).cloned().collect()
         };
         let first_reads = self.read_files(missing);
+        let mut labelled: Vec<(Option<String>, CheckSpec)> = Vec::with_capacity(checks.len());
+        for spec in checks {
+            if labelled.iter().any(|(_, known)| *known == spec) {
+                continue;
+            }
+            let label = spec.label();
+            let taken = labelled.iter().any(|(l, _)| l.as_deref() == Some(label.as_str()));
+            labelled.push(((!taken).then_some(label), spec));
+        }
         let mut state = self.lock();
+        if let Some(metrics) = &self.metrics {
+            for (label, _) in &state.checks {
+                if let Some(label) =
+                    label.as_deref().filter(|l| !labelled.iter().any(|(n, _)| n.as_deref() == Some(*l)))
+                {
+                    metrics.forget_check(&self.target, label);
+                }
+            }
+        }
+        state.observed.files.retain(|path, _| files.contains(path));
         for (path, facts) in first_reads {
-            state.watched_files.insert(path.clone());
             state.observed.files.insert(path, facts);
         }
-        let verdict = spec.evaluate(&state.observed, now);
-        let label = spec.label();
-        if !state.checks.contains_key(&label) && state.checks.len() < 4 * super::metrics::MAX_CHECKS_PER_POD {
-            state.checks.insert(label.clone(), spec.clone());
-        }
-        if let Some(metrics) = &self.metrics {
-            metrics.record_result(&self.target, &label, &verdict);
-        }
-        verdict
+        state.watched_files = files;
+        state.checks = labelled;
+        self.record_all(&state, boottime_ns());
     }
 
-    /// Re-evaluates every check asked so far at `now` (recording results), and returns the
-    /// earliest time a verdict can change on its own: schedule the next call then.
+    /// The declared checks.
+    pub fn declared(&self) -> Vec<CheckSpec> {
+        self.lock().checks.iter().map(|(_, spec)| spec.clone()).collect()
+    }
+
+    /// Whether `spec` is one of the declared checks.
+    pub fn is_declared(&self, spec: &CheckSpec) -> bool {
+        self.lock().checks.iter().any(|(_, known)| known == spec)
+    }
+
+    /// Evaluates `spec` at `now` from the cache; reads nothing and keeps nothing (a file no
+    /// declared check names has no facts: "not read yet").
+    pub fn evaluate(&self, spec: &CheckSpec, now: u64) -> Verdict {
+        spec.evaluate(&self.lock().observed, now)
+    }
+
+    /// Re-evaluates every declared check at `now` (recording results), and returns the earliest
+    /// time a verdict can change on its own: schedule the next call then.
     pub fn reevaluate(&self, now: u64) -> Option<u64> {
         let state = self.lock();
         self.record_all(&state, now);
-        state.checks.values().filter_map(|c| c.next_deadline(&state.observed, now)).min()
+        state.checks.iter().filter_map(|(_, c)| c.next_deadline(&state.observed, now)).min()
     }
 
     fn record_all(&self, state: &PodState, now: u64) {
         if let Some(metrics) = &self.metrics {
             for (label, spec) in &state.checks {
-                metrics.record_result(&self.target, label, &spec.evaluate(&state.observed, now));
+                if let Some(label) = label {
+                    metrics.record_result(&self.target, label, &spec.evaluate(&state.observed, now));
+                }
             }
         }
     }
@@ -292,26 +331,48 @@ fn file_paths(spec: &CheckSpec) -> Vec<&str> {
 }
 
 impl PodProbe {
-    /// Judges one check now: 200 `ok`, or 503 with the one-line reason; records the request.
+    /// Judges one check now: 200 `ok`, or 503 with the one-line reason, and records the request;
+    /// 403 `forbidden` (counted, nothing else recorded) unless `spec` is declared.
     pub fn answer_check(&self, spec: &CheckSpec) -> (u16, String) {
         let started = Instant::now();
-        let verdict = self.evaluate(spec, boottime_ns());
+        let now = boottime_ns();
+        let (verdict, label) = {
+            let state = self.lock();
+            let Some((label, _)) = state.checks.iter().find(|(_, known)| known == spec) else {
+                drop(state);
+                if let Some(metrics) = &self.metrics {
+                    metrics.record_forbidden();
+                }
+                return forbidden();
+            };
+            let verdict = spec.evaluate(&state.observed, now);
+            if let (Some(metrics), Some(label)) = (&self.metrics, label) {
+                metrics.record_result(&self.target, label, &verdict);
+            }
+            (verdict, label.clone())
+        };
         let (code, body) = if verdict.pass { (200, "ok\n".to_owned()) } else { (503, format!("{}\n", verdict.reason)) };
-        if let Some(metrics) = &self.metrics {
-            metrics.record_request(&self.target, &spec.label(), spec.kind(), code, started.elapsed().as_secs_f64());
+        if let (Some(metrics), Some(label)) = (&self.metrics, label) {
+            metrics.record_request(&self.target, &label, spec.kind(), code, started.elapsed().as_secs_f64());
         }
         (code, body)
     }
 }
 
+/// This container's own answer to `/probe/<kind>?...` (tests, tools): the pod listener routes
+/// through [`super::NodeProbes`] instead.
 impl ProbeAnswer for PodProbe {
     fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
-        let Some(kind_path) = path.strip_prefix("/probe") else {
-            return (404, "probe paths start with /probe/\n".to_owned());
-        };
-        match CheckSpec::parse(kind_path, query) {
-            Ok(spec) => self.answer_check(&spec),
-            Err(err) => (400, format!("{err}\n")),
+        match parse_request(path, query) {
+            Ok((container, spec)) if container.as_deref().is_none_or(|c| c == self.target.container) => {
+                self.answer_check(&spec)
+            }
+            _ => {
+                if let Some(metrics) = &self.metrics {
+                    metrics.record_forbidden();
+                }
+                forbidden()
+            }
         }
     }
 }

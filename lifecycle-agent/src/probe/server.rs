@@ -1,21 +1,29 @@
-//! The probe HTTP listeners: one inside each pod's network namespace, so the kubelet's
-//! `httpGet` reaches `<podIP>:<port>` like any container port; and the host-network fallback,
-//! one node-side router at `/probe/<namespace>/<pod>/<container>/<kind>`.
+//! The probe HTTP surface: the request head and its answer ([`respond`]), binding inside a pod's
+//! network namespace, and the routers: [`NodeProbes`] holds every container's probe and serves
+//! the host-network fallback `/probe/<namespace>/<pod>/<container>/<kind>`. The per-pod
+//! listeners' serving loop is `listener.rs`.
+//!
+//! Only declared checks answer (issue 10): anything else — undeclared, unparsable, an unknown
+//! container — gets 403 with the body [`FORBIDDEN_BODY`] and creates no state and no series.
 //!
 //! Namespaces: [`bind_in_netns`] enters the pod's netns on a short-lived dedicated thread, binds
 //! there, and hands the socket back; a socket keeps the netns it was created in, so the agent's
-//! own threads never change namespace and one tokio runtime serves every pod.
+//! own threads never change namespace.
 
 use std::{
     collections::BTreeMap,
     io,
     net::SocketAddr,
-    os::fd::AsRawFd as _,
     path::{Path, PathBuf},
     sync::{Arc, RwLock},
 };
 
-use super::{check::CheckSpec, metrics::ProbeTarget, pod::PodProbe, query::Query};
+use super::{
+    check::CheckSpec,
+    declaration::parse_request,
+    metrics::{ProbeMetrics, ProbeTarget},
+    pod::PodProbe,
+};
 use crate::{
     discovery::netns::{self, NetnsError},
     model::event::Event,
@@ -23,6 +31,13 @@ use crate::{
 
 /// Port of the per-pod probe listener unless configured otherwise.
 pub const DEFAULT_POD_PORT: u16 = 9891;
+/// The whole body of every refusal: no detail, so a refusal teaches the client nothing.
+pub const FORBIDDEN_BODY: &str = "forbidden\n";
+
+/// The answer to anything that is not a declared check of a known container.
+pub fn forbidden() -> (u16, String) {
+    (403, FORBIDDEN_BODY.to_owned())
+}
 
 /// Answers probe requests from cached state. Must not block.
 pub trait ProbeAnswer: Send + Sync {
@@ -44,9 +59,9 @@ pub enum ServerError {
         #[source]
         source: io::Error,
     },
-    /// The std listener could not be handed to tokio.
-    #[error("cannot register the probe listener with tokio")]
-    Register(#[source] io::Error),
+    /// The listener's event loop or thread could not be started.
+    #[error("cannot start the probe listener's event loop")]
+    Start(#[source] io::Error),
 }
 
 /// Binds `addr` inside the network namespace at `netns` (e.g. `/proc/<pid>/ns/net` or
@@ -57,93 +72,8 @@ pub fn bind_in_netns(netns: &Path, addr: SocketAddr) -> Result<std::net::TcpList
         .map_err(|source| ServerError::Bind { addr, path, source })
 }
 
-/// A probe listener served by its own thread with blocking I/O: accept, read, answer, close.
-/// Probes arrive one at a time, every few seconds, so a thread parked in `accept` costs nothing,
-/// and blocking calls are the cheapest way through one request: no event loop, no task, no
-/// extra wake-ups. Dropping the handle (or [`BlockingServer::stop`]) shuts the socket down,
-/// which wakes the parked `accept`, and joins the thread.
-pub struct BlockingServer {
-    listener: Arc<std::net::TcpListener>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl BlockingServer {
-    /// Starts serving `listener` on a new thread.
-    pub fn start(listener: std::net::TcpListener, answer: Arc<dyn ProbeAnswer>) -> Result<Self, ServerError> {
-        listener.set_nonblocking(false).map_err(ServerError::Register)?;
-        defer_accept(&listener);
-        let listener = Arc::new(listener);
-        let serving = Arc::clone(&listener);
-        let thread = std::thread::Builder::new()
-            .name("probe-listener".into())
-            .spawn(move || serve_blocking(&serving, answer.as_ref()))
-            .map_err(ServerError::Register)?;
-        Ok(Self { listener, thread: Some(thread) })
-    }
-
-    /// Stops accepting and waits for the serving thread.
-    pub fn stop(mut self) {
-        self.shut_down();
-    }
-
-    fn shut_down(&mut self) {
-        // SAFETY: shutdown on the listener's own fd; it only wakes the thread blocked in accept.
-        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for BlockingServer {
-    fn drop(&mut self) {
-        self.shut_down();
-    }
-}
-
-fn serve_blocking(listener: &std::net::TcpListener, answer: &dyn ProbeAnswer) {
-    loop {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                if let Err(err) = answer_one_blocking(stream, answer) {
-                    log::debug!("probe connection ended with an error: {err}");
-                }
-            }
-            // Shut down (EINVAL after shutdown) or the socket is gone: stop serving.
-            Err(err) if err.kind() == io::ErrorKind::InvalidInput => return,
-            Err(err) => {
-                log::warn!("accept on a probe listener failed: {err}");
-                // EMFILE and friends: do not spin.
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-        }
-    }
-}
-
-/// Answers one probe request and closes the connection.
-///
-/// Probe requests are one GET each on a fresh connection (the kubelet disables keep-alive), so
-/// this reads the request head, answers and closes. A full HTTP stack on an event loop cost
-/// 114-170 µs of CPU per probe here against ~70 µs for this, and the point of these probes is
-/// that they cost almost nothing next to an exec probe. HTTP/1.0 and 1.1 GET/HEAD are served;
-/// anything else gets 400 or 405.
-fn answer_one_blocking(mut stream: std::net::TcpStream, answer: &dyn ProbeAnswer) -> io::Result<()> {
-    use std::io::{Read as _, Write as _};
-    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    let mut head = Vec::with_capacity(512);
-    let mut chunk = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut chunk)?;
-        if n == 0 || head.len() + n > MAX_REQUEST_HEAD {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "request head missing or too long"));
-        }
-        head.extend_from_slice(&chunk[..n]);
-    }
-    stream.write_all(response(&head, answer).as_bytes())
-}
-
 /// The whole response to a raw request head.
-fn response(head: &[u8], answer: &dyn ProbeAnswer) -> String {
+pub(super) fn response(head: &[u8], answer: &dyn ProbeAnswer) -> String {
     let (status, body, send_body) = respond(head, answer);
     let mut response = format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -156,30 +86,8 @@ fn response(head: &[u8], answer: &dyn ProbeAnswer) -> String {
     response
 }
 
-/// Asks the kernel to complete accept only once the request has arrived (TCP_DEFER_ACCEPT):
-/// one wake-up per probe instead of one for the handshake and another for the request. Best
-/// effort; without it probes are answered all the same.
-fn defer_accept(listener: &std::net::TcpListener) {
-    let seconds: libc::c_int = 1;
-    // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            listener.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_DEFER_ACCEPT,
-            (&seconds as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        log::debug!("TCP_DEFER_ACCEPT not set on a probe listener: {}", io::Error::last_os_error());
-    }
-}
-
 /// Longest request head a probe may send (the kubelet's are ~200 bytes).
-const MAX_REQUEST_HEAD: usize = 4096;
-/// A client that has not sent its request head by then is dropped.
-const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub const MAX_REQUEST_HEAD: usize = 4096;
 
 /// Status, body and whether to send the body (not for HEAD) for a raw request head.
 pub fn respond(head: &[u8], answer: &dyn ProbeAnswer) -> (u16, String, bool) {
@@ -208,6 +116,7 @@ fn reason_phrase(status: u16) -> &'static str {
     match status {
         200 => "OK",
         400 => "Bad Request",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         503 => "Service Unavailable",
@@ -224,9 +133,15 @@ fn reason_phrase(status: u16) -> &'static str {
 #[derive(Default)]
 pub struct NodeProbes {
     pods: RwLock<BTreeMap<ProbeTarget, Arc<PodProbe>>>,
+    metrics: Option<Arc<ProbeMetrics>>,
 }
 
 impl NodeProbes {
+    /// An empty set whose refusals are counted in `metrics`.
+    pub fn new(metrics: Option<Arc<ProbeMetrics>>) -> Self {
+        Self { pods: RwLock::default(), metrics }
+    }
+
     pub fn insert(&self, probe: Arc<PodProbe>) {
         self.pods.write().unwrap_or_else(|p| p.into_inner()).insert(probe.target().clone(), probe);
     }
@@ -239,14 +154,14 @@ impl NodeProbes {
         self.pods.read().unwrap_or_else(|p| p.into_inner()).get(target).cloned()
     }
 
-    /// Names of the containers of one pod that have probes.
-    pub fn containers_of(&self, namespace: &str, pod: &str) -> Vec<String> {
+    /// Names of the containers of one pod that declared `spec`.
+    pub fn declaring(&self, namespace: &str, pod: &str, spec: &CheckSpec) -> Vec<String> {
         self.pods
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .filter(|t| t.namespace == namespace && t.pod == pod)
-            .map(|t| t.container.clone())
+            .iter()
+            .filter(|(t, probe)| t.namespace == namespace && t.pod == pod && probe.is_declared(spec))
+            .map(|(t, _)| t.container.clone())
             .collect()
     }
 
@@ -256,17 +171,22 @@ impl NodeProbes {
             probe.on_event(event);
         }
     }
-}
 
-impl NodeProbes {
-    /// Judges `spec` for the container `target`; 404 when no such container has probes here.
+    /// Judges `spec` for the container `target`: 403 unless that container is tracked here and
+    /// declared exactly this check.
     pub fn answer_check(&self, target: &ProbeTarget, spec: &CheckSpec) -> (u16, String) {
         match self.get(target) {
             Some(probe) => probe.answer_check(spec),
-            None => {
-                (404, format!("no probes for {}/{}/{} on this node\n", target.namespace, target.pod, target.container))
-            }
+            None => self.forbidden(),
         }
+    }
+
+    /// Counts a refused request and gives its answer.
+    pub fn forbidden(&self) -> (u16, String) {
+        if let Some(metrics) = &self.metrics {
+            metrics.record_forbidden();
+        }
+        forbidden()
     }
 }
 
@@ -276,12 +196,13 @@ impl ProbeAnswer for NodeProbes {
         let (Some(namespace), Some(pod), Some(container), Some(kind)) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
-            return (404, "host-network probes live at /probe/<namespace>/<pod>/<container>/<kind>\n".to_owned());
+            return self.forbidden();
         };
         let target = ProbeTarget { namespace: namespace.into(), pod: pod.into(), container: container.into() };
-        match Query::parse(query).and_then(|q| CheckSpec::from_query(kind, &q)) {
-            Ok(spec) => self.answer_check(&target, &spec),
-            Err(err) => (400, format!("{err}\n")),
+        match parse_request(&format!("/probe/{kind}"), query) {
+            Ok((None, spec)) => self.answer_check(&target, &spec),
+            // The container is in the path; another one in the query is not a declared check.
+            Ok((Some(_), _)) | Err(_) => self.forbidden(),
         }
     }
 }
@@ -313,5 +234,20 @@ mod request_tests {
         assert_eq!(respond(b"POST /probe/tcp HTTP/1.1\r\n\r\n", &Echo).0, 405);
         assert_eq!(respond(b"GET /probe/tcp SPDY/3\r\n\r\n", &Echo).0, 400);
         assert_eq!(respond(b"nonsense\r\n\r\n", &Echo).0, 400);
+    }
+
+    #[test]
+    fn the_node_router_refuses_what_it_does_not_track() {
+        let probes = NodeProbes::default();
+        for (path, query) in [
+            ("/probe/default/web/app/tcp", Some("port=8080")),
+            ("/probe/default/web/app/file", Some("path=/proc/1/environ&contains=X")),
+            ("/probe/default/web", None),
+            ("/probe/default/web/app/tcp", Some("port=80a")),
+        ] {
+            assert_eq!(probes.answer(path, query), forbidden(), "{path}");
+        }
+        let head = b"GET /probe/default/web/app/process HTTP/1.1\r\n\r\n";
+        assert_eq!(response(head, &probes), "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 10\r\nConnection: close\r\n\r\nforbidden\n");
     }
 }

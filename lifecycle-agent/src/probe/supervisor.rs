@@ -1,13 +1,19 @@
 //! Keeps one probe listener per pod, inside the pod's network namespace, in step with the
-//! containers the tracker sees running: a new container gets a [`PodProbe`]; a restarted one gets
-//! a fresh probe on its new main process; a pod whose sandbox (netns) changed is rebound.
-//! Host-network pods are served by the node listener (`/api/v1/probe/...`) instead.
+//! containers the tracker sees running and the checks their pods declared: a container with
+//! declared checks gets a [`PodProbe`]; a restarted one gets a fresh probe on its new main
+//! process; a pod whose sandbox (netns) changed is rebound. Pods that declared nothing get no
+//! probe and no listener. Host-network pods are served by the node endpoint
+//! (`/api/v1/probe/...`) instead.
+//!
+//! Each pod's declaration is parsed once per text it has: refused entries are logged then, once,
+//! and counted. The node's addresses (the listeners' default source filter) are re-read on every
+//! reconciliation.
 //!
 //! Plumbing: it reads /proc (namespaces) and binds sockets; decisions come from `probe::*`.
 
 use crate::ErrorChain;
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -19,15 +25,35 @@ use crate::{
     discovery::netns,
     model::node::{NodeTracker, RunningContainer},
     probe::{
-        bind_in_netns, metrics::ProbeMetrics, metrics::ProbeTarget, pod::DEFAULT_REFRESH, query::Query,
-        server::BlockingServer, CheckSpec, NodeProbes, PodProbe, ProbeAnswer,
+        bind_in_netns,
+        declaration::{parse_request, Declaration, RefusalReason},
+        listener::{ListenerLimits, ProbeListener},
+        metrics::{ProbeMetrics, ProbeTarget},
+        pod::DEFAULT_REFRESH,
+        source::SourceFilter,
+        CheckSpec, NodeProbes, PodProbe, ProbeAnswer,
     },
 };
 
 /// A running per-pod listener; dropping it stops its thread.
 struct PodListener {
     netns: u32,
-    _server: BlockingServer,
+    _server: ProbeListener,
+}
+
+/// A container with a probe.
+struct Probed {
+    pid: u32,
+    declared: Vec<CheckSpec>,
+    probe: Arc<PodProbe>,
+    /// Stops the probe's refresher.
+    stop: watch::Sender<bool>,
+}
+
+/// A pod's declaration, as parsed from its text.
+struct PodDeclaration {
+    text: String,
+    parsed: Declaration,
 }
 
 /// The supervisor's state across reconciliations.
@@ -36,10 +62,12 @@ pub struct ProbeSupervisor {
     metrics: Arc<ProbeMetrics>,
     /// Port of the per-pod listeners; None serves only the node endpoint.
     pod_port: Option<u16>,
+    /// Who may connect to the per-pod listeners.
+    sources: SourceFilter,
     host_netns: u32,
     listeners: HashMap<(String, String), PodListener>,
-    /// Target -> (main pid, refresher stop).
-    running: HashMap<ProbeTarget, (u32, watch::Sender<bool>)>,
+    running: HashMap<ProbeTarget, Probed>,
+    declarations: HashMap<(String, String), PodDeclaration>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -48,44 +76,65 @@ impl ProbeSupervisor {
         probes: Arc<NodeProbes>,
         metrics: Arc<ProbeMetrics>,
         pod_port: Option<u16>,
+        sources: SourceFilter,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         Self {
             probes,
             metrics,
             pod_port,
+            sources,
             // The agent runs in the node's network namespace (hostNetwork), so its own netns is
             // the one host-network pods share.
             host_netns: netns::inode(&netns::own()).unwrap_or(0),
             listeners: HashMap::new(),
             running: HashMap::new(),
+            declarations: HashMap::new(),
             shutdown,
         }
     }
 
-    /// Brings probes and listeners in line with the containers running now.
+    /// Brings probes and listeners in line with the containers running now and what their pods
+    /// declared.
     pub fn reconcile(&mut self, tracker: &Mutex<NodeTracker>) {
+        if let Err(err) = self.sources.refresh_node_addresses() {
+            log::warn!("cannot read the node's addresses (probe listeners keep the last ones): {err}");
+        }
         let running = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).running_containers();
         let mut seen = Vec::new();
-        for RunningContainer { labels, main_pid: pid, .. } in running {
+        for RunningContainer { labels, main_pid: pid, probe_declaration } in running {
             let target = ProbeTarget {
                 namespace: labels.namespace.clone(),
                 pod: labels.pod.clone(),
                 container: labels.container.clone(),
             };
             seen.push(target.clone());
-            if self.running.get(&target).is_some_and(|(known, _)| *known == pid) {
+            let declared = self.declared_checks(&target, probe_declaration.as_deref());
+            if let Some(known) = self.running.get_mut(&target).filter(|known| known.pid == pid) {
+                if known.declared != declared && !declared.is_empty() {
+                    known.probe.declare(declared.clone());
+                    known.declared = declared;
+                    let netns = known.probe.netns();
+                    self.ensure_listener(&labels.namespace, &labels.pod, pid, netns);
+                } else if declared.is_empty() {
+                    self.drop_probe(&target);
+                }
+                continue;
+            }
+            if declared.is_empty() {
+                self.drop_probe(&target);
                 continue;
             }
             match PodProbe::new(target.clone(), pid, Some(self.metrics.clone())) {
                 Ok(probe) => {
+                    probe.declare(declared.clone());
                     let probe = Arc::new(probe);
                     let netns = probe.netns();
                     self.probes.insert(probe.clone());
                     let (stop, stopped) = watch::channel(false);
-                    tokio::spawn(probe.run_refresher(DEFAULT_REFRESH, stopped));
-                    if let Some((_, old)) = self.running.insert(target.clone(), (pid, stop)) {
-                        let _ = old.send(true);
+                    tokio::spawn(probe.clone().run_refresher(DEFAULT_REFRESH, stopped));
+                    if let Some(old) = self.running.insert(target.clone(), Probed { pid, declared, probe, stop }) {
+                        let _ = old.stop.send(true);
                     }
                     self.ensure_listener(&labels.namespace, &labels.pod, pid, netns);
                 }
@@ -108,16 +157,54 @@ impl ProbeSupervisor {
             if !seen.contains(&target)
                 && !units.contains(&(target.namespace.clone(), target.pod.clone(), target.container.clone()))
             {
-                if let Some((_, stop)) = self.running.remove(&target) {
-                    let _ = stop.send(true);
-                }
-                self.probes.remove(&target);
+                self.drop_probe(&target);
             }
         }
-        let pods_alive: Vec<(String, String)> =
+        let pods_alive: HashSet<(String, String)> =
             self.running.keys().map(|t| (t.namespace.clone(), t.pod.clone())).collect();
+        let pods_seen: HashSet<(String, String)> = seen.iter().map(|t| (t.namespace.clone(), t.pod.clone())).collect();
         // Listeners of pods that are gone are dropped, which stops them.
         self.listeners.retain(|pod, _| pods_alive.contains(pod));
+        self.declarations.retain(|pod, _| pods_alive.contains(pod) || pods_seen.contains(pod));
+    }
+
+    /// The checks `target`'s pod declared for it, parsing (and reporting on) the pod's
+    /// declaration the first time this text is seen.
+    fn declared_checks(&mut self, target: &ProbeTarget, text: Option<&str>) -> Vec<CheckSpec> {
+        // No text (not declared, or not known yet): nothing answers, and nothing cached changes.
+        let Some(text) = text else { return Vec::new() };
+        let pod = (target.namespace.clone(), target.pod.clone());
+        if self.declarations.get(&pod).is_none_or(|known| known.text != text) {
+            let (parsed, refusals) = Declaration::from_annotation(text);
+            let mut too_many = 0;
+            for refusal in &refusals {
+                self.metrics.record_refusal(refusal.reason);
+                match refusal.reason {
+                    RefusalReason::TooMany => too_many += 1,
+                    _ => log::warn!("probe declaration of {}/{}: {refusal}", pod.0, pod.1),
+                }
+            }
+            if too_many > 0 {
+                log::warn!(
+                    "probe declaration of {}/{}: {too_many} entries past the first {} refused",
+                    pod.0,
+                    pod.1,
+                    super::declaration::MAX_ENTRIES_PER_POD
+                );
+            }
+            self.declarations.insert(pod.clone(), PodDeclaration { text: text.to_owned(), parsed });
+        }
+        self.declarations.get(&pod).map(|d| d.parsed.checks_for(&target.container)).unwrap_or_default()
+    }
+
+    /// Forgets a container's probe: its refresher stops, its series go.
+    fn drop_probe(&mut self, target: &ProbeTarget) {
+        if let Some(probed) = self.running.remove(target) {
+            let _ = probed.stop.send(true);
+        }
+        if self.probes.remove(target).is_some() {
+            self.metrics.forget(target);
+        }
     }
 
     fn ensure_listener(&mut self, namespace: &str, pod: &str, pid: u32, netns: u32) {
@@ -135,7 +222,9 @@ impl ProbeSupervisor {
             Ok(listener) => {
                 let answer: Arc<dyn ProbeAnswer> =
                     Arc::new(PodAnswer { probes: self.probes.clone(), namespace: key.0.clone(), pod: key.1.clone() });
-                match BlockingServer::start(listener, answer) {
+                let counters = self.metrics.connection_counters();
+                match ProbeListener::start(listener, answer, self.sources.clone(), counters, ListenerLimits::default())
+                {
                     Ok(server) => {
                         log::info!("probe listener for {namespace}/{pod} on port {port} in its network namespace");
                         // Replacing an old listener (the pod's sandbox changed) drops, and so stops, it.
@@ -161,7 +250,8 @@ impl ProbeSupervisor {
     }
 }
 
-/// Answers `/probe/<kind>?...[&container=<name>]` on a pod's listener.
+/// Answers `/probe/<kind>?...[&container=<name>]` on a pod's listener: the container named, or
+/// else the one container of the pod that declared this check; 403 for anything else.
 struct PodAnswer {
     probes: Arc<NodeProbes>,
     namespace: String,
@@ -170,34 +260,14 @@ struct PodAnswer {
 
 impl ProbeAnswer for PodAnswer {
     fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
-        let Some(kind) = path.strip_prefix("/probe/") else {
-            return (404, "probes live at /probe/tcp, /probe/process, /probe/file, /probe/all\n".to_owned());
-        };
-        let mut query = match Query::parse(query) {
-            Ok(query) => query,
-            Err(err) => return (400, format!("{err}\n")),
-        };
-        let container = match query.take("container") {
+        let Ok((container, spec)) = parse_request(path, query) else { return self.probes.forbidden() };
+        let container = match container {
             Some(name) => name,
-            None => {
-                let containers = self.probes.containers_of(&self.namespace, &self.pod);
-                match <[String; 1]>::try_from(containers) {
-                    Ok([only]) => only,
-                    Err(containers) => {
-                        return (
-                            400,
-                            format!(
-                                "pod has containers {}; add container=<name> to the query\n",
-                                containers.join(", ")
-                            ),
-                        )
-                    }
-                }
-            }
-        };
-        let spec = match CheckSpec::from_query(kind.trim_end_matches('/'), &query) {
-            Ok(spec) => spec,
-            Err(err) => return (400, format!("{err}\n")),
+            None => match <[String; 1]>::try_from(self.probes.declaring(&self.namespace, &self.pod, &spec)) {
+                Ok([only]) => only,
+                // Nobody declared it, or several containers did and the request does not say which.
+                Err(_) => return self.probes.forbidden(),
+            },
         };
         let target = ProbeTarget { namespace: self.namespace.clone(), pod: self.pod.clone(), container };
         self.probes.answer_check(&target, &spec)

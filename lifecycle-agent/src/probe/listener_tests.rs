@@ -1,0 +1,182 @@
+//! The listener on loopback, with a stand-in for the pod's answer that serves exactly the
+//! declared checks (the real one, `PodProbe`, is driven in the kernel tier's `tests/probe.rs`).
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+};
+
+use super::*;
+use crate::probe::{
+    declaration::{parse_request, Declaration},
+    source::AllowFrom,
+};
+
+/// Answers 200 `ok` for declared checks of container `app`, 403 `forbidden` for anything else.
+struct Declared(Declaration);
+
+impl ProbeAnswer for Declared {
+    fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
+        match parse_request(path, query) {
+            Ok((None | Some(_), spec)) if self.0.checks_for("app").contains(&spec) => (200, "ok\n".to_owned()),
+            _ => (403, "forbidden\n".to_owned()),
+        }
+    }
+}
+
+fn serve(sources: SourceFilter, limits: ListenerLimits) -> (ProbeListener, ConnectionCounters) {
+    let (declaration, refusals) = Declaration::from_annotation("/probe/tcp?port=8080\n/probe/process\n");
+    assert!(refusals.is_empty());
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let counters = ConnectionCounters::unregistered();
+    let server = ProbeListener::start(listener, Arc::new(Declared(declaration)), sources, counters.clone(), limits)
+        .expect("start");
+    (server, counters)
+}
+
+fn any() -> SourceFilter {
+    SourceFilter::new(&[AllowFrom::Any])
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    stream
+}
+
+/// One request on a fresh connection: (status, body), or None when closed without an answer.
+fn get(addr: SocketAddr, target: &str) -> Option<(u16, String)> {
+    let mut stream = connect(addr);
+    stream.write_all(format!("GET {target} HTTP/1.1\r\nHost: pod\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
+    read_answer(&mut stream)
+}
+
+fn read_answer(stream: &mut TcpStream) -> Option<(u16, String)> {
+    let mut response = Vec::new();
+    // A reset (the server closed with our bytes unread) reads as an error: no answer either.
+    let _ = stream.read_to_end(&mut response);
+    let response = String::from_utf8(response).ok()?;
+    let code = response.get(9..12)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_owned();
+    Some((code, body))
+}
+
+/// A client that sent part of a request head and holds the connection.
+fn half_sent(addr: SocketAddr) -> TcpStream {
+    let mut stream = connect(addr);
+    stream.write_all(b"GET /probe/tc").expect("partial head");
+    stream
+}
+
+/// Whether the server closed `stream` within `within` (EOF or reset), without answering.
+fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).expect("timeout");
+    let mut buf = [0u8; 64];
+    match stream.read(&mut buf) {
+        Ok(0) => true,
+        Ok(n) => panic!("unexpected answer: {:?}", String::from_utf8_lossy(&buf[..n])),
+        Err(err) => !matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut),
+    }
+}
+
+#[test]
+fn declared_checks_are_answered_and_anything_else_is_forbidden() {
+    let (server, _) = serve(any(), ListenerLimits::default());
+    let addr = server.local_addr();
+    assert_eq!(get(addr, "/probe/tcp?port=8080"), Some((200, "ok\n".into())));
+    assert_eq!(get(addr, "/probe/tcp?stall=5s&port=8080"), Some((200, "ok\n".into())), "the same check");
+    assert_eq!(get(addr, "/probe/process"), Some((200, "ok\n".into())));
+    for undeclared in [
+        "/probe/tcp?port=22",
+        "/probe/file?path=/proc/1/environ&contains=X",
+        "/probe/tcp?port=80a",
+        "/healthz",
+        "/probe/process?container=other&junk",
+    ] {
+        assert_eq!(get(addr, undeclared), Some((403, "forbidden\n".into())), "{undeclared}");
+    }
+    let mut post = connect(addr);
+    post.write_all(b"POST /probe/process HTTP/1.1\r\n\r\n").expect("write");
+    assert_eq!(read_answer(&mut post).map(|a| a.0), Some(405));
+    server.stop();
+}
+
+#[test]
+fn a_slow_request_head_is_closed_at_the_deadline_without_delaying_others() {
+    let limits = ListenerLimits { head_deadline: Duration::from_millis(250), ..ListenerLimits::default() };
+    let (server, counters) = serve(any(), limits);
+    let addr = server.local_addr();
+    let started = Instant::now();
+    let mut slow = half_sent(addr);
+    // Others are answered at once while it waits.
+    for _ in 0..5 {
+        let asked = Instant::now();
+        assert_eq!(get(addr, "/probe/process"), Some((200, "ok\n".into())));
+        assert!(asked.elapsed() < Duration::from_millis(200), "{:?}", asked.elapsed());
+    }
+    assert!(closed_within(&mut slow, Duration::from_secs(2)), "the slow client is closed");
+    let held = started.elapsed();
+    assert!(held >= Duration::from_millis(240) && held < Duration::from_millis(900), "closed after {held:?}");
+    assert_eq!((counters.timeout.get(), counters.busy.get(), counters.source.get()), (1, 0, 0));
+    // The rest of its request, too late, changes nothing.
+    let _ = slow.write_all(b"p?port=8080 HTTP/1.1\r\n\r\n");
+    assert_eq!(get(addr, "/probe/tcp?port=8080"), Some((200, "ok\n".into())));
+}
+
+#[test]
+fn held_connections_are_bounded_and_complete_requests_still_answered() {
+    let limits = ListenerLimits { head_deadline: Duration::from_secs(30), max_connections: 4 };
+    let (server, counters) = serve(any(), limits);
+    let addr = server.local_addr();
+    let mut held: Vec<TcpStream> = (0..4).map(|_| half_sent(addr)).collect();
+    // The fifth that needs holding is closed at once...
+    let mut fifth = half_sent(addr);
+    assert!(closed_within(&mut fifth, Duration::from_secs(2)));
+    assert_eq!(counters.busy.get(), 1);
+    // ...but a request that is all there is answered, bound or not.
+    assert_eq!(get(addr, "/probe/process"), Some((200, "ok\n".into())));
+    for stream in &mut held {
+        assert!(!closed_within(stream, Duration::from_millis(20)), "the first four are kept");
+    }
+    // One leaves: its slot is free again.
+    drop(held.pop());
+    std::thread::sleep(Duration::from_millis(100));
+    let mut again = half_sent(addr);
+    assert!(!closed_within(&mut again, Duration::from_millis(100)), "kept: a slot was free");
+    again.write_all(b"p?port=8080 HTTP/1.1\r\n\r\n").expect("rest of the head");
+    assert_eq!(read_answer(&mut again), Some((200, "ok\n".into())), "answered once complete");
+    assert_eq!((counters.busy.get(), counters.timeout.get()), (1, 0));
+    server.stop();
+    for stream in &mut held {
+        assert!(closed_within(stream, Duration::from_secs(2)), "stopping closes held connections");
+    }
+}
+
+#[test]
+fn sources_outside_the_filter_are_closed_before_reading() {
+    // `node` never includes loopback: a client on 127.0.0.1 is refused, complete request or not.
+    let node_only = SourceFilter::new(&[AllowFrom::Node]);
+    node_only.set_node_addresses(vec!["127.0.0.1".parse().expect("ip"), "192.0.2.1".parse().expect("ip")]);
+    let (server, counters) = serve(node_only, ListenerLimits::default());
+    assert_eq!(get(server.local_addr(), "/probe/process"), None);
+    assert_eq!(get(server.local_addr(), "/probe/tcp?port=8080"), None);
+    assert_eq!((counters.source.get(), counters.timeout.get()), (2, 0));
+    // The same client is let in by a rule that names it.
+    let loopback = SourceFilter::new(&[AllowFrom::Node, "127.0.0.0/8".parse().expect("cidr")]);
+    let (server, counters) = serve(loopback, ListenerLimits::default());
+    assert_eq!(get(server.local_addr(), "/probe/process"), Some((200, "ok\n".into())));
+    assert_eq!(counters.source.get(), 0);
+}
+
+#[test]
+fn oversized_heads_and_early_closes_get_no_answer() {
+    let (server, counters) = serve(any(), ListenerLimits::default());
+    let addr = server.local_addr();
+    let mut big = connect(addr);
+    let junk = format!("GET /probe/process?{} HTTP/1.1\r\n", "a".repeat(MAX_REQUEST_HEAD));
+    let _ = big.write_all(junk.as_bytes());
+    assert!(closed_within(&mut big, Duration::from_secs(2)));
+    drop(half_sent(addr));
+    assert_eq!(get(addr, "/probe/process"), Some((200, "ok\n".into())));
+    assert_eq!(counters.timeout.get(), 0);
+}
