@@ -44,6 +44,11 @@ impl NodeTracker {
         self.kill_notices.retain(|(pod, _), _| pod != uid);
     }
 
+    /// Whether the API told about pod `uid` (a pod of this node).
+    pub fn knows_pod(&self, uid: &str) -> bool {
+        self.pods.contains_key(uid)
+    }
+
     /// The uids of the pods known from the API (for a watch relist to drop the vanished).
     pub fn pod_uids(&self) -> Vec<String> {
         self.pods.keys().cloned().collect()

@@ -1,0 +1,164 @@
+//! The Kubernetes API feeding the tracker: pod changes (spec, deletion, reported status) and the
+//! kubelet's probe-kill notices. Without credentials or without an answer at start the agent
+//! goes on exactly as without the API (one warning line); a watch that fails later resumes with
+//! back-off while the tracker marks verdicts made meanwhile as lacking the spec.
+
+use std::{
+    collections::HashSet,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use futures::StreamExt as _;
+use prometheus::{IntCounter, IntGauge, Opts, Registry};
+use tokio::sync::watch;
+
+use crate::{
+    discovery::kube::{
+        convert::pod_facts,
+        watch::{KubeError, KubeSource, PodChange},
+    },
+    export::metrics::NAMESPACE,
+    model::node::NodeTracker,
+    ErrorChain,
+};
+
+/// Connects when credentials exist; None (after one clear line) when the agent runs without it.
+pub(super) async fn connect(kubeconfig: Option<PathBuf>, node_name: Option<String>) -> Option<KubeSource> {
+    let node = KubeSource::node_name(node_name);
+    match KubeSource::connect(kubeconfig, node.clone()).await {
+        Ok(source) => {
+            log::info!("pod specs and status from the Kubernetes API (pods of node {node})");
+            Some(source)
+        }
+        Err(KubeError::NotConfigured) => {
+            log::info!("no Kubernetes API configured: verdicts use the runtime's labels (CRI) and cgroups");
+            None
+        }
+        Err(err) => {
+            log::warn!(
+                "the Kubernetes API is not usable ({}): verdicts use the runtime's labels (CRI) and cgroups",
+                ErrorChain(&err)
+            );
+            None
+        }
+    }
+}
+
+/// `lifecycle_kubernetes_api_up` and `lifecycle_kubernetes_api_watch_errors_total`.
+#[derive(Clone)]
+pub(super) struct KubeMetrics {
+    up: IntGauge,
+    errors: IntCounter,
+}
+
+impl KubeMetrics {
+    pub(super) fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let up = IntGauge::with_opts(
+            Opts::new("kubernetes_api_up", "1 while the watch of this node's pods works, 0 while it retries.")
+                .namespace(NAMESPACE),
+        )?;
+        let errors = IntCounter::with_opts(
+            Opts::new("kubernetes_api_watch_errors_total", "Failures of the pod and event watches (each is retried).")
+                .namespace(NAMESPACE),
+        )?;
+        registry.register(Box::new(up.clone()))?;
+        registry.register(Box::new(errors.clone()))?;
+        Ok(Self { up, errors })
+    }
+}
+
+/// Applies pod changes to the tracker until shutdown.
+pub(super) async fn pod_loop(
+    source: KubeSource,
+    tracker: Arc<Mutex<NodeTracker>>,
+    metrics: KubeMetrics,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let (_store, stream) = source.pods();
+    let mut stream = std::pin::pin!(stream);
+    let mut relisted: Option<HashSet<String>> = None;
+    let mut up = true;
+    loop {
+        let change = tokio::select! {
+            change = stream.next() => change,
+            _ = shutdown.changed() => return,
+        };
+        let Some(change) = change else { return };
+        let lock = || tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+        match change {
+            PodChange::Relisting => relisted = Some(HashSet::new()),
+            PodChange::Pod(pod) => {
+                let mut problems = Vec::new();
+                if let Some(facts) = pod_facts(&pod, &mut problems) {
+                    for problem in problems {
+                        log::warn!("pod {}/{}: {}: {}", facts.namespace, facts.name, problem.field, problem.why);
+                    }
+                    if let Some(seen) = relisted.as_mut() {
+                        seen.insert(facts.uid.clone());
+                    }
+                    lock().apply_pod(facts);
+                }
+            }
+            PodChange::Listed => {
+                let mut tracker = lock();
+                if let Some(seen) = relisted.take() {
+                    for uid in tracker.pod_uids().into_iter().filter(|uid| !seen.contains(uid)) {
+                        tracker.forget_pod(&uid);
+                    }
+                }
+                tracker.set_api_reachable(true);
+                metrics.up.set(1);
+                if !up {
+                    log::info!("the Kubernetes API answers again");
+                }
+                up = true;
+            }
+            PodChange::Gone(pod) => {
+                if let Some(uid) = pod.metadata.uid.as_deref() {
+                    lock().forget_pod(uid);
+                }
+            }
+            PodChange::Unreachable(why) => {
+                lock().set_api_reachable(false);
+                metrics.up.set(0);
+                metrics.errors.inc();
+                if up {
+                    log::warn!("the pod watch failed ({why}); retrying, verdicts meanwhile are marked api_unreachable");
+                }
+                up = false;
+            }
+        }
+    }
+}
+
+/// Applies the kubelet's probe-kill notices to the tracker until shutdown.
+pub(super) async fn kill_loop(
+    source: KubeSource,
+    tracker: Arc<Mutex<NodeTracker>>,
+    metrics: KubeMetrics,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let stream = source.kill_notices();
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let notice = tokio::select! {
+            notice = stream.next() => notice,
+            _ = shutdown.changed() => return,
+        };
+        match notice {
+            None => return,
+            Some(Ok(notice)) => {
+                let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+                // Events are not selected by node: only pods of this node count.
+                if tracker.knows_pod(&notice.pod_uid) {
+                    tracker.apply_kill_notice(notice);
+                }
+            }
+            Some(Err(why)) => {
+                metrics.errors.inc();
+                log::debug!("the event watch failed ({why}); retrying");
+            }
+        }
+    }
+}
