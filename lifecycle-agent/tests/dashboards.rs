@@ -22,6 +22,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use lifecycle_agent::model::metadata::keys;
 use lifecycle_testkit::{
     agent::{free_port, get, Agent},
     containerd::{skip_reason, Containerd, KubeletAnnotations, Pod},
@@ -176,8 +177,10 @@ fn on_path(binary: &str) -> bool {
 /// Half the exec probes wait until Prometheus has scraped the container's exec-probe counter, so
 /// their increase is one it can see.
 fn web_scenario(h: &mut Containerd, agent: &Agent, prometheus: &Prometheus) -> (Pod, String) {
-    let pod = h.new_pod("web").expect("pod");
     let port = free_port();
+    // The checks asked below, declared as the pod's lifecycle.dev/probes annotation.
+    let declared = format!("/probe/tcp?port={port}\n/probe/tcp?port={}\n/probe/process", port + 1);
+    let pod = h.new_pod_annotated("web", &[(keys::PROBE_DECLARATION, &declared)]).expect("pod");
     let serve = format!("httpd -f -p 127.0.0.1:{port} -h /");
     let id = h.run_container(&pod, "web", &["sh", "-c", &serve], &annotations(30, 0), None).expect("container");
     agent.wait(&pod, "web", "running", |c| state(c) == "running");
@@ -218,7 +221,7 @@ fn web_scenario(h: &mut Containerd, agent: &Agent, prometheus: &Prometheus) -> (
 /// it runs and fails after the exit (a probe transition). The stop waits until Prometheus has
 /// scraped the passing result, so the flip is an increase it can see.
 fn graceful_stop(h: &mut Containerd, agent: &Agent, prometheus: &Prometheus) {
-    let pod = h.new_pod("graceful").expect("pod");
+    let pod = h.new_pod_annotated("graceful", &[(keys::PROBE_DECLARATION, "/probe/process")]).expect("pod");
     let script = "trap 'exit 0' TERM; while true; do sleep 0.1; done";
     let id = h.run_container(&pod, "app", &["sh", "-c", script], &annotations(30, 0), None).expect("container");
     agent.wait(&pod, "app", "running", |c| state(c) == "running");

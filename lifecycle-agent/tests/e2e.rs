@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use lifecycle_agent::model::metadata::keys;
 use lifecycle_testkit::{
     agent::{free_port, Agent},
     containerd::{start_or_skip, KubeletAnnotations, Pod},
@@ -180,10 +181,12 @@ fn exit_zero_is_a_completion_without_stop_signal() {
 fn probes_answer_from_kernel_state_and_exec_sessions_are_costed() {
     let Some(mut h) = start_or_skip("probes_answer_from_kernel_state_and_exec_sessions_are_costed") else { return };
     let agent = Agent::start(AGENT, &h, &[]);
-    let pod = h.new_pod("web").expect("pod");
     // busybox httpd listens and accepts; the pod shares the node's network (no CNI here), so its
-    // probes are answered by the node endpoint, which uses the same per-container state.
+    // probes are answered by the node endpoint, which uses the same per-container state. The pod
+    // declares the checks asked below, as its lifecycle.dev/probes annotation.
     let port = free_port();
+    let declared = format!("/probe/tcp?port={port}\n/probe/tcp?port={}\n/probe/process", port + 1);
+    let pod = h.new_pod_annotated("web", &[(keys::PROBE_DECLARATION, &declared)]).expect("pod");
     let serve = format!("httpd -f -p 127.0.0.1:{port} -h /");
     let id = h.run_container(&pod, "web", &["sh", "-c", &serve], &annotations(30, 0), None).expect("container");
     agent.wait(&pod, "web", "running", |c| state(c) == "running");
@@ -202,6 +205,11 @@ fn probes_answer_from_kernel_state_and_exec_sessions_are_costed() {
     assert_eq!(code, "503");
     assert!(body.contains(&format!("{}", port + 1)), "{body}");
     assert_eq!(probe("port=1").0, "400", "a probe without check= is a bad request");
+    // Undeclared checks, and containers that are not there, get 403 and no detail.
+    let forbidden = ("403".to_owned(), "forbidden".to_owned());
+    assert_eq!(probe(&format!("check=tcp&port={}", port + 2)), forbidden);
+    assert_eq!(probe("check=file&path=/etc/hostname"), forbidden);
+    assert_eq!(agent.probe(&pod, "nobody", "check=process"), (403, "forbidden\n".to_owned()));
 
     // Two exec probes the kubelet's way (ExecSync), costed per container.
     let mut runtime = h.cri().runtime_service();

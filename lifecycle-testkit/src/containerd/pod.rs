@@ -37,6 +37,19 @@ impl Containerd {
     /// A pod sandbox as the kubelet creates one: host network, pid namespace per container,
     /// the kubelet's identity labels, the given cgroupfs parent.
     pub fn run_pod_sandbox(&mut self, name: &str, namespace: &str, uid: &str, cgroup_parent: &str) -> Result<Pod> {
+        self.run_pod_sandbox_annotated(name, namespace, uid, cgroup_parent, &[])
+    }
+
+    /// [`Self::run_pod_sandbox`] with extra pod annotations, as the kubelet passes the pod's own
+    /// (e.g. `lifecycle.dev/probes`).
+    pub fn run_pod_sandbox_annotated(
+        &mut self,
+        name: &str,
+        namespace: &str,
+        uid: &str,
+        cgroup_parent: &str,
+        extra_annotations: &[(&str, &str)],
+    ) -> Result<Pod> {
         self.run.record_cgroup_parent(cgroup_parent)?;
         let log_dir = self.run.path.join("logs").join(format!("{namespace}_{name}_{uid}"));
         fs::create_dir_all(&log_dir).context("create pod log dir")?;
@@ -56,7 +69,11 @@ impl Containerd {
                 (keys::POD_NAMESPACE.to_owned(), namespace.to_owned()),
                 (keys::POD_UID.to_owned(), uid.to_owned()),
             ]),
-            annotations: HashMap::from([("kubernetes.io/config.source".to_owned(), "api".to_owned())]),
+            annotations: [("kubernetes.io/config.source", "api")]
+                .iter()
+                .chain(extra_annotations)
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
             linux: Some(cri::LinuxPodSandboxConfig {
                 cgroup_parent: cgroup_parent.to_owned(),
                 security_context: Some(cri::LinuxSandboxSecurityContext {
@@ -90,6 +107,12 @@ impl Containerd {
     pub fn new_pod(&mut self, name: &str) -> Result<Pod> {
         let uid = fresh_uid()?;
         self.run_pod_sandbox(name, "default", &uid, &format!("/kubepods/burstable/pod{uid}"))
+    }
+
+    /// [`Self::new_pod`] with extra pod annotations.
+    pub fn new_pod_annotated(&mut self, name: &str, annotations: &[(&str, &str)]) -> Result<Pod> {
+        let uid = fresh_uid()?;
+        self.run_pod_sandbox_annotated(name, "default", &uid, &format!("/kubepods/burstable/pod{uid}"), annotations)
     }
 
     /// A container as the kubelet creates one (labels, annotations, attempt = restart count,
