@@ -65,6 +65,13 @@ struct RunArgs {
     /// The container runtime's CRI socket (default: containerd's, then CRI-O's).
     #[arg(long)]
     cri_socket: Option<PathBuf>,
+    /// Kubeconfig for the Kubernetes API, when not running in a pod (default: KUBECONFIG). With
+    /// the API, verdicts use each pod's spec and status; without it, the runtime's labels.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// This node's name, for the watch of its pods (default: NODE_NAME, else the hostname).
+    #[arg(long)]
+    node_name: Option<String>,
     /// How long a departed container's status and series are kept (e.g. 10m, 90s).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     series_retention: Duration,
@@ -240,6 +247,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         sensor: args.sensor.config(),
         poll: Duration::from_millis(args.sensor.poll_ms),
         cri_socket: args.cri_socket,
+        kubeconfig: args.kubeconfig,
+        node_name: args.node_name,
         cri_refresh: Duration::from_secs(10),
         series_retention: args.series_retention,
         pod_probe_port: (args.pod_probe_port != 0).then_some(args.pod_probe_port),

@@ -3,6 +3,7 @@
 //! pure core; every decision lives in `tracker` and below.
 
 pub mod http;
+mod kube;
 mod routes;
 mod runtime;
 mod tasks;
@@ -81,6 +82,10 @@ pub struct AgentConfig {
     /// Who may connect to the per-pod probe listeners (`--probe-allow-from`).
     pub probe_allow_from: Vec<AllowFrom>,
     pub tracker: TrackerConfig,
+    /// Kubeconfig for the Kubernetes API when not running in a pod (else `KUBECONFIG`).
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name for the pod watch (else `NODE_NAME`, else the hostname).
+    pub node_name: Option<String>,
 }
 
 /// Why the agent stopped.
@@ -116,10 +121,15 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let tracker_config = TrackerConfig { cri_available: true, ..config.tracker.clone() };
     let tracker = Arc::new(Mutex::new(NodeTracker::new(tracker_config)));
     seed(&tracker, &root);
+    let kube = kube::connect(config.kubeconfig.clone(), config.node_name.clone()).await;
+    if kube.is_some() {
+        tracker.lock().unwrap_or_else(|poison| poison.into_inner()).set_api_configured();
+    }
     let maps = sensor.maps();
     let agent_counters = Arc::new(AgentCounters::default());
-    let features: Vec<FeatureFlag> =
+    let mut features: Vec<FeatureFlag> =
         sensor.features().iter().map(|f| FeatureFlag { name: f.feature.name(), enabled: f.enabled }).collect();
+    features.push(FeatureFlag { name: "kubernetes_api", enabled: kube.is_some() });
     let mut metrics = Metrics::new(
         maps.clone(),
         &features,
@@ -158,6 +168,11 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let mut runtime = RuntimeLink::new(config.cri_socket.clone(), runtime_metrics);
     runtime.refresh(&tracker).await;
     tokio::spawn(runtime_loop(runtime, tracker.clone(), metadata_wanted.clone(), config.cri_refresh, shutdown.clone()));
+    if let Some(source) = kube {
+        let kube_metrics = kube::KubeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
+        tokio::spawn(kube::pod_loop(source.clone(), tracker.clone(), kube_metrics.clone(), shutdown.clone()));
+        tokio::spawn(kube::kill_loop(source, tracker.clone(), kube_metrics, shutdown.clone()));
+    }
     tokio::spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));
 
     let listener = http::bind(config.listen).await?;

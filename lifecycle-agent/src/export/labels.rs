@@ -4,6 +4,7 @@
 use crate::model::{
     backoff::Verdict,
     container_state::{TerminatedReason, WaitingReason},
+    node::DisagreementKind,
     spec::StopCause,
     termination::{OutcomeKind, SenderKind},
 };
@@ -40,6 +41,16 @@ pub fn stop_cause(cause: StopCause) -> &'static str {
         StopCause::NodeShutdown => "node_shutdown",
         StopCause::RestartAllContainers => "restart_all_containers",
         StopCause::RuntimeOrUnknown => "runtime_or_unknown",
+    }
+}
+
+/// `kind` label of a status disagreement.
+pub fn disagreement(kind: DisagreementKind) -> &'static str {
+    match kind {
+        DisagreementKind::OomReportedNotOom => "oom_reported_not_oom",
+        DisagreementKind::OomNotReported => "oom_not_reported",
+        DisagreementKind::ExitCode => "exit_code",
+        DisagreementKind::RestartCount => "restart_count",
     }
 }
 

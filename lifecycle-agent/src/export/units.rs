@@ -77,6 +77,7 @@ families! {
     Exits: "lifecycle_container_exits_total", "counter", "Exits of the container's main process by reason, exit code and signal.";
     Terminations: "lifecycle_terminations_total", "counter", "Container terminations by outcome under the kubelet's rules.";
     Violations: "lifecycle_grace_period_violations_total", "counter", "Containers SIGKILLed after their grace period.";
+    Disagreements: "lifecycle_status_disagreements_total", "counter", "Times the kubelet's reported container status disagreed with what the kernel saw, by kind.";
     LastStopSeconds: "lifecycle_container_last_termination_seconds", "gauge", "Stop signal to exit of the container's last termination that had a stop signal.";
     LastGraceRatio: "lifecycle_container_last_grace_used_ratio", "gauge", "Share of the grace period the last termination within grace used.";
     Duration: "lifecycle_termination_duration_seconds", "histogram", "Stop signal to exit, per namespace and outcome.";
@@ -273,6 +274,9 @@ impl UnitMetrics {
         for ((outcome, cause), n) in &c.terminations {
             let labels = [("outcome", labels::outcome(*outcome)), ("cause", cause.map_or("", labels::stop_cause))];
             f.sample(F::Terminations, "", &short, &labels, *n as f64);
+        }
+        for (kind, n) in &c.disagreements {
+            f.sample(F::Disagreements, "", &short, &[("kind", labels::disagreement(*kind))], *n as f64);
         }
         // Initialised at 0 so the first violation is an increase, not a new series.
         f.sample(F::Violations, "", &with_uid, &[], c.grace_violations as f64);

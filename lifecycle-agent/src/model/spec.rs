@@ -57,9 +57,17 @@ pub struct HttpProbe {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum ReportedState {
-    Waiting { reason: String },
+    Waiting {
+        reason: String,
+    },
     Running,
-    Terminated { reason: String, exit_code: i32, signal: Option<i32> },
+    Terminated {
+        reason: String,
+        exit_code: i32,
+        signal: Option<i32>,
+        /// The runtime's id without its `containerd://`-style prefix.
+        container_id: Option<String>,
+    },
 }
 
 /// What the kubelet reported for one container.

@@ -217,7 +217,7 @@ fn reported_container(c: &ContainerStatus, problems: &mut Vec<SpecProblem>) -> R
             }
             signal
         }),
-        container_id: c.container_id.clone(),
+        container_id: c.container_id.as_deref().map(strip_runtime_prefix),
     }
 }
 
@@ -227,12 +227,18 @@ fn reported_state(state: &ApiState) -> Option<ReportedState> {
             reason: t.reason.clone().unwrap_or_default(),
             exit_code: t.exit_code,
             signal: t.signal,
+            container_id: t.container_id.as_deref().map(strip_runtime_prefix),
         });
     }
     if state.running.is_some() {
         return Some(ReportedState::Running);
     }
     state.waiting.as_ref().map(|w| ReportedState::Waiting { reason: w.reason.clone().unwrap_or_default() })
+}
+
+/// `containerd://c0ffee` -> `c0ffee`: the API prefixes ids with the runtime's name.
+fn strip_runtime_prefix(id: &str) -> String {
+    id.split_once("://").map_or(id, |(_, bare)| bare).to_owned()
 }
 
 fn restart_policy(raw: &str) -> Option<RestartPolicy> {

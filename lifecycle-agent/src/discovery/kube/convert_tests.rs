@@ -47,10 +47,11 @@ fn newer_fields_restart_rules_stop_signal_sidecars_and_probes_decode() {
     assert!(pod.container("proxy").expect("proxy").restart.is_sidecar());
     let reported = pod.reported("app").expect("reported");
     assert_eq!((reported.restart_count, reported.stop_signal), (2, Some(10)));
+    assert_eq!(reported.container_id.as_deref(), Some("c0ffee"), "without the runtime's prefix");
     assert_eq!(reported.state, Some(ReportedState::Running));
     assert_eq!(
         reported.last_state,
-        Some(ReportedState::Terminated { reason: "Error".into(), exit_code: 137, signal: Some(9) })
+        Some(ReportedState::Terminated { reason: "Error".into(), exit_code: 137, signal: Some(9), container_id: None })
     );
     assert_eq!(pod.reported.len(), 3, "init containers' statuses too");
 }

@@ -15,6 +15,7 @@
 //! container cgroup and its processes), [`sidecar`] (sidecars and their stop order), [`view`]
 //! (the read-only views exporters and the API use).
 
+mod disagree;
 mod instance;
 mod naming;
 mod pods;
@@ -38,6 +39,7 @@ use crate::model::{
     termination::SignalSender,
 };
 
+pub use disagree::{Disagreement, DisagreementKind};
 pub use instance::SeedProcess;
 use instance::{ExecFacts, Instance, InstanceKind, ProcessEntry};
 pub use unit::{Judgement, PortStats, Unit, UnitCounters, UnitKey, UnitLabels};

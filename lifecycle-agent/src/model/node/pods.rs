@@ -34,6 +34,7 @@ impl NodeTracker {
         if !self.pods.contains_key(&uid) && self.pods.len() >= MAX_PODS {
             return;
         }
+        self.check_reported_status(&pod);
         self.pods.insert(uid.clone(), pod);
         self.apply_spec(&uid);
     }

@@ -608,3 +608,35 @@ fn sidecars_come_from_the_spec() {
     let (tracker, _) = tracker_with_pod(pod);
     assert!(only_view(&tracker, 2 * SECOND).sidecar, "declared, not guessed from running beside a main container");
 }
+
+#[test]
+fn a_pid_1_oom_kill_the_kubelet_reports_as_error_is_a_disagreement() {
+    use crate::model::{
+        container_state::RestartPolicy,
+        spec::{ReportedContainer, ReportedState},
+    };
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Never));
+    let oom = Detail::OomVictim { victim_pid: 100, victim_tgid: 100, victim_cgroup_id: cg, victim_comm: "app".into() };
+    tracker.apply(&event(5 * SECOND, 1, 1, oom));
+    tracker.apply(&exit(5 * SECOND + 1000, 100, cg, None, Some(9)));
+    let mut reported = pod_facts(30, RestartPolicy::Never);
+    reported.reported = vec![ReportedContainer {
+        name: "app".into(),
+        restart_count: 0,
+        state: Some(ReportedState::Terminated {
+            reason: "Error".into(),
+            exit_code: 137,
+            signal: None,
+            container_id: Some(container_id(1)),
+        }),
+        ..ReportedContainer::default()
+    }];
+    tracker.apply_pod(reported.clone());
+    tracker.apply_pod(reported);
+    let view = only_view(&tracker, 6 * SECOND);
+    assert!(matches!(view.status.state, ContainerState::Terminated { reason: TerminatedReason::OomKilled, .. }));
+    let kinds: Vec<_> = view.disagreements.iter().map(|d| (d.kind, d.kubelet.as_str(), d.kernel.as_str())).collect();
+    assert_eq!(kinds, vec![(DisagreementKind::OomNotReported, "Error (137)", "OOMKilled (137)")]);
+    let unit = tracker.units().next().expect("unit");
+    assert_eq!(unit.counters().disagreements.get(&DisagreementKind::OomNotReported), Some(&1), "counted once");
+}

@@ -7,7 +7,11 @@ use std::collections::BTreeMap;
 use lifecycle_common::CgroupCounters;
 use serde::Serialize;
 
-use super::{instance::InstanceKind, NodeTracker, Notice};
+use super::{
+    disagree::{DisagreementKind, InstanceEnd, StatusCheck},
+    instance::InstanceKind,
+    NodeTracker, Notice,
+};
 use crate::model::{
     backoff::{BackoffTracker, Observation, Verdict},
     container_state::{ContainerState, ContainerStatus, ContainerStatusSnapshot, RestartSpec, TerminatedReason},
@@ -67,6 +71,8 @@ pub struct UnitCounters {
     pub exec_sessions: u64,
     /// CPU those processes and their children used.
     pub exec_session_cpu_ns: u64,
+    /// Disagreements with the kubelet's reported status, by kind.
+    pub disagreements: BTreeMap<DisagreementKind, u64>,
 }
 
 /// One unit: a container over its restarts, or a host cgroup.
@@ -101,6 +107,8 @@ pub struct Unit {
     pub(super) named_by_id: bool,
     /// The pod's probe declaration, from the runtime's metadata.
     pub(super) probe_declaration: Option<String>,
+    /// Instance ends and disagreements with the kubelet's reported status.
+    pub(super) status_check: StatusCheck,
 }
 
 /// One judged termination, for the exporters' distributions (the model keeps no histograms).
@@ -269,8 +277,13 @@ impl NodeTracker {
             started_at: None,
             named_by_id: false,
             probe_declaration: None,
+            status_check: StatusCheck::default(),
         });
         unit.labels = labels;
+        if unit.status_check.restart_base.is_none() {
+            // The kubelet's count on the first instance seen; later ones the agent counts itself.
+            unit.status_check.restart_base = meta.as_ref().and_then(|m| m.kubelet.restart_count);
+        }
         unit.probe_declaration = meta.as_ref().and_then(|m| m.probe_declaration.clone());
         unit.init_container = restart.is_init_container;
         unit.restart = restart;
@@ -342,6 +355,14 @@ impl NodeTracker {
         unit.backoff.on_finished(exit.time);
         if let ContainerState::Terminated { reason, exit_code, signal, .. } = unit.status.state() {
             *unit.counters.exits.entry((*reason, *exit_code, *signal)).or_default() += 1;
+            if let Some(container_id) = &unit.container_id {
+                unit.status_check.on_end(InstanceEnd {
+                    container_id: container_id.clone(),
+                    reason: *reason,
+                    exit_code: *exit_code,
+                    oom_init: oom_killed,
+                });
+            }
         }
         let outcome = report.outcome.kind();
         *unit.counters.terminations.entry((outcome, report.cause)).or_default() += 1;

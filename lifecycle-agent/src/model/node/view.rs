@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{instance::InstanceKind, NodeTracker, PortStats, Unit, UnitLabels};
+use super::{instance::InstanceKind, Disagreement, NodeTracker, PortStats, Unit, UnitLabels};
 use crate::model::{
     backoff::Observation,
     container_state::ContainerStatusSnapshot,
@@ -29,6 +29,8 @@ pub struct ContainerView {
     pub sidecar: bool,
     /// Named by pod uid + container id: the runtime has not named it (yet).
     pub named_by_id: bool,
+    /// Where the kubelet's reported status disagreed with the kernel (the last few).
+    pub disagreements: Vec<Disagreement>,
     /// For a sidecar whose pod terminated: whether it was stopped in its turn.
     pub sidecar_order: Option<SidecarOrder>,
 }
@@ -74,6 +76,7 @@ impl NodeTracker {
             tcp: unit.tcp.clone(),
             sidecar: unit.sidecar,
             named_by_id: unit.named_by_id,
+            disagreements: unit.status_check.recent.iter().cloned().collect(),
             sidecar_order: None,
         }
     }
