@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::http::ApiHandler;
 use crate::{
     discovery::clock::{boottime_ns, unix_minus_boot_seconds},
-    model::node::{ContainerView, NodeTracker},
+    model::node::{ContainerView, NodeTracker, PodView},
     probe::{metrics::ProbeTarget, query::Query, CheckSpec, NodeProbes},
 };
 
@@ -23,6 +23,8 @@ pub struct ContainersResponse {
     /// CLOCK_BOOTTIME ns when this answer was made.
     pub now: u64,
     pub containers: Vec<ContainerView>,
+    /// Every pod with its phase as the kernel saw it, and the API's.
+    pub pods: Vec<PodView>,
 }
 
 pub(super) struct ContainersApi {
@@ -39,8 +41,11 @@ impl ApiHandler for ContainersApi {
             return None;
         }
         let now = boottime_ns();
-        let containers = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner()).containers(now);
-        let body = ContainersResponse { boot_to_unix_seconds: unix_minus_boot_seconds(), now, containers };
+        let (containers, pods) = {
+            let tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+            (tracker.containers(now), tracker.pods(now))
+        };
+        let body = ContainersResponse { boot_to_unix_seconds: unix_minus_boot_seconds(), now, containers, pods };
         Some(match serde_json::to_string(&body) {
             Ok(json) => (StatusCode::OK, json),
             Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{{\"error\":\"{err}\"}}")),

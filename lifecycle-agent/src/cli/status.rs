@@ -45,22 +45,44 @@ pub fn render_table(body: &str) -> Option<String> {
     let value: Value = serde_json::from_str(body).ok()?;
     let now = value.get("now")?.as_u64()?;
     let rows: Vec<[String; 8]> = value.get("containers")?.as_array()?.iter().map(|c| row(c, now)).collect();
-    let mut widths = HEADERS.map(str::len);
-    for row in &rows {
+    let mut out = aligned(&HEADERS, &rows);
+    let pods: Vec<[String; 5]> =
+        value.get("pods").and_then(Value::as_array).map(|pods| pods.iter().map(pod_row).collect()).unwrap_or_default();
+    if !pods.is_empty() {
+        out.push('\n');
+        out.push_str(&aligned(&POD_HEADERS, &pods));
+    }
+    Some(out)
+}
+
+const POD_HEADERS: [&str; 5] = ["NAMESPACE", "POD", "PHASE", "API PHASE", "RUNNING"];
+
+fn pod_row(p: &Value) -> [String; 5] {
+    let count = |key: &str| p.get(key).and_then(Value::as_u64).unwrap_or(0);
+    let api = text(p, "api_phase");
+    [
+        text(p, "namespace"),
+        text(p, "pod"),
+        text(p, "phase"),
+        if api.is_empty() { "-".to_owned() } else { api },
+        format!("{}/{}", count("running_containers"), count("containers")),
+    ]
+}
+
+/// Rows under their headers, columns padded to their widest cell.
+fn aligned<const N: usize>(headers: &[&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = headers.map(str::len);
+    for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    let mut line = |cells: &[String]| {
+    for cells in std::iter::once(headers.map(str::to_owned)).chain(rows.iter().cloned()) {
         let padded: Vec<String> = cells.iter().zip(widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
         let _ = writeln!(out, "{}", padded.join("  ").trim_end());
-    };
-    line(&HEADERS.map(str::to_owned));
-    for row in &rows {
-        line(row);
     }
-    Some(out)
+    out
 }
 
 fn text(value: &Value, key: &str) -> String {
@@ -182,6 +204,12 @@ mod tests {
                 {"namespace": "shop", "pod": "db-0", "container": "db", "uid": "v", "restart_count": 0,
                  "state": {"state": "terminated", "reason": "Error", "exit_code": 137, "signal": 9, "finished_at": 99_000_000_000u64},
                  "last_termination": {"cause": "deleted", "outcome": {"kind": "sigkilled_after_grace", "stop_to_kill_ns": 30_000_000_000u64}}}
+            ],
+            "pods": [
+                {"namespace": "shop", "pod": "web-1", "uid": "u", "phase": "Running", "api_phase": "Running",
+                 "running_containers": 0, "containers": 1},
+                {"namespace": "shop", "pod": "db-0", "uid": "v", "phase": "Failed", "api_phase": null,
+                 "running_containers": 0, "containers": 1}
             ]
         })
         .to_string();
@@ -194,6 +222,8 @@ mod tests {
                 && lines[1].contains("Error (1) 10s ago"),
             "{table}"
         );
+        assert!(lines[4].starts_with("NAMESPACE  POD    PHASE    API PHASE  RUNNING"), "{table}");
+        assert_eq!(lines[6], "shop       db-0   Failed   -          0/1", "{table}");
         assert!(
             lines[2].contains("SIGKILLED after 30s (grace violated); deleted")
                 && lines[2].contains("Error (137, SIGKILL) 1s ago"),

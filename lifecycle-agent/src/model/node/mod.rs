@@ -18,6 +18,7 @@
 mod disagree;
 mod instance;
 mod naming;
+mod phase;
 mod pods;
 mod sidecar;
 #[cfg(test)]
@@ -42,6 +43,7 @@ use crate::model::{
 pub use disagree::{Disagreement, DisagreementKind};
 pub use instance::SeedProcess;
 use instance::{ExecFacts, Instance, InstanceKind, ProcessEntry};
+pub use phase::{PodPhase, PodView};
 pub use unit::{Judgement, PortStats, Unit, UnitCounters, UnitKey, UnitLabels};
 pub use view::{ContainerView, RunningContainer};
 

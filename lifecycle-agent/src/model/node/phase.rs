@@ -1,0 +1,117 @@
+//! Pod phase from what the kernel saw, as the kubelet computes it (`getPhase`): Pending until
+//! the main containers run, Running while one runs or will be restarted, Succeeded when all
+//! ended with exit 0 for good, Failed when all ended for good and one failed. Sidecars and init
+//! containers do not decide completion. Shown beside the phase the API reports.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::{NodeTracker, UnitKey};
+use crate::model::container_state::ContainerState;
+
+/// `PodPhase` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum PodPhase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+/// One pod as the API shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PodView {
+    pub namespace: String,
+    pub pod: String,
+    pub uid: String,
+    /// From the kernel's view of the pod's containers.
+    pub phase: PodPhase,
+    /// What the kubelet reported (`status.phase`), when the API is watched.
+    pub api_phase: Option<String>,
+    /// Main containers running now, of all main containers seen.
+    pub running_containers: usize,
+    pub containers: usize,
+}
+
+/// One main container's part in the phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    Waiting,
+    Running,
+    /// Ended, and will be restarted.
+    Restarting,
+    /// Ended for good, with this exit code.
+    Done(i32),
+}
+
+fn phase(parts: &[Part]) -> PodPhase {
+    if parts.iter().any(|p| matches!(p, Part::Running | Part::Restarting)) {
+        return PodPhase::Running;
+    }
+    if parts.is_empty() || parts.contains(&Part::Waiting) {
+        return PodPhase::Pending;
+    }
+    if parts.iter().any(|p| matches!(p, Part::Done(code) if *code != 0)) {
+        PodPhase::Failed
+    } else {
+        PodPhase::Succeeded
+    }
+}
+
+impl NodeTracker {
+    /// Every Kubernetes pod with a unit, with its phase at `now`.
+    pub fn pods(&self, now: u64) -> Vec<PodView> {
+        let mut pods: BTreeMap<&str, (PodView, Vec<Part>)> = BTreeMap::new();
+        for unit in self.units.values() {
+            let UnitKey::Container { pod_uid, .. } = &unit.key else { continue };
+            let entry = pods.entry(pod_uid.as_str()).or_insert_with(|| {
+                let view = PodView {
+                    namespace: unit.labels.namespace.clone(),
+                    pod: unit.labels.pod.clone(),
+                    uid: pod_uid.clone(),
+                    phase: PodPhase::Pending,
+                    api_phase: self.pods.get(pod_uid).and_then(|p| p.reported_phase.clone()),
+                    running_containers: 0,
+                    containers: 0,
+                };
+                (view, Vec::new())
+            });
+            if unit.init_container || unit.sidecar {
+                continue;
+            }
+            let snapshot = unit.snapshot(now);
+            let part = match &snapshot.state {
+                ContainerState::Running { .. } => Part::Running,
+                ContainerState::Waiting { .. } if snapshot.last_state.is_some() => Part::Restarting,
+                ContainerState::Waiting { .. } => Part::Waiting,
+                ContainerState::Terminated { .. } if snapshot.restart_expected => Part::Restarting,
+                ContainerState::Terminated { exit_code, .. } => Part::Done(*exit_code),
+            };
+            entry.0.containers += 1;
+            entry.0.running_containers += usize::from(part == Part::Running);
+            entry.1.push(part);
+        }
+        pods.into_values()
+            .map(|(mut view, parts)| {
+                view.phase = phase(&parts);
+                view
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_follow_the_kubelets_rules() {
+        assert_eq!(phase(&[]), PodPhase::Pending);
+        assert_eq!(phase(&[Part::Waiting, Part::Done(0)]), PodPhase::Pending);
+        assert_eq!(phase(&[Part::Running, Part::Done(1)]), PodPhase::Running);
+        assert_eq!(phase(&[Part::Restarting]), PodPhase::Running, "a crash loop is Running");
+        assert_eq!(phase(&[Part::Done(0), Part::Done(0)]), PodPhase::Succeeded);
+        assert_eq!(phase(&[Part::Done(0), Part::Done(2)]), PodPhase::Failed);
+    }
+}
