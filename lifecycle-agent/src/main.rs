@@ -72,6 +72,10 @@ struct RunArgs {
     /// This node's name, for the watch of its pods (default: NODE_NAME, else the hostname).
     #[arg(long)]
     node_name: Option<String>,
+    /// Publish Warning events on pods (SIGKILL after grace, back-off deviations, status
+    /// disagreements) for `kubectl describe pod`; needs the API and events create/patch.
+    #[arg(long)]
+    events: bool,
     /// How long a departed container's status and series are kept (e.g. 10m, 90s).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     series_retention: Duration,
@@ -249,6 +253,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         cri_socket: args.cri_socket,
         kubeconfig: args.kubeconfig,
         node_name: args.node_name,
+        events: args.events,
         cri_refresh: Duration::from_secs(10),
         series_retention: args.series_retention,
         pod_probe_port: (args.pod_probe_port != 0).then_some(args.pod_probe_port),

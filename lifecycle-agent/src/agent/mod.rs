@@ -2,6 +2,7 @@
 //! keeping runtime metadata current, and serving metrics and the API. Thin plumbing around the
 //! pure core; every decision lives in `tracker` and below.
 
+mod events;
 pub mod http;
 mod kube;
 mod routes;
@@ -86,6 +87,8 @@ pub struct AgentConfig {
     pub kubeconfig: Option<PathBuf>,
     /// This node's name for the pod watch (else `NODE_NAME`, else the hostname).
     pub node_name: Option<String>,
+    /// Publish warnings as Kubernetes Events on the pods (`--events`).
+    pub events: bool,
 }
 
 /// Why the agent stopped.
@@ -171,7 +174,11 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     if let Some(source) = kube {
         let kube_metrics = kube::KubeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
         tokio::spawn(kube::pod_loop(source.clone(), tracker.clone(), kube_metrics.clone(), shutdown.clone()));
-        tokio::spawn(kube::kill_loop(source, tracker.clone(), kube_metrics, shutdown.clone()));
+        tokio::spawn(kube::kill_loop(source.clone(), tracker.clone(), kube_metrics, shutdown.clone()));
+        if config.events {
+            let counts = events::register(metrics.registry()).map_err(MetricsError::from)?;
+            tokio::spawn(events::event_loop(source, tracker.clone(), counts, shutdown.clone()));
+        }
     }
     tokio::spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));
 

@@ -110,6 +110,11 @@ impl KubeSource {
         }
     }
 
+    /// The client, for writers (the event recorder).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
     /// The node this source watches.
     pub fn node(&self) -> &str {
         &self.node

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use super::{NodeTracker, UnitKey};
+use super::{warning::WarningReason, NodeTracker, UnitKey};
 use crate::model::{
     container_state::TerminatedReason,
     spec::{PodFacts, ReportedState},
@@ -150,8 +150,15 @@ impl NodeTracker {
             }
             for disagreement in found {
                 let kind = disagreement.kind;
+                let note = format!(
+                    "the kubelet reported {} where the kernel saw {} (container {})",
+                    disagreement.kubelet,
+                    disagreement.kernel,
+                    disagreement.container_id.chars().take(12).collect::<String>()
+                );
                 if unit.status_check.record(disagreement) {
                     *unit.counters.disagreements.entry(kind).or_default() += 1;
+                    unit.warn(WarningReason::StatusDisagreement, note);
                 }
             }
         }

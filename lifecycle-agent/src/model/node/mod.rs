@@ -25,6 +25,7 @@ mod sidecar;
 mod tests;
 mod unit;
 mod view;
+mod warning;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -46,6 +47,7 @@ use instance::{ExecFacts, Instance, InstanceKind, ProcessEntry};
 pub use phase::{PodPhase, PodView};
 pub use unit::{Judgement, PortStats, Unit, UnitCounters, UnitKey, UnitLabels};
 pub use view::{ContainerView, RunningContainer};
+pub use warning::{PodWarning, WarningReason};
 
 /// Settings for the model; defaults are the kubelet's.
 #[derive(Clone, Debug)]

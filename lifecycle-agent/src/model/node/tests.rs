@@ -640,3 +640,22 @@ fn a_pid_1_oom_kill_the_kubelet_reports_as_error_is_a_disagreement() {
     let unit = tracker.units().next().expect("unit");
     assert_eq!(unit.counters().disagreements.get(&DisagreementKind::OomNotReported), Some(&1), "counted once");
 }
+
+#[test]
+fn a_sigkill_after_grace_is_a_warning_for_the_pod() {
+    use crate::model::container_state::RestartPolicy;
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(2, RestartPolicy::Always));
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(12 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(12 * SECOND + 1000, 100, cg, None, Some(9)));
+    let warnings = tracker.take_warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let warning = &warnings[0];
+    assert_eq!(
+        (warning.reason, warning.pod.as_str(), warning.container.as_str()),
+        (WarningReason::GracePeriodExceeded, "web-1", "app")
+    );
+    assert!(warning.note.contains("2s grace period"), "{}", warning.note);
+    assert!(tracker.take_warnings().is_empty(), "taken once");
+}

@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::{
     disagree::{DisagreementKind, InstanceEnd, StatusCheck},
     instance::InstanceKind,
+    warning::WarningReason,
     NodeTracker, Notice,
 };
 use crate::model::{
@@ -109,6 +110,8 @@ pub struct Unit {
     pub(super) probe_declaration: Option<String>,
     /// Instance ends and disagreements with the kubelet's reported status.
     pub(super) status_check: StatusCheck,
+    /// Warnings not taken yet (see `warning.rs`).
+    pub(super) pending_warnings: Vec<(WarningReason, String)>,
 }
 
 /// One judged termination, for the exporters' distributions (the model keeps no histograms).
@@ -278,6 +281,7 @@ impl NodeTracker {
             named_by_id: false,
             probe_declaration: None,
             status_check: StatusCheck::default(),
+            pending_warnings: Vec::new(),
         });
         unit.labels = labels;
         if unit.status_check.restart_base.is_none() {
@@ -376,7 +380,15 @@ impl NodeTracker {
             grace_used_ratio: None,
         };
         match &report.outcome {
-            TerminationOutcome::SigkilledAfterGrace { .. } => unit.counters.grace_violations += 1,
+            TerminationOutcome::SigkilledAfterGrace { grace_ns, stop_to_kill_ns, .. } => {
+                unit.counters.grace_violations += 1;
+                let note = format!(
+                    "SIGKILLed {:.1}s after the stop signal: it did not exit within its {:.0}s grace period",
+                    *stop_to_kill_ns as f64 / 1e9,
+                    *grace_ns as f64 / 1e9
+                );
+                unit.warn(WarningReason::GracePeriodExceeded, note);
+            }
             TerminationOutcome::ExitedWithinGrace { grace_used_ratio, .. } => {
                 judgement.grace_used_ratio = Some(*grace_used_ratio);
             }
@@ -400,6 +412,18 @@ pub(super) fn start_unit(unit: &mut Unit, started_at: u64, spec_hash: Option<Str
     unit.status.on_init_started(started_at);
     if let Some(observation) = unit.backoff.on_started(started_at, spec_hash) {
         *unit.counters.backoff_verdicts.entry(observation.verdict).or_default() += 1;
+        if observation.verdict != Verdict::WithinTolerance {
+            let seconds = |ns: u64| ns as f64 / 1e9;
+            unit.warn(
+                WarningReason::BackOffDeviation,
+                format!(
+                    "restart {} came {:.1}s after the exit; the kubelet's back-off allows {:.1}s",
+                    observation.restart_number,
+                    seconds(observation.observed_delay_ns),
+                    seconds(observation.expected_delay_ns)
+                ),
+            );
+        }
         unit.last_backoff = Some(observation);
     }
     unit.last_change_ns = unit.last_change_ns.max(started_at);

@@ -1,0 +1,134 @@
+//! Kubernetes Events for the warnings the model notes (opt-in `--events`): published on the
+//! Pod with kube's event recorder, which folds repeats into one Event series, and rate limited
+//! per pod so a crash-looping pod cannot flood the API server.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use prometheus::{IntCounterVec, Opts, Registry};
+use tokio::sync::watch;
+
+use crate::{
+    discovery::kube::watch::KubeSource,
+    export::metrics::NAMESPACE,
+    model::node::{NodeTracker, PodWarning},
+    ErrorChain,
+};
+
+/// How often warnings are taken from the tracker.
+const PERIOD: Duration = Duration::from_secs(1);
+/// Events a pod may get in a burst...
+const BURST: f64 = 5.0;
+/// ... and one more per this long after that.
+const REFILL: Duration = Duration::from_secs(60);
+/// A pod's bucket is forgotten after this long without warnings.
+const IDLE: Duration = Duration::from_secs(600);
+
+/// Per-pod token buckets.
+#[derive(Default)]
+struct RateLimit {
+    pods: HashMap<String, (f64, Instant)>,
+}
+
+impl RateLimit {
+    /// Whether pod `uid` may get one more Event at `now`.
+    fn allow(&mut self, uid: &str, now: Instant) -> bool {
+        self.pods.retain(|_, (_, last)| now.duration_since(*last) < IDLE);
+        let (tokens, last) = self.pods.entry(uid.to_owned()).or_insert((BURST, now));
+        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() / REFILL.as_secs_f64()).min(BURST);
+        *last = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// `lifecycle_kubernetes_events_total{result}`: published, rate_limited, failed.
+pub(super) fn register(registry: &Registry) -> Result<IntCounterVec, prometheus::Error> {
+    let events = IntCounterVec::new(
+        Opts::new("kubernetes_events_total", "Warnings about pods sent as Kubernetes Events, by result.")
+            .namespace(NAMESPACE),
+        &["result"],
+    )?;
+    registry.register(Box::new(events.clone()))?;
+    Ok(events)
+}
+
+/// Publishes the tracker's warnings as Events until shutdown.
+pub(super) async fn event_loop(
+    source: KubeSource,
+    tracker: Arc<Mutex<NodeTracker>>,
+    counts: IntCounterVec,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let reporter = Reporter { controller: "lifecycle-agent".into(), instance: Some(source.node().to_owned()) };
+    let recorder = Recorder::new(source.client(), reporter);
+    let mut limit = RateLimit::default();
+    let mut ticker = tokio::time::interval(PERIOD);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let warnings = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).take_warnings();
+        for warning in warnings {
+            if !limit.allow(&warning.pod_uid, Instant::now()) {
+                counts.with_label_values(&["rate_limited"]).inc();
+                continue;
+            }
+            let (event, reference) = event_for(&warning);
+            match recorder.publish(&event, &reference).await {
+                Ok(()) => counts.with_label_values(&["published"]).inc(),
+                Err(err) => {
+                    counts.with_label_values(&["failed"]).inc();
+                    log::debug!("event for {}/{} not published: {}", warning.namespace, warning.pod, ErrorChain(&err));
+                }
+            }
+        }
+    }
+}
+
+/// The Event and the Pod it is about.
+fn event_for(warning: &PodWarning) -> (Event, ObjectReference) {
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(warning.pod.clone()),
+        namespace: Some(warning.namespace.clone()),
+        uid: Some(warning.pod_uid.clone()),
+        field_path: Some(format!("spec.containers{{{}}}", warning.container)),
+        ..ObjectReference::default()
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: warning.reason.as_str().to_owned(),
+        note: Some(format!("container {}: {}", warning.container, warning.note)),
+        action: "Judging".into(),
+        secondary: None,
+    };
+    (event, reference)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pod_gets_a_burst_then_one_event_a_minute() {
+        let mut limit = RateLimit::default();
+        let start = Instant::now();
+        let allowed = (0..10).filter(|_| limit.allow("u", start)).count();
+        assert_eq!(allowed, 5);
+        assert!(!limit.allow("u", start + Duration::from_secs(30)));
+        assert!(limit.allow("u", start + Duration::from_secs(61)));
+        assert!(limit.allow("other", start), "pods are limited apart");
+    }
+}
