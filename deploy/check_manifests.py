@@ -35,7 +35,13 @@ sys.path.insert(0, str(HERE))
 import extract_rules  # noqa: E402  (sibling module)
 
 KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")
-NOT_MANIFESTS = {"alerts.rules.yaml", "alerts.test.yaml"}
+NOT_MANIFESTS = {"alerts.rules.yaml", "alerts.test.yaml", "kustomization.yaml"}
+# The agent's whole API access: nothing else, nothing cluster-wide beyond it.
+EXPECTED_RULES = {
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "events"): {"get", "list", "watch", "create", "patch"},
+    ("events.k8s.io", "events"): {"get", "list", "watch", "create", "patch"},
+}
 CRD_GROUPS = {"monitoring.coreos.com"}
 EXPECTED_CAPABILITIES = {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"}
 EXPECTED_MOUNTS = {"/sys/fs/cgroup", "/sys/kernel/btf", "/sys/kernel/tracing", "/host/proc", "/run/containerd", "/var/run/crio"}
@@ -215,6 +221,22 @@ def run(command: list[str]) -> tuple[int, str]:
     return result.returncode, (result.stdout + result.stderr).strip()
 
 
+def rbac_problems(roles: list[dict]) -> list[str]:
+    if len(roles) != 1:
+        return [f"{len(roles)} ClusterRoles, want 1"]
+    granted: dict[tuple[str, str], set[str]] = {}
+    problems = []
+    for rule in roles[0].get("rules") or []:
+        for group in rule.get("apiGroups") or []:
+            for resource in rule.get("resources") or []:
+                if "*" in (group, resource) or "*" in (rule.get("verbs") or []):
+                    problems.append(f"wildcard in {rule}")
+                granted.setdefault((group, resource), set()).update(rule.get("verbs") or [])
+    if granted != EXPECTED_RULES:
+        problems.append(f"granted {granted}, want {EXPECTED_RULES}")
+    return problems
+
+
 def main() -> int:
     report = Report()
 
@@ -224,6 +246,19 @@ def main() -> int:
     for path, index, doc in docs:
         if doc.get("kind") == "DaemonSet":
             report.check(f"{path.name}[{index}] DaemonSet agent requirements", daemonset_problems(doc))
+
+    roles = [doc for _, _, doc in docs if doc.get("kind") == "ClusterRole"]
+    report.check("rbac.yaml: the ClusterRole grants exactly pods get/list/watch and events get/list/watch/create/patch",
+                 rbac_problems(roles))
+    kubectl = shutil.which("kubectl")
+    if kubectl:
+        code, output = run([kubectl, "kustomize", str(HERE)])
+        kinds = sorted(set(re.findall(r"^kind: (\w+)$", output, re.M))) if not code else []
+        want = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "Namespace", "ServiceAccount"]
+        report.check("kubectl kustomize deploy/ renders the agent (apply -k deploy/)",
+                     [output] if code else ([] if kinds == want else [f"kinds {kinds}, want {want}"]))
+    else:
+        print("NOTE kubectl not on PATH: kustomization not rendered")
 
     rule = next((doc for _, _, doc in docs if doc.get("kind") == "PrometheusRule"), None)
     groups = (rule or {}).get("spec", {}).get("groups", [])
