@@ -89,9 +89,9 @@ fn exit_to_visible_state_latency() {
                     // it (the previous instance's termination also sits in last_state while the
                     // new one runs, so Running with a terminated last_state does not count).
                     let exited = c.as_ref().and_then(|c| match c["state"]["state"].as_str() {
-                        Some("terminated") => c["state"]["finished_at"].as_u64(),
+                        Some("terminated") => c["state"]["finished_at_boot_ns"].as_u64(),
                         Some("waiting") if c["state"]["reason"] == "CrashLoopBackOff" => {
-                            c["last_state"]["finished_at"].as_u64()
+                            c["last_state"]["finished_at_boot_ns"].as_u64()
                         }
                         _ => None,
                     });

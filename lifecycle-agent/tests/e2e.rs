@@ -169,8 +169,8 @@ fn exit_zero_is_a_completion_without_stop_signal() {
     assert_eq!((done["state"]["reason"].as_str(), done["state"]["exit_code"].as_i64()), (Some("Completed"), Some(0)));
     // The runtime and the kernel agree on how long it ran (the runtime's clock is Unix time,
     // the agent's boot time: compare durations). Start differs by exec setup; allow 100 ms.
-    let ran = (done["state"]["finished_at"].as_f64().expect("finished")
-        - done["state"]["started_at"].as_f64().expect("started"))
+    let ran = (done["state"]["finished_at_boot_ns"].as_f64().expect("finished")
+        - done["state"]["started_at_boot_ns"].as_f64().expect("started"))
         / SECOND;
     let runtime_ran = (status.finished_at - status.started_at) as f64 / SECOND;
     assert!((ran - runtime_ran).abs() < 0.1, "agent {ran} s vs runtime {runtime_ran} s");

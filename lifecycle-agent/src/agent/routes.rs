@@ -45,12 +45,45 @@ impl ApiHandler for ContainersApi {
             let tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
             (tracker.containers(now), tracker.pods(now))
         };
-        let body = ContainersResponse { boot_to_unix_seconds: unix_minus_boot_seconds(), now, containers, pods };
-        Some(match serde_json::to_string(&body) {
-            Ok(json) => (StatusCode::OK, json),
+        let boot_to_unix = unix_minus_boot_seconds();
+        let body = ContainersResponse { boot_to_unix_seconds: boot_to_unix, now, containers, pods };
+        Some(match serde_json::to_value(&body) {
+            Ok(mut json) => {
+                rfc3339_times(&mut json, boot_to_unix);
+                (StatusCode::OK, json.to_string())
+            }
             Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{{\"error\":\"{err}\"}}")),
         })
     }
+}
+
+/// Fields holding a point in time (`CLOCK_BOOTTIME` ns in the model).
+const TIME_FIELDS: [&str; 5] = ["started_at", "finished_at", "exit_time", "time", "instance_created_at"];
+
+/// Points in time as RFC 3339 (UTC, nanoseconds), as the Kubernetes API writes them; the exact
+/// boot-clock value stays beside each as `<field>_boot_ns` (for differences with the kernel's
+/// other times).
+fn rfc3339_times(value: &mut serde_json::Value, boot_to_unix: f64) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for field in TIME_FIELDS {
+                let Some(ns) = map.get(field).and_then(serde_json::Value::as_u64) else { continue };
+                map.insert(format!("{field}_boot_ns"), ns.into());
+                map.insert(field.to_owned(), rfc3339(ns, boot_to_unix).into());
+            }
+            map.values_mut().for_each(|v| rfc3339_times(v, boot_to_unix));
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| rfc3339_times(v, boot_to_unix)),
+        _ => {}
+    }
+}
+
+/// A boot time as RFC 3339 in UTC.
+fn rfc3339(boot_ns: u64, boot_to_unix: f64) -> String {
+    // The offset is whole nanoseconds of wall clock at boot; adding in integers keeps ns detail.
+    let offset_ns = (boot_to_unix * 1e9) as i128;
+    let unix_ns = i128::from(boot_ns) + offset_ns;
+    jiff::Timestamp::from_nanosecond(unix_ns).map(|t| t.to_string()).unwrap_or_default()
 }
 
 impl ContainersApi {
@@ -76,4 +109,21 @@ impl ContainersApi {
 
 fn forbidden((_, body): (u16, String)) -> (StatusCode, String) {
     (StatusCode::FORBIDDEN, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_rfc3339_with_the_boot_ns_beside() {
+        let mut json = serde_json::json!({
+            "containers": [{"state": {"state": "running", "started_at": 2_000_000_001u64}, "exit_code": 3}]
+        });
+        rfc3339_times(&mut json, 1_700_000_000.0);
+        let state = &json["containers"][0]["state"];
+        assert_eq!(state["started_at"], "2023-11-14T22:13:22.000000001Z");
+        assert_eq!(state["started_at_boot_ns"], 2_000_000_001u64);
+        assert_eq!(json["containers"][0]["exit_code"], 3, "other numbers stay");
+    }
 }

@@ -94,7 +94,7 @@ fn row(c: &Value, now: u64) -> [String; 8] {
     let state_name = text(&state, "state");
     let (shown_state, reason) = match state_name.as_str() {
         "running" => {
-            let since = state.get("started_at").and_then(Value::as_u64).map(|t| age(now.saturating_sub(t)));
+            let since = state.get("started_at_boot_ns").and_then(Value::as_u64).map(|t| age(now.saturating_sub(t)));
             (format!("Running{}", since.map(|s| format!(" ({s})")).unwrap_or_default()), String::new())
         }
         "waiting" => ("Waiting".to_owned(), text(&state, "reason")),
@@ -109,8 +109,10 @@ fn row(c: &Value, now: u64) -> [String; 8] {
         .map(|s| {
             let code = s.get("exit_code").and_then(Value::as_i64).unwrap_or(-1);
             let signal = s.get("signal").and_then(Value::as_u64).map(|n| format!(", {}", signal_name(n)));
-            let when =
-                s.get("finished_at").and_then(Value::as_u64).map(|t| format!(" {} ago", age(now.saturating_sub(t))));
+            let when = s
+                .get("finished_at_boot_ns")
+                .and_then(Value::as_u64)
+                .map(|t| format!(" {} ago", age(now.saturating_sub(t))));
             format!("{} ({code}{}){}", text(&s, "reason"), signal.unwrap_or_default(), when.unwrap_or_default())
         })
         .unwrap_or_else(|| "-".to_owned());
@@ -199,10 +201,10 @@ mod tests {
             "containers": [
                 {"namespace": "shop", "pod": "web-1", "container": "app", "uid": "u", "restart_count": 4,
                  "state": {"state": "waiting", "reason": "CrashLoopBackOff", "message": ""},
-                 "last_state": {"state": "terminated", "reason": "Error", "exit_code": 1, "finished_at": 90_000_000_000u64},
+                 "last_state": {"state": "terminated", "reason": "Error", "exit_code": 1, "finished_at_boot_ns": 90_000_000_000u64},
                  "last_termination": {"outcome": {"kind": "exited_without_stop_signal"}}},
                 {"namespace": "shop", "pod": "db-0", "container": "db", "uid": "v", "restart_count": 0,
-                 "state": {"state": "terminated", "reason": "Error", "exit_code": 137, "signal": 9, "finished_at": 99_000_000_000u64},
+                 "state": {"state": "terminated", "reason": "Error", "exit_code": 137, "signal": 9, "finished_at_boot_ns": 99_000_000_000u64},
                  "last_termination": {"cause": "deleted", "outcome": {"kind": "sigkilled_after_grace", "stop_to_kill_ns": 30_000_000_000u64}}}
             ],
             "pods": [
