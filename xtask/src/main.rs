@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_probes;
+mod fuzz;
 mod packages;
 mod shell;
 mod tiers;
@@ -36,6 +37,8 @@ enum Task {
         #[arg(long = "tier", value_enum)]
         tiers: Vec<tiers::Tier>,
     },
+    /// Run the cargo-fuzz targets in fuzz/ (installs cargo-fuzz); results go to BENCHMARKS.md by hand.
+    Fuzz(fuzz::FuzzArgs),
     /// Benchmarks; results are printed and appended to BENCHMARKS.md by hand.
     Bench {
         #[command(subcommand)]
@@ -84,6 +87,10 @@ fn main() -> Result<()> {
         Task::Test { tiers } => {
             bootstrap()?;
             tiers::run(&tiers)
+        }
+        Task::Fuzz(args) => {
+            bootstrap()?;
+            fuzz::run(&args)
         }
         Task::Bench { which } => {
             bootstrap()?;

@@ -11,6 +11,8 @@ pub const BUILD: &[&str] = &["protobuf-compiler"];
 /// The real components the test tiers drive.
 pub const TEST: &[&str] =
     &["protobuf-compiler", "runc", "containerd", "busybox-static", "prometheus", "iproute2", "python3-venv"];
+/// libFuzzer is C++, compiled by libfuzzer-sys's build script.
+pub const FUZZ: &[&str] = &["g++"];
 /// Peers and tools the benchmarks compare against.
 pub const BENCH: &[&str] = &["bpftrace", "runc", "busybox-static", "iproute2", "protobuf-compiler", "containerd"];
 

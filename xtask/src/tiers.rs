@@ -1,13 +1,13 @@
 //! Test tiers. `unit` needs nothing; `kernel` loads the real programs into this kernel; `runtime`
 //! drives a real containerd + runc; `checks` enforces formatting and clippy on the host crates,
-//! then validates dashboards, manifests and rules with real tools. Tiers that need root say so and
-//! are skipped when not root.
+//! validates dashboards, manifests and rules with real tools, and smoke-runs the fuzz targets.
+//! Tiers that need root say so and are skipped when not root.
 
 use std::{path::PathBuf, process::Command};
 
 use anyhow::{bail, Result};
 
-use crate::{cargo, packages, shell, toolchain, workspace_root};
+use crate::{cargo, fuzz, packages, shell, toolchain, workspace_root};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Tier {
@@ -94,10 +94,12 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
 }
 
 /// Formatting and clippy first (they fail fast, with what to run to fix them), then the
-/// Python-side checks: dashboards' structure and the deploy manifests and alert rules.
+/// Python-side checks: dashboards' structure and the deploy manifests and alert rules; last, a
+/// short run of every fuzz target (the first one on a machine also builds them, a few minutes).
 fn checks() -> Result<()> {
     rust_lints()?;
-    python_checks()
+    python_checks()?;
+    fuzz::smoke()
 }
 
 /// `cargo fmt --check` over every workspace member (rustfmt.toml at the root) and clippy with

@@ -22,6 +22,8 @@ pub const STABLE: &str = pin(PINS, "RUST_STABLE");
 pub const EBPF_NIGHTLY: &str = pin(PINS, "EBPF_NIGHTLY");
 /// bpf-linker release, built from crates.io against [`EBPF_NIGHTLY`]'s LLVM.
 pub const BPF_LINKER_VERSION: &str = pin(PINS, "BPF_LINKER_VERSION");
+/// cargo-fuzz release, installed with [`EBPF_NIGHTLY`] by `xtask fuzz` and the checks tier.
+pub const CARGO_FUZZ_VERSION: &str = pin(PINS, "CARGO_FUZZ_VERSION");
 
 /// Why a key could not be read from the pin file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,7 +226,7 @@ fn ensure_bpf_linker() -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{has_component, lookup, PinError, BPF_LINKER_VERSION, EBPF_NIGHTLY, PINS, STABLE};
+    use super::{has_component, lookup, PinError, BPF_LINKER_VERSION, CARGO_FUZZ_VERSION, EBPF_NIGHTLY, PINS, STABLE};
     use crate::workspace_root;
 
     /// Dot-separated decimal numbers, `parts` of them.
@@ -238,8 +240,10 @@ mod tests {
         assert_eq!(lookup(PINS, "RUST_STABLE"), Ok(STABLE));
         assert_eq!(lookup(PINS, "EBPF_NIGHTLY"), Ok(EBPF_NIGHTLY));
         assert_eq!(lookup(PINS, "BPF_LINKER_VERSION"), Ok(BPF_LINKER_VERSION));
+        assert_eq!(lookup(PINS, "CARGO_FUZZ_VERSION"), Ok(CARGO_FUZZ_VERSION));
         assert!(is_version(STABLE, 3), "RUST_STABLE={STABLE} is not x.y.z");
         assert!(is_version(BPF_LINKER_VERSION, 3), "BPF_LINKER_VERSION={BPF_LINKER_VERSION} is not x.y.z");
+        assert!(is_version(CARGO_FUZZ_VERSION, 3), "CARGO_FUZZ_VERSION={CARGO_FUZZ_VERSION} is not x.y.z");
         let date = EBPF_NIGHTLY.strip_prefix("nightly-").unwrap_or_default();
         let fields: Vec<&str> = date.split('-').collect();
         assert!(
