@@ -4,8 +4,8 @@
 use crate::model::spec::SpecSource;
 
 use super::{
-    PreStopHandler, PreStopSeen, SignalSender, StopSignalSeen, TerminationOutcome, TerminationReport,
-    TerminationSettings, MINIMUM_GRACE_NS, SECOND_NS, SIGKILL,
+    report::OomVictim, PreStopHandler, PreStopSeen, SignalSender, StopSignalSeen, TerminationOutcome,
+    TerminationReport, TerminationSettings, MINIMUM_GRACE_NS, SECOND_NS, SIGKILL,
 };
 
 #[derive(Clone, Debug)]
@@ -223,6 +223,11 @@ impl TerminationTracker {
             TerminationOutcome::ExitedWithoutStopSignal { exit_status, signal: exit_signal }
         };
 
+        let oom_victim = match (&outcome, oom_before_exit.is_empty()) {
+            (TerminationOutcome::OomKilled, _) => Some(OomVictim::Init),
+            (_, false) => Some(OomVictim::Child),
+            (_, true) => None,
+        };
         TerminationReport {
             stop_signal: stop,
             pre_stop,
@@ -235,6 +240,7 @@ impl TerminationTracker {
             oom_kills: u32::try_from(oom_before_exit.len()).unwrap_or(u32::MAX),
             is_sidecar: self.settings.is_sidecar,
             outcome,
+            oom_victim,
             // The node's tracker knows the pod: it names the cause and the facts' source.
             cause: None,
             spec: SpecSource::default(),

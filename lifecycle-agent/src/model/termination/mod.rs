@@ -24,7 +24,8 @@ mod tests;
 
 pub use judge::TerminationTracker;
 pub use report::{
-    OutcomeKind, PreStopSeen, SenderKind, SignalSender, StopSignalSeen, TerminationOutcome, TerminationReport,
+    OomVictim, OutcomeKind, PreStopSeen, SenderKind, SignalSender, StopSignalSeen, TerminationOutcome,
+    TerminationReport,
 };
 pub use settings::{
     PreStopHandler, TerminationError, TerminationSettings, COMM_VISIBLE_LEN, DEFAULT_GRACE_NS, MINIMUM_GRACE_NS,

@@ -158,6 +158,16 @@ impl TerminationOutcome {
     }
 }
 
+/// The OOM killer's victim in a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomVictim {
+    /// The container's init (PID 1 of its namespace): the container ended with it.
+    Init,
+    /// Another process of the container.
+    Child,
+}
+
 /// The judged end of one container instance.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TerminationReport {
@@ -177,6 +187,9 @@ pub struct TerminationReport {
     pub oom_kills: u32,
     pub is_sidecar: bool,
     pub outcome: TerminationOutcome,
+    /// Which process the OOM killer chose before the exit, when it struck: the container's init,
+    /// or a child (the runtime reports neither when the init survives a child's kill).
+    pub oom_victim: Option<OomVictim>,
     /// Why it was stopped (None when nothing stopped it: it exited, or the OOM killer).
     pub cause: Option<StopCause>,
     /// Where the facts behind this verdict came from.

@@ -110,6 +110,7 @@ fn sigterm_exit_143_with_earlier_child_oom_is_not_oom_killed() {
     let report = t.on_init_exit(101 * S, Some(143), None);
     assert!(matches!(report.outcome, TerminationOutcome::ExitedWithinGrace { .. }));
     assert_eq!(report.oom_kills, 1);
+    assert_eq!(report.oom_victim, Some(OomVictim::Child), "the kernel knows it was a child");
 }
 
 #[test]
@@ -250,6 +251,7 @@ fn oom_kill_of_the_init() {
     let report = t.on_init_exit(100 * S + MS, None, Some(SIGKILL));
     assert_eq!(report.outcome, TerminationOutcome::OomKilled);
     assert_eq!(report.oom_kills, 1);
+    assert_eq!(report.oom_victim, Some(OomVictim::Init));
 
     // The event names another victim, but nothing else sent the init a SIGKILL: the OOM
     // killer (a group kill the caller did not attribute) is the only candidate.
