@@ -174,7 +174,7 @@ impl TerminationTracker {
                 matches_configured: s.signal == self.settings.stop_signal,
             });
         let grace_ns = self.settings.effective_grace_ns();
-        let pre_stop = self.pre_stop_seen(stop.as_ref().map_or(exit_time, |s| s.time), grace_ns);
+        let pre_stop = self.pre_stop_seen(stop.as_ref().map(|s| s.time), exit_time);
         let (expected_kill_after_ns, expected_kill_exact) =
             self.expected_kill_after(grace_ns, stop.as_ref().map(|s| s.time), pre_stop.as_ref());
         let oom_before_exit: Vec<OomRecord> =
@@ -252,7 +252,8 @@ impl TerminationTracker {
     /// that ended closest to the deadline — the kubelet sends the stop signal as soon as the hook
     /// returns — counting one still running at the deadline as closest, and among equals the
     /// earliest started.
-    fn pre_stop_seen(&self, deadline: u64, grace_ns: u64) -> Option<PreStopSeen> {
+    fn pre_stop_seen(&self, stop_time: Option<u64>, exit_time: u64) -> Option<PreStopSeen> {
+        let deadline = stop_time.unwrap_or(exit_time);
         let comm = self.settings.pre_stop.as_ref()?.exec_comm()?;
         let session =
             self.exec_sessions.iter().filter(|session| session.comm == comm && session.start <= deadline).min_by_key(
@@ -269,7 +270,11 @@ impl TerminationTracker {
             started_at: session.start,
             ended_at: session.end,
             duration_ns: session.end.map(|end| end.saturating_sub(session.start)),
-            overran_grace: running_at_deadline && deadline.saturating_sub(session.start) >= grace_ns,
+            // The kubelet sends the stop signal once the hook returned or the grace period ran
+            // out; a hook still running at the stop signal is one the kubelet gave up on. (The
+            // session starts a little after the kubelet's timer, so its own age at that moment
+            // can be just under the grace period.)
+            overran_grace: running_at_deadline && stop_time.is_some(),
         })
     }
 

@@ -86,8 +86,8 @@ pub struct PreStopSeen {
     pub ended_at: Option<u64>,
     /// How long the session ran, when its end was seen.
     pub duration_ns: Option<u64>,
-    /// The session was still running when the stop signal came, after at least the grace
-    /// period: the kubelet gave up waiting for it.
+    /// The session was still running when the stop signal came: the grace period ran out
+    /// before the hook finished, and the kubelet gave up waiting for it.
     pub overran_grace: bool,
 }
 

@@ -177,6 +177,25 @@ fn pre_stop_elapsed_whole_seconds_are_subtracted() {
 }
 
 #[test]
+fn a_pre_stop_hook_still_running_when_the_grace_ran_out_overran() {
+    // Seen on a real kubelet: preStop `sleep 8` with grace 5. The kubelet's timer starts before
+    // runc has the hook's process running, so at the stop signal the session is just under 5 s
+    // old; it was still running, so the kubelet gave up on it.
+    let settings = TerminationSettings {
+        grace_period_ns: 5 * S,
+        pre_stop: exec_pre_stop(&["sleep", "8"]),
+        ..Default::default()
+    };
+    let mut t = tracker_with(settings);
+    t.on_exec_session(100 * S + 60 * MS, None, "sleep");
+    t.on_signal(105 * S + 2 * MS, SIGTERM, runtime(), true);
+    let report = t.on_init_exit(105 * S + 300 * MS, None, Some(SIGTERM));
+    let pre_stop = report.pre_stop.as_ref().expect("the hook was seen");
+    assert!(pre_stop.overran_grace, "{pre_stop:?}");
+    assert_eq!(report.expected_kill_after_ns, MINIMUM_GRACE_NS);
+}
+
+#[test]
 fn pre_stop_overrun_leaves_the_two_second_floor() {
     let settings = TerminationSettings {
         grace_period_ns: 10 * S,
