@@ -14,6 +14,7 @@ use prometheus::{IntCounter, IntGauge, Opts, Registry};
 use tokio::sync::watch;
 
 use crate::{
+    discovery::clock::boottime_ns,
     discovery::kube::{
         convert::pod_facts,
         watch::{KubeError, KubeSource, PodChange},
@@ -152,7 +153,7 @@ pub(super) async fn kill_loop(
                 let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
                 // Events are not selected by node: only pods of this node count.
                 if tracker.knows_pod(&notice.pod_uid) {
-                    tracker.apply_kill_notice(notice);
+                    tracker.apply_kill_notice(notice, boottime_ns());
                 }
             }
             Some(Err(why)) => {

@@ -13,6 +13,9 @@ use crate::model::{
     termination::{TerminationOutcome, TerminationReport, TerminationSettings, SIGTERM},
 };
 
+/// How long after a stop a late kill notice still names its cause.
+const LATE_NOTICE_NS: u64 = 10_000_000_000;
+
 /// Pods kept per node at most (a node runs at most a few hundred).
 const MAX_PODS: usize = 4096;
 
@@ -55,8 +58,30 @@ impl NodeTracker {
         self.pods.keys().cloned().collect()
     }
 
-    /// The kubelet announced why it kills a container (a failed liveness or startup probe).
-    pub fn apply_kill_notice(&mut self, notice: KillNotice) {
+    /// The kubelet announced why it kills a container (a failed liveness or startup probe), at
+    /// `now` (boot ns). The kubelet records the event and stops the container at the same
+    /// time, so the event often arrives after the exit: a stop judged in the last
+    /// [`LATE_NOTICE_NS`] without a known cause takes it; otherwise the notice waits for the stop.
+    pub fn apply_kill_notice(&mut self, notice: KillNotice, now: u64) {
+        let unit_key = UnitKey::Container { pod_uid: notice.pod_uid.clone(), container: notice.container.clone() };
+        if let Some(unit) = self.units.get_mut(&unit_key) {
+            if let Some(report) = unit.last_termination.as_mut() {
+                let recent = now.saturating_sub(report.exit_time) <= LATE_NOTICE_NS;
+                if recent && report.cause == Some(StopCause::RuntimeOrUnknown) {
+                    let outcome = report.outcome.kind();
+                    report.cause = Some(notice.cause);
+                    let counts = &mut unit.counters.terminations;
+                    if let Some(n) = counts.get_mut(&(outcome, Some(StopCause::RuntimeOrUnknown))) {
+                        *n = n.saturating_sub(1);
+                        if *n == 0 {
+                            counts.remove(&(outcome, Some(StopCause::RuntimeOrUnknown)));
+                        }
+                    }
+                    *counts.entry((outcome, Some(notice.cause))).or_default() += 1;
+                    return;
+                }
+            }
+        }
         let key = (notice.pod_uid.clone(), notice.container.clone());
         self.kill_notices.insert(key, notice.cause);
         if self.kill_notices.len() > MAX_PODS {

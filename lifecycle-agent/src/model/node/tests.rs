@@ -560,11 +560,10 @@ fn a_liveness_kill_uses_the_probes_grace_and_names_the_cause() {
         spec::{KillNotice, StopCause},
     };
     let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Always));
-    tracker.apply_kill_notice(KillNotice {
-        pod_uid: POD_UID.into(),
-        container: "app".into(),
-        cause: StopCause::LivenessProbe,
-    });
+    tracker.apply_kill_notice(
+        KillNotice { pod_uid: POD_UID.into(), container: "app".into(), cause: StopCause::LivenessProbe },
+        9 * SECOND,
+    );
     let shim = (50, SHIM_CGROUP, "containerd-shim");
     tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
     tracker.apply(&signal(15 * SECOND, shim, (100, cg), 9));
@@ -658,4 +657,26 @@ fn a_sigkill_after_grace_is_a_warning_for_the_pod() {
     );
     assert!(warning.note.contains("2s grace period"), "{}", warning.note);
     assert!(tracker.take_warnings().is_empty(), "taken once");
+}
+
+#[test]
+fn a_kill_notice_after_the_exit_names_the_cause_of_that_stop() {
+    use crate::model::{
+        container_state::RestartPolicy,
+        spec::{KillNotice, StopCause},
+    };
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Always));
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&exit(10 * SECOND + 1000, 100, cg, None, Some(15)));
+    let notice = || KillNotice { pod_uid: POD_UID.into(), container: "app".into(), cause: StopCause::LivenessProbe };
+    tracker.apply_kill_notice(notice(), 10 * SECOND + 300_000_000);
+    let report = only_view(&tracker, 11 * SECOND).last_termination.expect("judged");
+    assert_eq!(report.cause, Some(StopCause::LivenessProbe));
+    let unit = tracker.units().next().expect("unit");
+    let causes: Vec<_> = unit.counters().terminations.keys().map(|(_, cause)| *cause).collect();
+    assert_eq!(causes, vec![Some(StopCause::LivenessProbe)], "counted under the right cause only");
+    // Much later, a notice is for the next stop, not this one.
+    tracker.apply_kill_notice(notice(), 60 * SECOND);
+    assert_eq!(tracker.kill_notices.len(), 1);
 }

@@ -181,11 +181,8 @@ fn a_pre_stop_hook_still_running_when_the_grace_ran_out_overran() {
     // Seen on a real kubelet: preStop `sleep 8` with grace 5. The kubelet's timer starts before
     // runc has the hook's process running, so at the stop signal the session is just under 5 s
     // old; it was still running, so the kubelet gave up on it.
-    let settings = TerminationSettings {
-        grace_period_ns: 5 * S,
-        pre_stop: exec_pre_stop(&["sleep", "8"]),
-        ..Default::default()
-    };
+    let settings =
+        TerminationSettings { grace_period_ns: 5 * S, pre_stop: exec_pre_stop(&["sleep", "8"]), ..Default::default() };
     let mut t = tracker_with(settings);
     t.on_exec_session(100 * S + 60 * MS, None, "sleep");
     t.on_signal(105 * S + 2 * MS, SIGTERM, runtime(), true);

@@ -1,0 +1,224 @@
+//! Kubelet tier, the agent's verdicts against a real kubelet: a real node (etcd, kube-apiserver
+//! and kubelet v1.20.2, containerd + runc) runs pods created with kubectl, and the agent beside it
+//! — watching the node's pods through the API with the node's kubeconfig — must judge each stop,
+//! exit and restart the way the kubelet actually did it: the grace it used, the cause, the
+//! reason, and where its reported status is wrong.
+//!
+//! Run: `xtask/x.sh test --tier kubelet`.
+
+use std::time::{Duration, Instant};
+
+use lifecycle_testkit::{
+    agent::Agent,
+    kube::{self, container_status, Kube},
+};
+use serde_json::Value;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
+const SECOND: f64 = 1e9;
+const TRAP_EXIT: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
+const IGNORE_TERM: &str = "trap '' TERM; while true; do sleep 0.2; done";
+
+fn start(test: &str) -> Option<(Kube, Agent)> {
+    if let Some(reason) = kube::skip_reason() {
+        eprintln!("SKIP {test}: {reason}");
+        return None;
+    }
+    kube::sweep_stale();
+    let kube = kube::start_or_skip(test)?;
+    let kubeconfig = kube.kubeconfig().to_string_lossy().into_owned();
+    let agent = Agent::start_with_socket(
+        AGENT,
+        kube.containerd_socket(),
+        &["--kubeconfig", &kubeconfig, "--node-name", kube.node_name()],
+    );
+    assert!(
+        agent.metrics().contains("lifecycle_feature_enabled{feature=\"kubernetes_api\"} 1"),
+        "the agent reaches the node's API server"
+    );
+    Some((kube, agent))
+}
+
+fn apply(kube: &Kube, name: &str, script: &str, edit: impl FnOnce(&mut Value)) {
+    let mut pod = kube.pod_manifest(name, &["sh", "-c", script]);
+    edit(&mut pod);
+    kube.apply(&pod.to_string()).unwrap_or_else(|e| panic!("apply {name}: {e:#}"));
+}
+
+/// The agent's view of container `app` of pod `name`, once `done` holds (within `within`).
+fn wait_agent(agent: &Agent, name: &str, what: &str, within: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    let began = Instant::now();
+    loop {
+        let found = agent.containers().into_iter().find(|c| c["pod"] == name && c["container"] == "app");
+        if let Some(c) = found.as_ref().filter(|c| done(c)) {
+            return c.clone();
+        }
+        assert!(began.elapsed() < within, "{name}: not {what} within {within:?}; last seen: {found:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn running(c: &Value) -> bool {
+    c["state"]["state"] == "running"
+}
+
+fn judged(c: &Value) -> bool {
+    !c["last_termination"].is_null()
+}
+
+fn outcome(c: &Value) -> &str {
+    c["last_termination"]["outcome"]["kind"].as_str().unwrap_or_default()
+}
+
+fn grace_s(c: &Value) -> f64 {
+    c["last_termination"]["grace_ns"].as_f64().unwrap_or(-1.0) / SECOND
+}
+
+#[test]
+fn stops_are_judged_with_the_grace_and_the_cause_the_kubelet_used() {
+    let Some((kube, agent)) = start("stops_are_judged_with_the_grace_and_the_cause_the_kubelet_used") else {
+        return;
+    };
+    apply(&kube, "graceful", TRAP_EXIT, |p| p["spec"]["terminationGracePeriodSeconds"] = 30.into());
+    apply(&kube, "stubborn", IGNORE_TERM, |p| p["spec"]["terminationGracePeriodSeconds"] = 2.into());
+    apply(&kube, "shortened", IGNORE_TERM, |p| p["spec"]["terminationGracePeriodSeconds"] = 30.into());
+    apply(&kube, "prestop", TRAP_EXIT, |p| {
+        p["spec"]["terminationGracePeriodSeconds"] = 5.into();
+        p["spec"]["containers"][0]["lifecycle"] = serde_json::json!({"preStop": {"exec": {"command": ["sleep", "8"]}}});
+    });
+    for name in ["graceful", "stubborn", "shortened", "prestop"] {
+        let c = wait_agent(&agent, name, "running", Duration::from_secs(60), running);
+        assert_eq!(c["named_by_id"], false);
+        // As a user would: delete once `kubectl get` shows it Running.
+        kube.wait_pod_phase("default", name, "Running", Duration::from_secs(60)).expect("Running");
+    }
+    kube.kubectl(&["delete", "pod", "graceful", "stubborn", "prestop", "--wait=false"]).expect("delete");
+    // Deleted with a grace shorter than the spec's: the kubelet stops it with 3 s, not 30.
+    kube.kubectl(&["delete", "pod", "shortened", "--grace-period=3", "--wait=false"]).expect("delete");
+
+    let graceful = wait_agent(&agent, "graceful", "judged", Duration::from_secs(40), judged);
+    assert_eq!(outcome(&graceful), "exited_within_grace", "{graceful:#}");
+    assert_eq!(graceful["last_termination"]["cause"], "deleted");
+    assert_eq!(graceful["last_termination"]["spec"], "api");
+    assert_eq!(graceful["state"]["reason"], "Completed");
+
+    let stubborn = wait_agent(&agent, "stubborn", "judged", Duration::from_secs(40), judged);
+    assert_eq!(outcome(&stubborn), "sigkilled_after_grace", "{stubborn:#}");
+    assert_eq!(grace_s(&stubborn), 2.0);
+    assert_eq!(stubborn["last_termination"]["outcome"]["killed_early"], false);
+    assert_eq!((&stubborn["state"]["reason"], &stubborn["state"]["exit_code"]), (&"Error".into(), &137.into()));
+    assert_eq!(stubborn["state"]["signal"], 9);
+
+    let shortened = wait_agent(&agent, "shortened", "judged", Duration::from_secs(40), judged);
+    assert_eq!(outcome(&shortened), "sigkilled_after_grace", "{shortened:#}");
+    assert_eq!(grace_s(&shortened), 3.0, "the deletion's grace, not the spec's 30 s");
+    assert_eq!(shortened["last_termination"]["outcome"]["killed_early"], false, "no false alarm");
+    assert_eq!(shortened["last_termination"]["cause"], "deleted");
+
+    let prestop = wait_agent(&agent, "prestop", "judged", Duration::from_secs(40), judged);
+    let hook = &prestop["last_termination"]["pre_stop"];
+    assert_eq!(hook["overran_grace"], true, "preStop sleep 8 with grace 5: {prestop:#}");
+    assert_eq!(prestop["last_termination"]["cause"], "deleted");
+}
+
+#[test]
+fn exits_restarts_and_probe_kills_follow_the_pod_spec() {
+    let Some((kube, agent)) = start("exits_restarts_and_probe_kills_follow_the_pod_spec") else { return };
+    apply(&kube, "never", "sleep 1; exit 2", |p| p["spec"]["restartPolicy"] = "Never".into());
+    apply(&kube, "onfailure", "sleep 1; exit 0", |p| p["spec"]["restartPolicy"] = "OnFailure".into());
+    apply(&kube, "completion", "sleep 1; exit 0", |p| p["spec"]["restartPolicy"] = "Never".into());
+    apply(&kube, "crash", "sleep 0.5; exit 1", |_| {});
+    apply(&kube, "liveness", TRAP_EXIT, |p| {
+        p["spec"]["terminationGracePeriodSeconds"] = 10.into();
+        p["spec"]["containers"][0]["livenessProbe"] = serde_json::json!({
+            "exec": {"command": ["cat", "/tmp/healthy"]},
+            "initialDelaySeconds": 1, "periodSeconds": 1, "failureThreshold": 1
+        });
+    });
+
+    let never = wait_agent(&agent, "never", "ended", Duration::from_secs(60), |c| c["state"]["state"] == "terminated");
+    assert_eq!((&never["state"]["reason"], &never["state"]["exit_code"]), (&"Error".into(), &2.into()));
+    assert_eq!(never["restart_expected"], false, "a Never pod that exited is final");
+    let api = kube.wait_pod_phase("default", "never", "Failed", Duration::from_secs(30)).expect("Failed");
+    assert_eq!(container_status(&api, "app").expect("status")["state"]["terminated"]["exitCode"], 2);
+
+    let onfailure =
+        wait_agent(&agent, "onfailure", "ended", Duration::from_secs(60), |c| c["state"]["state"] == "terminated");
+    assert_eq!(onfailure["state"]["reason"], "Completed");
+    assert_eq!(onfailure["restart_expected"], false, "OnFailure does not restart a success");
+
+    let completion =
+        wait_agent(&agent, "completion", "ended", Duration::from_secs(60), |c| c["state"]["state"] == "terminated");
+    assert_eq!((&completion["state"]["reason"], &completion["state"]["exit_code"]), (&"Completed".into(), &0.into()));
+    assert_eq!(completion["last_termination"]["cause"], Value::Null, "nothing stopped it");
+    kube.wait_pod_phase("default", "completion", "Succeeded", Duration::from_secs(30)).expect("Succeeded");
+    let pods = agent_pods(&agent);
+    assert_eq!(pods.iter().find(|p| p["pod"] == "completion").map(|p| &p["phase"]), Some(&"Succeeded".into()));
+    assert_eq!(pods.iter().find(|p| p["pod"] == "never").map(|p| &p["phase"]), Some(&"Failed".into()));
+
+    // The kubelet kills it when `cat /tmp/healthy` fails, and says so in a Killing event.
+    // The event may arrive after the exit; the stop's cause is set when it does.
+    let liveness = wait_agent(&agent, "liveness", "killed by its liveness probe", Duration::from_secs(60), |c| {
+        c["last_termination"]["cause"] == "liveness_probe"
+    });
+    assert_eq!(outcome(&liveness), "exited_within_grace");
+    assert_eq!(grace_s(&liveness), 10.0);
+
+    // The kubelet restarts at once, then after 10 s: both within its back-off.
+    let crash = wait_agent(&agent, "crash", "restarted twice", Duration::from_secs(90), |c| {
+        c["restart_count"].as_u64().is_some_and(|n| n >= 2)
+    });
+    assert_eq!(crash["last_backoff"]["verdict"], "within_tolerance", "{crash:#}");
+    assert!(crash["last_backoff"]["expected_delay_ns"].as_f64().is_some_and(|d| d >= 10.0 * SECOND));
+    let api = kube.pod("default", "crash").expect("get").expect("exists");
+    let reported = container_status(&api, "app").expect("status")["restartCount"].as_u64().expect("count");
+    assert!(reported >= 1, "the kubelet counts its restarts too ({reported})");
+}
+
+#[test]
+fn oom_kills_are_attributed_by_the_kernel() {
+    let Some((kube, agent)) = start("oom_kills_are_attributed_by_the_kernel") else { return };
+    let limit = |p: &mut Value| {
+        p["spec"]["restartPolicy"] = "Never".into();
+        p["spec"]["containers"][0]["resources"] = serde_json::json!({"limits": {"memory": "32Mi"}});
+    };
+    // PID 1 itself grows until the OOM killer picks it.
+    apply(&kube, "pid1oom", "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done", limit);
+    // A child grows and is killed; PID 1 goes on.
+    apply(&kube, "childoom", &format!("(x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done); {TRAP_EXIT}"), limit);
+
+    let pid1 = wait_agent(&agent, "pid1oom", "ended", Duration::from_secs(60), |c| c["state"]["state"] == "terminated");
+    assert_eq!(pid1["state"]["reason"], "OOMKilled", "{pid1:#}");
+    assert_eq!(pid1["last_termination"]["oom_victim"], "init");
+    // Whatever the runtime made of it, the API's report is compared with the kernel's.
+    let api = kube
+        .wait_pod("default", "pid1oom", "terminated in the API", Duration::from_secs(30), |pod| {
+            container_status(pod, "app").is_some_and(|c| c["state"]["terminated"].is_object())
+        })
+        .expect("reported");
+    let reported = container_status(&api, "app").expect("status")["state"]["terminated"]["reason"].clone();
+    if reported != "OOMKilled" {
+        let c = wait_agent(&agent, "pid1oom", "disagreeing", Duration::from_secs(20), |c| {
+            c["disagreements"].as_array().is_some_and(|d| d.iter().any(|d| d["kind"] == "oom_not_reported"))
+        });
+        eprintln!("the kubelet reported {reported} for a PID-1 OOM kill: {}", c["disagreements"]);
+    }
+
+    let child = wait_agent(&agent, "childoom", "running after its child's OOM kill", Duration::from_secs(60), |c| {
+        running(c)
+            && agent.metrics().lines().any(|l| {
+                l.starts_with("lifecycle_oom_kills_total") && l.contains("pod=\"childoom\"") && !l.ends_with(" 0")
+            })
+    });
+    assert_eq!(child["restart_count"], 0, "the container lives on");
+    kube.kubectl(&["delete", "pod", "childoom", "--wait=false"]).expect("delete");
+    let child = wait_agent(&agent, "childoom", "judged", Duration::from_secs(40), judged);
+    assert_eq!(child["last_termination"]["oom_victim"], "child", "{child:#}");
+    assert_eq!(child["state"]["reason"], "Completed", "not OOMKilled: its init exited on SIGTERM");
+}
+
+fn agent_pods(agent: &Agent) -> Vec<Value> {
+    let (_, body) = lifecycle_testkit::agent::get(&agent.addr, "/api/v1/containers").expect("api");
+    let value: Value = serde_json::from_str(&body).expect("JSON");
+    value["pods"].as_array().cloned().unwrap_or_default()
+}
