@@ -11,9 +11,12 @@
 //! - [`netns`]: named network namespaces and a small runc container.
 //! - [`containerd`]: a private containerd with the CRI plugin.
 //! - [`agent`]: the `lifecycle-agent run` binary against a [`containerd::Containerd`].
+//! - [`kube`]: a real single-node Kubernetes (etcd, kube-apiserver, containerd, CNI, kubelet)
+//!   driven with kubectl.
 
 pub mod agent;
 pub mod cgroup;
 pub mod containerd;
 pub mod hub;
+pub mod kube;
 pub mod netns;

@@ -158,6 +158,9 @@ disabled_plugins = [
   disable_apparmor = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+  # Pod network namespaces (kube's CNI pods) under this run's state, where the sweep finds them,
+  # not in the host's /var/run/netns.
+  netns_mounts_under_state_dir = true
 
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"

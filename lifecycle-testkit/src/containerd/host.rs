@@ -1,6 +1,7 @@
-//! The host as the harness sees it: commands it runs, processes found through `/proc`, mounts
-//! and cgroup hierarchies from mountinfo, and the host state the harnesses of one test process
-//! share (the hugetlb v1 mount and the `kubepods` ancestors), released by the last one out.
+//! The host as the harnesses (this one and `kube`) see it: commands they run, processes found
+//! through `/proc`, mounts and cgroup hierarchies from mountinfo, and the host state the
+//! harnesses of one test process share (the hugetlb v1 mount and the `kubepods` ancestors),
+//! released by the last one out.
 
 use std::{
     collections::BTreeSet,
@@ -16,7 +17,7 @@ use anyhow::{bail, Context, Result};
 
 use super::HUGETLB_MOUNT;
 
-pub(super) fn run(command: &mut Command) -> Result<()> {
+pub(crate) fn run(command: &mut Command) -> Result<()> {
     let output = command.output().with_context(|| format!("run {command:?}"))?;
     if !output.status.success() {
         bail!("{command:?} failed: {}", String::from_utf8_lossy(&output.stderr));
@@ -24,12 +25,12 @@ pub(super) fn run(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn which(binary: &str) -> Option<PathBuf> {
+pub(crate) fn which(binary: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|dir| dir.join(binary)).find(|p| p.is_file())
 }
 
-pub(super) fn signal(pid: u32, signal: i32) {
+pub(crate) fn signal(pid: u32, signal: i32) {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return;
     };
@@ -38,17 +39,17 @@ pub(super) fn signal(pid: u32, signal: i32) {
 }
 
 /// Mount points of every cgroup hierarchy (v1 controllers and v2).
-pub(super) fn cgroup_hierarchies() -> Vec<PathBuf> {
+pub(crate) fn cgroup_hierarchies() -> Vec<PathBuf> {
     mounts().into_iter().filter(|m| m.fstype == "cgroup" || m.fstype == "cgroup2").map(|m| m.point).collect()
 }
 
-pub(super) struct Mount {
-    pub(super) point: PathBuf,
-    pub(super) fstype: String,
-    pub(super) options: String,
+pub(crate) struct Mount {
+    pub(crate) point: PathBuf,
+    pub(crate) fstype: String,
+    pub(crate) options: String,
 }
 
-pub(super) fn mounts() -> Vec<Mount> {
+pub(crate) fn mounts() -> Vec<Mount> {
     let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     text.lines()
         .filter_map(|line| {
@@ -83,7 +84,7 @@ fn unescape_mountinfo(raw: &str) -> String {
 }
 
 /// Processes whose command line mentions `needle` (shims carry `-address <our socket>`).
-pub(super) fn pids_mentioning(needle: &str, binary_suffix: &str) -> Vec<u32> {
+pub(crate) fn pids_mentioning(needle: &str, binary_suffix: &str) -> Vec<u32> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -100,20 +101,20 @@ pub(super) fn pids_mentioning(needle: &str, binary_suffix: &str) -> Vec<u32> {
 }
 
 /// Running or sleeping; a zombie waiting for its (possibly foreign) parent counts as gone.
-pub(super) fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| Some(stat.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
         .unwrap_or(false)
 }
 
-pub(super) fn process_start_time(pid: u32) -> Option<String> {
+pub(crate) fn process_start_time(pid: u32) -> Option<String> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Field 22 (starttime); fields after the parenthesised comm are space-separated.
     stat.rsplit_once(')')?.1.split_whitespace().nth(19).map(str::to_owned)
 }
 
-pub(super) fn unmount(point: &Path) -> io::Result<()> {
+pub(crate) fn unmount(point: &Path) -> io::Result<()> {
     let path =
         CString::new(point.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     // SAFETY: `path` is a valid NUL-terminated string that outlives the call.

@@ -35,7 +35,7 @@
 //!   one process's harnesses.
 
 mod daemon;
-mod host;
+pub(crate) mod host;
 mod image;
 mod kubelet;
 mod pod;
@@ -95,6 +95,11 @@ pub fn skip_reason() -> Option<String> {
         return Some("no cgroup hierarchy mounted".to_owned());
     }
     None
+}
+
+/// Sweeps run directories of dead test processes (a start does this too).
+pub(crate) fn sweep_stale() {
+    sweep_stale_runs();
 }
 
 /// Starts a harness, or prints why the test is skipped and returns `None`. Panics when the

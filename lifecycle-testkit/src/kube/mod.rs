@@ -1,0 +1,550 @@
+//! A real single-node Kubernetes for the kubelet tier: etcd on loopback, kube-apiserver on
+//! 127.0.0.1 (static tokens, RBAC, a kubeconfig file for kubectl and for the agent's Kubernetes
+//! client), a private containerd (the [`crate::containerd`] harness, whose busybox image pods run
+//! with `imagePullPolicy: Never`), the CNI bridge plugin for pod IPs, and a kubelet. No scheduler
+//! and no controller-manager: manifests name the node in `spec.nodeName` ([`Kube::pod_manifest`]
+//! does), and nothing deletes namespaces.
+//!
+//! kube-apiserver and kubelet are the v1.20.2 binaries `xtask` builds from Debian's source
+//! package (`target/kubernetes/bin`, or `$LIFECYCLE_KUBE_BIN`); etcd, the CNI plugins and openssl
+//! come from Debian packages, kubectl from PATH.
+//!
+//! Ownership and cleanup: everything lives in a run directory under [`BASE_DIR`] (etcd data,
+//! certificates, the kubelet's `--root-dir`, logs) or is recorded there before it is changed
+//! (sysctls, the kubelet's paths outside its root, libcni's cache, the bridge, the cgroup root
+//! `/lifecycle-kube-<pid>-<n>` the kubelet puts its `kubepods` under). `Drop` stops the kubelet,
+//! removes every pod sandbox through the CRI (which kills the containers and tears their
+//! network down), stops the API server and etcd (by pid), drops the containerd harness (its own
+//! sweep), then undoes the records: processes left in the cgroup root, mounts under the run
+//! directory (the kubelet bind-mounts its root dir onto itself), the bridge and cache entries,
+//! new entries in `/var/log/pods` and friends, sysctls. A test process that was killed cannot run
+//! `Drop`: the next start sweeps runs whose owner is gone with the same code.
+//!
+//! One node runs on a machine at a time (the kubelet writes fixed host paths): a second start
+//! waits for the first to end; within one process it fails at once.
+//!
+//! Parts: `control_plane` (certificates, etcd, kube-apiserver, kubeconfigs), `kubelet`,
+//! `network` (CNI), `machine` (sysctls, host paths, the cgroup root), `process` (daemons by pid),
+//! `run_dir` (the directory, its sweep, the machine lock), `api` (kubectl and waits on pods),
+//! `task_exits` (containerd's exit events: the runtime's truth).
+
+mod api;
+mod control_plane;
+mod kubelet;
+mod machine;
+mod network;
+mod process;
+mod run_dir;
+mod task_exits;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+pub use self::{
+    api::container_status,
+    machine::MachineState,
+    task_exits::{TaskExit, TaskExits},
+};
+use self::{
+    control_plane::Pki,
+    kubelet::KubeletSetup,
+    network::Network,
+    process::Daemon,
+    run_dir::{sweep_stale_runs, MachineLock, RunDir, DAEMONS},
+};
+use crate::containerd::{host::which, Containerd};
+
+/// Where run directories live.
+pub const BASE_DIR: &str = "/tmp/lifecycle-kube";
+/// The environment variable naming the directory with kube-apiserver and kubelet.
+pub const BIN_ENV: &str = "LIFECYCLE_KUBE_BIN";
+/// When set, a directory the daemons' logs are copied into at teardown.
+pub const LOG_ENV: &str = "LIFECYCLE_KUBE_LOGS";
+/// The image pods run (the containerd harness's busybox-static image; never pulled).
+pub const IMAGE: &str = crate::containerd::IMAGE;
+/// The node's name.
+pub const NODE: &str = "lifecycle-node";
+/// How long the API server may take to answer /readyz, and the node to become Ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a daemon may take to exit after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Binaries besides kube-apiserver and kubelet.
+const TOOLS: &[&str] = &["etcd", "openssl", "ip", "kubectl"];
+
+/// Set while this process runs a node.
+static LIVE: AtomicBool = AtomicBool::new(false);
+
+/// The directory with kube-apiserver and kubelet.
+pub fn bin_dir() -> PathBuf {
+    std::env::var_os(BIN_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/kubernetes/bin"))
+}
+
+/// Why a node cannot run here, or `None` when it can.
+pub fn skip_reason() -> Option<String> {
+    if let Some(reason) = crate::containerd::skip_reason() {
+        return Some(reason);
+    }
+    let bin = bin_dir();
+    if let Some(missing) = ["kube-apiserver", "kubelet"].iter().find(|b| !bin.join(b).is_file()) {
+        return Some(format!(
+            "{} missing: run `xtask/x.sh test --tier kubelet` (or `cargo xtask kubernetes`), which builds it once",
+            bin.join(missing).display()
+        ));
+    }
+    let missing: Vec<_> = TOOLS.iter().filter(|b| which(b).is_none()).copied().collect();
+    if !missing.is_empty() {
+        return Some(format!(
+            "missing {} (apt-get install etcd-server openssl iproute2; kubectl: kubernetes-client)",
+            missing.join(", ")
+        ));
+    }
+    if !Path::new(network::PLUGIN_DIR).join("bridge").is_file() {
+        return Some("no CNI bridge plugin (apt-get install containernetworking-plugins)".to_owned());
+    }
+    None
+}
+
+/// Sweeps what nodes of dead test processes left behind, then their containerd harnesses (a
+/// start does this too).
+pub fn sweep_stale() {
+    sweep_stale_runs();
+    crate::containerd::sweep_stale();
+}
+
+/// Starts a node, or prints why the test is skipped and returns `None`. Panics when the
+/// prerequisites are present but the node cannot start: that is a real failure.
+pub fn start_or_skip(test: &str) -> Option<Kube> {
+    if let Some(reason) = skip_reason() {
+        eprintln!("SKIP {test}: {reason}");
+        return None;
+    }
+    match Kube::start() {
+        Ok(kube) => Some(kube),
+        Err(e) => panic!("{test}: cannot start the kube node: {e:#}"),
+    }
+}
+
+/// What a start cost, phase by phase (phases overlap: the API server boots while containerd
+/// starts).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timings {
+    /// etcd spawned until /health answered.
+    pub etcd: Duration,
+    /// The containerd harness: image build, containerd ready, image import.
+    pub containerd: Duration,
+    /// kube-apiserver spawned until /readyz answered.
+    pub apiserver: Duration,
+    /// kubelet spawned until its Node object existed.
+    pub kubelet_registered: Duration,
+    /// kubelet spawned until the Node was Ready.
+    pub node_ready: Duration,
+    /// [`Kube::start`] until the Node was Ready (not counting a wait for another node).
+    pub total: Duration,
+}
+
+/// A running node; `Drop` tears it down and restores the machine.
+pub struct Kube {
+    run: RunDir,
+    containerd: Option<Containerd>,
+    etcd: Option<Daemon>,
+    apiserver: Option<Daemon>,
+    kubelet: Option<Daemon>,
+    bin: PathBuf,
+    kubectl: PathBuf,
+    api_url: String,
+    token: String,
+    ca: PathBuf,
+    kubeconfig: PathBuf,
+    kubelet_kubeconfig: PathBuf,
+    cgroup_root: String,
+    /// Set once torn down ([`Self::stop`]) or abandoned: Drop has nothing left to do.
+    done: bool,
+    /// The machine as it was before this node changed anything (after the stale sweep).
+    before: MachineState,
+    /// What start-up cost.
+    pub timings: Timings,
+    /// Held from before the start until after the teardown (or the abandoned run's sweep).
+    lock: Option<MachineLock>,
+}
+
+impl Kube {
+    /// Sweeps stale runs, then starts etcd, kube-apiserver, containerd (with the image and the
+    /// CNI config) and the kubelet; returns once the Node is Ready.
+    pub fn start() -> Result<Self> {
+        if LIVE.swap(true, Ordering::SeqCst) {
+            bail!("this process already runs a kube node (one per machine at a time)");
+        }
+        let lock = match MachineLock::acquire(Duration::from_secs(20 * 60)) {
+            Ok(lock) => lock,
+            Err(e) => {
+                LIVE.store(false, Ordering::SeqCst);
+                return Err(e);
+            }
+        };
+        let began = Instant::now();
+        sweep_stale();
+        let before = MachineState::capture();
+        let run = match RunDir::create() {
+            Ok(run) => run,
+            Err(e) => {
+                LIVE.store(false, Ordering::SeqCst);
+                return Err(e);
+            }
+        };
+        let cgroup_root = format!("/lifecycle-kube-{}-{}", std::process::id(), run.sequence);
+        let mut kube = Self {
+            kubeconfig: run.path.join("kubeconfig"),
+            kubelet_kubeconfig: run.path.join("kubelet.kubeconfig"),
+            run,
+            containerd: None,
+            etcd: None,
+            apiserver: None,
+            kubelet: None,
+            bin: bin_dir(),
+            kubectl: which("kubectl").unwrap_or_else(|| PathBuf::from("kubectl")),
+            api_url: String::new(),
+            token: String::new(),
+            ca: PathBuf::new(),
+            cgroup_root,
+            done: false,
+            before,
+            timings: Timings::default(),
+            lock: Some(lock),
+        };
+        // From here on, Drop cleans up whatever part of start-up succeeded.
+        kube.start_parts()?;
+        kube.timings.total = began.elapsed();
+        Ok(kube)
+    }
+
+    fn start_parts(&mut self) -> Result<()> {
+        let run = self.run.path.clone();
+        machine::record(&run)?;
+        let pki = Pki::create(&run, NODE)?;
+        self.ca = pki.ca.clone();
+        self.token = pki.admin_token.clone();
+
+        let began = Instant::now();
+        let (etcd, etcd_url) = control_plane::start_etcd(&run)?;
+        self.etcd = Some(etcd);
+        self.timings.etcd = began.elapsed();
+
+        let apiserver_began = Instant::now();
+        let (apiserver, url) = control_plane::spawn_apiserver(&run, &self.bin.join("kube-apiserver"), &etcd_url, &pki)?;
+        self.apiserver = Some(apiserver);
+        self.api_url = url;
+        control_plane::write_kubeconfig(&self.kubeconfig, &self.api_url, &pki.ca, "admin", &pki.admin_token)?;
+        control_plane::write_kubeconfig(
+            &self.kubelet_kubeconfig,
+            &self.api_url,
+            &pki.ca,
+            &format!("system:node:{NODE}"),
+            &pki.kubelet_token,
+        )?;
+
+        // containerd starts while the API server boots.
+        let began = Instant::now();
+        let containerd = Containerd::start().context("start containerd")?;
+        let network = Network::choose(std::process::id(), self.run.sequence)?;
+        network.install(&run, containerd.run_dir())?;
+        self.containerd = Some(containerd);
+        self.timings.containerd = began.elapsed();
+
+        self.wait_apiserver_ready()?;
+        self.timings.apiserver = apiserver_began.elapsed();
+
+        machine::create_cgroup_root(&run, &self.cgroup_root)?;
+        self.spawn_kubelet()?;
+        Ok(())
+    }
+
+    fn wait_apiserver_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(apiserver) = self.apiserver.as_mut() {
+                apiserver.check_running()?;
+            }
+            // /readyz covers etcd and the post-start hooks; the default namespace is created by
+            // one of them, and pods need it.
+            if self.kubectl(&["get", "--raw=/readyz"]).is_ok() && self.kubectl(&["get", "namespace", "default"]).is_ok()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("kube-apiserver not ready after {READY_TIMEOUT:?}:\n{}", self.log_tail("kube-apiserver", 30));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Spawns the kubelet and waits until its Node is registered and Ready.
+    fn spawn_kubelet(&mut self) -> Result<()> {
+        let began = Instant::now();
+        let kubelet = self.kubelet_setup()?.spawn()?;
+        self.kubelet = Some(kubelet);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut registered = None;
+        loop {
+            if let Some(kubelet) = self.kubelet.as_mut() {
+                kubelet.check_running()?;
+            }
+            if let Ok(text) = self.kubectl(&["get", "node", NODE, "-o", "json", "--ignore-not-found"]) {
+                if !text.trim().is_empty() {
+                    registered.get_or_insert_with(|| began.elapsed());
+                    let node: serde_json::Value = serde_json::from_str(&text).context("node JSON")?;
+                    if api::condition_is_true(&node, "Ready") {
+                        self.timings.kubelet_registered = registered.unwrap_or_default();
+                        self.timings.node_ready = began.elapsed();
+                        return Ok(());
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("node {NODE} not Ready after {READY_TIMEOUT:?}:\n{}", self.log_tail("kubelet", 40));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn kubelet_setup(&self) -> Result<KubeletSetup<'_>> {
+        let containerd = self.containerd.as_ref().context("containerd is not running")?;
+        Ok(KubeletSetup {
+            run: &self.run.path,
+            bin_dir: &self.bin,
+            node: NODE,
+            kubeconfig: &self.kubelet_kubeconfig,
+            runtime_socket: containerd.socket(),
+            cgroup_root: &self.cgroup_root,
+        })
+    }
+
+    /// Stops the kubelet (SIGTERM) and starts it again on the same root dir, as a node agent
+    /// upgrade does; pods keep running. Returns how long until the Node was Ready again.
+    pub fn restart_kubelet(&mut self) -> Result<Duration> {
+        if let Some(kubelet) = self.kubelet.take() {
+            kubelet.stop(STOP_GRACE);
+        }
+        let began = Instant::now();
+        self.spawn_kubelet()?;
+        Ok(began.elapsed())
+    }
+
+    /// The node's name (what `spec.nodeName` says).
+    pub fn node_name(&self) -> &str {
+        NODE
+    }
+
+    /// The admin kubeconfig: kubectl's, and the agent's `--kubeconfig`.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The API server's URL (`https://127.0.0.1:<port>`).
+    pub fn api_server_url(&self) -> &str {
+        &self.api_url
+    }
+
+    /// The admin bearer token (group system:masters).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The CA that signed the API server's certificate (PEM).
+    pub fn ca_file(&self) -> &Path {
+        &self.ca
+    }
+
+    /// containerd's CRI socket (the agent's `--cri-socket`).
+    pub fn containerd_socket(&self) -> &Path {
+        self.containerd().socket()
+    }
+
+    /// The containerd harness, for ground truth from the CRI.
+    pub fn containerd(&self) -> &Containerd {
+        // Set during start; start fails before returning a node without it.
+        self.containerd.as_ref().expect("containerd is running")
+    }
+
+    /// The kubelet's `--cgroup-root`: pods are under `<root>/kubepods/...` in every hierarchy.
+    pub fn cgroup_root(&self) -> &str {
+        &self.cgroup_root
+    }
+
+    /// The kubelet's `--root-dir`.
+    pub fn kubelet_root_dir(&self) -> PathBuf {
+        self.run.path.join("kubelet")
+    }
+
+    /// The run directory (logs: `etcd.log`, `kube-apiserver.log`, `kubelet.log`).
+    pub fn run_dir(&self) -> &Path {
+        &self.run.path
+    }
+
+    /// The pid of a daemon: `etcd`, `kube-apiserver` or `kubelet`.
+    pub fn pid(&self, daemon: &str) -> Option<u32> {
+        match daemon {
+            "etcd" => self.etcd.as_ref(),
+            "kube-apiserver" => self.apiserver.as_ref(),
+            "kubelet" => self.kubelet.as_ref(),
+            _ => None,
+        }
+        .map(Daemon::pid)
+    }
+
+    /// The last `lines` lines of a daemon's log (`etcd`, `kube-apiserver`, `kubelet`,
+    /// `containerd`).
+    pub fn log_tail(&self, daemon: &str, lines: usize) -> String {
+        if daemon == "containerd" {
+            return self.containerd.as_ref().map(|c| c.log_tail(lines)).unwrap_or_default();
+        }
+        process::log_tail(&self.run.path.join(format!("{daemon}.log")), lines)
+    }
+
+    /// The machine's node-related state before this node changed anything, for comparison
+    /// with what [`Self::stop`] returns.
+    pub fn machine_before_start(&self) -> &MachineState {
+        &self.before
+    }
+
+    /// Tears the node down (as `Drop` does) and returns the machine's state right after, taken
+    /// while this node still holds the machine lock (no other node can have started).
+    pub fn stop(mut self) -> MachineState {
+        self.teardown();
+        MachineState::capture()
+    }
+
+    /// Leaves every daemon, pod, mount, cgroup, sysctl and host path as it is, owned by a dead
+    /// pid, as a SIGKILLed test process would. The machine lock stays taken until
+    /// [`Abandoned::sweep`] has done what the next start would do.
+    pub fn abandon_as_if_crashed(mut self) -> Abandoned {
+        // pid 0 is never a live owner.
+        if let Err(e) = std::fs::write(self.run.path.join("owner"), "0 abandoned") {
+            panic!("cannot rewrite owner of {}: {e}", self.run.path.display());
+        }
+        if let Some(containerd) = self.containerd.take() {
+            containerd.abandon_as_if_crashed();
+        }
+        // Dropping a Child neither kills nor waits for it.
+        drop((self.kubelet.take(), self.apiserver.take(), self.etcd.take()));
+        self.done = true;
+        Abandoned { lock: self.lock.take() }
+    }
+
+    /// Removes every pod sandbox from containerd (their containers first, SIGKILL), bounded in
+    /// time; returns what failed.
+    fn remove_sandboxes(&self) -> Vec<String> {
+        use k8s_cri::v1 as cri;
+        let Some(containerd) = self.containerd.as_ref() else {
+            return Vec::new();
+        };
+        let mut runtime = containerd.cri().runtime_service();
+        containerd.block_on(async move {
+            let timeout = Duration::from_secs(20);
+            let mut failures = Vec::new();
+            let list = tokio::time::timeout(timeout, runtime.list_pod_sandbox(cri::ListPodSandboxRequest::default()));
+            let sandboxes = match list.await {
+                Ok(Ok(answer)) => answer.into_inner().items,
+                Ok(Err(status)) => return vec![format!("ListPodSandbox: {status}")],
+                Err(_) => return vec!["ListPodSandbox: timed out".to_owned()],
+            };
+            for sandbox in sandboxes {
+                let id = sandbox.id;
+                let stop = cri::StopPodSandboxRequest { pod_sandbox_id: id.clone() };
+                match tokio::time::timeout(timeout, runtime.stop_pod_sandbox(stop)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(status)) => failures.push(format!("StopPodSandbox {id}: {status}")),
+                    Err(_) => failures.push(format!("StopPodSandbox {id}: timed out")),
+                }
+                let remove = cri::RemovePodSandboxRequest { pod_sandbox_id: id.clone() };
+                match tokio::time::timeout(timeout, runtime.remove_pod_sandbox(remove)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(status)) => failures.push(format!("RemovePodSandbox {id}: {status}")),
+                    Err(_) => failures.push(format!("RemovePodSandbox {id}: timed out")),
+                }
+            }
+            failures
+        })
+    }
+
+    /// Copies the daemons' logs to `$LIFECYCLE_KUBE_LOGS/<run>/` when that is set.
+    fn keep_logs(&self) {
+        let Some(dir) = std::env::var_os(LOG_ENV) else {
+            return;
+        };
+        let name = self.run.path.file_name().unwrap_or_default();
+        let target = Path::new(&dir).join(name);
+        if std::fs::create_dir_all(&target).is_err() {
+            return;
+        }
+        for daemon in DAEMONS {
+            let _ = std::fs::copy(self.run.path.join(format!("{daemon}.log")), target.join(format!("{daemon}.log")));
+        }
+        if let Some(containerd) = &self.containerd {
+            let _ = std::fs::copy(containerd.run_dir().join("containerd.log"), target.join("containerd.log"));
+        }
+    }
+}
+
+impl Kube {
+    /// Stops the kubelet, removes every sandbox through the CRI, stops the API server and etcd,
+    /// drops the containerd harness, then undoes what the run recorded.
+    fn teardown(&mut self) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        let began = Instant::now();
+        // The kubelet first: it would recreate what is being removed.
+        if let Some(kubelet) = self.kubelet.take() {
+            kubelet.stop(STOP_GRACE);
+        }
+        let failures = self.remove_sandboxes();
+        if !failures.is_empty() {
+            eprintln!("kube: CRI cleanup left work for the sweep: {failures:?}");
+        }
+        for daemon in [self.apiserver.take(), self.etcd.take()].into_iter().flatten() {
+            daemon.stop(STOP_GRACE);
+        }
+        self.keep_logs();
+        // The cgroup root before the harness goes: its last user unmounts the hugetlb hierarchy
+        // it mounted only when no cgroup is left in it.
+        for problem in machine::remove_cgroup_root(&self.run.path) {
+            eprintln!("kube cleanup: {problem}");
+        }
+        // The containerd harness stops containerd and sweeps its own run directory.
+        drop(self.containerd.take());
+        for problem in self.run.sweep() {
+            eprintln!("kube cleanup: {problem}");
+        }
+        eprintln!("kube: node torn down in {:.1?}", began.elapsed());
+    }
+}
+
+impl Drop for Kube {
+    fn drop(&mut self) {
+        self.teardown();
+        LIVE.store(false, Ordering::SeqCst);
+    }
+}
+
+/// What [`Kube::abandon_as_if_crashed`] left: the machine lock, until the sweep.
+pub struct Abandoned {
+    lock: Option<MachineLock>,
+}
+
+impl Abandoned {
+    /// Sweeps the abandoned run as the next start would (and any other dead run), then returns
+    /// the machine's state, still holding the machine lock.
+    pub fn sweep(self) -> MachineState {
+        sweep_stale();
+        let state = MachineState::capture();
+        drop(self.lock);
+        state
+    }
+}
