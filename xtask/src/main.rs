@@ -4,6 +4,7 @@
 mod bench;
 mod bench_probes;
 mod fuzz;
+mod kubernetes;
 mod packages;
 mod shell;
 mod tiers;
@@ -39,6 +40,9 @@ enum Task {
     },
     /// Run the cargo-fuzz targets in fuzz/ (installs cargo-fuzz); results go to BENCHMARKS.md by hand.
     Fuzz(fuzz::FuzzArgs),
+    /// Build kube-apiserver and kubelet from Debian's source package into target/kubernetes/bin
+    /// (once: later runs find them cached); the kubelet tier does this itself.
+    Kubernetes,
     /// Benchmarks; results are printed and appended to BENCHMARKS.md by hand.
     Bench {
         #[command(subcommand)]
@@ -92,6 +96,7 @@ fn main() -> Result<()> {
             bootstrap()?;
             fuzz::run(&args)
         }
+        Task::Kubernetes => kubernetes::ensure().map(drop),
         Task::Bench { which } => {
             bootstrap()?;
             bench::run(which)

@@ -13,6 +13,14 @@ pub const TEST: &[&str] =
     &["protobuf-compiler", "runc", "containerd", "busybox-static", "prometheus", "iproute2", "python3-venv"];
 /// libFuzzer is C++, compiled by libfuzzer-sys's build script.
 pub const FUZZ: &[&str] = &["g++"];
+/// The kubelet tier's node: etcd, the CNI plugins (bridge, host-local, loopback), openssl for the
+/// API server's service-account key, and the runtime the other tiers use too.
+pub const KUBELET: &[&str] =
+    &["etcd-server", "containernetworking-plugins", "openssl", "containerd", "runc", "busybox-static", "iproute2"];
+/// Building kube-apiserver and kubelet from Debian's source package (`kubernetes.rs`).
+pub const KUBERNETES_BUILD: &[&str] = &["golang-go", "dpkg-dev", "rsync", "make"];
+/// kubectl, when the machine has none on PATH (Debian's build of the same Kubernetes release).
+pub const KUBECTL: &[&str] = &["kubernetes-client"];
 /// Peers and tools the benchmarks compare against.
 pub const BENCH: &[&str] = &["bpftrace", "runc", "busybox-static", "iproute2", "protobuf-compiler", "containerd"];
 

@@ -22,6 +22,8 @@ pub const STABLE: &str = pin(PINS, "RUST_STABLE");
 pub const EBPF_NIGHTLY: &str = pin(PINS, "EBPF_NIGHTLY");
 /// bpf-linker release, built from crates.io against [`EBPF_NIGHTLY`]'s LLVM.
 pub const BPF_LINKER_VERSION: &str = pin(PINS, "BPF_LINKER_VERSION");
+/// The Kubernetes release the kubelet tier builds from Debian's source package (`v1.20.2`).
+pub const KUBERNETES_VERSION: &str = pin(PINS, "KUBERNETES_VERSION");
 /// cargo-fuzz release, installed with [`EBPF_NIGHTLY`] by `xtask fuzz` and the checks tier.
 pub const CARGO_FUZZ_VERSION: &str = pin(PINS, "CARGO_FUZZ_VERSION");
 
