@@ -1,13 +1,14 @@
 //! Test tiers. `unit` needs nothing; `kernel` loads the real programs into this kernel; `runtime`
 //! drives a real containerd + runc; `checks` enforces formatting and clippy on the host crates,
 //! validates dashboards, manifests and rules with real tools, and smoke-runs the fuzz targets.
+//! `kubelet` runs a real node (kube-apiserver and kubelet built once from Debian's source package).
 //! Tiers that need root say so and are skipped when not root.
 
 use std::{path::PathBuf, process::Command};
 
 use anyhow::{bail, Result};
 
-use crate::{cargo, fuzz, packages, shell, toolchain, workspace_root};
+use crate::{cargo, fuzz, kubernetes, packages, shell, toolchain, workspace_root};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Tier {
@@ -15,14 +16,15 @@ pub enum Tier {
     Kernel,
     Runtime,
     Checks,
+    Kubelet,
 }
 
 impl Tier {
     // Checks before Kernel and Runtime: formatting and lint errors show before the long tiers run.
-    const ALL: [Tier; 4] = [Tier::Unit, Tier::Checks, Tier::Kernel, Tier::Runtime];
+    const ALL: [Tier; 5] = [Tier::Unit, Tier::Checks, Tier::Kernel, Tier::Runtime, Tier::Kubelet];
 
     fn needs_root(self) -> bool {
-        matches!(self, Tier::Kernel | Tier::Runtime)
+        matches!(self, Tier::Kernel | Tier::Runtime | Tier::Kubelet)
     }
 }
 
@@ -39,7 +41,11 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
     let mut failed = Vec::new();
     for tier in tiers {
         if tier.needs_root() && !is_root() {
-            eprintln!("xtask: skipped tier {tier:?}: it loads eBPF programs and creates cgroups, which needs root");
+            let what = match tier {
+                Tier::Kubelet => "it runs a kubelet, containerd and pods",
+                _ => "it loads eBPF programs and creates cgroups",
+            };
+            eprintln!("xtask: skipped tier {tier:?}: {what}, which needs root");
             continue;
         }
         eprintln!("xtask: ==== tier {tier:?} ====");
@@ -81,6 +87,7 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
                 )
             }
             Tier::Checks => checks(),
+            Tier::Kubelet => kubelet(),
         };
         if let Err(err) = result {
             eprintln!("xtask: tier {tier:?} failed: {err:#}");
@@ -91,6 +98,29 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
         bail!("failing tiers: {failed:?}");
     }
     Ok(())
+}
+
+/// A real node (etcd, kube-apiserver, containerd, the CNI bridge, kubelet) driven with kubectl:
+/// installs its packages, builds kube-apiserver and kubelet once (cached in target/kubernetes),
+/// then runs the tests one at a time (each owns the node while it runs).
+fn kubelet() -> Result<()> {
+    packages::ensure(packages::KUBELET)?;
+    if which("kubectl").is_none() {
+        packages::ensure(packages::KUBECTL)?;
+    }
+    let bin = kubernetes::ensure()?;
+    shell::run(
+        cargo()
+            // --nocapture: the tests print what the node's starts and the pods' steps took.
+            .args(["test", "-p", "lifecycle-agent", "--test", "kubelet", "--", "--test-threads=1", "--nocapture"])
+            .env(kubernetes::BIN_ENV, bin),
+    )
+}
+
+/// `binary`'s path on PATH, if any.
+fn which(binary: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|dir| dir.join(binary)).find(|p| p.is_file())
 }
 
 /// Formatting and clippy first (they fail fast, with what to run to fix them), then the
