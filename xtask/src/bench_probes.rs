@@ -3,7 +3,10 @@
 //! (a) exec, the kubelet's way: `runc exec <id> cat /tmp/healthy` on a real runc container;
 //! (b) tcpSocket: connect to a listener and close;
 //! (c) the agent's httpGet answer: a fresh HTTP/1.1 connection per probe (the kubelet disables
-//!     keep-alive) to a probe server answering `/probe/tcp` from cached state.
+//!     keep-alive) to a probe server answering a declared `/probe/tcp` from cached state;
+//! (d) the same while 50 clients each hold a half-sent request (issue 10: no client may delay
+//!     another). Each comes back with another as soon as the server cuts it at its head
+//!     deadline. Latency only: the server's CPU then also pays for the stallers.
 //!
 //! CPU is counted for every process involved: (a) the runc exec tree via getrusage(
 //! RUSAGE_CHILDREN) deltas (runc reaps `runc init` and the command, so their time lands there;
@@ -45,8 +48,8 @@ pub fn run(count: usize) -> Result<()> {
         }
     });
     let app_tid = tid_rx.recv().context("app thread")??;
-    let server = ProbeServer::start().context("starting the probe server")?;
     let path = format!("/probe/tcp?port={port}&stall=5s");
+    let server = ProbeServer::start(&path).context("starting the probe server")?;
     // Warm up each path once (page cache, runc binary, first connection).
     exec_probe(&container.id)?;
     http_get(&server.addr, &path)?;
@@ -83,6 +86,23 @@ pub fn run(count: usize) -> Result<()> {
     b.probed_ns += thread_cpu_ns(std::process::id(), app_tid)? - app_cpu0;
     c.probed_ns += process_cpu_ns(server.pid)? - server_cpu0;
 
+    // (d) the agent's answer beside 50 stalled clients, one probe every 2 ms so the run spans
+    // several of the server's head deadlines (the stallers are cut and come back meanwhile).
+    let mut d = Samples::default();
+    let stallers = Stallers::start(&server.addr, STALLERS)?;
+    for _ in 0..count {
+        let me0 = own_cpu_ns()?;
+        let started = Instant::now();
+        let (code, _) = http_get(&server.addr, &path)?;
+        d.latency.push(started.elapsed());
+        d.prober_ns += own_cpu_ns()? - me0;
+        if code != 200 {
+            bail!("probe server answered {code} for {path} beside the stallers");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let cut = stallers.stop();
+
     println!("\n{count} probes each, interleaved (runc {}, container {}):\n", runc_version(), container.id);
     println!(
         "| probe | p50 latency | p99 latency | CPU/probe, probed side | CPU/probe, prober side | CPU/probe, total |"
@@ -97,6 +117,11 @@ pub fn run(count: usize) -> Result<()> {
         let (p50, p99) = (fmt_duration(s.percentile(0.50)), fmt_duration(s.percentile(0.99)));
         println!("| {name} | {p50} | {p99} | {} | {} | {} |", per(s.probed_ns), per(s.prober_ns), per(s.total()));
     }
+    let (p50, p99) = (fmt_duration(d.percentile(0.50)), fmt_duration(d.percentile(0.99)));
+    println!(
+        "| (d) agent httpGet /probe/tcp, {STALLERS} clients holding half-sent requests | {p50} | {p99} | - | {} | - |",
+        per(d.prober_ns)
+    );
     let ratio = |x: u64, y: u64| x as f64 / y.max(1) as f64;
     println!(
         "\nCPU (a)/(c): {:.0}x total, {:.0}x probed side (target >= 100x); (c) p99 {} (target <= 1 ms)",
@@ -104,7 +129,78 @@ pub fn run(count: usize) -> Result<()> {
         ratio(a.probed_ns, c.probed_ns),
         fmt_duration(c.percentile(0.99))
     );
+    println!(
+        "(d) p99 {} beside {STALLERS} stalled clients (target < 10 ms), max {}; {cut} stalled connections cut at the head deadline",
+        fmt_duration(d.percentile(0.99)),
+        fmt_duration(d.percentile(1.0))
+    );
     Ok(())
+}
+
+/// Clients that each hold a half-sent request.
+const STALLERS: usize = 50;
+
+/// `n` threads, each keeping one connection to `addr` open with part of a request head sent;
+/// when the server closes it, a new one replaces it.
+struct Stallers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cut: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Stallers {
+    fn start(addr: &str, n: usize) -> Result<Self> {
+        use std::sync::{atomic::Ordering, Arc};
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cut = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let holding = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let threads = (0..n)
+            .map(|_| {
+                let (addr, stop, cut, holding) = (addr.to_owned(), stop.clone(), cut.clone(), holding.clone());
+                std::thread::spawn(move || {
+                    let mut first = true;
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(mut stream) = TcpStream::connect(&addr) else { continue };
+                        let _ = stream.write_all(b"GET /probe/tc");
+                        if std::mem::take(&mut first) {
+                            holding.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+                        let mut buf = [0u8; 64];
+                        loop {
+                            match stream.read(&mut buf) {
+                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                    if stop.load(Ordering::Relaxed) {
+                                        return;
+                                    }
+                                }
+                                // Closed (or answered, which a half-sent request never is).
+                                _ => break,
+                            }
+                        }
+                        cut.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while holding.load(Ordering::Relaxed) < n {
+            if Instant::now() > deadline {
+                bail!("only {} of {n} stalled clients connected", holding.load(Ordering::Relaxed));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(Self { stop, cut, threads })
+    }
+
+    /// Stops every staller; how many of their connections the server cut.
+    fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+        self.cut.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 #[derive(Default)]
@@ -226,12 +322,14 @@ struct ProbeServer {
 }
 
 impl ProbeServer {
-    fn start() -> Result<Self> {
+    /// Starts the server with `declared` (one probe path) as the pod's declaration.
+    fn start(declared: &str) -> Result<Self> {
         eprintln!("xtask: building and starting the probe server (release test binary)");
         let mut child = cargo()
             .args(["test", "--release", "-p", "lifecycle-agent", "--test", "probe", "--", "--ignored", "--exact"])
             .args(["bench_probe_server", "--nocapture"])
             .env("LIFECYCLE_BENCH_PID", std::process::id().to_string())
+            .env("LIFECYCLE_BENCH_PROBES", declared)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
