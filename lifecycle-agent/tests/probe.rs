@@ -23,9 +23,9 @@ use lifecycle_agent::{
         declaration::{Declaration, RefusalReason},
         listener::{ListenerLimits, ProbeListener},
         metrics::{ConnectionCounters, ProbeMetrics, ProbeTarget},
-        server::{bind_in_netns, ProbeAnswer},
+        server::{bind_in_netns, PodRouter, ProbeAnswer},
         source::{AllowFrom, SourceFilter},
-        PodProbe,
+        NodeProbes, PodProbe,
     },
 };
 use lifecycle_testkit::{
@@ -589,6 +589,45 @@ fn connections_from_inside_the_pod_are_refused() {
         assert_eq!(netns.output(PYTHON, &["-c", RAW_GET, &own, "9891"]).trim(), "closed", "from {own}");
     }
     assert_eq!(counters.source.get(), 2);
+    server.stop();
+}
+
+#[test]
+fn a_pod_listener_routes_each_request_to_the_one_container_that_declared_it() {
+    require!();
+    let (mut netns, holder, app) = pod_in_netns("routed");
+    let sidecar = PodProbe::new(
+        ProbeTarget { namespace: "default".into(), pod: "routed".into(), container: "sidecar".into() },
+        holder.pid,
+        None,
+    )
+    .expect("probe");
+    // One declaration for the pod: a pod-wide tcp check, a process check of `app` only, a
+    // max_d_state process check of `sidecar` only.
+    let (declaration, refusals) = Declaration::from_annotation(
+        "/probe/tcp?port=8080\n/probe/process?container=app\n/probe/process?max_d_state=10s&container=sidecar\n",
+    );
+    assert_eq!(refusals, vec![]);
+    app.declare(declaration.checks_for("app"));
+    sidecar.declare(declaration.checks_for("sidecar"));
+    let probes = Arc::new(NodeProbes::default());
+    probes.insert(Arc::new(app));
+    probes.insert(Arc::new(sidecar));
+    let (_host, inside) = netns.link_to_host();
+    let router = Arc::new(PodRouter::new(probes, "default", "routed"));
+    let (server, _) = listen_in(&netns, 9891, router, node_sources());
+    let get = |target: &str| kubelet_get(SocketAddr::from((inside, 9891)), target);
+    let forbidden = Some((403, "forbidden\n".to_owned()));
+    // Named, or declared by exactly one container: answered.
+    assert_eq!(get("/probe/process"), Some((200, "ok\n".into())), "only app declared it");
+    assert_eq!(get("/probe/process?container=app"), Some((200, "ok\n".into())));
+    assert_eq!(get("/probe/process?max_d_state=10s"), Some((200, "ok\n".into())), "only sidecar declared it");
+    assert_eq!(get("/probe/tcp?port=8080&container=sidecar"), Some((503, "no listener on port 8080\n".into())));
+    // Declared by both and not named: ambiguous. Another container's check, or nobody's: refused.
+    assert_eq!(get("/probe/tcp?port=8080"), forbidden);
+    assert_eq!(get("/probe/process?container=sidecar"), forbidden);
+    assert_eq!(get("/probe/process?container=ghost"), forbidden);
+    assert_eq!(get("/probe/process?container=app&container=sidecar"), forbidden);
     server.stop();
 }
 

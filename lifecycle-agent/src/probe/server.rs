@@ -1,7 +1,7 @@
 //! The probe HTTP surface: the request head and its answer ([`respond`]), binding inside a pod's
 //! network namespace, and the routers: [`NodeProbes`] holds every container's probe and serves
-//! the host-network fallback `/probe/<namespace>/<pod>/<container>/<kind>`. The per-pod
-//! listeners' serving loop is `listener.rs`.
+//! the host-network fallback `/probe/<namespace>/<pod>/<container>/<kind>`; [`PodRouter`] serves
+//! one pod's listener. The per-pod listeners' serving loop is `listener.rs`.
 //!
 //! Only declared checks answer (issue 10): anything else — undeclared, unparsable, an unknown
 //! container — gets 403 with the body [`FORBIDDEN_BODY`] and creates no state and no series.
@@ -204,6 +204,36 @@ impl ProbeAnswer for NodeProbes {
             // The container is in the path; another one in the query is not a declared check.
             Ok((Some(_), _)) | Err(_) => self.forbidden(),
         }
+    }
+}
+
+/// One pod's listener: `/probe/<kind>?...[&container=<name>]` goes to the container named, or
+/// else to the one container of the pod that declared this check; 403 for anything else (nobody
+/// declared it, or several containers did and the request does not say which).
+pub struct PodRouter {
+    probes: Arc<NodeProbes>,
+    namespace: String,
+    pod: String,
+}
+
+impl PodRouter {
+    pub fn new(probes: Arc<NodeProbes>, namespace: &str, pod: &str) -> Self {
+        Self { probes, namespace: namespace.to_owned(), pod: pod.to_owned() }
+    }
+}
+
+impl ProbeAnswer for PodRouter {
+    fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
+        let Ok((container, spec)) = parse_request(path, query) else { return self.probes.forbidden() };
+        let container = match container {
+            Some(name) => name,
+            None => match <[String; 1]>::try_from(self.probes.declaring(&self.namespace, &self.pod, &spec)) {
+                Ok([only]) => only,
+                Err(_) => return self.probes.forbidden(),
+            },
+        };
+        let target = ProbeTarget { namespace: self.namespace.clone(), pod: self.pod.clone(), container };
+        self.probes.answer_check(&target, &spec)
     }
 }
 

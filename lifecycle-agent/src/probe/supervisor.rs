@@ -26,10 +26,11 @@ use crate::{
     model::node::{NodeTracker, RunningContainer},
     probe::{
         bind_in_netns,
-        declaration::{parse_request, Declaration, RefusalReason},
+        declaration::{Declaration, RefusalReason},
         listener::{ListenerLimits, ProbeListener},
         metrics::{ProbeMetrics, ProbeTarget},
         pod::DEFAULT_REFRESH,
+        server::PodRouter,
         source::SourceFilter,
         CheckSpec, NodeProbes, PodProbe, ProbeAnswer,
     },
@@ -220,8 +221,7 @@ impl ProbeSupervisor {
         let path = netns::of_pid(pid);
         match bind_in_netns(&path, SocketAddr::from(([0, 0, 0, 0], port))) {
             Ok(listener) => {
-                let answer: Arc<dyn ProbeAnswer> =
-                    Arc::new(PodAnswer { probes: self.probes.clone(), namespace: key.0.clone(), pod: key.1.clone() });
+                let answer: Arc<dyn ProbeAnswer> = Arc::new(PodRouter::new(self.probes.clone(), &key.0, &key.1));
                 let counters = self.metrics.connection_counters();
                 match ProbeListener::start(listener, answer, self.sources.clone(), counters, ListenerLimits::default())
                 {
@@ -247,29 +247,5 @@ impl ProbeSupervisor {
                 _ = shutdown.changed() => return,
             }
         }
-    }
-}
-
-/// Answers `/probe/<kind>?...[&container=<name>]` on a pod's listener: the container named, or
-/// else the one container of the pod that declared this check; 403 for anything else.
-struct PodAnswer {
-    probes: Arc<NodeProbes>,
-    namespace: String,
-    pod: String,
-}
-
-impl ProbeAnswer for PodAnswer {
-    fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
-        let Ok((container, spec)) = parse_request(path, query) else { return self.probes.forbidden() };
-        let container = match container {
-            Some(name) => name,
-            None => match <[String; 1]>::try_from(self.probes.declaring(&self.namespace, &self.pod, &spec)) {
-                Ok([only]) => only,
-                // Nobody declared it, or several containers did and the request does not say which.
-                Err(_) => return self.probes.forbidden(),
-            },
-        };
-        let target = ProbeTarget { namespace: self.namespace.clone(), pod: self.pod.clone(), container };
-        self.probes.answer_check(&target, &spec)
     }
 }
