@@ -120,6 +120,10 @@ pub enum ObserveError {
     /// The path is not a regular file (a FIFO or device could block or never end).
     #[error("{path} inside the root of pid {pid} is not a regular file")]
     NotRegular { pid: u32, path: String },
+    /// The path resolved into a kernel filesystem (procfs, sysfs, ...), whose files describe
+    /// processes and the kernel rather than the application: never read for a probe.
+    #[error("{path} inside the root of pid {pid} is on {fs}, which probes do not read")]
+    KernelFilesystem { pid: u32, path: String, fs: &'static str },
 }
 
 /// A listening TCP socket seen in a process's netns.
@@ -273,6 +277,26 @@ pub fn netns_inode(pid: u32) -> Result<u32, ObserveError> {
     netns::inode(&path).map_err(|source| ObserveError::Read { path, source })
 }
 
+/// The kernel filesystem an open file lives on, if it is one probes must not read.
+fn kernel_filesystem(file: &File) -> Option<&'static str> {
+    // SAFETY: statfs is a plain struct of integers; all-zero is a valid value to be filled.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the fd is open for the call and `stat` is a valid statfs to write.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut stat) } != 0 {
+        return Some("an unknown filesystem");
+    }
+    const KERNEL: [(i64, &str); 6] = [
+        (0x9fa0, "procfs"),
+        (0x6265_6572, "sysfs"),
+        (0x6462_6720, "debugfs"),
+        (0x7363_6673, "securityfs"),
+        (0x7472_6163, "tracefs"),
+        (0x6367_7270, "cgroup2"),
+    ];
+    let kind = stat.f_type as i64;
+    KERNEL.iter().find(|(magic, _)| *magic == kind).map(|(_, name)| *name)
+}
+
 /// Opens `path` inside the root of `pid` and returns its mtime and first `max_bytes` bytes.
 ///
 /// Resolution is done by the kernel with the container's root as `/`: `..` stops at that root,
@@ -312,6 +336,11 @@ pub fn read_file_in_root(pid: u32, path: &str, max_bytes: usize) -> Result<FileR
     }
     // SAFETY: openat2 returned a new fd that nothing else owns.
     let file = unsafe { File::from_raw_fd(fd as i32) };
+    if let Some(fs) = kernel_filesystem(&file) {
+        // A declared path may lead (by a symlink inside the container's root) to the
+        // container's own /proc or /sys: refused after the open, whatever the path said.
+        return Err(ObserveError::KernelFilesystem { pid, path: path.to_owned(), fs });
+    }
     let meta = file.metadata().map_err(open_err)?;
     if !meta.is_file() {
         return Err(ObserveError::NotRegular { pid, path: path.to_owned() });
@@ -355,6 +384,20 @@ mod tests {
             Ok(ProcessState::Stopped)
         );
         assert!(parse_stat("1 (a) R").is_err());
+    }
+
+    #[test]
+    fn files_on_procfs_and_sysfs_are_refused_even_by_a_plain_path() {
+        let me = std::process::id();
+        for path in ["/proc/self/status", "/sys/kernel/mm/transparent_hugepage/enabled"] {
+            match read_file_in_root(me, path, 64) {
+                Err(ObserveError::KernelFilesystem { fs, .. }) => assert!(fs == "procfs" || fs == "sysfs", "{fs}"),
+                Err(ObserveError::Open { .. }) => {} // not present on this kernel
+                other => panic!("{path}: {other:?}"),
+            }
+        }
+        let ordinary = read_file_in_root(me, "/etc/hostname", 64).or_else(|_| read_file_in_root(me, "/etc/passwd", 64));
+        assert!(ordinary.is_ok(), "{ordinary:?}");
     }
 
     #[test]
