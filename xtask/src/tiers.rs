@@ -112,7 +112,8 @@ fn kubelet() -> Result<()> {
     shell::run(
         cargo()
             // --nocapture: the tests print what the node's starts and the pods' steps took.
-            .args(["test", "-p", "lifecycle-agent", "--test", "kubelet", "--", "--test-threads=1", "--nocapture"])
+            .args(["test", "-p", "lifecycle-agent", "--test", "kubelet", "--test", "kubelet_verdicts"])
+            .args(["--", "--test-threads=1", "--nocapture"])
             .env(kubernetes::BIN_ENV, bin),
     )
 }
