@@ -213,6 +213,76 @@ fn signal_between_two_processes_of_one_cgroup_names_both() {
     assert!(matches!(exit.detail, Detail::Exit { signal: Some(10), .. }), "{exit:?}");
 }
 
+/// Signals recorded from `cg`, as (signal, target tgid).
+fn signal_records(hub: &Hub, cg: &TestCgroup) -> Vec<(u32, u32)> {
+    hub.events_of(cg.id)
+        .into_iter()
+        .filter_map(|e| match e.detail {
+            Detail::Signal { signal, target_tgid, .. } if e.cgroup_id == cg.id => Some((signal, target_tgid)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn signals_a_process_handles_inside_its_cgroup_are_counted_by_number_not_recorded() {
+    require_privileges!();
+    let hub = Hub::get();
+    let mut cg = TestCgroup::new("sigquiet");
+    // Handled SIGUSR1 (a signal-driven loop), SIGWINCH whose default is to ignore it, and a
+    // handled SIGTERM last: a stop request, recorded whatever the target does with it.
+    let script = "import os, signal\n\
+                  signal.signal(signal.SIGUSR1, lambda *a: None)\n\
+                  signal.signal(signal.SIGTERM, lambda *a: None)\n\
+                  pid = os.getpid()\n\
+                  for _ in range(50): os.kill(pid, signal.SIGUSR1)\n\
+                  os.kill(pid, signal.SIGWINCH)\n\
+                  os.kill(pid, signal.SIGTERM)\n";
+    let mut child = cg.spawn(Command::new(PYTHON).args(["-c", script]));
+    let pid = child.id();
+    assert!(child.wait().expect("wait").success());
+    hub.wait_for(
+        "the handled SIGTERM",
+        |e| e.tgid == pid && matches!(e.detail, Detail::Signal { signal: 15, .. }),
+        |m| !m.is_empty(),
+    );
+    assert_eq!(signal_records(hub, &cg), vec![(15, pid)], "only the stop request is recorded");
+    let counters = hub.maps.counters_of(cg.id).expect("counters");
+    assert_eq!(counters.signals_received, 52, "every signal counted: {counters:?}");
+    let mut unrecorded = [0u64; lifecycle_common::SIGNAL_SLOTS];
+    unrecorded[10] = 50;
+    unrecorded[28] = 1;
+    assert_eq!(counters.unrecorded_signals, unrecorded);
+}
+
+#[test]
+fn signals_to_a_pid_namespace_init_are_recorded_even_when_handled() {
+    require_privileges!();
+    let hub = Hub::get();
+    let mut cg = TestCgroup::new("siginit");
+    // PID 1 of a new pid namespace and its child both handle SIGUSR2; the child signals itself
+    // (counted only) and then the init (recorded: a container's PID 1).
+    let script = "trap : USR2; sh -c 'trap : USR2; kill -USR2 $$; kill -USR2 1'; exit 0";
+    let mut child = cg.spawn(Command::new("/usr/bin/unshare").args(["--pid", "--fork", "/bin/sh", "-c", script]));
+    assert!(child.wait().expect("wait").success());
+    let init = hub.wait_for(
+        "the exec of the namespace's init",
+        |e| e.cgroup_id == cg.id && matches!(e.detail, Detail::Exec { namespace_init: true, .. }),
+        |m| !m.is_empty(),
+    )[0]
+    .tgid;
+    hub.wait_for(
+        "SIGUSR2 to the init",
+        |e| {
+            e.cgroup_id == cg.id
+                && matches!(e.detail, Detail::Signal { signal: 12, target_tgid, .. } if target_tgid == init)
+        },
+        |m| !m.is_empty(),
+    );
+    assert_eq!(signal_records(hub, &cg), vec![(12, init)]);
+    assert_eq!(hub.maps.counters_of(cg.id).expect("counters").unrecorded_signals[12], 1);
+}
+
 /// A Python listener in the cgroup: prints its port, then accepts `accepts` connections (or, with
 /// -1, never accepts) and exits when stdin closes.
 const LISTENER: &str = r#"

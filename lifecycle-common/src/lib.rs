@@ -246,6 +246,11 @@ pub struct CgroupCounters {
     pub tcp_accepts: u64,
     /// Records about this cgroup (any kind) that could not be reserved in the ring.
     pub events_lost: u64,
+    /// Signals counted here and not recorded, by number (index = signal; standard signals only):
+    /// sent inside this cgroup, not to a pid namespace's init, and neither a stop request nor a
+    /// signal that would end or stop its target (see [`signal_is_recorded`]). The agent adds them
+    /// to the recorded ones, so per-signal counts stay exact. SIGCHLD is never counted here.
+    pub unrecorded_signals: [u64; SIGNAL_SLOTS],
 }
 
 impl core::ops::AddAssign for CgroupCounters {
@@ -259,7 +264,66 @@ impl core::ops::AddAssign for CgroupCounters {
         self.tcp_established += other.tcp_established;
         self.tcp_accepts += other.tcp_accepts;
         self.events_lost += other.events_lost;
+        for (mine, theirs) in self.unrecorded_signals.iter_mut().zip(other.unrecorded_signals) {
+            *mine += theirs;
+        }
     }
+}
+
+/// Slots of [`CgroupCounters::unrecorded_signals`]: one per standard signal number (1-31; slot 0
+/// is unused). Real-time signals (32 and up) are always recorded.
+pub const SIGNAL_SLOTS: usize = 32;
+
+/// Signal numbers the kernel programs treat specially (the generic Linux numbering: x86, arm64).
+pub mod signals {
+    pub const SIGHUP: u32 = 1;
+    pub const SIGINT: u32 = 2;
+    pub const SIGQUIT: u32 = 3;
+    pub const SIGKILL: u32 = 9;
+    pub const SIGTERM: u32 = 15;
+    pub const SIGCHLD: u32 = 17;
+    pub const SIGCONT: u32 = 18;
+    pub const SIGSTOP: u32 = 19;
+    pub const SIGURG: u32 = 23;
+    pub const SIGWINCH: u32 = 28;
+}
+
+/// Signals recorded whatever their target does with them: the stop requests a runtime or a
+/// supervisor sends (SIGTERM, SIGINT, SIGQUIT, SIGHUP: the usual STOPSIGNALs), the two that
+/// cannot be caught (SIGKILL, SIGSTOP), and every real-time signal (no slot; rare).
+pub const fn signal_always_recorded(signal: u32) -> bool {
+    use signals::*;
+    matches!(signal, SIGHUP | SIGINT | SIGQUIT | SIGKILL | SIGTERM | SIGSTOP) || signal as usize >= SIGNAL_SLOTS
+}
+
+/// True when the default action of standard signal `signal` ends the process (Term, Core) or
+/// stops it (Stop): all but SIGCHLD, SIGCONT, SIGURG and SIGWINCH (the kernel's
+/// `SIG_KERNEL_IGNORE_MASK` plus SIGCONT). Such a signal is fatal to a target that has not
+/// installed a handler for it.
+pub const fn signal_default_ends_or_stops(signal: u32) -> bool {
+    use signals::*;
+    signal != 0 && !matches!(signal, SIGCHLD | SIGCONT | SIGURG | SIGWINCH)
+}
+
+/// Whether the kernel programs send a ring record for a signal (SIGCHLD aside: never recorded,
+/// the exit record says it all). Only these reach the agent's termination judge; the rest are
+/// counted per cgroup and number. Recorded: a signal from outside the target's cgroup (runtime,
+/// kubelet, another container or host process), one to a pid namespace's init (a container's
+/// PID 1), one of [`signal_always_recorded`], and one whose default action ends or stops the
+/// target while the target has no handler installed (it is about to die or stop of it). Left
+/// out: what a container does to itself without consequence (handled or ignored signals, timer
+/// and profiling ticks, Go's SIGURG preemption, a JVM's handled SIGSEGV), which the termination
+/// verdicts never use: they only weigh signals to the init from outside the container.
+pub const fn signal_is_recorded(
+    signal: u32,
+    from_outside: bool,
+    to_namespace_init: bool,
+    default_handler: bool,
+) -> bool {
+    from_outside
+        || to_namespace_init
+        || signal_always_recorded(signal)
+        || (default_handler && signal_default_ends_or_stops(signal))
 }
 
 /// Per-CPU, per-kind delivery statistics (index = [`EventKind`] discriminant).
@@ -317,6 +381,12 @@ pub struct KernelOffsets {
     pub upid_nr: u32,
     /// `sizeof(struct upid)`, the stride of `pid->numbers[]`.
     pub upid_size: u32,
+    pub task_group_leader: u32,
+    pub task_sighand: u32,
+    /// `offsetof(struct sighand_struct, action) + offsetof(struct k_sigaction, sa.sa_handler)`.
+    pub sighand_action_handler: u32,
+    /// `sizeof(struct k_sigaction)`, the stride of `sighand->action[]`.
+    pub k_sigaction_size: u32,
 }
 
 /// Run-time settings for the kernel programs (a `.rodata` global set at load).
@@ -380,9 +450,9 @@ const _: () = assert!(core::mem::size_of::<SignalEvent>() == 32 + 16 + 8 + 8 + 3
 const _: () = assert!(core::mem::size_of::<OomVictimEvent>() == 32 + 8 + 8 + 16);
 const _: () = assert!(core::mem::size_of::<TcpEvent>() == 32 + 8 + 4 + 8 + 4);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + 8 + 8 + CGROUP_PATH_LEN);
-const _: () = assert!(core::mem::size_of::<CgroupCounters>() == 9 * 8);
+const _: () = assert!(core::mem::size_of::<CgroupCounters>() == 9 * 8 + SIGNAL_SLOTS * 8);
 const _: () = assert!(core::mem::size_of::<KindStats>() == 3 * 8);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 * 4);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 40 * 4);
 const _: () = assert!(core::mem::size_of::<ProgramSettings>() == 16);
 // Every record starts with the header, so the kind can be read before the type is known.
 const _: () = assert!(core::mem::offset_of!(ExecEvent, header) == 0);
@@ -430,9 +500,52 @@ mod tests {
     }
 
     #[test]
+    fn only_signals_a_verdict_or_a_death_can_hang_on_are_recorded() {
+        use signals::*;
+        const SIGUSR1: u32 = 10;
+        const SIGSEGV: u32 = 11;
+        const SIGPIPE: u32 = 13;
+        const SIGALRM: u32 = 14;
+        const SIGTSTP: u32 = 20;
+        const SIGPROF: u32 = 27;
+        // From outside the cgroup, or to a container's init: always.
+        for signal in 1..=64 {
+            assert!(signal_is_recorded(signal, true, false, false), "{signal} from outside");
+            assert!(signal_is_recorded(signal, false, true, false), "{signal} to an init");
+        }
+        // Inside the container, to another process: stop requests and uncatchable ones always...
+        for signal in [SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGSTOP, 32, 64] {
+            assert!(signal_is_recorded(signal, false, false, false), "{signal} handled");
+        }
+        // ... the rest when the target would die or stop of it ...
+        for signal in [SIGUSR1, SIGSEGV, SIGPIPE, SIGALRM, SIGTSTP, SIGPROF] {
+            assert!(signal_is_recorded(signal, false, false, true), "{signal} unhandled");
+            assert!(!signal_is_recorded(signal, false, false, false), "{signal} handled");
+        }
+        // ... and never when the default is harmless.
+        for signal in [SIGCHLD, SIGCONT, SIGURG, SIGWINCH] {
+            assert!(!signal_is_recorded(signal, false, false, true), "{signal} by default");
+        }
+        assert_eq!((1..SIGNAL_SLOTS as u32).filter(|&s| signal_default_ends_or_stops(s)).count(), 27);
+    }
+
+    #[test]
     fn counters_add_field_by_field() {
         let mut a = CgroupCounters { execs: 1, events_lost: 2, ..Default::default() };
-        a += CgroupCounters { execs: 3, tcp_accepts: 4, ..Default::default() };
-        assert_eq!(a, CgroupCounters { execs: 4, tcp_accepts: 4, events_lost: 2, ..Default::default() });
+        let mut quiet = [0; SIGNAL_SLOTS];
+        quiet[10] = 5;
+        a += CgroupCounters { execs: 3, tcp_accepts: 4, unrecorded_signals: quiet, ..Default::default() };
+        a += CgroupCounters { unrecorded_signals: quiet, ..Default::default() };
+        quiet[10] = 10;
+        assert_eq!(
+            a,
+            CgroupCounters {
+                execs: 4,
+                tcp_accepts: 4,
+                events_lost: 2,
+                unrecorded_signals: quiet,
+                ..Default::default()
+            }
+        );
     }
 }

@@ -28,9 +28,10 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use lifecycle_common::{
-    defaults, CgroupCounters, CgroupEvent, EventHeader, EventKind, ExecEvent, ExitEvent, KernelOffsets, KindStats,
-    OomVictimEvent, ProgramSettings, SignalEvent, TcpEvent, EVENT_KIND_COUNT, EXEC_FLAG_CHILD_PID_NAMESPACE,
-    EXEC_FLAG_NAMESPACE_INIT, TASK_COMM_LEN,
+    defaults, signal_always_recorded, signal_default_ends_or_stops, signals::SIGCHLD, CgroupCounters, CgroupEvent,
+    EventHeader, EventKind, ExecEvent, ExitEvent, KernelOffsets, KindStats, OomVictimEvent, ProgramSettings,
+    SignalEvent, TcpEvent, EVENT_KIND_COUNT, EXEC_FLAG_CHILD_PID_NAMESPACE, EXEC_FLAG_NAMESPACE_INIT, SIGNAL_SLOTS,
+    TASK_COMM_LEN,
 };
 
 /// Struct member offsets; overwritten by the agent before load.
@@ -72,6 +73,10 @@ static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     pid_numbers: 0,
     upid_nr: 0,
     upid_size: 0,
+    task_group_leader: 0,
+    task_sighand: 0,
+    sighand_action_handler: 0,
+    k_sigaction_size: 0,
 };
 
 /// Run-time settings; overwritten by the agent before load.
@@ -102,9 +107,11 @@ const ZERO_COUNTERS: CgroupCounters = CgroupCounters {
     tcp_established: 0,
     tcp_accepts: 0,
     events_lost: 0,
+    unrecorded_signals: [0; SIGNAL_SLOTS],
 };
 
-const SIGCHLD: u32 = 17;
+/// `SIG_DFL`: no handler installed, the signal's default action applies.
+const SIG_DFL: u64 = 0;
 const IPPROTO_TCP: u16 = 6;
 const TCP_ESTABLISHED: i32 = 1;
 const TCP_SYN_RECV: i32 = 3;
@@ -195,12 +202,16 @@ fn stat(kind: EventKind, field: usize) {
 /// Adds one to a per-cgroup counter, creating the cgroup's entry on first use.
 #[inline(always)]
 fn bump(cgroup: u64, field: usize, kind: EventKind) {
-    bump_fields(cgroup, field, None, kind)
+    bump_fields(cgroup, [field, NO_FIELD, NO_FIELD], kind)
 }
 
-/// As [`bump`], for one or two counters of the same cgroup with a single map lookup.
+/// A `bump_fields` slot that counts nothing.
+const NO_FIELD: usize = usize::MAX;
+
+/// As [`bump`], for up to three counters of the same cgroup with a single map lookup
+/// ([`NO_FIELD`] for unused slots).
 #[inline(always)]
-fn bump_fields(cgroup: u64, field: usize, second: Option<usize>, kind: EventKind) {
+fn bump_fields(cgroup: u64, fields: [usize; 3], kind: EventKind) {
     let mut entry = CGROUP_COUNTERS.get_ptr_mut(&cgroup);
     if entry.is_none() {
         // Another CPU may insert first; NOEXIST makes that harmless and the lookup below finds it.
@@ -211,8 +222,12 @@ fn bump_fields(cgroup: u64, field: usize, second: Option<usize>, kind: EventKind
         stat(kind, offset_of!(KindStats, counter_map_full));
         return;
     };
-    for field in core::iter::once(field).chain(second) {
-        // SAFETY: `field` is an offset of a u64 inside CgroupCounters; the pointer is the value.
+    for field in fields {
+        if field > core::mem::size_of::<CgroupCounters>() - core::mem::size_of::<u64>() {
+            continue;
+        }
+        // SAFETY: `field` is an offset of a u64 inside CgroupCounters (checked just above, which
+        // also bounds it for the verifier); the pointer is the map value.
         unsafe {
             atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>((counters as *mut u8).add(field) as *mut u64, 1);
         }
@@ -377,18 +392,28 @@ fn try_signal(ctx: &BtfTracePointContext) -> Result<(), i64> {
     let header = current_header(EventKind::Signal);
     let target_tgid = read::<u32>(target, off!(task_tgid))?;
     // A process signalling itself (raise, abort, a signal-driven event loop) is in its own
-    // cgroup: skip the four-pointer walk to the target's cgroup, and count both sides with one
-    // map lookup.
+    // cgroup: skip the four-pointer walk to the target's cgroup.
     let target_cgroup_id = if target_tgid == header.tgid { header.cgroup_id } else { task_cgroup_id(target)? };
     let (sent, received) = (offset_of!(CgroupCounters, signals_sent), offset_of!(CgroupCounters, signals_received));
-    if target_cgroup_id == header.cgroup_id {
-        bump_fields(header.cgroup_id, sent, Some(received), EventKind::Signal);
-    } else {
+    if target_cgroup_id != header.cgroup_id {
         bump(header.cgroup_id, sent, EventKind::Signal);
         bump(target_cgroup_id, received, EventKind::Signal);
+    } else {
+        // Inside one cgroup, only what a verdict or a death can hang on is recorded (see
+        // `lifecycle_common::signal_is_recorded`); the rest is counted by number, both sides and
+        // the number with one map lookup. Every child exit generates SIGCHLD to its parent: the
+        // exit record already says it all, so it is never recorded (nor given a slot).
+        let recorded = signal == SIGCHLD || recorded_inside_cgroup(signal, target);
+        let slot = if recorded || signal as usize >= SIGNAL_SLOTS {
+            NO_FIELD
+        } else {
+            offset_of!(CgroupCounters, unrecorded_signals) + signal as usize * core::mem::size_of::<u64>()
+        };
+        bump_fields(header.cgroup_id, [sent, received, slot], EventKind::Signal);
+        if slot != NO_FIELD {
+            return Ok(());
+        }
     }
-    // Every child exit generates SIGCHLD to its parent; the exit record already says it all, so
-    // SIGCHLD is counted but not sent (it would double the ring traffic of a fork-heavy node).
     if signal == SIGCHLD {
         return Ok(());
     }
@@ -406,6 +431,32 @@ fn try_signal(ctx: &BtfTracePointContext) -> Result<(), i64> {
     };
     send(EventKind::Signal, target_cgroup_id, record);
     Ok(())
+}
+
+/// `lifecycle_common::signal_is_recorded` for a signal sent inside the target's cgroup, cheapest
+/// test first. A field that cannot be read counts as "record it".
+#[inline(always)]
+fn recorded_inside_cgroup(signal: u32, target: *const u8) -> bool {
+    if signal_always_recorded(signal) {
+        return true;
+    }
+    if signal_default_ends_or_stops(signal) && handler(target, signal).is_none_or(|handler| handler == SIG_DFL) {
+        return true;
+    }
+    // A pid namespace's init is the process, not the thread: ask of the target's group leader.
+    read_ptr(target, off!(task_group_leader)).map_or(true, is_namespace_init)
+}
+
+/// The target's handler for standard signal `signal` (1-31): `task->sighand->action[signal - 1]
+/// .sa.sa_handler` (`SIG_DFL` 0, `SIG_IGN` 1, else a function).
+#[inline(always)]
+fn handler(task: *const u8, signal: u32) -> Option<u64> {
+    if signal == 0 || signal as usize >= SIGNAL_SLOTS {
+        return None;
+    }
+    let sighand = read_ptr(task, off!(task_sighand)).ok()?;
+    let at = off!(sighand_action_handler) + (signal as usize - 1) * off!(k_sigaction_size);
+    read::<u64>(sighand, at).ok()
 }
 
 // ---- OOM victims --------------------------------------------------------------------------

@@ -23,7 +23,7 @@ use super::{
 use crate::model::{
     container_state::ContainerState,
     node::{NodeTracker, Unit},
-    termination::TerminationOutcome,
+    termination::{SenderKind, TerminationOutcome},
 };
 
 const STATES: [&str; 3] = ["waiting", "running", "terminated"];
@@ -295,23 +295,31 @@ impl UnitMetrics {
         for (verdict, n) in &c.backoff_verdicts {
             f.sample(F::Verdicts, "", &short, &[("verdict", labels::verdict(*verdict))], *n as f64);
         }
-        let mut signal_text = String::new();
-        for ((signal, sender), n) in &c.signals {
-            signal_text.clear();
-            let _ = write!(signal_text, "{signal}");
-            f.sample(
-                F::Signals,
-                "",
-                &short,
-                &[("signal", &signal_text), ("sender", labels::sender_kind(*sender))],
-                *n as f64,
-            );
-        }
-        f.sample(F::Oom, "", &short, &[], c.oom_kills as f64);
         let mut kernel = unit.departed_kernel_counters();
         if let Some(live) = unit.cgroup_id().and_then(|id| self.kernel.counters_of(id)) {
             kernel += live;
         }
+        // Signals the kernel counted without recording them (sent inside the container and
+        // harmless to their target) join the recorded ones from the same container.
+        let mut unrecorded = kernel.unrecorded_signals;
+        let mut signal_text = String::new();
+        let mut signal_sample = |f: &mut Families, signal: usize, sender: SenderKind, n: u64| {
+            signal_text.clear();
+            let _ = write!(signal_text, "{signal}");
+            let labels = [("signal", signal_text.as_str()), ("sender", labels::sender_kind(sender))];
+            f.sample(F::Signals, "", &short, &labels, n as f64);
+        };
+        for (&(signal, sender), &n) in &c.signals {
+            let extra = match (sender, unrecorded.get_mut(signal as usize)) {
+                (SenderKind::SameContainer, Some(extra)) => std::mem::take(extra),
+                _ => 0,
+            };
+            signal_sample(f, signal as usize, sender, n + extra);
+        }
+        for (signal, &n) in unrecorded.iter().enumerate().filter(|(_, &n)| n > 0) {
+            signal_sample(f, signal, SenderKind::SameContainer, n);
+        }
+        f.sample(F::Oom, "", &short, &[], c.oom_kills as f64);
         f.sample(F::Execs, "", &short, &[], kernel.execs as f64);
         f.sample(F::ProcessExits, "", &short, &[], kernel.process_exits as f64);
         let mut port_text = String::new();
@@ -329,5 +337,78 @@ impl UnitMetrics {
             f.sample(F::ExecProcesses, "", &short, &[], c.exec_sessions as f64);
             f.sample(F::ExecCpu, "", &short, &[], c.exec_session_cpu_ns as f64 / 1e9);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::event::{CgroupDetail, Detail, Event, SignalResult};
+    use crate::model::node::TrackerConfig;
+
+    /// The kernel's counts for the one cgroup of the test: 7 SIGUSR1 (10) and 3 SIGURG (23)
+    /// sent inside it and not recorded.
+    struct Kernel;
+
+    impl KernelCounters for Kernel {
+        fn counters_of(&self, _cgroup_id: u64) -> Option<CgroupCounters> {
+            let mut counters = CgroupCounters::default();
+            counters.unrecorded_signals[10] = 7;
+            counters.unrecorded_signals[23] = 3;
+            Some(counters)
+        }
+    }
+
+    #[test]
+    fn signals_only_counted_in_the_kernel_join_the_recorded_ones_from_the_same_container() {
+        let mut tracker = NodeTracker::new(TrackerConfig::default());
+        let (cgroup, pid) = (50, 500);
+        let event = |time: u64, tgid: u32, cgroup_id: u64, detail: Detail| Event {
+            time_ns: time,
+            pid: tgid,
+            tgid,
+            cgroup_id,
+            detail,
+        };
+        let mkdir = CgroupDetail { id: cgroup, path: "/system.slice/app.service".into(), truncated: false };
+        tracker.apply(&event(1, 1, 1, Detail::CgroupMkdir(mkdir)));
+        let exec = Detail::Exec {
+            parent_tgid: 1,
+            parent_cgroup_id: 1,
+            namespace_init: false,
+            child_pid_namespace: false,
+            start_time_ns: 2,
+            comm: "app".into(),
+        };
+        tracker.apply(&event(2, pid, cgroup, exec));
+        // One SIGUSR1 the kernel recorded (the target had no handler yet), and one from outside.
+        for (sender, sender_cgroup) in [(pid, cgroup), (7, 1)] {
+            let signal = Detail::Signal {
+                signal: 10,
+                result: SignalResult::Delivered,
+                group: true,
+                target_pid: pid,
+                target_tgid: pid,
+                target_cgroup_id: cgroup,
+                sender_comm: "app".into(),
+                target_comm: "app".into(),
+            };
+            tracker.apply(&event(3, sender, sender_cgroup, signal));
+        }
+        let units =
+            UnitMetrics::new(Arc::new(Mutex::new(tracker)), Arc::new(Kernel), Box::new(|| 10), Box::new(|| 0.0));
+        let mut text = String::new();
+        units.render(&mut text);
+        let signals: Vec<&str> = text.lines().filter(|l| l.starts_with("lifecycle_signals_received_total{")).collect();
+        let value = |signal: &str, sender: &str| {
+            let wanted = format!("signal=\"{signal}\",sender=\"{sender}\"");
+            let lines: Vec<&&str> = signals.iter().filter(|l| l.contains(&wanted)).collect();
+            assert_eq!(lines.len(), 1, "one series for {wanted} in {signals:#?}");
+            lines[0].rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("value")
+        };
+        assert_eq!(value("10", "same_container"), 8.0);
+        assert_eq!(value("10", "other_process"), 1.0);
+        assert_eq!(value("23", "same_container"), 3.0);
+        assert_eq!(signals.len(), 3, "{signals:#?}");
     }
 }

@@ -4,10 +4,15 @@
 //! programs never hard-code an offset: this module finds each member in
 //! `/sys/kernel/btf/vmlinux`, following anonymous structs and unions, and the loader writes the
 //! result into the object's `.rodata` before the verifier sees it.
+//!
+//! The file is read once and kept as raw bytes with one index (type id -> byte offset); the few
+//! dozen lookups the loader makes walk the raw records. A full parse into owned types (what
+//! general BTF libraries do) costs ~20 MB of heap for a 5 MB vmlinux BTF, all of it only needed
+//! for the few milliseconds of loading; the same bytes then feed aya's own parser (see
+//! [`KernelBtf::bytes`]), so the file is read once.
 
 use std::path::{Path, PathBuf};
 
-use btf_rs::{Btf, Type};
 use lifecycle_common::KernelOffsets;
 
 /// Why the layout could not be computed.
@@ -18,7 +23,7 @@ pub enum LayoutError {
     Unreadable {
         path: PathBuf,
         #[source]
-        source: btf_rs::Error,
+        source: std::io::Error,
     },
     /// A struct the programs read is not described in this kernel's BTF.
     #[error("kernel BTF has no struct {0}")]
@@ -29,25 +34,104 @@ pub enum LayoutError {
     /// The member is a bitfield, which a byte-offset read cannot extract.
     #[error("kernel BTF member {strukt}.{member} is a bitfield")]
     Bitfield { strukt: &'static str, member: String },
-    /// A BTF record could not be decoded.
-    #[error("kernel BTF is malformed near {context}")]
-    Malformed {
-        context: String,
-        #[source]
-        source: btf_rs::Error,
-    },
+    /// The BTF data could not be decoded.
+    #[error("kernel BTF is malformed: {0}")]
+    Malformed(&'static str),
 }
 
-/// Kernel BTF, parsed once (~100 ms for vmlinux).
+/// `struct btf_header` is 24 bytes in every BTF version so far; `hdr_len` may announce more.
+const HEADER_LEN: usize = 24;
+const BTF_MAGIC: u16 = 0xeb9f;
+/// `struct btf_type`: name_off, info, size/type.
+const TYPE_LEN: usize = 12;
+
+// BTF kinds (`BTF_KIND_*`).
+const KIND_INT: u32 = 1;
+const KIND_PTR: u32 = 2;
+const KIND_ARRAY: u32 = 3;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_FWD: u32 = 7;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_VOLATILE: u32 = 9;
+const KIND_CONST: u32 = 10;
+const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC: u32 = 12;
+const KIND_FUNC_PROTO: u32 = 13;
+const KIND_VAR: u32 = 14;
+const KIND_DATASEC: u32 = 15;
+const KIND_FLOAT: u32 = 16;
+const KIND_DECL_TAG: u32 = 17;
+const KIND_TYPE_TAG: u32 = 18;
+const KIND_ENUM64: u32 = 19;
+
+/// One `struct btf_type` record, decoded.
+#[derive(Clone, Copy, Debug)]
+struct TypeRecord {
+    name_off: u32,
+    kind: u32,
+    vlen: usize,
+    kind_flag: bool,
+    /// `size` for structs, unions, ints; `type` for typedefs, qualifiers, pointers.
+    size_or_type: u32,
+    /// Byte offset of the kind-specific data following the record.
+    extra: usize,
+}
+
+/// Kernel BTF, read once and indexed (~30 ms and ~6 MB for vmlinux, freed after loading).
 pub struct KernelBtf {
-    btf: Btf,
+    data: Vec<u8>,
+    /// Start and end of the string section in `data`.
+    strings: (usize, usize),
+    /// Byte offset in `data` of each type, by id - 1 (id 0 is `void`).
+    index: Vec<u32>,
 }
 
 impl KernelBtf {
-    /// Parses the BTF file at `path` (normally `/sys/kernel/btf/vmlinux`).
+    /// Reads and indexes the BTF file at `path` (normally `/sys/kernel/btf/vmlinux`).
     pub fn open(path: &Path) -> Result<Self, LayoutError> {
-        let btf = Btf::from_file(path).map_err(|source| LayoutError::Unreadable { path: path.to_owned(), source })?;
-        Ok(Self { btf })
+        let data = std::fs::read(path).map_err(|source| LayoutError::Unreadable { path: path.to_owned(), source })?;
+        Self::from_bytes(data)
+    }
+
+    /// Indexes raw BTF (a `.BTF` section as the kernel exports it, in this machine's byte order).
+    pub fn from_bytes(data: Vec<u8>) -> Result<Self, LayoutError> {
+        let u16_at = |at: usize| data.get(at..at + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
+        if u16_at(0) != Some(BTF_MAGIC) {
+            return Err(LayoutError::Malformed("bad magic (not BTF, or another byte order)"));
+        }
+        let header_len = u32_at(&data, 4).ok_or(LayoutError::Malformed("short header"))? as usize;
+        let field = |at: usize| u32_at(&data, at).map(|v| v as usize).ok_or(LayoutError::Malformed("short header"));
+        let (type_off, type_len, str_off, str_len) = (field(8)?, field(12)?, field(16)?, field(20)?);
+        if header_len < HEADER_LEN {
+            return Err(LayoutError::Malformed("short header"));
+        }
+        let section = |off: usize, len: usize| {
+            let start = header_len.checked_add(off)?;
+            let end = start.checked_add(len)?;
+            (end <= data.len()).then_some((start, end))
+        };
+        let (types_start, types_end) = section(type_off, type_len).ok_or(LayoutError::Malformed("type section"))?;
+        let strings = section(str_off, str_len).ok_or(LayoutError::Malformed("string section"))?;
+        let mut btf = Self { data, strings, index: Vec::new() };
+        let mut at = types_start;
+        while at < types_end {
+            let offset = u32::try_from(at).map_err(|_| LayoutError::Malformed("type section too large"))?;
+            btf.index.push(offset);
+            let record = btf.record_at(at)?;
+            at = record.extra + btf.extra_len(&record)?;
+        }
+        if at != types_end {
+            return Err(LayoutError::Malformed("last type overruns its section"));
+        }
+        btf.index.shrink_to_fit();
+        Ok(btf)
+    }
+
+    /// The raw BTF, for aya's own parser (which needs the kernel's type ids to attach).
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
     }
 
     /// Computes every offset the kernel programs need.
@@ -90,28 +174,31 @@ impl KernelBtf {
             pid_numbers: at("pid", "numbers")?,
             upid_nr: at("upid", "nr")?,
             upid_size: self.struct_size("upid")?,
+            task_group_leader: at("task_struct", "group_leader")?,
+            task_sighand: at("task_struct", "sighand")?,
+            // `sighand->action[sig - 1].sa.sa_handler`: the array's start plus the handler's place
+            // in one element; the element size is the stride.
+            sighand_action_handler: at("sighand_struct", "action")? + at("k_sigaction", "sa.sa_handler")?,
+            k_sigaction_size: self.struct_size("k_sigaction")?,
         })
     }
 
     /// `sizeof(struct strukt)`.
     pub fn struct_size(&self, strukt: &'static str) -> Result<u32, LayoutError> {
-        Ok(self.find_struct(strukt)?.size() as u32)
+        Ok(self.find_struct(strukt)?.size_or_type)
     }
 
     /// Byte offset of a dotted member path (`"a.b.c"`) inside `struct strukt`.
     pub fn offset_of(&self, strukt: &'static str, path: &str) -> Result<u32, LayoutError> {
+        let no_member = || LayoutError::NoMember { strukt, member: path.to_owned() };
         let mut current = self.find_struct(strukt)?;
         let mut total_bits = 0u32;
         let parts: Vec<&str> = path.split('.').collect();
         for (i, name) in parts.iter().enumerate() {
-            let (bits, member_type) = self
-                .find_member(&current, name)?
-                .ok_or_else(|| LayoutError::NoMember { strukt, member: path.to_owned() })?;
+            let (bits, member_type) = self.find_member(&current, name, strukt, 0)?.ok_or_else(no_member)?;
             total_bits += bits;
             if i + 1 < parts.len() {
-                current = self
-                    .strip_to_struct(member_type)
-                    .ok_or_else(|| LayoutError::NoMember { strukt, member: path.to_owned() })?;
+                current = self.strip_to_struct(member_type)?.ok_or_else(no_member)?;
             }
         }
         if !total_bits.is_multiple_of(8) {
@@ -120,37 +207,55 @@ impl KernelBtf {
         Ok(total_bits / 8)
     }
 
-    fn find_struct(&self, name: &'static str) -> Result<btf_rs::Struct, LayoutError> {
-        let types = self.btf.resolve_types_by_name(name).map_err(|_| LayoutError::NoStruct(name))?;
-        types
-            .into_iter()
-            .find_map(|t| match t {
-                // A forward declaration has no members; skip it in favour of the definition.
-                Type::Struct(s) if !s.members.is_empty() => Some(s),
-                _ => None,
-            })
-            .ok_or(LayoutError::NoStruct(name))
+    /// True when the kernel has a BTF tracepoint of this name (`btf_trace_<name>` typedef), which
+    /// is what a `tp_btf` program attaches to.
+    pub fn has_raw_tracepoint(&self, name: &str) -> bool {
+        let wanted = format!("btf_trace_{name}");
+        self.records().any(|record| record.is_ok_and(|r| r.kind == KIND_TYPEDEF && self.name_is(&r, &wanted)))
+    }
+
+    /// The struct definition named `name` (a forward declaration has no members and is skipped).
+    fn find_struct(&self, name: &'static str) -> Result<TypeRecord, LayoutError> {
+        for record in self.records() {
+            let record = record?;
+            if record.kind == KIND_STRUCT && record.vlen > 0 && self.name_is(&record, name) {
+                return Ok(record);
+            }
+        }
+        Err(LayoutError::NoStruct(name))
     }
 
     /// Finds `name` among the members of `strukt`, descending into anonymous structs and unions.
-    /// Returns the member's bit offset within `strukt` and its type.
-    fn find_member(&self, strukt: &btf_rs::Struct, name: &str) -> Result<Option<(u32, Type)>, LayoutError> {
-        for member in &strukt.members {
-            let member_name = self.btf.resolve_name(member).unwrap_or_default();
-            let member_type = self
-                .btf
-                .resolve_chained_type(member)
-                .map_err(|source| LayoutError::Malformed { context: format!("member {name}"), source })?;
-            if member.bitfield_size().is_some_and(|size| size != 0) && member_name == name {
-                return Err(LayoutError::Bitfield { strukt: "struct", member: name.to_owned() });
-            }
-            if member_name == name {
-                return Ok(Some((member.bit_offset(), member_type)));
+    /// Returns the member's bit offset within `strukt` and its type id.
+    fn find_member(
+        &self,
+        strukt: &TypeRecord,
+        name: &str,
+        outer: &'static str,
+        depth: usize,
+    ) -> Result<Option<(u32, u32)>, LayoutError> {
+        // Anonymous members nest a handful deep in practice; the bound only stops a cycle.
+        if depth > 16 {
+            return Err(LayoutError::Malformed("anonymous members nest too deep"));
+        }
+        for i in 0..strukt.vlen {
+            let at = strukt.extra + i * 12;
+            let field = |delta: usize| u32_at(&self.data, at + delta).ok_or(LayoutError::Malformed("member"));
+            let (name_off, member_type, offset) = (field(0)?, field(4)?, field(8)?);
+            // With kind_flag set, the offset word packs the bitfield size above 24 bits of offset.
+            let (bit_offset, bitfield_size) =
+                if strukt.kind_flag { (offset & 0x00ff_ffff, offset >> 24) } else { (offset, 0) };
+            let member_name = self.string(name_off)?;
+            if member_name == name.as_bytes() {
+                if bitfield_size != 0 {
+                    return Err(LayoutError::Bitfield { strukt: outer, member: name.to_owned() });
+                }
+                return Ok(Some((bit_offset, member_type)));
             }
             if member_name.is_empty() {
-                if let Some(inner) = self.strip_to_struct(member_type) {
-                    if let Some((bits, found)) = self.find_member(&inner, name)? {
-                        return Ok(Some((member.bit_offset() + bits, found)));
+                if let Some(inner) = self.strip_to_struct(member_type)? {
+                    if let Some((bits, found)) = self.find_member(&inner, name, outer, depth + 1)? {
+                        return Ok(Some((bit_offset + bits, found)));
                     }
                 }
             }
@@ -158,26 +263,74 @@ impl KernelBtf {
         Ok(None)
     }
 
-    /// Follows typedefs and qualifiers down to a struct or union.
-    fn strip_to_struct(&self, mut ty: Type) -> Option<btf_rs::Struct> {
+    /// Follows typedefs and qualifiers from type `id` down to a struct or union.
+    fn strip_to_struct(&self, mut id: u32) -> Result<Option<TypeRecord>, LayoutError> {
         for _ in 0..16 {
-            ty = match ty {
-                Type::Struct(s) | Type::Union(s) => return Some(s),
-                Type::Typedef(_) | Type::Volatile(_) | Type::Const(_) | Type::Restrict(_) | Type::TypeTag(_) => {
-                    let inner = ty.as_btf_type()?;
-                    self.btf.resolve_chained_type(inner).ok()?
-                }
-                _ => return None,
-            };
+            let Some(record) = self.record(id)? else { return Ok(None) };
+            match record.kind {
+                KIND_STRUCT | KIND_UNION => return Ok(Some(record)),
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => id = record.size_or_type,
+                _ => return Ok(None),
+            }
         }
-        None
+        Ok(None)
     }
 
-    /// True when the kernel has a BTF tracepoint of this name (`btf_trace_<name>` typedef), which
-    /// is what a `tp_btf` program attaches to.
-    pub fn has_raw_tracepoint(&self, name: &str) -> bool {
-        self.btf.resolve_ids_by_name(&format!("btf_trace_{name}")).is_ok_and(|ids| !ids.is_empty())
+    /// The record of type `id`; None for `void` (id 0).
+    fn record(&self, id: u32) -> Result<Option<TypeRecord>, LayoutError> {
+        if id == 0 {
+            return Ok(None);
+        }
+        let at = *self.index.get(id as usize - 1).ok_or(LayoutError::Malformed("type id out of range"))?;
+        self.record_at(at as usize).map(Some)
     }
+
+    fn records(&self) -> impl Iterator<Item = Result<TypeRecord, LayoutError>> + '_ {
+        self.index.iter().map(|&at| self.record_at(at as usize))
+    }
+
+    fn record_at(&self, at: usize) -> Result<TypeRecord, LayoutError> {
+        let field = |delta: usize| u32_at(&self.data, at + delta).ok_or(LayoutError::Malformed("type record"));
+        let (name_off, info, size_or_type) = (field(0)?, field(4)?, field(8)?);
+        Ok(TypeRecord {
+            name_off,
+            kind: (info >> 24) & 0x1f,
+            vlen: (info & 0xffff) as usize,
+            kind_flag: info >> 31 != 0,
+            size_or_type,
+            extra: at + TYPE_LEN,
+        })
+    }
+
+    /// Bytes of kind-specific data after a record.
+    fn extra_len(&self, record: &TypeRecord) -> Result<usize, LayoutError> {
+        Ok(match record.kind {
+            KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+            KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_FUNC
+            | KIND_FLOAT | KIND_TYPE_TAG => 0,
+            KIND_ARRAY => 12,
+            KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => record.vlen * 12,
+            KIND_ENUM | KIND_FUNC_PROTO => record.vlen * 8,
+            _ => return Err(LayoutError::Malformed("unknown type kind")),
+        })
+    }
+
+    /// The NUL-terminated string at `offset` in the string section, without the NUL.
+    fn string(&self, offset: u32) -> Result<&[u8], LayoutError> {
+        let (start, end) = self.strings;
+        let from = start.checked_add(offset as usize).filter(|&from| from < end);
+        let tail = from.map(|from| &self.data[from..end]).ok_or(LayoutError::Malformed("string offset"))?;
+        let len = tail.iter().position(|&b| b == 0).ok_or(LayoutError::Malformed("unterminated string"))?;
+        Ok(&tail[..len])
+    }
+
+    fn name_is(&self, record: &TypeRecord, name: &str) -> bool {
+        self.string(record.name_off).is_ok_and(|found| found == name.as_bytes())
+    }
+}
+
+fn u32_at(data: &[u8], at: usize) -> Option<u32> {
+    data.get(at..at.checked_add(4)?).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 #[cfg(test)]
@@ -201,6 +354,11 @@ mod tests {
         assert!(offsets.task_tgid == offsets.task_pid + 4, "pid and tgid are adjacent pid_t");
         assert!(offsets.sock_dport < offsets.sock_num, "skc_dport precedes skc_num in skc_portpair");
         assert_eq!(offsets.sock_num - offsets.sock_dport, 2);
+        // struct upid { int nr; struct pid_namespace *ns; }, struct k_sigaction starts with the
+        // struct sigaction whose first member is the handler.
+        assert_eq!((offsets.upid_nr, offsets.upid_size), (0, 16));
+        assert_eq!(btf.offset_of("k_sigaction", "sa.sa_handler").expect("handler"), 0);
+        assert!(offsets.k_sigaction_size >= 32, "handler, flags, restorer, mask");
     }
 
     #[test]
@@ -225,5 +383,67 @@ mod tests {
             assert!(btf.has_raw_tracepoint(tp), "{tp}");
         }
         assert!(!btf.has_raw_tracepoint("no_such_tracepoint"));
+    }
+
+    /// A hand-built BTF: `struct outer { int a; union { int b; struct inner c; }; int d:3; }`.
+    fn sample() -> Vec<u8> {
+        let strings = b"\0int\0outer\0a\0b\0c\0d\0inner\0x\0y\0".to_vec();
+        let name = |s: &str| -> u32 {
+            let needle = format!("\0{s}\0");
+            strings.windows(needle.len()).position(|w| w == needle.as_bytes()).expect("string") as u32 + 1
+        };
+        let info = |kind: u32, vlen: u32, kind_flag: bool| (kind << 24) | vlen | (u32::from(kind_flag) << 31);
+        let mut types: Vec<u32> = Vec::new();
+        // 1: int (4 bytes)
+        types.extend([name("int"), info(KIND_INT, 0, false), 4, 32]);
+        // 2: struct inner { int x; int y; } (8 bytes)
+        types.extend([name("inner"), info(KIND_STRUCT, 2, false), 8]);
+        types.extend([name("x"), 1, 0, name("y"), 1, 32]);
+        // 3: anonymous union { int b; struct inner c; } (8 bytes)
+        types.extend([0, info(KIND_UNION, 2, false), 8]);
+        types.extend([name("b"), 1, 0, name("c"), 2, 0]);
+        // 4: struct outer, kind_flag set: member offsets carry bitfield sizes.
+        types.extend([name("outer"), info(KIND_STRUCT, 3, true), 16]);
+        types.extend([name("a"), 1, 0, 0, 3, 32, name("d"), 1, (3 << 24) | 96]);
+        let type_bytes: Vec<u8> = types.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let mut data = Vec::new();
+        data.extend(BTF_MAGIC.to_ne_bytes());
+        data.extend([1u8, 0]);
+        for value in [HEADER_LEN as u32, 0, type_bytes.len() as u32, type_bytes.len() as u32, strings.len() as u32] {
+            data.extend(value.to_ne_bytes());
+        }
+        data.extend(type_bytes);
+        data.extend(strings);
+        data
+    }
+
+    #[test]
+    fn members_are_found_through_anonymous_unions_and_bitfields_refused() {
+        let btf = KernelBtf::from_bytes(sample()).expect("well-formed");
+        assert_eq!(btf.offset_of("outer", "a").expect("a"), 0);
+        assert_eq!(btf.offset_of("outer", "b").expect("b"), 4);
+        assert_eq!(btf.offset_of("outer", "c.y").expect("c.y"), 8);
+        assert_eq!(btf.struct_size("inner").expect("inner"), 8);
+        let err = btf.offset_of("outer", "d").expect_err("bitfield");
+        assert!(matches!(err, LayoutError::Bitfield { .. }), "{err}");
+        assert!(!btf.has_raw_tracepoint("anything"));
+    }
+
+    #[test]
+    fn truncated_or_foreign_data_is_an_error_not_a_panic() {
+        let whole = sample();
+        for len in 0..whole.len() {
+            // Every prefix either indexes (it ends on a record boundary and the header was
+            // rewritten to match: never here) or fails cleanly.
+            assert!(KernelBtf::from_bytes(whole[..len].to_vec()).is_err(), "prefix of {len} bytes");
+        }
+        let mut corrupt = whole.clone();
+        corrupt[HEADER_LEN + 4 + 3] = 0x1f; // first type's kind: 31, unknown
+        assert!(KernelBtf::from_bytes(corrupt).is_err());
+        let mut bad_string = whole;
+        bad_string[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&u32::MAX.to_ne_bytes());
+        let btf = KernelBtf::from_bytes(bad_string).expect("indexing does not read names");
+        assert!(btf.offset_of("outer", "a").is_ok(), "struct outer is still found by its own name");
+        assert!(btf.struct_size("int").is_err());
     }
 }
