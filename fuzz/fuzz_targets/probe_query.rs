@@ -70,20 +70,26 @@ fn check_spec(raw: &str, spec: &CheckSpec) {
 
 /// The pairs as a query again: every byte but the unreserved ones percent-encoded.
 fn encode(params: &[(String, Option<String>)]) -> String {
-    let escape = |text: &str| {
-        text.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => char::from(b).to_string(),
-                _ => format!("%{b:02X}"),
-            })
-            .collect::<String>()
-    };
-    params
-        .iter()
-        .map(|(key, value)| match value {
-            Some(value) => format!("{}={}", escape(key), escape(value)),
-            None => escape(key),
-        })
-        .collect::<Vec<_>>()
-        .join("&")
+    fn escape(out: &mut String, text: &str) {
+        for b in text.bytes() {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                out.push(char::from(b));
+            } else {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                out.extend(['%', char::from(HEX[usize::from(b >> 4)]), char::from(HEX[usize::from(b & 15)])]);
+            }
+        }
+    }
+    let mut out = String::new();
+    for (i, (key, value)) in params.iter().enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        escape(&mut out, key);
+        if let Some(value) = value {
+            out.push('=');
+            escape(&mut out, value);
+        }
+    }
+    out
 }
