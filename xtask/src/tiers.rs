@@ -113,6 +113,7 @@ fn kubelet() -> Result<()> {
         cargo()
             // --nocapture: the tests print what the node's starts and the pods' steps took.
             .args(["test", "-p", "lifecycle-agent", "--test", "kubelet", "--test", "kubelet_verdicts"])
+            .args(["--test", "kubelet_daemonset"])
             .args(["--", "--test-threads=1", "--nocapture"])
             .env(kubernetes::BIN_ENV, bin),
     )

@@ -26,8 +26,10 @@
 //! Parts: `control_plane` (certificates, etcd, kube-apiserver, kubeconfigs), `kubelet`,
 //! `network` (CNI), `machine` (sysctls, host paths, the cgroup root), `process` (daemons by pid),
 //! `run_dir` (the directory, its sweep, the machine lock), `api` (kubectl and waits on pods),
-//! `task_exits` (containerd's exit events: the runtime's truth).
+//! `task_exits` (containerd's exit events: the runtime's truth), `agent_image` (the agent as a
+//! local image, for deploy/daemonset.yaml's pod).
 
+mod agent_image;
 mod api;
 mod control_plane;
 mod kubelet;
@@ -46,6 +48,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 pub use self::{
+    agent_image::{AGENT_IMAGE, AGENT_PATH},
     api::container_status,
     machine::MachineState,
     task_exits::{TaskExit, TaskExits},

@@ -1,0 +1,344 @@
+//! Kubelet tier, the DaemonSet for real: the pod template of deploy/daemonset.yaml runs as a Pod
+//! on a real node (etcd, kube-apiserver and kubelet v1.20.2, containerd + runc), from a local
+//! image of this build's agent, with the template's hostPID, hostNetwork, capabilities, seccomp
+//! and AppArmor settings, volumes and mounts; the agent inside it must see the node's other pods
+//! and judge their stops as the agent beside the node does (kubelet_verdicts.rs).
+//!
+//! The node has no scheduler and no controller-manager, so no DaemonSet controller: the test
+//! takes the DaemonSet's pod template and creates the Pod itself, bound to the node.
+//!
+//! Run: `xtask/x.sh test --tier kubelet`.
+
+use std::{
+    collections::BTreeSet,
+    net::TcpListener,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use lifecycle_testkit::{
+    agent::{free_port, get},
+    kube::{self, Kube},
+};
+use serde_json::{json, Value};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
+const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset.yaml");
+const NAMESPACE: &str = "lifecycle-system";
+const AGENT_POD: &str = "lifecycle-agent";
+const IGNORE_TERM: &str = "trap '' TERM; while true; do sleep 0.2; done";
+
+/// The manifest's objects as kubectl reads them (client-side: nothing is created).
+fn manifest_objects(kube: &Kube) -> Vec<Value> {
+    let text = kube.kubectl(&["create", "--dry-run=client", "-o", "json", "-f", MANIFEST]).expect("kubectl reads it");
+    // One JSON document per object, one after the other (a List when kubectl chooses to).
+    let mut objects = Vec::new();
+    for value in serde_json::Deserializer::from_str(&text).into_iter::<Value>() {
+        let value = value.expect("JSON");
+        match value["kind"].as_str() {
+            Some("List") => objects.extend(value["items"].as_array().cloned().unwrap_or_default()),
+            _ => objects.push(value),
+        }
+    }
+    objects
+}
+
+/// 9890 (the template's port) when it is free on the host, else another free port.
+fn listen_port() -> u16 {
+    match TcpListener::bind("0.0.0.0:9890") {
+        Ok(_) => 9890,
+        Err(_) => free_port(),
+    }
+}
+
+/// The DaemonSet's pod template as a Pod bound to the node, running `image`, listening on
+/// `port`, with the node's CRI socket and an API kubeconfig mounted from `credentials`.
+fn agent_pod(kube: &Kube, daemonset: &Value, image: &str, port: u16, credentials: &Path) -> Value {
+    let template = &daemonset["spec"]["template"];
+    let mut pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": AGENT_POD,
+            "namespace": daemonset["metadata"]["namespace"],
+            "labels": template["metadata"]["labels"],
+            "annotations": template["metadata"]["annotations"],
+        },
+        "spec": template["spec"],
+    });
+    let spec = &mut pod["spec"];
+    // No scheduler on the test node: bound here, as the DaemonSet controller would.
+    spec["nodeName"] = kube.node_name().into();
+    let containers = spec["containers"].as_array_mut().expect("containers");
+    assert_eq!(containers.len(), 1, "one container in the template");
+    let agent = &mut containers[0];
+    agent["image"] = image.into();
+    agent["imagePullPolicy"] = "Never".into();
+    // The template's --listen is 0.0.0.0:9890 and its `metrics` port (the probes' target) 9890:
+    // both follow the port chosen (with hostNetwork the host port is the container port).
+    let listen = format!("0.0.0.0:{port}");
+    let args = agent["args"].as_array_mut().expect("args");
+    let at = args.iter().position(|a| a == "--listen").expect("--listen in the template");
+    args[at + 1] = listen.into();
+    // The test node's containerd does not serve /run/containerd/containerd.sock: its socket is in
+    // the harness's private directory. Pointed at with --cri-socket, and that DIRECTORY mounted
+    // at the same path below (as the template mounts /run/containerd, for the same reason).
+    let socket = kube.containerd_socket();
+    let socket_dir = socket.parent().expect("socket directory");
+    args.push("--cri-socket".into());
+    args.push(socket.to_string_lossy().into_owned().into());
+    // API credentials: the test node's API server takes static tokens and runs without the
+    // ServiceAccount admission plugin (no signing key, no token controller), so the pod gets
+    // no service-account token and in-cluster credentials cannot work. The agent falls back to
+    // --kubeconfig: the admin's, mounted from the host (the template's serviceAccountName stays;
+    // nothing checks it here).
+    let kubeconfig = credentials.join("kubeconfig");
+    args.push("--kubeconfig".into());
+    args.push(kubeconfig.to_string_lossy().into_owned().into());
+    let ports = agent["ports"].as_array_mut().expect("ports");
+    let metrics = ports.iter_mut().find(|p| p["name"] == "metrics").expect("metrics port");
+    metrics["containerPort"] = port.into();
+    agent["volumeMounts"].as_array_mut().expect("volumeMounts").extend([
+        json!({"name": "test-cri", "mountPath": socket_dir, "readOnly": true, "mountPropagation": "HostToContainer"}),
+        json!({"name": "test-credentials", "mountPath": credentials, "readOnly": true}),
+    ]);
+    spec["volumes"].as_array_mut().expect("volumes").extend([
+        json!({"name": "test-cri", "hostPath": {"path": socket_dir, "type": "Directory"}}),
+        json!({"name": "test-credentials", "hostPath": {"path": credentials, "type": "Directory"}}),
+    ]);
+    // mountPropagation HostToContainer needs the source on a shared or slave mount, as on a
+    // systemd host (whose / is shared). A test machine whose / is private (a container, a plain
+    // init) makes the runtime refuse the container: there, and only there, the field goes.
+    let host_paths: Vec<(String, String)> = pod["spec"]["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .filter_map(|v| Some((v["name"].as_str()?.to_owned(), v["hostPath"]["path"].as_str()?.to_owned())))
+        .collect();
+    for mount in pod["spec"]["containers"][0]["volumeMounts"].as_array_mut().expect("volumeMounts") {
+        let Some((_, source)) = host_paths.iter().find(|(name, _)| mount["name"] == name.as_str()) else { continue };
+        if mount.get("mountPropagation").is_some() && !propagates(Path::new(source)) {
+            eprintln!("{source} is on a private mount here: its volume mount loses mountPropagation");
+            mount.as_object_mut().expect("mount").remove("mountPropagation");
+        }
+    }
+    pod
+}
+
+/// Whether the mount `path` is on (its nearest existing ancestor's, for a path still to be
+/// created) receives mount events from the host: shared or slave, per /proc/self/mountinfo.
+fn propagates(path: &Path) -> bool {
+    let existing = path.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    let path = existing.canonicalize().unwrap_or_else(|_| existing.to_owned());
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    // The deepest mount point above the path; of mounts stacked on one point, the last (the top).
+    let mut best: Option<(usize, bool)> = None;
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(point) = fields.get(4) else { continue };
+        if !path.starts_with(point) {
+            continue;
+        }
+        let optional = fields.iter().skip(6).take_while(|f| **f != "-");
+        let shared = optional.into_iter().any(|f| f.starts_with("shared:") || f.starts_with("master:"));
+        if best.is_none_or(|(depth, _)| point.len() >= depth) {
+            best = Some((point.len(), shared));
+        }
+    }
+    best.is_some_and(|(_, shared)| shared)
+}
+
+/// A copy of the node's admin kubeconfig and its CA in a directory of their own (the run
+/// directory also holds the node's keys and the kubelet's root): the kubeconfig names the CA
+/// by its path, which the pod sees at the same place.
+fn write_credentials(kube: &Kube) -> std::path::PathBuf {
+    let dir = kube.run_dir().join("agent-credentials");
+    std::fs::create_dir_all(&dir).expect("create credentials dir");
+    let ca = dir.join("ca.crt");
+    std::fs::copy(kube.ca_file(), &ca).expect("copy CA");
+    let text = std::fs::read_to_string(kube.kubeconfig()).expect("read kubeconfig");
+    let mut config: Value = serde_json::from_str(&text).expect("kubeconfig is JSON");
+    config["clusters"][0]["cluster"]["certificate-authority"] = ca.to_string_lossy().into_owned().into();
+    std::fs::write(dir.join("kubeconfig"), config.to_string()).expect("write kubeconfig");
+    dir
+}
+
+/// The agent's view of container `app` of pod `name`, once `done` holds (within `within`).
+fn wait_agent(addr: &str, name: &str, what: &str, within: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    let began = Instant::now();
+    loop {
+        let found = get(addr, "/api/v1/containers")
+            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+            .and_then(|v| v["containers"].as_array().cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c["pod"] == name && c["container"] == "app");
+        if let Some(c) = found.as_ref().filter(|c| done(c)) {
+            return c.clone();
+        }
+        assert!(began.elapsed() < within, "{name}: not {what} within {within:?}; last seen: {found:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The ids of the BPF programs loaded on the machine (BPF_PROG_GET_NEXT_ID), or `None` when the
+/// kernel refuses to list them.
+fn bpf_program_ids() -> Option<BTreeSet<u32>> {
+    const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
+    #[repr(C)]
+    struct NextId {
+        start_id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    let mut ids = BTreeSet::new();
+    let mut attr = NextId { start_id: 0, next_id: 0, open_flags: 0 };
+    loop {
+        // SAFETY: bpf(2) reads and writes `attr`, a live value of the size passed.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_GET_NEXT_ID,
+                &mut attr as *mut NextId,
+                std::mem::size_of::<NextId>() as libc::c_uint,
+            )
+        };
+        if rc != 0 {
+            let errno = std::io::Error::last_os_error().raw_os_error();
+            return (errno == Some(libc::ENOENT)).then_some(ids);
+        }
+        ids.insert(attr.next_id);
+        attr.start_id = attr.next_id;
+    }
+}
+
+/// Deletes the agent pod and waits until it is gone: the agent must exit on the kubelet's
+/// SIGTERM (detaching its programs) within the template's grace, not be SIGKILLed after it.
+fn delete_agent_pod(kube: &Kube) {
+    let pod = kube.pod(NAMESPACE, AGENT_POD).expect("get").expect("agent pod");
+    let status = kube::container_status(&pod, "agent").expect("agent status");
+    let id = status["containerID"].as_str().expect("containerID");
+    let id = id.rsplit_once("://").map_or(id, |(_, id)| id);
+    let exits = kube.watch_task_exits().expect("watch task exits");
+    let began = Instant::now();
+    kube.kubectl(&["delete", "pod", "-n", NAMESPACE, AGENT_POD, "--wait=false"]).expect("delete the agent pod");
+    let exit = exits.wait_for(id, Duration::from_secs(30)).expect("the agent exits");
+    let exited = exit.seen.duration_since(began);
+    kube.wait_pod_gone(NAMESPACE, AGENT_POD, Duration::from_secs(60)).expect("agent pod gone");
+    eprintln!(
+        "agent exited {exited:.1?} after the pod's deletion (status {}); pod gone after {:.1?}",
+        exit.exit_status,
+        began.elapsed()
+    );
+    assert_eq!(exit.exit_status, 0, "the agent exits on SIGTERM, in {exited:.1?}");
+}
+
+/// Deletes the agent pod before the node goes, even when an assertion failed; then removes the
+/// host directories its DirectoryOrCreate volumes created.
+struct AgentPod<'a> {
+    kube: &'a Kube,
+    created_dirs: Vec<&'static str>,
+}
+
+impl Drop for AgentPod<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.kube.kubectl(&["logs", "-n", NAMESPACE, AGENT_POD]).unwrap_or_default();
+            eprintln!("agent pod log:\n{log}");
+            let _ = self.kube.kubectl(&["delete", "pod", "-n", NAMESPACE, AGENT_POD, "--wait=false"]);
+            let _ = self.kube.wait_pod_gone(NAMESPACE, AGENT_POD, Duration::from_secs(30));
+        }
+        for dir in &self.created_dirs {
+            // Empty unless something else started using it meanwhile; then it stays.
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+#[test]
+fn the_daemonset_pod_template_runs_the_agent_on_the_node() {
+    let test = "the_daemonset_pod_template_runs_the_agent_on_the_node";
+    if let Some(reason) = kube::skip_reason() {
+        eprintln!("SKIP {test}: {reason}");
+        return;
+    }
+    kube::sweep_stale();
+    let began = Instant::now();
+    let Some(kube) = kube::start_or_skip(test) else { return };
+    eprintln!("node Ready in {:.1?}", began.elapsed());
+
+    let began = Instant::now();
+    let image = kube.import_agent_image(Path::new(AGENT)).expect("agent image");
+    eprintln!("agent image built and imported in {:.1?}", began.elapsed());
+
+    let objects = manifest_objects(&kube);
+    let namespace = objects.iter().find(|o| o["kind"] == "Namespace").expect("the manifest's Namespace");
+    assert_eq!(namespace["metadata"]["name"], NAMESPACE);
+    kube.apply(&namespace.to_string()).expect("create the namespace");
+    let daemonset = objects.iter().find(|o| o["kind"] == "DaemonSet").expect("the manifest's DaemonSet");
+    let template = &daemonset["spec"]["template"]["spec"];
+    assert_eq!((&template["hostPID"], &template["hostNetwork"]), (&true.into(), &true.into()));
+
+    let port = listen_port();
+    let addr = format!("127.0.0.1:{port}");
+    let credentials = write_credentials(&kube);
+    let manifest = agent_pod(&kube, daemonset, image, port, &credentials);
+    // The template's DirectoryOrCreate volumes create these on the host when missing.
+    let created_dirs = ["/run/containerd", "/var/run/crio"].into_iter().filter(|p| !Path::new(p).exists()).collect();
+    let programs_before = bpf_program_ids();
+    let began = Instant::now();
+    kube.apply(&manifest.to_string()).expect("create the agent pod");
+    let guard = AgentPod { kube: &kube, created_dirs };
+    kube.wait_pod_condition(NAMESPACE, AGENT_POD, "Ready", Duration::from_secs(60)).expect("agent pod Ready");
+    eprintln!("agent pod Ready (its readiness probe on :{port}) in {:.1?}", began.elapsed());
+
+    // The pod's own agent, reached on the host: hostNetwork.
+    let (code, metrics) = get(&addr, "/metrics").expect("metrics answer");
+    assert_eq!(code, 200);
+    for feature in ["process_exit", "kubernetes_api"] {
+        let line = format!("lifecycle_feature_enabled{{feature=\"{feature}\"}} 1");
+        assert!(metrics.contains(&line), "{line} in the pod's metrics:\n{metrics}");
+    }
+
+    let mut pod = kube.pod_manifest("stubborn", &["sh", "-c", IGNORE_TERM]);
+    pod["spec"]["terminationGracePeriodSeconds"] = 2.into();
+    kube.apply(&pod.to_string()).expect("create stubborn");
+    let began = Instant::now();
+    let seen = wait_agent(&addr, "stubborn", "running", Duration::from_secs(60), |c| c["state"]["state"] == "running");
+    eprintln!("the pod's agent saw stubborn running after {:.1?}", began.elapsed());
+    assert_eq!(seen["namespace"], "default", "{seen:#}");
+    kube.wait_pod_phase("default", "stubborn", "Running", Duration::from_secs(60)).expect("Running");
+
+    kube.kubectl(&["delete", "pod", "stubborn", "--wait=false"]).expect("delete");
+    let began = Instant::now();
+    let judged = wait_agent(&addr, "stubborn", "judged", Duration::from_secs(40), |c| !c["last_termination"].is_null());
+    eprintln!("stubborn judged {:.1?} after its deletion", began.elapsed());
+    let termination = &judged["last_termination"];
+    assert_eq!(termination["outcome"]["kind"], "sigkilled_after_grace", "{judged:#}");
+    assert_eq!(termination["grace_ns"].as_f64(), Some(2e9), "{judged:#}");
+    assert_eq!(termination["cause"], "deleted", "{judged:#}");
+    assert_eq!(termination["spec"], "api", "{judged:#}");
+
+    // Teardown: the agent pod before the node, so the agent detaches its programs on SIGTERM
+    // (the node's teardown would SIGKILL it with the sandbox).
+    let programs_running = bpf_program_ids();
+    delete_agent_pod(&kube);
+    drop(guard);
+    match (programs_before, programs_running) {
+        (Some(before), Some(running)) => {
+            let agents: BTreeSet<u32> = running.difference(&before).copied().collect();
+            assert!(!agents.is_empty(), "the pod's agent loaded programs");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let left: Vec<u32> = bpf_program_ids().unwrap_or_default().intersection(&agents).copied().collect();
+                if left.is_empty() {
+                    eprintln!("the agent's {} BPF programs are gone", agents.len());
+                    break;
+                }
+                assert!(Instant::now() < deadline, "BPF programs {left:?} outlived the agent pod");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        _ => eprintln!("BPF program ids cannot be listed here: not checking that the agent's are gone"),
+    }
+}
