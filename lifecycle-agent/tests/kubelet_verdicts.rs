@@ -222,3 +222,28 @@ fn agent_pods(agent: &Agent) -> Vec<Value> {
     let value: Value = serde_json::from_str(&body).expect("JSON");
     value["pods"].as_array().cloned().unwrap_or_default()
 }
+
+#[test]
+fn a_kubelet_restart_resets_the_back_off_and_the_agent_knows() {
+    let Some((mut kube, agent)) = start("a_kubelet_restart_resets_the_back_off_and_the_agent_knows") else { return };
+    apply(&kube, "crashloop", "sleep 0.5; exit 1", |_| {});
+    // The first restart is immediate; the second waits 10 s in the kubelet's back-off.
+    let first = wait_agent(&agent, "crashloop", "restarted once and ended again", Duration::from_secs(60), |c| {
+        c["restart_count"] == 1 && !c["last_backoff"].is_null() && c["state"]["state"] != "running"
+    });
+    assert_eq!(first["last_backoff"]["verdict"], "within_tolerance");
+    // While the back-off holds the next restart, the kubelet restarts: its back-off lived in
+    // memory only, so the new kubelet restarts the container at once.
+    wait_agent(&agent, "crashloop", "in CrashLoopBackOff", Duration::from_secs(30), |c| {
+        c["state"]["reason"] == "CrashLoopBackOff"
+    });
+    kube.restart_kubelet().expect("kubelet restarts");
+    let after = wait_agent(&agent, "crashloop", "restarted by the new kubelet", Duration::from_secs(60), |c| {
+        c["last_backoff"]["restart_number"].as_u64().is_some_and(|n| n >= 2)
+    });
+    let backoff = &after["last_backoff"];
+    assert_eq!(backoff["verdict"], "within_tolerance", "not too early: the kubelet's back-off was reset {after:#}");
+    assert_eq!(backoff["entry_reset"], true);
+    assert_eq!(backoff["after_kubelet_restart"], true, "{after:#}");
+    assert_eq!(backoff["expected_delay_ns"], 0);
+}

@@ -145,6 +145,10 @@ pub struct Observation {
     pub expected_delay_ns: u64,
     /// The back-off entry had expired (or the spec changed), so the restart was due at once.
     pub entry_reset: bool,
+    /// The kubelet restarted while the container waited: the new kubelet has no back-off entry
+    /// and restarts it at its first sync, however long its own start took, so the restart is
+    /// neither early nor late.
+    pub after_kubelet_restart: bool,
     pub verdict: Verdict,
 }
 
@@ -167,11 +171,21 @@ pub struct BackoffTracker {
     pending_finish: Option<u64>,
     spec_hash: Option<String>,
     restarts: u32,
+    /// When a kubelet last started (boot ns), while an instance waited to be restarted.
+    kubelet_restarted_at: Option<u64>,
 }
 
 impl BackoffTracker {
     pub fn new(policy: BackoffPolicy, tolerance: Tolerance) -> Self {
-        Self { policy, tolerance, entry: None, pending_finish: None, spec_hash: None, restarts: 0 }
+        Self {
+            policy,
+            tolerance,
+            entry: None,
+            pending_finish: None,
+            spec_hash: None,
+            restarts: 0,
+            kubelet_restarted_at: None,
+        }
     }
 
     pub fn policy(&self) -> &BackoffPolicy {
@@ -191,8 +205,9 @@ impl BackoffTracker {
     /// The kubelet restarted: its back-off lives in memory only (`flowcontrol.Backoff`), so the
     /// new kubelet has no entry and restarts the container at once when its back-off would still
     /// hold it. The next restart is judged against no back-off.
-    pub fn on_kubelet_restart(&mut self) {
+    pub fn on_kubelet_restart(&mut self, at: u64) {
         self.entry = None;
+        self.kubelet_restarted_at = Some(at);
     }
 
     /// An instance exited.
@@ -217,6 +232,8 @@ impl BackoffTracker {
             self.spec_hash = spec_hash;
         }
         let finished_at = self.pending_finish.take()?;
+        let after_kubelet_restart =
+            self.kubelet_restarted_at.take().is_some_and(|at| (finished_at..=started_at).contains(&at));
         let live_entry = self.live_entry(finished_at);
         let expected_delay_ns = live_entry.map_or(0, |entry| entry.backoff_ns);
         // flowcontrol Backoff.Next: a missing or expired entry restarts at `initial`, a live one
@@ -235,7 +252,12 @@ impl BackoffTracker {
             observed_delay_ns,
             expected_delay_ns,
             entry_reset: live_entry.is_none(),
-            verdict: self.tolerance.verdict(observed_delay_ns, expected_delay_ns),
+            after_kubelet_restart,
+            verdict: if after_kubelet_restart {
+                Verdict::WithinTolerance
+            } else {
+                self.tolerance.verdict(observed_delay_ns, expected_delay_ns)
+            },
         })
     }
 

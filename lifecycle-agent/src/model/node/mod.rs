@@ -220,7 +220,7 @@ impl NodeTracker {
             }
             Detail::Exec { parent_tgid, parent_cgroup_id, start_time_ns, comm, child_pid_namespace, .. } => {
                 if comm == KUBELET_COMM && !self.is_container_cgroup(event.cgroup_id) {
-                    self.on_kubelet_started();
+                    self.on_kubelet_started(event.time_ns);
                 }
                 if self.known_cgroup(event.cgroup_id) {
                     let exec = ExecFacts {
@@ -320,10 +320,10 @@ impl NodeTracker {
     }
 
     /// A kubelet process started on the host: every container's back-off starts over.
-    fn on_kubelet_started(&mut self) {
+    fn on_kubelet_started(&mut self, at: u64) {
         for unit in self.units.values_mut() {
             if matches!(unit.key, UnitKey::Container { .. }) {
-                unit.backoff.on_kubelet_restart();
+                unit.backoff.on_kubelet_restart(at);
             }
         }
     }

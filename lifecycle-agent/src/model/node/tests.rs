@@ -442,7 +442,7 @@ fn a_kubelet_restart_resets_the_back_off() {
     };
     let after_restart = run(true).expect("judged");
     assert_eq!((after_restart.expected_delay_ns, after_restart.verdict), (0, Verdict::WithinTolerance));
-    assert!(after_restart.entry_reset);
+    assert!(after_restart.entry_reset && after_restart.after_kubelet_restart);
     let without = run(false).expect("judged");
     assert_eq!((without.expected_delay_ns, without.verdict), (10 * SECOND, Verdict::TooEarly));
 }
