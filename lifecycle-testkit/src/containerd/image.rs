@@ -15,7 +15,21 @@ use super::{host::run, BUSYBOX, IMAGE};
 /// Builds an OCI image-layout tarball of busybox-static with its applet links.
 pub(super) fn build_image(dir: &Path) -> Result<PathBuf> {
     let rootfs = dir.join("rootfs");
-    for sub in ["bin", "sbin", "usr/bin", "usr/sbin", "dev", "proc", "sys", "tmp", "etc", "root", "run", "var"] {
+    busybox_rootfs(&rootfs, &[])?;
+    let config = serde_json::json!({
+        "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+        // The sandbox ("pause") container runs the image default: sleep until killed.
+        "Cmd": ["/bin/sleep", "infinity"],
+        "WorkingDir": "/",
+    });
+    pack_oci(dir, &rootfs, IMAGE, config)
+}
+
+/// A root filesystem of busybox-static with its applet links, root's passwd and group entries,
+/// and the usual top-level directories plus `extra_dirs`.
+pub(crate) fn busybox_rootfs(rootfs: &Path, extra_dirs: &[&str]) -> Result<()> {
+    let dirs = ["bin", "sbin", "usr/bin", "usr/sbin", "dev", "proc", "sys", "tmp", "etc", "root", "run", "var"];
+    for sub in dirs.iter().chain(extra_dirs) {
         fs::create_dir_all(rootfs.join(sub)).with_context(|| format!("create rootfs/{sub}"))?;
     }
     fs::copy(BUSYBOX, rootfs.join("bin/busybox")).context("copy busybox")?;
@@ -32,7 +46,12 @@ pub(super) fn build_image(dir: &Path) -> Result<PathBuf> {
     }
     fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").context("write passwd")?;
     fs::write(rootfs.join("etc/group"), "root:x:0:\n").context("write group")?;
+    Ok(())
+}
 
+/// Packs `rootfs` as a one-layer OCI image named `name` with the image config `config` (`Env`,
+/// `Cmd`, ...), as an image-layout tarball under `dir` for `ctr images import`.
+pub(crate) fn pack_oci(dir: &Path, rootfs: &Path, name: &str, config: serde_json::Value) -> Result<PathBuf> {
     let layout = dir.join("layout");
     let blobs = layout.join("blobs/sha256");
     fs::create_dir_all(&blobs).context("create blobs dir")?;
@@ -41,22 +60,16 @@ pub(super) fn build_image(dir: &Path) -> Result<PathBuf> {
         .args(["--create", "--sort=name", "--numeric-owner", "--owner=0", "--group=0", "--mtime=@0", "--file"])
         .arg(&layer)
         .arg("-C")
-        .arg(&rootfs)
+        .arg(rootfs)
         .arg("."))?;
     let (layer_digest, layer_size) = add_blob(&blobs, &fs::read(&layer).context("read layer")?)?;
-
-    let config = serde_json::json!({
+    let image_config = serde_json::json!({
         "architecture": oci_arch(),
         "os": "linux",
-        "config": {
-            "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
-            // The sandbox ("pause") container runs the image default: sleep until killed.
-            "Cmd": ["/bin/sleep", "infinity"],
-            "WorkingDir": "/",
-        },
+        "config": config,
         "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer_digest}")] },
     });
-    let (config_digest, config_size) = add_blob(&blobs, config.to_string().as_bytes())?;
+    let (config_digest, config_size) = add_blob(&blobs, image_config.to_string().as_bytes())?;
     let manifest = serde_json::json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -78,7 +91,7 @@ pub(super) fn build_image(dir: &Path) -> Result<PathBuf> {
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "digest": format!("sha256:{manifest_digest}"),
             "size": manifest_size,
-            "annotations": { "io.containerd.image.name": IMAGE },
+            "annotations": { "io.containerd.image.name": name },
         }],
     });
     fs::write(layout.join("index.json"), index.to_string()).context("write index.json")?;
@@ -89,6 +102,9 @@ pub(super) fn build_image(dir: &Path) -> Result<PathBuf> {
         "index.json",
         "blobs",
     ]))?;
+    // The layout's copies are in the tarball now.
+    let _ = fs::remove_dir_all(&layout);
+    let _ = fs::remove_file(&layer);
     Ok(tarball)
 }
 

@@ -36,7 +36,7 @@
 
 mod daemon;
 pub(crate) mod host;
-mod image;
+pub(crate) mod image;
 mod kubelet;
 mod pod;
 mod run_dir;
