@@ -17,6 +17,7 @@ use crate::{
     discovery::kube::watch::KubeSource,
     export::metrics::NAMESPACE,
     model::node::{NodeTracker, PodWarning},
+    probe::metrics::ProbeMetrics,
     ErrorChain,
 };
 
@@ -66,6 +67,7 @@ pub(super) fn register(registry: &Registry) -> Result<IntCounterVec, prometheus:
 pub(super) async fn event_loop(
     source: KubeSource,
     tracker: Arc<Mutex<NodeTracker>>,
+    probes: Arc<ProbeMetrics>,
     counts: IntCounterVec,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -78,7 +80,8 @@ pub(super) async fn event_loop(
             _ = ticker.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let warnings = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).take_warnings();
+        let mut warnings = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).take_warnings();
+        warnings.extend(probes.take_stall_warnings());
         for warning in warnings {
             if !limit.allow(&warning.pod_uid, Instant::now()) {
                 counts.with_label_values(&["rate_limited"]).inc();
@@ -103,7 +106,8 @@ fn event_for(warning: &PodWarning) -> (Event, ObjectReference) {
         kind: Some("Pod".into()),
         name: Some(warning.pod.clone()),
         namespace: Some(warning.namespace.clone()),
-        uid: Some(warning.pod_uid.clone()),
+        // A probe's warning knows the pod by name only; the name and namespace identify it.
+        uid: Some(warning.pod_uid.clone()).filter(|uid| !uid.is_empty()),
         field_path: Some(format!("spec.containers{{{}}}", warning.container)),
         ..ObjectReference::default()
     };

@@ -162,8 +162,13 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let probe_metrics = ProbeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let node_probes = Arc::new(NodeProbes::new(Some(probe_metrics.clone())));
     let sources = SourceFilter::new(&config.probe_allow_from);
-    let supervisor =
-        ProbeSupervisor::new(node_probes.clone(), probe_metrics, config.pod_probe_port, sources, shutdown.clone());
+    let supervisor = ProbeSupervisor::new(
+        node_probes.clone(),
+        probe_metrics.clone(),
+        config.pod_probe_port,
+        sources,
+        shutdown.clone(),
+    );
     tokio::spawn(supervisor.run(tracker.clone(), Duration::from_secs(1)));
 
     let metadata_wanted = Arc::new(Notify::new());
@@ -177,7 +182,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         tokio::spawn(kube::kill_loop(source.clone(), tracker.clone(), kube_metrics, shutdown.clone()));
         if config.events {
             let counts = events::register(metrics.registry()).map_err(MetricsError::from)?;
-            tokio::spawn(events::event_loop(source, tracker.clone(), counts, shutdown.clone()));
+            tokio::spawn(events::event_loop(source, tracker.clone(), probe_metrics, counts, shutdown.clone()));
         }
     }
     tokio::spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));

@@ -15,6 +15,8 @@ use std::{
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
+use crate::model::node::{PodWarning, WarningReason};
+
 use super::{check::Verdict, declaration::RefusalReason};
 use crate::export::metrics::NAMESPACE;
 
@@ -90,9 +92,39 @@ pub struct ProbeMetrics {
     last: Mutex<HashMap<(ProbeTarget, String), bool>>,
     /// (target, check label) left out by the per-pod cap, so each is counted once.
     dropped: Mutex<HashSet<(ProbeTarget, String)>>,
+    /// Accept stalls seen by tcp checks (a pass turning into a stall), for Kubernetes Events.
+    stalls: Mutex<Vec<PodWarning>>,
 }
 
+/// A tcp check's failure that means the application stopped accepting (not a closed listener).
+fn is_accept_stall(label: &str, reason: &str) -> bool {
+    label.starts_with("tcp") && (reason.contains("waiting unaccepted") || reason.contains("accept queue overflowed"))
+}
+
+/// Stall warnings kept until taken; beyond this the newest are dropped.
+const MAX_STALL_WARNINGS: usize = 256;
+
 impl ProbeMetrics {
+    /// Accept stalls noted since the last call (a declared tcp check that passed and now sees
+    /// connections waiting unaccepted, or an overflowed queue).
+    pub fn take_stall_warnings(&self) -> Vec<PodWarning> {
+        std::mem::take(&mut *self.stalls.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn note_stall(&self, target: &ProbeTarget, reason: &str) {
+        let mut stalls = self.stalls.lock().unwrap_or_else(|p| p.into_inner());
+        if stalls.len() < MAX_STALL_WARNINGS {
+            stalls.push(PodWarning {
+                namespace: target.namespace.clone(),
+                pod: target.pod.clone(),
+                pod_uid: String::new(),
+                container: target.container.clone(),
+                reason: WarningReason::AcceptStall,
+                note: reason.to_owned(),
+            });
+        }
+    }
+
     /// Creates the families and registers them into `registry`.
     pub fn register(registry: &Registry) -> Result<Arc<Self>, prometheus::Error> {
         let labels = ["namespace", "pod", "container", "check"];
@@ -152,6 +184,7 @@ impl ProbeMetrics {
         registry.register(Box::new(forbidden.clone()))?;
         registry.register(Box::new(series_dropped.clone()))?;
         Ok(Arc::new(Self {
+            stalls: Mutex::new(Vec::new()),
             result,
             transitions,
             requests,
@@ -195,6 +228,9 @@ impl ProbeMetrics {
         match previous {
             Some(before) if before != verdict.pass => {
                 self.transitions.with_label_values(&values).inc();
+                if before && is_accept_stall(label, &verdict.reason) {
+                    self.note_stall(target, &verdict.reason);
+                }
                 log::info!(
                     "probe {}/{}/{} {label}: {} -> {}: {}",
                     target.namespace,
@@ -288,6 +324,23 @@ mod tests {
         let mut out = Vec::new();
         prometheus::TextEncoder::new().encode(&registry.gather(), &mut out).expect("encode");
         String::from_utf8(out).expect("utf8")
+    }
+
+    #[test]
+    fn a_tcp_check_turning_to_a_stall_is_a_warning_once() {
+        let registry = Registry::new();
+        let metrics = ProbeMetrics::register(&registry).expect("register");
+        let target = ProbeTarget { namespace: "shop".into(), pod: "web-1".into(), container: "app".into() };
+        let stall = Verdict::fail("port 8080: 3 connections waiting unaccepted for 7.2s (stall limit 5s)");
+        metrics.record_result(&target, "tcp:8080", &Verdict::pass("ok"));
+        metrics.record_result(&target, "tcp:8080", &stall);
+        metrics.record_result(&target, "tcp:8080", &stall);
+        let warnings = metrics.take_stall_warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!((warnings[0].reason, warnings[0].pod.as_str()), (WarningReason::AcceptStall, "web-1"));
+        metrics.record_result(&target, "tcp:8080", &Verdict::pass("ok"));
+        metrics.record_result(&target, "tcp:8080", &Verdict::fail("listener on 8080 closed"));
+        assert!(metrics.take_stall_warnings().is_empty(), "a closed listener is not a stall");
     }
 
     #[test]

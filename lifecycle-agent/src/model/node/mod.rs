@@ -44,7 +44,7 @@ use crate::model::{
 pub use disagree::{Disagreement, DisagreementKind};
 pub use instance::SeedProcess;
 use instance::{ExecFacts, Instance, InstanceKind, ProcessEntry};
-pub use phase::{PodPhase, PodView};
+pub use phase::{PodConditions, PodPhase, PodView};
 pub use unit::{Judgement, PortStats, Unit, UnitCounters, UnitKey, UnitLabels};
 pub use view::{ContainerView, RunningContainer};
 pub use warning::{PodWarning, WarningReason};

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{NodeTracker, UnitKey};
+use super::{instance::InstanceKind, NodeTracker, UnitKey};
 use crate::model::container_state::ContainerState;
 
 /// `PodPhase` values.
@@ -32,6 +32,20 @@ pub struct PodView {
     /// Main containers running now, of all main containers seen.
     pub running_containers: usize,
     pub containers: usize,
+    /// The pod conditions the kernel can tell (readiness needs the probes' results, which the
+    /// kubelet keeps: `Ready`/`ContainersReady` are the API's).
+    pub conditions: PodConditions,
+}
+
+/// `PodReadyToStartContainers` and `Initialized`, from what ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PodConditions {
+    /// The sandbox (or any container of the pod) has a process running: the runtime set the
+    /// pod up (`PodReadyToStartContainers`).
+    pub ready_to_start_containers: bool,
+    /// Every init container seen (sidecars aside) completed with exit 0, or there is none
+    /// (`Initialized`).
+    pub initialized: bool,
 }
 
 /// One main container's part in the phase.
@@ -60,6 +74,15 @@ fn phase(parts: &[Part]) -> PodPhase {
 }
 
 impl NodeTracker {
+    /// Whether any cgroup of the pod (its sandbox's included) has a live init.
+    fn pod_has_process(&self, uid: &str) -> bool {
+        self.instances.values().any(|i| {
+            matches!(&i.kind, InstanceKind::Container { pod_uid, .. } if pod_uid == uid)
+                && i.init.is_some()
+                && i.exit.is_none()
+        })
+    }
+
     /// Every Kubernetes pod with a unit, with its phase at `now`.
     pub fn pods(&self, now: u64) -> Vec<PodView> {
         let mut pods: BTreeMap<&str, (PodView, Vec<Part>)> = BTreeMap::new();
@@ -74,9 +97,17 @@ impl NodeTracker {
                     api_phase: self.pods.get(pod_uid).and_then(|p| p.reported_phase.clone()),
                     running_containers: 0,
                     containers: 0,
+                    conditions: PodConditions {
+                        ready_to_start_containers: self.pod_has_process(pod_uid),
+                        initialized: true,
+                    },
                 };
                 (view, Vec::new())
             });
+            if unit.init_container && !unit.sidecar {
+                let completed = matches!(unit.state(), ContainerState::Terminated { exit_code: 0, .. });
+                entry.0.conditions.initialized &= completed;
+            }
             if unit.init_container || unit.sidecar {
                 continue;
             }

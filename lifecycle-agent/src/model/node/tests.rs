@@ -680,3 +680,27 @@ fn a_kill_notice_after_the_exit_names_the_cause_of_that_stop() {
     tracker.apply_kill_notice(notice(), 60 * SECOND);
     assert_eq!(tracker.kill_notices.len(), 1);
 }
+
+#[test]
+fn pods_show_their_phase_and_the_conditions_the_kernel_can_tell() {
+    let mut tracker = tracker_with_cri();
+    let mut init = meta(1, 30);
+    (init.container_name, init.kubelet.container_type) = ("migrate".into(), Some(ContainerType::Init));
+    tracker.set_metadata(vec![init, meta(2, 30)]);
+    let migrate = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND, 100, migrate, SHIM_CGROUP, "migrate"));
+    let pod = |tracker: &NodeTracker| tracker.pods(5 * SECOND).into_iter().next().expect("one pod");
+    let running_init = pod(&tracker);
+    assert!(running_init.conditions.ready_to_start_containers);
+    assert!(!running_init.conditions.initialized);
+    assert_eq!(running_init.phase, crate::model::node::PodPhase::Pending);
+    tracker.apply(&exit(2 * SECOND, 100, migrate, Some(0), None));
+    let app = container_cgroup(&mut tracker, 3 * SECOND, 2);
+    tracker.apply(&exec(3 * SECOND, 200, app, SHIM_CGROUP, "app"));
+    let running = pod(&tracker);
+    assert!(running.conditions.initialized && running.conditions.ready_to_start_containers);
+    assert_eq!(
+        (running.phase, running.running_containers, running.containers),
+        (crate::model::node::PodPhase::Running, 1, 1)
+    );
+}

@@ -19,6 +19,9 @@ pub enum WarningReason {
     BackOffDeviation,
     /// The kubelet's reported status disagrees with what the kernel saw.
     StatusDisagreement,
+    /// A declared tcp probe saw connections wait unaccepted past its limit (the app stopped
+    /// accepting while the kernel still completes handshakes, which a tcpSocket probe misses).
+    AcceptStall,
 }
 
 impl WarningReason {
@@ -28,6 +31,7 @@ impl WarningReason {
             WarningReason::GracePeriodExceeded => "GracePeriodExceeded",
             WarningReason::BackOffDeviation => "BackOffDeviation",
             WarningReason::StatusDisagreement => "StatusDisagreement",
+            WarningReason::AcceptStall => "AcceptStall",
         }
     }
 }
