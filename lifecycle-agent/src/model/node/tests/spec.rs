@@ -1,0 +1,239 @@
+//! The tracker with pod specs from the API: grace, restarts, causes, disagreements, phases and
+//! warnings.
+
+use super::*;
+
+fn pod_facts(
+    grace_s: u64,
+    restart_policy: crate::model::container_state::RestartPolicy,
+) -> crate::model::spec::PodFacts {
+    use crate::model::spec::{ContainerFacts, ContainerKind, PodFacts};
+    PodFacts {
+        uid: POD_UID.into(),
+        namespace: "shop".into(),
+        name: "web-1".into(),
+        restart_policy,
+        grace_ns: Some(grace_s * SECOND),
+        deletion_grace_ns: None,
+        disruption: None,
+        restarting_all_containers: false,
+        containers: vec![ContainerFacts {
+            name: "app".into(),
+            kind: ContainerKind::Regular,
+            restart: crate::model::container_state::RestartSpec {
+                pod_restart_policy: restart_policy,
+                ..Default::default()
+            },
+            stop_signal: None,
+            pre_stop: None,
+            liveness_grace_ns: Some(5 * SECOND),
+            startup_grace_ns: None,
+            http_probes: Vec::new(),
+        }],
+        reported_phase: Some("Running".into()),
+        reported: Vec::new(),
+    }
+}
+
+/// A running container of the pod above, with the API as its spec source.
+fn tracker_with_pod(pod: crate::model::spec::PodFacts) -> (NodeTracker, u64) {
+    let mut tracker = tracker_with_cri();
+    tracker.set_api_configured();
+    tracker.set_api_reachable(true);
+    tracker.apply_pod(pod);
+    tracker.set_metadata(vec![meta(1, 30)]);
+    let cg = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND, 100, cg, SHIM_CGROUP, "app"));
+    (tracker, cg)
+}
+
+#[test]
+fn a_deletion_shorter_than_the_spec_is_judged_with_the_deletions_grace() {
+    use crate::model::{
+        container_state::RestartPolicy,
+        spec::{SpecSource, StopCause},
+    };
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Always));
+    let mut deleted = pod_facts(30, RestartPolicy::Always);
+    deleted.deletion_grace_ns = Some(3 * SECOND);
+    tracker.apply_pod(deleted);
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(13 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(13 * SECOND + 1000, 100, cg, None, Some(9)));
+    let view = only_view(&tracker, 14 * SECOND);
+    let report = view.last_termination.expect("judged");
+    assert!(
+        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { grace_ns, killed_early: false, .. } if grace_ns == 3 * SECOND),
+        "the runtime's SIGKILL at 3 s is right, not early: {report:?}"
+    );
+    assert_eq!((report.cause, report.spec), (Some(StopCause::Deleted), SpecSource::Api));
+    assert!(!view.status.restart_expected, "a deleted pod expects no restart");
+}
+
+#[test]
+fn a_never_pod_that_exited_is_final() {
+    use crate::model::container_state::RestartPolicy;
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Never));
+    tracker.apply(&exit(2 * SECOND, 100, cg, Some(2), None));
+    let view = only_view(&tracker, 60 * SECOND);
+    assert!(!view.status.restart_expected);
+    assert!(
+        matches!(view.status.state, ContainerState::Terminated { reason: TerminatedReason::Error, exit_code: 2, .. }),
+        "no CrashLoopBackOff for a Never pod: {:?}",
+        view.status.state
+    );
+    assert_eq!(view.last_termination.expect("judged").cause, None, "nothing stopped it");
+}
+
+#[test]
+fn a_liveness_kill_uses_the_probes_grace_and_names_the_cause() {
+    use crate::model::{
+        container_state::RestartPolicy,
+        spec::{KillNotice, StopCause},
+    };
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Always));
+    tracker.apply_kill_notice(
+        KillNotice { pod_uid: POD_UID.into(), container: "app".into(), cause: StopCause::LivenessProbe },
+        9 * SECOND,
+    );
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(15 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(15 * SECOND + 1000, 100, cg, None, Some(9)));
+    let report = only_view(&tracker, 16 * SECOND).last_termination.expect("judged");
+    assert_eq!(report.cause, Some(StopCause::LivenessProbe));
+    assert!(
+        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { grace_ns, killed_early: false, .. } if grace_ns == 5 * SECOND),
+        "{report:?}"
+    );
+    let unit = tracker.units().next().expect("unit");
+    let counted: Vec<_> = unit.counters().terminations.keys().collect();
+    assert_eq!(
+        counted,
+        vec![&(crate::model::termination::OutcomeKind::SigkilledAfterGrace, Some(StopCause::LivenessProbe))]
+    );
+}
+
+#[test]
+fn verdicts_made_while_the_api_is_away_say_so() {
+    use crate::model::{
+        container_state::RestartPolicy,
+        spec::{SpecSource, StopCause},
+    };
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Always));
+    tracker.set_api_reachable(false);
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&exit(10 * SECOND + 1000, 100, cg, None, Some(15)));
+    let report = only_view(&tracker, 11 * SECOND).last_termination.expect("judged");
+    assert_eq!((report.spec, report.cause), (SpecSource::ApiUnreachable, Some(StopCause::RuntimeOrUnknown)));
+}
+
+#[test]
+fn sidecars_come_from_the_spec() {
+    use crate::model::{container_state::RestartPolicy, spec::ContainerKind};
+    let mut pod = pod_facts(30, RestartPolicy::Always);
+    pod.containers[0].kind = ContainerKind::Sidecar;
+    pod.containers[0].restart.is_init_container = true;
+    pod.containers[0].restart.container_restart_policy = Some(RestartPolicy::Always);
+    let (tracker, _) = tracker_with_pod(pod);
+    assert!(only_view(&tracker, 2 * SECOND).sidecar, "declared, not guessed from running beside a main container");
+}
+
+#[test]
+fn a_pid_1_oom_kill_the_kubelet_reports_as_error_is_a_disagreement() {
+    use crate::model::{
+        container_state::RestartPolicy,
+        spec::{ReportedContainer, ReportedState},
+    };
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Never));
+    let oom = Detail::OomVictim { victim_pid: 100, victim_tgid: 100, victim_cgroup_id: cg, victim_comm: "app".into() };
+    tracker.apply(&event(5 * SECOND, 1, 1, oom));
+    tracker.apply(&exit(5 * SECOND + 1000, 100, cg, None, Some(9)));
+    let mut reported = pod_facts(30, RestartPolicy::Never);
+    reported.reported = vec![ReportedContainer {
+        name: "app".into(),
+        restart_count: 0,
+        state: Some(ReportedState::Terminated {
+            reason: "Error".into(),
+            exit_code: 137,
+            signal: None,
+            container_id: Some(container_id(1)),
+        }),
+        ..ReportedContainer::default()
+    }];
+    tracker.apply_pod(reported.clone());
+    tracker.apply_pod(reported);
+    let view = only_view(&tracker, 6 * SECOND);
+    assert!(matches!(view.status.state, ContainerState::Terminated { reason: TerminatedReason::OomKilled, .. }));
+    let kinds: Vec<_> = view.disagreements.iter().map(|d| (d.kind, d.kubelet.as_str(), d.kernel.as_str())).collect();
+    assert_eq!(kinds, vec![(DisagreementKind::OomNotReported, "Error (137)", "OOMKilled (137)")]);
+    let unit = tracker.units().next().expect("unit");
+    assert_eq!(unit.counters().disagreements.get(&DisagreementKind::OomNotReported), Some(&1), "counted once");
+}
+
+#[test]
+fn a_sigkill_after_grace_is_a_warning_for_the_pod() {
+    use crate::model::container_state::RestartPolicy;
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(2, RestartPolicy::Always));
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(12 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(12 * SECOND + 1000, 100, cg, None, Some(9)));
+    let warnings = tracker.take_warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let warning = &warnings[0];
+    assert_eq!(
+        (warning.reason, warning.pod.as_str(), warning.container.as_str()),
+        (WarningReason::GracePeriodExceeded, "web-1", "app")
+    );
+    assert!(warning.note.contains("2s grace period"), "{}", warning.note);
+    assert!(tracker.take_warnings().is_empty(), "taken once");
+}
+
+#[test]
+fn a_kill_notice_after_the_exit_names_the_cause_of_that_stop() {
+    use crate::model::{
+        container_state::RestartPolicy,
+        spec::{KillNotice, StopCause},
+    };
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Always));
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&exit(10 * SECOND + 1000, 100, cg, None, Some(15)));
+    let notice = || KillNotice { pod_uid: POD_UID.into(), container: "app".into(), cause: StopCause::LivenessProbe };
+    tracker.apply_kill_notice(notice(), 10 * SECOND + 300_000_000);
+    let report = only_view(&tracker, 11 * SECOND).last_termination.expect("judged");
+    assert_eq!(report.cause, Some(StopCause::LivenessProbe));
+    let unit = tracker.units().next().expect("unit");
+    let causes: Vec<_> = unit.counters().terminations.keys().map(|(_, cause)| *cause).collect();
+    assert_eq!(causes, vec![Some(StopCause::LivenessProbe)], "counted under the right cause only");
+    // Much later, a notice is for the next stop, not this one.
+    tracker.apply_kill_notice(notice(), 60 * SECOND);
+    assert_eq!(tracker.kill_notices.len(), 1);
+}
+
+#[test]
+fn pods_show_their_phase_and_the_conditions_the_kernel_can_tell() {
+    let mut tracker = tracker_with_cri();
+    let mut init = meta(1, 30);
+    (init.container_name, init.kubelet.container_type) = ("migrate".into(), Some(ContainerType::Init));
+    tracker.set_metadata(vec![init, meta(2, 30)]);
+    let migrate = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND, 100, migrate, SHIM_CGROUP, "migrate"));
+    let pod = |tracker: &NodeTracker| tracker.pods(5 * SECOND).into_iter().next().expect("one pod");
+    let running_init = pod(&tracker);
+    assert!(running_init.conditions.ready_to_start_containers);
+    assert!(!running_init.conditions.initialized);
+    assert_eq!(running_init.phase, crate::model::node::PodPhase::Pending);
+    tracker.apply(&exit(2 * SECOND, 100, migrate, Some(0), None));
+    let app = container_cgroup(&mut tracker, 3 * SECOND, 2);
+    tracker.apply(&exec(3 * SECOND, 200, app, SHIM_CGROUP, "app"));
+    let running = pod(&tracker);
+    assert!(running.conditions.initialized && running.conditions.ready_to_start_containers);
+    assert_eq!(
+        (running.phase, running.running_containers, running.containers),
+        (crate::model::node::PodPhase::Running, 1, 1)
+    );
+}
