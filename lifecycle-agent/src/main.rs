@@ -133,16 +133,31 @@ struct SensorArgs {
     /// Where tracefs is, or is mounted when missing.
     #[arg(long, default_value = "/sys/kernel/tracing")]
     tracefs: PathBuf,
-    /// Ring buffer size in bytes (a power of two, a multiple of the page size).
+    /// Ring buffer size in bytes (a power of two, a multiple of the page size, well above
+    /// --wakeup-bytes). What arrives between the kernel's wake-up and the agent's read must fit:
+    /// on 2 vCPUs, 1 MiB lost no record with 4 processes sending ~650,000 recorded signals/s
+    /// (~75 MB/s) and 512 KiB lost 0.4 %; the default is twice the loss-free size. A full ring
+    /// loses records, never counts (lifecycle_events_lost_total). Costs twice its size in RSS:
+    /// the kernel maps its pages twice.
     #[arg(long, default_value_t = lifecycle_common::defaults::RING_BYTES)]
     ring_bytes: u32,
-    /// Bytes waiting in the ring before the kernel wakes the agent.
+    /// Bytes waiting in the ring before the kernel wakes the agent (below that, the next poll
+    /// reads them). Waking per record cost +12-22 % on a fork/exec/exit loop; 256 KiB (~2,500
+    /// records) is one wake-up per batch on a busy node and leaves most of the ring for what
+    /// arrives before the agent runs. Container-ending exits wake it at once regardless.
     #[arg(long, default_value_t = 256 * 1024)]
     wakeup_bytes: u64,
-    /// How often the agent drains the ring when the kernel has not woken it, in milliseconds.
+    /// How often the agent drains the ring when the kernel has not woken it, in milliseconds:
+    /// the most an ordinary record waits on a quiet node. 5 ms cost +3 % CPU on a fork/exec/exit
+    /// loop and 0.9 % of a CPU idle; 50 ms +1.4-2.0 % and 0.4 % (BENCHMARKS.md, overhead).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1000))]
     poll_ms: u64,
-    /// Capacity of the per-cgroup counters map.
+    /// Capacity of the per-cgroup counters map: one entry per cgroup that ran, signalled or
+    /// listened since it was created, freed when it is removed. 1,000 containers used 1,001
+    /// entries (xtask/x.sh bench memory): the default is four times that. Each entry costs ~400
+    /// bytes of kernel memory, charged to the agent's memory cgroup. When full, new cgroups'
+    /// counts are lost (lifecycle_kernel_map_full_total; lifecycle_kernel_map_entries shows use
+    /// and capacity).
     #[arg(long, default_value_t = lifecycle_common::defaults::COUNTER_ENTRIES)]
     counter_entries: u32,
     /// Kernel features not to attach. Repeatable.

@@ -290,6 +290,7 @@ impl Sensor {
             return Err(SensorError::BadRingSize(config.ring_bytes));
         }
         let settings = ProgramSettings { wakeup_bytes: config.wakeup_bytes, agent_tgid: config.ignore_tgid, _pad: 0 };
+        pin_malloc_thresholds();
         // The kernel's BTF is only needed while loading: the offsets, which tracepoints exist, and
         // for aya the type ids tp_btf programs attach to. Read the file once, and let every parse
         // of it go before the agent settles (see `release_load_memory`).
@@ -454,13 +455,30 @@ fn ensure_tracefs(path: &Path) -> Result<(), TracefsError> {
     Ok(())
 }
 
+/// Keeps glibc's thresholds at its defaults (128 KiB) for the life of the process.
+///
+/// glibc serves an allocation of at least the mmap threshold with its own mapping, returned to
+/// the kernel when freed, but it raises that threshold to the size of every such block freed (up
+/// to 32 MiB), and the trim threshold with it. Loading frees multi-megabyte buffers (the BTF
+/// file, its parses), which would leave every later large buffer (a /metrics body or an API
+/// answer for 1,000 containers, ~1 MB each) in the heap, resident after it is freed. Setting the
+/// thresholds explicitly turns that adjustment off.
+fn pin_malloc_thresholds() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes glibc's tuning parameters; it has no preconditions.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 * 1024);
+    }
+}
+
 /// Hands the memory that only loading needed back to the system.
 ///
 /// Loading parses the kernel's BTF (5-6 MB of file) into tens of thousands of small heap
-/// allocations, twice (aya's loader always parses it, and the attach ids need a parse that lives
-/// until the last program is attached), plus the object's own sections. All of it is freed by
-/// then, but glibc keeps freed heap pages resident: measured on a 6.18 kernel, 28 MB of a 48 MB
-/// idle RSS was such free heap. `malloc_trim(0)` returns every whole free page to the kernel.
+/// allocations (aya's parse, which lives until the last program is attached), plus the object's
+/// own sections. All of it is freed by then, but glibc keeps freed heap pages resident: measured
+/// on a 6.18 kernel, 28 MB of a 48 MB idle RSS was such free heap. `malloc_trim(0)` returns every
+/// whole free page to the kernel.
 fn release_load_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks glibc's own arenas; it has no preconditions.
