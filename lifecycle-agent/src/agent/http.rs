@@ -7,7 +7,13 @@ use std::{convert::Infallible, net::SocketAddr, sync::Arc};
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::{body::Incoming, header, server::conn::http1, service::service_fn, Method, Request, Response, StatusCode};
+use hyper::{
+    body::{Body as _, Incoming},
+    header,
+    server::conn::http1,
+    service::service_fn,
+    Method, Request, Response, StatusCode,
+};
 use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::watch};
 
@@ -61,12 +67,34 @@ pub async fn serve(listener: TcpListener, routes: Arc<Routes>, mut shutdown: wat
         tokio::spawn(async move {
             let service = service_fn(move |request| {
                 let routes = Arc::clone(&routes);
-                async move { Ok::<_, Infallible>(route(&routes, &request)) }
+                async move {
+                    let response = route(&routes, &request);
+                    if response.body().size_hint().exact().is_some_and(|len| len >= TRIM_AFTER_BYTES) {
+                        // Off the async workers: the answer is sent meanwhile.
+                        drop(tokio::task::spawn_blocking(release_free_memory));
+                    }
+                    Ok::<_, Infallible>(response)
+                }
             });
             if let Err(err) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
                 log::debug!("HTTP connection ended with an error: {err}");
             }
         });
+    }
+}
+
+/// Answers at least this large (/metrics, or the API, for a few hundred containers) leave about
+/// as much freed heap behind as they are long: the per-container pieces they were built from.
+const TRIM_AFTER_BYTES: u64 = 64 * 1024;
+
+/// Returns freed heap pages to the kernel. glibc keeps freed memory in the middle of its heap
+/// resident: with 1,000 containers, ten scrapes and API reads left ~7 MB of it (14.6 MB of
+/// anonymous memory, 7.4 MB after a trim; xtask/x.sh bench memory). A trim takes ~0.1-0.5 ms.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own arenas (taking their locks); no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
