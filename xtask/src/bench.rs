@@ -14,6 +14,9 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::{cargo, packages, shell, workspace_root};
 
+#[path = "bench_memory.rs"]
+mod memory;
+
 #[derive(Clone, Debug, clap::Subcommand)]
 pub enum Bench {
     /// Cost of the agent on fork/exec/exit, signal and accept loops, against no tracing and
@@ -45,6 +48,20 @@ pub enum Bench {
         #[arg(long, default_value_t = 500)]
         count: usize,
     },
+    /// The agent's resident memory idle and while it tracks N units (real cgroups, each with a
+    /// process), without Kubernetes credentials; `--baseline` measures another agent binary (e.g.
+    /// an older commit's build) in the same run.
+    Memory {
+        /// Container cgroups to create, one process each.
+        #[arg(long, default_value_t = 1000)]
+        units: usize,
+        /// Rounds (each measures every agent once, alternating the order).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Another lifecycle-agent binary to measure beside this tree's release build.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+    },
     /// /metrics of an agent tracking many containers: scrape time and body size.
     Scrape {
         #[arg(long, default_value_t = 1000)]
@@ -65,6 +82,7 @@ pub fn run(which: Bench) -> Result<()> {
             packages::ensure(packages::TEST)?;
             crate::bench_probes::run(count)
         }
+        Bench::Memory { units, rounds, baseline } => memory::run(units, rounds, baseline),
         Bench::Scrape { containers, scrapes } => ignored_test(
             "bench_scrape",
             &[("LIFECYCLE_BENCH_CONTAINERS", containers.to_string()), ("LIFECYCLE_BENCH_SCRAPES", scrapes.to_string())],
