@@ -89,16 +89,20 @@ fn target(name: &str) -> ProbeTarget {
     ProbeTarget { namespace: "default".into(), pod: name.into(), container: "app".into() }
 }
 
-/// Hands the pod every TCP event of its netns, in order, until `done` holds.
+/// Hands the pod every TCP event of its netns since it was made, in order, until `done` holds
+/// (the kernel reuses netns inodes: earlier events of the same inode were another test's).
 struct Feeder {
     fed: usize,
 }
 
 impl Feeder {
     fn feed_until(&mut self, probe: &PodProbe, what: &str, done: impl Fn(&[Event]) -> bool) -> Vec<Event> {
-        let netns = probe.netns();
-        let events =
-            Hub::get().wait_for(what, |e| tcp_of(e).is_some_and(|(n, port)| n == netns && port == APP_PORT), done);
+        let (netns, since) = (probe.netns(), probe.created_ns());
+        let events = Hub::get().wait_for(
+            what,
+            |e| e.time_ns >= since && tcp_of(e).is_some_and(|(n, port)| n == netns && port == APP_PORT),
+            done,
+        );
         for event in &events[self.fed..] {
             assert!(probe.on_event(event));
         }

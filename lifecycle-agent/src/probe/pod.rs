@@ -43,6 +43,9 @@ pub struct PodProbe {
     metrics: Option<Arc<ProbeMetrics>>,
     /// Listener source in the pod's netns; None falls back to `/proc/<pid>/net/tcp.`
     diag: Option<SockDiag>,
+    /// When the probe was made (boot ns). Older events belong to whoever had this netns inode
+    /// or pid before (the kernel reuses both); the first refresh saw everything until then.
+    created_ns: u64,
     state: Mutex<PodState>,
 }
 
@@ -85,7 +88,8 @@ impl PodProbe {
                 None
             }
         };
-        let probe = Self { target, netns, main_pid, metrics, diag, state: Mutex::new(PodState::default()) };
+        let created_ns = boottime_ns();
+        let probe = Self { target, netns, main_pid, metrics, diag, created_ns, state: Mutex::new(PodState::default()) };
         probe.refresh(boottime_ns())?;
         Ok(probe)
     }
@@ -97,6 +101,11 @@ impl PodProbe {
     /// Inode of the pod's network namespace (the `netns` of the kernel's TCP events).
     pub fn netns(&self) -> u32 {
         self.netns
+    }
+
+    /// When the probe was made (boot ns): events before it are not its netns's (see `on_event`).
+    pub fn created_ns(&self) -> u64 {
+        self.created_ns
     }
 
     pub fn main_pid(&self) -> u32 {
@@ -112,6 +121,9 @@ impl PodProbe {
     /// `lifecycle_probe_result` series at once, not at the next request.
     pub fn on_event(&self, event: &Event) -> bool {
         let t = event.time_ns;
+        if t < self.created_ns {
+            return false;
+        }
         let mut state = self.lock();
         match &event.detail {
             Detail::TcpListen(tcp)
