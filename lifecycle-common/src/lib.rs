@@ -308,20 +308,21 @@ pub const fn signal_default_ends_or_stops(signal: u32) -> bool {
 /// Whether the kernel programs send a ring record for a signal (SIGCHLD aside: never recorded,
 /// the exit record says it all). Only these reach the agent's termination judge; the rest are
 /// counted per cgroup and number. Recorded: a signal from outside the target's cgroup (runtime,
-/// kubelet, another container or host process), one to a pid namespace's init (a container's
-/// PID 1), one of [`signal_always_recorded`], and one whose default action ends or stops the
-/// target while the target has no handler installed (it is about to die or stop of it). Left
-/// out: what a container does to itself without consequence (handled or ignored signals, timer
-/// and profiling ticks, Go's SIGURG preemption, a JVM's handled SIGSEGV), which the termination
-/// verdicts never use: they only weigh signals to the init from outside the container.
+/// kubelet, another container or host process), another process's signal to a pid namespace's
+/// init (a container's PID 1), one of [`signal_always_recorded`], and one whose default action
+/// ends or stops the target while the target has no handler installed (it is about to die or
+/// stop of it). Left out: what a container does to itself without consequence (handled or
+/// ignored signals, timer and profiling ticks, Go's SIGURG preemption, also by a Go PID 1 of its
+/// own threads, a JVM's handled SIGSEGV), which the termination verdicts never use: they only
+/// weigh signals to the init from outside the container.
 pub const fn signal_is_recorded(
     signal: u32,
     from_outside: bool,
-    to_namespace_init: bool,
+    to_other_process_namespace_init: bool,
     default_handler: bool,
 ) -> bool {
     from_outside
-        || to_namespace_init
+        || to_other_process_namespace_init
         || signal_always_recorded(signal)
         || (default_handler && signal_default_ends_or_stops(signal))
 }
