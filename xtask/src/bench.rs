@@ -33,6 +33,13 @@ pub enum Bench {
         /// Delivery-latency samples per poll interval (0 skips the latency phase).
         #[arg(long, default_value_t = 40)]
         latency_samples: usize,
+        /// Workloads to run, comma-separated: exit, signal, accept (default: all three).
+        #[arg(long, value_delimiter = ',', value_parser = ["exit", "signal", "accept"])]
+        workloads: Vec<String>,
+        /// Another lifecycle-agent binary (e.g. an older commit's build), run as a condition of its
+        /// own beside this tree's at each poll interval: before/after in the same run.
+        #[arg(long)]
+        baseline_agent: Option<PathBuf>,
     },
     /// From a container's exit (kernel timestamp) to the state change in /api/v1/containers,
     /// beside the runtime's own notice (CRI ContainerStatus), on a real containerd.
@@ -73,7 +80,11 @@ pub enum Bench {
 
 pub fn run(which: Bench) -> Result<()> {
     match which {
-        Bench::Overhead { rounds, poll_ms, latency_samples } => overhead(rounds, &poll_ms, latency_samples),
+        Bench::Overhead { rounds, poll_ms, latency_samples, workloads, baseline_agent } => {
+            let workloads: Vec<&Workload> =
+                WORKLOADS.iter().filter(|w| workloads.is_empty() || workloads.iter().any(|k| k == w.key)).collect();
+            overhead(rounds, &poll_ms, latency_samples, &workloads, baseline_agent.as_deref())
+        }
         Bench::Latency { exits } => {
             packages::ensure(packages::TEST)?;
             ignored_test("bench_latency", &[("LIFECYCLE_BENCH_EXITS", exits.to_string())])
@@ -103,6 +114,8 @@ fn ignored_test(name: &str, env: &[(&str, String)]) -> Result<()> {
 
 /// A workload: a command whose wall time is measured.
 struct Workload {
+    /// What `--workloads` calls it.
+    key: &'static str,
     name: &'static str,
     program: &'static str,
     args: &'static [&'static str],
@@ -112,11 +125,13 @@ const PYTHON: &str = "/usr/bin/python3";
 
 const WORKLOADS: &[Workload] = &[
     Workload {
+        key: "exit",
         name: "exit loop (2000 x fork/exec/exit /bin/true)",
         program: "/bin/sh",
         args: &["-c", "i=0; while [ $i -lt 2000 ]; do /bin/true; i=$((i+1)); done"],
     },
     Workload {
+        key: "signal",
         name: "signal loop (200000 x SIGUSR1 to self)",
         program: PYTHON,
         args: &[
@@ -125,6 +140,7 @@ const WORKLOADS: &[Workload] = &[
         ],
     },
     Workload {
+        key: "accept",
         name: "accept loop (20000 x connect/accept/close on loopback)",
         program: PYTHON,
         args: &[
@@ -162,7 +178,11 @@ const SETTLE: Duration = Duration::from_millis(300);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Condition {
     Baseline,
-    Agent { poll_ms: u64 },
+    /// This tree's agent, or with `baseline` the `--baseline-agent` binary.
+    Agent {
+        poll_ms: u64,
+        baseline: bool,
+    },
     Bpftrace,
 }
 
@@ -170,8 +190,25 @@ impl Condition {
     fn name(self) -> String {
         match self {
             Condition::Baseline => "no tracing".into(),
-            Condition::Agent { poll_ms } => format!("lifecycle-agent --poll-ms {poll_ms}"),
+            Condition::Agent { poll_ms, baseline: false } => format!("lifecycle-agent --poll-ms {poll_ms}"),
+            Condition::Agent { poll_ms, baseline: true } => format!("baseline agent --poll-ms {poll_ms}"),
             Condition::Bpftrace => "bpftrace".into(),
+        }
+    }
+}
+
+/// The agent binaries a run compares.
+struct Agents<'a> {
+    this: &'a Path,
+    baseline: Option<&'a Path>,
+}
+
+impl Agents<'_> {
+    fn binary(&self, baseline: bool) -> Result<&Path> {
+        match (baseline, self.baseline) {
+            (false, _) => Ok(self.this),
+            (true, Some(path)) => Ok(path),
+            (true, None) => bail!("no --baseline-agent given"),
         }
     }
 }
@@ -335,14 +372,14 @@ fn free_port() -> Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-fn start(condition: Condition, agent: &Path, script: &Path) -> Result<Option<Tracer>> {
+fn start(condition: Condition, agents: &Agents<'_>, script: &Path) -> Result<Option<Tracer>> {
     match condition {
         Condition::Baseline => Ok(None),
-        Condition::Agent { poll_ms } => {
+        Condition::Agent { poll_ms, baseline } => {
             let addr = format!("127.0.0.1:{}", free_port()?);
             let mut tracer = Tracer::spawn(
                 condition.name(),
-                Command::new(agent)
+                Command::new(agents.binary(baseline)?)
                     .args(["run", "--listen", &addr, "--poll-ms", &poll_ms.to_string()])
                     .env("RUST_LOG", "warn")
                     .stdout(Stdio::null()),
@@ -480,13 +517,19 @@ struct Samples {
 
 /// One condition: start its tracer, run every workload once, stop it. Also says whether no
 /// foreign tracer was seen around any workload.
-fn run_condition(condition: Condition, agent: &Path, script: &Path, hz: f64) -> Result<(Vec<Samples>, bool)> {
-    let mut run = vec![Samples::default(); WORKLOADS.len()];
-    let tracer = start(condition, agent, script)?;
+fn run_condition(
+    condition: Condition,
+    workloads: &[&Workload],
+    agents: &Agents<'_>,
+    script: &Path,
+    hz: f64,
+) -> Result<(Vec<Samples>, bool)> {
+    let mut run = vec![Samples::default(); workloads.len()];
+    let tracer = start(condition, agents, script)?;
     std::thread::sleep(SETTLE);
     let own = tracer.as_ref().map(Tracer::pid);
     let mut clean = true;
-    for (slot, workload) in run.iter_mut().zip(WORKLOADS) {
+    for (slot, workload) in run.iter_mut().zip(workloads) {
         clean &= foreign_tracers(own).is_empty();
         let cpu_before = tracer.as_ref().map(Tracer::cpu_ticks).transpose()?;
         let (wall, cpu) = time(workload).with_context(|| format!("{} under {}", workload.name, condition.name()))?;
@@ -502,7 +545,13 @@ fn run_condition(condition: Condition, agent: &Path, script: &Path, hz: f64) -> 
     Ok((run, clean))
 }
 
-fn overhead(rounds: usize, poll_ms: &[u64], latency_samples: usize) -> Result<()> {
+fn overhead(
+    rounds: usize,
+    poll_ms: &[u64],
+    latency_samples: usize,
+    workloads: &[&Workload],
+    baseline_agent: Option<&Path>,
+) -> Result<()> {
     if rounds == 0 {
         bail!("--rounds must be at least 1");
     }
@@ -515,10 +564,16 @@ fn overhead(rounds: usize, poll_ms: &[u64], latency_samples: usize) -> Result<()
     let hz = clock_ticks_per_second();
 
     let mut conditions = vec![Condition::Baseline];
-    conditions.extend(poll_ms.iter().map(|&poll_ms| Condition::Agent { poll_ms }));
+    for &poll_ms in poll_ms {
+        if baseline_agent.is_some() {
+            conditions.push(Condition::Agent { poll_ms, baseline: true });
+        }
+        conditions.push(Condition::Agent { poll_ms, baseline: false });
+    }
     conditions.push(Condition::Bpftrace);
     // samples[condition][workload]
-    let mut samples = vec![vec![Samples::default(); WORKLOADS.len()]; conditions.len()];
+    let agents = Agents { this: &agent, baseline: baseline_agent };
+    let mut samples = vec![vec![Samples::default(); workloads.len()]; conditions.len()];
     let load_before = loadavg();
     let started = Instant::now();
     eprintln!("xtask: load average before: {load_before}");
@@ -534,7 +589,7 @@ fn overhead(rounds: usize, poll_ms: &[u64], latency_samples: usize) -> Result<()
             let run = loop {
                 attempt += 1;
                 wait_until_no_foreign_tracers(FOREIGN_WAIT);
-                let (run, clean) = run_condition(condition, &agent, &script.0, hz)?;
+                let (run, clean) = run_condition(condition, workloads, &agents, &script.0, hz)?;
                 if clean || attempt >= MAX_ATTEMPTS {
                     if !clean {
                         kept_dirty += 1;
@@ -581,7 +636,7 @@ fn overhead(rounds: usize, poll_ms: &[u64], latency_samples: usize) -> Result<()
          workload CPU vs none | tracer CPU (mean) | (workload + tracer) CPU vs none |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    for (w, workload) in WORKLOADS.iter().enumerate() {
+    for (w, workload) in workloads.iter().enumerate() {
         let base_wall = median(&samples[0][w].wall_s);
         let base_cpu = median(&samples[0][w].cpu_s);
         for (c, condition) in conditions.iter().enumerate() {
@@ -631,8 +686,11 @@ fn overhead(rounds: usize, poll_ms: &[u64], latency_samples: usize) -> Result<()
         "\n{rounds} interleaved rounds, medians; workload CPU = user+system of the workload's \
          process tree (getrusage); tracer CPU = utime+stime of the tracer process (/proc/<pid>/stat) while the \
          workload ran (mean over rounds, {hz:.0} Hz ticks); load average before {load_before}, after {load_after}; {:.0} s\n\
-         command: xtask/x.sh bench overhead --rounds {rounds} --poll-ms {poll_list} --latency-samples {latency_samples}",
-        started.elapsed().as_secs_f64()
+         command: xtask/x.sh bench overhead --rounds {rounds} --poll-ms {poll_list} --latency-samples {latency_samples} \
+         --workloads {}{}",
+        started.elapsed().as_secs_f64(),
+        workloads.iter().map(|w| w.key).collect::<Vec<_>>().join(","),
+        baseline_agent.map(|path| format!(" --baseline-agent {}", path.display())).unwrap_or_default(),
     );
     Ok(())
 }
