@@ -171,6 +171,16 @@ fn node_sources() -> SourceFilter {
 
 /// One GET on a fresh connection from this (the host's) namespace, as the kubelet sends it:
 /// (status, body), or None when the connection was closed without an answer.
+/// Waits until a TCP connection to `addr` over a fresh veth goes through (its first SYNs can be
+/// dropped until the link's carrier is up). A bare connection sends no request, so with
+/// TCP_DEFER_ACCEPT the listener never even accepts it.
+fn wait_link_up(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(Instant::now() < deadline, "{addr} unreachable over the test link");
+    }
+}
+
 fn kubelet_get(addr: SocketAddr, target: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
@@ -587,6 +597,7 @@ fn connections_from_inside_the_pod_are_refused() {
     assert!(sources.allows(IpAddr::V4(host)), "the host end of the link is a node address");
     let (server, counters) = listen_in(&netns, 9891, Arc::new(probe), sources);
     // The kubelet's way in: from the node's side of the link.
+    wait_link_up(SocketAddr::from((inside, 9891)));
     assert_eq!(kubelet_get(SocketAddr::from((inside, 9891)), "/probe/process"), Some((200, "ok\n".into())));
     // The pod itself, by loopback and by its own address: closed before a byte is read.
     for own in ["127.0.0.1".to_owned(), inside.to_string()] {
@@ -620,6 +631,7 @@ fn a_pod_listener_routes_each_request_to_the_one_container_that_declared_it() {
     let (_host, inside) = netns.link_to_host();
     let router = Arc::new(PodRouter::new(probes, "default", "routed"));
     let (server, _) = listen_in(&netns, 9891, router, node_sources());
+    wait_link_up(SocketAddr::from((inside, 9891)));
     let get = |target: &str| kubelet_get(SocketAddr::from((inside, 9891)), target);
     let forbidden = Some((403, "forbidden\n".to_owned()));
     // Named, or declared by exactly one container: answered.
