@@ -135,10 +135,10 @@ struct SensorArgs {
     tracefs: PathBuf,
     /// Ring buffer size in bytes (a power of two, a multiple of the page size, well above
     /// --wakeup-bytes). What arrives between the kernel's wake-up and the agent's read must fit:
-    /// on 2 vCPUs, 1 MiB lost no record with 4 processes sending ~650,000 recorded signals/s
-    /// (~75 MB/s) and 512 KiB lost 0.4 %; the default is twice the loss-free size. A full ring
-    /// loses records, never counts (lifecycle_events_lost_total). Costs twice its size in RSS:
-    /// the kernel maps its pages twice.
+    /// on 2 vCPUs, with 4 processes sending 500,000-650,000 recorded signals/s (~70 MB/s),
+    /// 1 MiB lost no record and 512 KiB up to 0.6 % (xtask/x.sh bench ring); the default is
+    /// twice the loss-free size. A full ring loses records, never counts
+    /// (lifecycle_events_lost_total). Costs twice its size in RSS: the kernel maps it twice.
     #[arg(long, default_value_t = lifecycle_common::defaults::RING_BYTES)]
     ring_bytes: u32,
     /// Bytes waiting in the ring before the kernel wakes the agent (below that, the next poll

@@ -437,8 +437,9 @@ pub mod names {
 /// and BENCHMARKS.md (memory).
 pub mod defaults {
     /// Ring buffer bytes (a power of two, a multiple of the page size). 1 MiB lost nothing at
-    /// ~650,000 records/s from 4 producers on 2 vCPUs, 512 KiB lost 0.4 %: twice the smallest
-    /// loss-free size. Costs twice its size in RSS (the data pages are mapped twice).
+    /// 500,000-650,000 records/s from 4 producers on 2 vCPUs, 512 KiB up to 0.6 % (`xtask/x.sh
+    /// bench ring`): twice the smallest loss-free size. Costs twice its size in RSS (the data
+    /// pages are mapped twice).
     pub const RING_BYTES: u32 = 2 * 1024 * 1024;
     /// Entries in the per-cgroup counters map: one per cgroup with activity, freed when the
     /// cgroup goes. 1,000 containers used 1,001 entries; ~400 bytes of kernel memory each.

@@ -16,6 +16,8 @@ use crate::{cargo, packages, shell, workspace_root};
 
 #[path = "bench_memory.rs"]
 mod memory;
+#[path = "bench_ring.rs"]
+mod ring;
 
 #[derive(Clone, Debug, clap::Subcommand)]
 pub enum Bench {
@@ -69,6 +71,22 @@ pub enum Bench {
         #[arg(long)]
         baseline: Option<PathBuf>,
     },
+    /// Records lost by ring buffers of several sizes under a storm of recorded signals (what
+    /// `--ring-bytes` is sized from).
+    Ring {
+        /// Ring sizes in bytes, comma-separated (powers of two, multiples of the page size).
+        #[arg(long, value_delimiter = ',', default_values_t = [524_288u32, 1_048_576, 2_097_152, 4_194_304])]
+        sizes: Vec<u32>,
+        /// Processes sending signals at once (more than the CPUs: the agent must compete).
+        #[arg(long, default_value_t = 4)]
+        producers: usize,
+        /// Recorded signals each producer sends.
+        #[arg(long, default_value_t = 300_000)]
+        signals: usize,
+        /// Rounds (each tries every size once, rotating the order).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// /metrics of an agent tracking many containers: scrape time and body size.
     Scrape {
         #[arg(long, default_value_t = 1000)]
@@ -94,6 +112,7 @@ pub fn run(which: Bench) -> Result<()> {
             crate::bench_probes::run(count)
         }
         Bench::Memory { units, rounds, baseline } => memory::run(units, rounds, baseline),
+        Bench::Ring { sizes, producers, signals, rounds } => ring::run(&sizes, producers, signals, rounds),
         Bench::Scrape { containers, scrapes } => ignored_test(
             "bench_scrape",
             &[("LIFECYCLE_BENCH_CONTAINERS", containers.to_string()), ("LIFECYCLE_BENCH_SCRAPES", scrapes.to_string())],
