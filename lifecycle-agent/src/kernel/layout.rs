@@ -7,9 +7,9 @@
 //!
 //! The file is read once and kept as raw bytes with one index (type id -> byte offset); the few
 //! dozen lookups the loader makes walk the raw records. A full parse into owned types (what
-//! general BTF libraries do) costs ~20 MB of heap for a 5 MB vmlinux BTF, all of it only needed
-//! for the few milliseconds of loading; the same bytes then feed aya's own parser (see
-//! [`KernelBtf::bytes`]), so the file is read once.
+//! general BTF libraries do) allocates every name and member of vmlinux's ~130,000 types, many
+//! MB of small heap blocks only needed while loading; the same bytes then feed aya's own
+//! parser (see [`KernelBtf::bytes`]), so the file is read once.
 
 use std::path::{Path, PathBuf};
 
@@ -79,7 +79,7 @@ struct TypeRecord {
     extra: usize,
 }
 
-/// Kernel BTF, read once and indexed (~30 ms and ~6 MB for vmlinux, freed after loading).
+/// Kernel BTF, read once and indexed: the file (5.5 MB for a 6.18 vmlinux) and 4 bytes per type.
 pub struct KernelBtf {
     data: Vec<u8>,
     /// Start and end of the string section in `data`.
