@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use lifecycle_testkit::{
-    agent::Agent,
+    agent::{get, Agent},
     kube::{self, container_status, Kube},
 };
 use serde_json::Value;
@@ -246,4 +246,61 @@ fn a_kubelet_restart_resets_the_back_off_and_the_agent_knows() {
     assert_eq!(backoff["entry_reset"], true);
     assert_eq!(backoff["after_kubelet_restart"], true, "{after:#}");
     assert_eq!(backoff["expected_delay_ns"], 0);
+}
+
+/// The default pod probe port (`--pod-probe-port`).
+const PROBE_PORT: u16 = 9891;
+
+#[test]
+fn the_kubelets_http_probes_are_answered_only_when_the_pod_spec_declares_them() {
+    let Some((kube, agent)) = start("the_kubelets_http_probes_are_answered_only_when_the_pod_spec_declares_them")
+    else {
+        return;
+    };
+    let readiness = |path: &str| serde_json::json!({"httpGet": {"path": path, "port": PROBE_PORT}, "periodSeconds": 1, "failureThreshold": 1});
+    // Declared by its own readiness probe, which the kubelet sends to the pod IP over the bridge.
+    let declared = readiness("/probe/process");
+    apply(&kube, "declared", TRAP_EXIT, |p| p["spec"]["containers"][0]["readinessProbe"] = declared);
+    // The file oracle, declared through the spec: refused at declaration, so never answered.
+    let oracle = readiness("/probe/file?path=/proc/1/environ&contains=PATH");
+    apply(&kube, "oracle", TRAP_EXIT, |p| p["spec"]["containers"][0]["readinessProbe"] = oracle);
+
+    let pod = kube.wait_pod_condition("default", "declared", "Ready", Duration::from_secs(60)).expect("Ready");
+    let ip = pod["status"]["podIP"].as_str().expect("pod IP").to_owned();
+    let addr = format!("{ip}:{PROBE_PORT}");
+    // From the node (an allowed source), as the kubelet: the declared check answers, nothing else.
+    assert_eq!(get(&addr, "/probe/process").map(|(code, _)| code), Some(200));
+    for undeclared in ["/probe/file?path=/etc/hostname", "/probe/tcp?port=1", "/probe/process?max_d_state=1s"] {
+        let (code, body) = get(&addr, undeclared).expect("answers");
+        assert_eq!((code, body.as_str()), (403, "forbidden\n"), "{undeclared}");
+    }
+    assert!(
+        !agent.metrics().contains("path=\"/etc/hostname\"") && !agent.metrics().contains("/etc/hostname"),
+        "no request-driven series"
+    );
+
+    // The kubelet probed the oracle and failed; the agent counted the refusal; it is not Ready.
+    kube.wait_pod("default", "oracle", "probed", Duration::from_secs(60), |_| {
+        kube.kubectl(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=oracle,reason=Unhealthy",
+            "-o",
+            "name",
+        ])
+        .is_ok_and(|names| !names.trim().is_empty())
+    })
+    .expect("the kubelet probes the oracle");
+    let oracle = kube.pod("default", "oracle").expect("get").expect("exists");
+    assert!(!kube::condition_is_true(&oracle, "Ready"), "{:#}", oracle["status"]);
+    let refused = metric(&agent.metrics(), "lifecycle_probe_declarations_refused_total{reason=\"forbidden_path\"}");
+    assert!(refused >= 1.0, "the oracle's declaration is refused and counted ({refused})");
+}
+
+/// The value of the sample `series` (name with labels, exactly as exported).
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sample {series}"))
 }

@@ -3,9 +3,9 @@
 //! A pod lists its probe paths in the `lifecycle.dev/probes` annotation
 //! ([`crate::model::metadata::keys::PROBE_DECLARATION`]), one per line, exactly as the kubelet will
 //! request them (`/probe/tcp?port=8080&stall=5s`, `/probe/file?path=/tmp/healthy&container=app`).
-//! Every entry goes through [`Declaration::add`], the one way in: a later source (the `httpGet`
-//! paths of a pod spec's probes that target the probe port, from the Kubernetes API) feeds the
-//! same function, naming the container whose probe it is.
+//! Every entry goes through [`Declaration::add`], the one way in: the other source, the `httpGet`
+//! paths of a pod spec's probes that target the probe port (from the Kubernetes API), feeds the
+//! same function, naming the container whose probe it is (`probe::supervisor`).
 //!
 //! A request is answered only when [`parse_request`] of it gives a (container, check) that equals
 //! a declared one: the same parser reads both sides, so equal means "the same check", whatever

@@ -5,7 +5,9 @@
 //! probe and no listener. Host-network pods are served by the node endpoint
 //! (`/api/v1/probe/...`) instead.
 //!
-//! Each pod's declaration is parsed once per text it has: refused entries are logged then, once,
+//! A pod declares checks in its `lifecycle.dev/probes` annotation (from the CRI) and through the
+//! `httpGet` probes of its spec aimed at the probe port (from the Kubernetes API): the kubelet
+//! will send exactly those paths. Each pod's declaration is parsed once per text it has: refused entries are logged then, once,
 //! and counted. The node's addresses (the listeners' default source filter) are re-read on every
 //! reconciliation.
 //!
@@ -26,7 +28,7 @@ use crate::{
     model::node::{NodeTracker, RunningContainer},
     probe::{
         bind_in_netns,
-        declaration::{Declaration, RefusalReason},
+        declaration::{Declaration, Refusal, RefusalReason},
         listener::{ListenerLimits, ProbeListener},
         metrics::{ProbeMetrics, ProbeTarget},
         pod::DEFAULT_REFRESH,
@@ -51,10 +53,50 @@ struct Probed {
     stop: watch::Sender<bool>,
 }
 
-/// A pod's declaration, as parsed from its text.
+/// A pod's declaration, as parsed from its sources.
 struct PodDeclaration {
-    text: String,
+    sources: DeclarationSources,
     parsed: Declaration,
+}
+
+/// Where a pod's declared checks come from: its annotation's text, and the `httpGet` paths of
+/// its containers' probes aimed at the probe port (container name, path), in spec order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct DeclarationSources {
+    annotation: Option<String>,
+    spec: Vec<(String, String)>,
+}
+
+impl DeclarationSources {
+    fn of(container: &RunningContainer, probe_port: Option<u16>) -> Self {
+        let spec = match probe_port {
+            Some(port) => container
+                .spec_probes
+                .iter()
+                .filter(|(_, probe)| probe.port == port)
+                .map(|(name, probe)| (name.clone(), probe.path.clone()))
+                .collect(),
+            // Without per-pod listeners no kubelet probe reaches the agent through a pod spec.
+            None => Vec::new(),
+        };
+        Self { annotation: container.probe_declaration.clone(), spec }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.annotation.is_none() && self.spec.is_empty()
+    }
+
+    /// The annotation's entries first, then the spec's (each for its own container); the bound
+    /// on entries counts both.
+    fn parse(&self) -> (Declaration, Vec<Refusal>) {
+        let (mut declaration, mut refusals) = Declaration::from_annotation(self.annotation.as_deref().unwrap_or(""));
+        for (container, path) in &self.spec {
+            if let Err(refusal) = declaration.add(Some(container), path) {
+                refusals.push(refusal);
+            }
+        }
+        (declaration, refusals)
+    }
 }
 
 /// The supervisor's state across reconciliations.
@@ -103,14 +145,16 @@ impl ProbeSupervisor {
         }
         let running = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).running_containers();
         let mut seen = Vec::new();
-        for RunningContainer { labels, main_pid: pid, probe_declaration } in running {
+        for container in running {
+            let sources = DeclarationSources::of(&container, self.pod_port);
+            let RunningContainer { labels, main_pid: pid, .. } = container;
             let target = ProbeTarget {
                 namespace: labels.namespace.clone(),
                 pod: labels.pod.clone(),
                 container: labels.container.clone(),
             };
             seen.push(target.clone());
-            let declared = self.declared_checks(&target, probe_declaration.as_deref());
+            let declared = self.declared_checks(&target, sources);
             if let Some(known) = self.running.get_mut(&target).filter(|known| known.pid == pid) {
                 if known.declared != declared && !declared.is_empty() {
                     known.probe.declare(declared.clone());
@@ -170,13 +214,15 @@ impl ProbeSupervisor {
     }
 
     /// The checks `target`'s pod declared for it, parsing (and reporting on) the pod's
-    /// declaration the first time this text is seen.
-    fn declared_checks(&mut self, target: &ProbeTarget, text: Option<&str>) -> Vec<CheckSpec> {
-        // No text (not declared, or not known yet): nothing answers, and nothing cached changes.
-        let Some(text) = text else { return Vec::new() };
+    /// declaration the first time these sources are seen.
+    fn declared_checks(&mut self, target: &ProbeTarget, sources: DeclarationSources) -> Vec<CheckSpec> {
+        // Nothing declared, or not known yet: nothing answers, and nothing cached changes.
+        if sources.is_empty() {
+            return Vec::new();
+        }
         let pod = (target.namespace.clone(), target.pod.clone());
-        if self.declarations.get(&pod).is_none_or(|known| known.text != text) {
-            let (parsed, refusals) = Declaration::from_annotation(text);
+        if self.declarations.get(&pod).is_none_or(|known| known.sources != sources) {
+            let (parsed, refusals) = sources.parse();
             let mut too_many = 0;
             for refusal in &refusals {
                 self.metrics.record_refusal(refusal.reason);
@@ -193,7 +239,7 @@ impl ProbeSupervisor {
                     super::declaration::MAX_ENTRIES_PER_POD
                 );
             }
-            self.declarations.insert(pod.clone(), PodDeclaration { text: text.to_owned(), parsed });
+            self.declarations.insert(pod.clone(), PodDeclaration { sources, parsed });
         }
         self.declarations.get(&pod).map(|d| d.parsed.checks_for(&target.container)).unwrap_or_default()
     }
@@ -247,5 +293,61 @@ impl ProbeSupervisor {
                 _ = shutdown.changed() => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{node::UnitLabels, spec::HttpProbe};
+    use crate::probe::query::Query;
+
+    fn running(annotation: Option<&str>, spec: &[(&str, u16, &str)]) -> RunningContainer {
+        RunningContainer {
+            labels: UnitLabels { namespace: "ns".into(), pod: "p".into(), container: "app".into(), uid: "u".into() },
+            main_pid: 1,
+            probe_declaration: annotation.map(str::to_owned),
+            spec_probes: spec
+                .iter()
+                .map(|&(c, port, path)| (c.to_owned(), HttpProbe { port, path: path.to_owned() }))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn spec_probes_on_the_probe_port_declare_checks_for_their_own_container() {
+        let container = running(
+            None,
+            &[
+                ("app", 9891, "/probe/process"),
+                ("app", 8080, "/probe/tcp?port=1"),
+                ("side", 9891, "/probe/tcp?port=80"),
+            ],
+        );
+        let sources = DeclarationSources::of(&container, Some(9891));
+        assert_eq!(sources.spec.len(), 2, "the probe aimed at another port declares nothing");
+        let (declaration, refusals) = sources.parse();
+        assert!(refusals.is_empty());
+        assert_eq!(declaration.checks_for("app"), vec![CheckSpec::from_query("process", &Query::default()).unwrap()]);
+        assert_eq!(declaration.checks_for("side").len(), 1);
+        assert!(declaration.checks_for("other").is_empty(), "a spec probe speaks for its container only");
+        assert!(DeclarationSources::of(&container, None).is_empty(), "no pod listener, no spec declarations");
+    }
+
+    #[test]
+    fn spec_probes_go_through_the_same_refusals_and_bound_as_the_annotation() {
+        let annotation: String = (0..15).map(|p| format!("/probe/tcp?port={}\n", p + 1)).collect();
+        let container = running(
+            Some(&annotation),
+            &[
+                ("app", 9891, "/probe/file?path=/proc/1/environ&contains=x"),
+                ("app", 9891, "/healthz"),
+                ("app", 9891, "/probe/process"),
+            ],
+        );
+        let (declaration, refusals) = DeclarationSources::of(&container, Some(9891)).parse();
+        let reasons: Vec<RefusalReason> = refusals.iter().map(|r| r.reason).collect();
+        assert_eq!(reasons, [RefusalReason::ForbiddenPath, RefusalReason::TooMany, RefusalReason::TooMany]);
+        assert_eq!(declaration.checks_for("app").len(), 15);
     }
 }

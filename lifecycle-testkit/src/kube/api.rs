@@ -155,7 +155,7 @@ pub fn container_status<'a>(pod: &'a Value, container: &str) -> Option<&'a Value
 }
 
 /// Whether an object's `status.conditions` has `kind` with status "True".
-pub(super) fn condition_is_true(object: &Value, kind: &str) -> bool {
+pub fn condition_is_true(object: &Value, kind: &str) -> bool {
     object["status"]["conditions"]
         .as_array()
         .is_some_and(|conditions| conditions.iter().any(|c| c["type"] == kind && c["status"] == "True"))

@@ -49,7 +49,7 @@ use anyhow::{bail, Context, Result};
 
 pub use self::{
     agent_image::{AGENT_IMAGE, AGENT_PATH},
-    api::container_status,
+    api::{condition_is_true, container_status},
     machine::MachineState,
     task_exits::{TaskExit, TaskExits},
 };

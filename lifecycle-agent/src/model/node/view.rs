@@ -9,6 +9,7 @@ use super::{instance::InstanceKind, Disagreement, NodeTracker, PortStats, Unit, 
 use crate::model::{
     backoff::Observation,
     container_state::ContainerStatusSnapshot,
+    spec::HttpProbe,
     termination::{SidecarOrder, TerminationReport},
 };
 
@@ -43,6 +44,9 @@ pub struct RunningContainer {
     pub main_pid: u32,
     /// The pod's declared probes (raw annotation text; see `metadata::keys::PROBE_DECLARATION`).
     pub probe_declaration: Option<String>,
+    /// The `httpGet` probes of every container of the pod, by container name, from the pod spec
+    /// (empty without the Kubernetes API): those aimed at the probe port declare checks too.
+    pub spec_probes: Vec<(String, HttpProbe)>,
 }
 
 impl NodeTracker {
@@ -93,6 +97,13 @@ impl NodeTracker {
                     labels: unit.labels.clone(),
                     main_pid: i.init?.tgid,
                     probe_declaration: unit.probe_declaration.clone(),
+                    spec_probes: self
+                        .pods
+                        .get(&unit.labels.uid)
+                        .into_iter()
+                        .flat_map(|pod| &pod.containers)
+                        .flat_map(|c| c.http_probes.iter().map(|probe| (c.name.clone(), probe.clone())))
+                        .collect(),
                 })
             })
             .collect()
