@@ -41,7 +41,13 @@ EXPECTED_RULES = {
     ("", "pods"): {"get", "list", "watch"},
     ("", "events"): {"get", "list", "watch", "create", "patch"},
     ("events.k8s.io", "events"): {"get", "list", "watch", "create", "patch"},
+    ("authentication.k8s.io", "tokenreviews"): {"create"},
+    ("authorization.k8s.io", "subjectaccessreviews"): {"create"},
+    ("lifecycle.dev", "containers"): {"list"},
 }
+# The agent's JSON API as --api-auth asks RBAC about it (never non-resource URLs under /api/,
+# which every authenticated user may get): the reader role grants exactly this.
+READER_RULES = {("lifecycle.dev", "containers"): {"list"}, ("lifecycle.dev", "probes"): {"get"}}
 CRD_GROUPS = {"monitoring.coreos.com"}
 EXPECTED_CAPABILITIES = {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"}
 EXPECTED_MOUNTS = {"/sys/fs/cgroup", "/sys/kernel/btf", "/sys/kernel/tracing", "/host/proc", "/run/containerd", "/var/run/crio"}
@@ -168,6 +174,9 @@ def daemonset_problems(doc: dict) -> list[str]:
     args = agent.get("args", [])
     if "--listen" not in args or args[args.index("--listen") + 1] != "0.0.0.0:9890":
         problems.append("args must contain --listen 0.0.0.0:9890")
+    # 0.0.0.0 with hostNetwork: every pod can reach the listener, so its API must ask who is asking.
+    if "--api-auth" not in args or args[args.index("--api-auth") + 1:][:1] != ["kubernetes"]:
+        problems.append("args must contain --api-auth kubernetes (the API is on every node address)")
     ports = {p.get("name"): p.get("containerPort") for p in agent.get("ports", [])}
     if ports.get("metrics") != 9890:
         problems.append("container port `metrics` must be 9890")
@@ -221,19 +230,38 @@ def run(command: list[str]) -> tuple[int, str]:
     return result.returncode, (result.stdout + result.stderr).strip()
 
 
-def rbac_problems(roles: list[dict]) -> list[str]:
-    if len(roles) != 1:
-        return [f"{len(roles)} ClusterRoles, want 1"]
-    granted: dict[tuple[str, str], set[str]] = {}
+def granted_by(role: dict) -> tuple[dict, dict, list[str]]:
+    """(resource grants, non-resource URL grants, wildcard problems) of a ClusterRole."""
+    resources: dict[tuple[str, str], set[str]] = {}
+    urls: dict[str, set[str]] = {}
     problems = []
-    for rule in roles[0].get("rules") or []:
+    for rule in role.get("rules") or []:
+        verbs = rule.get("verbs") or []
+        if "*" in verbs:
+            problems.append(f"wildcard verb in {rule}")
         for group in rule.get("apiGroups") or []:
             for resource in rule.get("resources") or []:
-                if "*" in (group, resource) or "*" in (rule.get("verbs") or []):
+                if "*" in (group, resource):
                     problems.append(f"wildcard in {rule}")
-                granted.setdefault((group, resource), set()).update(rule.get("verbs") or [])
-    if granted != EXPECTED_RULES:
-        problems.append(f"granted {granted}, want {EXPECTED_RULES}")
+                resources.setdefault((group, resource), set()).update(verbs)
+        for url in rule.get("nonResourceURLs") or []:
+            if url in ("*", "/*"):
+                problems.append(f"wildcard URL in {rule}")
+            urls.setdefault(url, set()).update(verbs)
+    return resources, urls, problems
+
+
+def rbac_problems(roles: list[dict]) -> list[str]:
+    by_name = {role.get("metadata", {}).get("name"): role for role in roles}
+    if set(by_name) != {"lifecycle-agent", "lifecycle-api-reader"}:
+        return [f"ClusterRoles {sorted(map(str, by_name))}, want lifecycle-agent and lifecycle-api-reader"]
+    resources, urls, problems = granted_by(by_name["lifecycle-agent"])
+    if resources != EXPECTED_RULES or urls:
+        problems.append(f"lifecycle-agent grants {resources} and URLs {urls}, want {EXPECTED_RULES}")
+    resources, urls, reader = granted_by(by_name["lifecycle-api-reader"])
+    problems += reader
+    if resources != READER_RULES or urls:
+        problems.append(f"lifecycle-api-reader grants {resources} and URLs {urls}, want only {READER_RULES}")
     return problems
 
 
@@ -248,7 +276,8 @@ def main() -> int:
             report.check(f"{path.name}[{index}] DaemonSet agent requirements", daemonset_problems(doc))
 
     roles = [doc for _, _, doc in docs if doc.get("kind") == "ClusterRole"]
-    report.check("rbac.yaml: the ClusterRole grants exactly pods get/list/watch and events get/list/watch/create/patch",
+    report.check("rbac.yaml: the agent's ClusterRole grants exactly pods get/list/watch, events get/list/watch/create/patch, "
+                 "token and access reviews, and its own API; the reader role only the API",
                  rbac_problems(roles))
     kubectl = shutil.which("kubectl")
     if kubectl:

@@ -49,7 +49,14 @@ struct StatusArgs {
     /// Output format.
     #[arg(long, short, value_enum, default_value = "table")]
     output: OutputFormat,
+    /// A file holding the bearer token for an agent run with `--api-auth kubernetes` (default:
+    /// the pod's service-account token, when there is one).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
 }
+
+/// Where a pod's service-account token is mounted.
+const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
 #[derive(Clone, Copy, ValueEnum)]
 enum OutputFormat {
@@ -76,6 +83,12 @@ struct RunArgs {
     /// disagreements) for `kubectl describe pod`; needs the API and events create/patch.
     #[arg(long)]
     events: bool,
+    /// Who may read the JSON API (`/api/*`: containers, pods, probe answers): `none` (anyone
+    /// who reaches --listen), or `kubernetes`: a bearer token the API server validates
+    /// (TokenReview) whose user may `get` the path (SubjectAccessReview, nonResourceURLs);
+    /// refused 401/403, and 503 while the API cannot answer. /metrics and /healthz stay open.
+    #[arg(long, value_enum, default_value = "none")]
+    api_auth: ApiAuthArg,
     /// How long a departed container's status and series are kept (e.g. 10m, 90s).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     series_retention: Duration,
@@ -98,6 +111,12 @@ struct RunArgs {
     restart_policy: RestartPolicyArg,
     #[command(flatten)]
     sensor: SensorArgs,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ApiAuthArg {
+    None,
+    Kubernetes,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -269,6 +288,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         kubeconfig: args.kubeconfig,
         node_name: args.node_name,
         events: args.events,
+        api_auth: args.api_auth == ApiAuthArg::Kubernetes,
         cri_refresh: Duration::from_secs(10),
         series_retention: args.series_retention,
         pod_probe_port: (args.pod_probe_port != 0).then_some(args.pod_probe_port),
@@ -332,8 +352,13 @@ fn cgroup_filter(values: &[String]) -> anyhow::Result<Vec<u64>> {
 }
 
 async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let token = match &args.token_file {
+        Some(path) => Some(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?),
+        None => std::fs::read_to_string(SERVICE_ACCOUNT_TOKEN).ok(),
+    };
+    let token = token.as_deref().map(str::trim);
     loop {
-        let body = lifecycle_agent::cli::status::fetch(args.server).await?;
+        let body = lifecycle_agent::cli::status::fetch(args.server, token).await?;
         match args.output {
             OutputFormat::Json => println!("{body}"),
             OutputFormat::Table => {

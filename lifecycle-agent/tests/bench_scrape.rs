@@ -147,7 +147,7 @@ fn scrape_of_a_thousand_containers() {
     let (tx, rx) = tokio::sync::watch::channel(false);
     let listener = runtime.block_on(http::bind("127.0.0.1:0".parse().expect("addr"))).expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
-    runtime.spawn(http::serve(listener, Arc::new(Routes { metrics, api: None }), rx));
+    runtime.spawn(http::serve(listener, Arc::new(Routes { metrics, api: None, gate: None }), rx));
     let size = scrape(&addr);
     if let Ok(path) = std::env::var("LIFECYCLE_BENCH_DUMP") {
         let mut stream = TcpStream::connect(&addr).expect("connect");

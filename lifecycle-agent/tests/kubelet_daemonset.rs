@@ -17,20 +17,21 @@ use std::{
 };
 
 use lifecycle_testkit::{
-    agent::{free_port, get},
+    agent::{free_port, get, get_with_token},
     kube::{self, Kube},
 };
 use serde_json::{json, Value};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
 const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset.yaml");
+const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
 const NAMESPACE: &str = "lifecycle-system";
 const AGENT_POD: &str = "lifecycle-agent";
 const IGNORE_TERM: &str = "trap '' TERM; while true; do sleep 0.2; done";
 
-/// The manifest's objects as kubectl reads them (client-side: nothing is created).
-fn manifest_objects(kube: &Kube) -> Vec<Value> {
-    let text = kube.kubectl(&["create", "--dry-run=client", "-o", "json", "-f", MANIFEST]).expect("kubectl reads it");
+/// The objects of the manifest at `path` as kubectl reads them (client-side: nothing is created).
+fn manifest_objects(kube: &Kube, path: &str) -> Vec<Value> {
+    let text = kube.kubectl(&["create", "--dry-run=client", "-o", "json", "-f", path]).expect("kubectl reads it");
     // One JSON document per object, one after the other (a List when kubectl chooses to).
     let mut objects = Vec::new();
     for value in serde_json::Deserializer::from_str(&text).into_iter::<Value>() {
@@ -163,11 +164,19 @@ fn write_credentials(kube: &Kube) -> std::path::PathBuf {
     dir
 }
 
-/// The agent's view of container `app` of pod `name`, once `done` holds (within `within`).
-fn wait_agent(addr: &str, name: &str, what: &str, within: Duration, done: impl Fn(&Value) -> bool) -> Value {
+/// The agent's view of container `app` of pod `name`, once `done` holds (within `within`), read
+/// with the bearer `token` (the template runs the agent with --api-auth kubernetes).
+fn wait_agent(
+    addr: &str,
+    token: &str,
+    name: &str,
+    what: &str,
+    within: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
     let began = Instant::now();
     loop {
-        let found = get(addr, "/api/v1/containers")
+        let found = get_with_token(addr, "/api/v1/containers", Some(token))
             .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
             .and_then(|v| v["containers"].as_array().cloned())
             .unwrap_or_default()
@@ -255,6 +264,46 @@ impl Drop for AgentPod<'_> {
     }
 }
 
+/// The template's `--api-auth kubernetes`: /api/* answers only bearer tokens the API server
+/// validates and whose user it allows, by the manifest's `lifecycle-api-reader` role; /metrics
+/// stays open.
+fn api_access_is_decided_by_the_api_server(kube: &Kube, objects: &[Value], addr: &str) {
+    let containers = |token: Option<&str>| get_with_token(addr, "/api/v1/containers", token).map(|(code, _)| code);
+    assert_eq!(get(addr, "/metrics").map(|(code, _)| code), Some(200), "/metrics needs no token");
+    assert_eq!(containers(None), Some(401), "no token");
+    assert_eq!(containers(Some("not-a-token")), Some(401), "a token the API server does not know");
+    assert_eq!(containers(Some(kube.token())), Some(200), "the admin (system:masters)");
+    assert_eq!(containers(Some(kube.reader_token())), Some(403), "a known user without the role");
+    // Bind the manifest's reader role; the refusal was cached for up to 10 s.
+    let reader = objects
+        .iter()
+        .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "lifecycle-api-reader")
+        .expect("the manifest's lifecycle-api-reader role");
+    kube.apply(&reader.to_string()).expect("create the reader role");
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "test-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "lifecycle-api-reader"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": kube::READER}],
+    });
+    kube.apply(&binding.to_string()).expect("bind the reader role");
+    let began = Instant::now();
+    while containers(Some(kube.reader_token())) != Some(200) {
+        assert!(began.elapsed() < Duration::from_secs(30), "the reader is allowed once bound");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("the bound reader was allowed after {:.1?}", began.elapsed());
+    let (_, metrics) = get(addr, "/metrics").expect("metrics");
+    for result in ["allowed", "denied", "unauthenticated"] {
+        let line = format!("lifecycle_api_auth_reviews_total{{result=\"{result}\"}} ");
+        let count: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{line} in the metrics"));
+        assert!(count >= 1, "{line}{count}");
+    }
+}
+
 #[test]
 fn the_daemonset_pod_template_runs_the_agent_on_the_node() {
     let test = "the_daemonset_pod_template_runs_the_agent_on_the_node";
@@ -271,7 +320,7 @@ fn the_daemonset_pod_template_runs_the_agent_on_the_node() {
     let image = kube.import_agent_image(Path::new(AGENT)).expect("agent image");
     eprintln!("agent image built and imported in {:.1?}", began.elapsed());
 
-    let objects = manifest_objects(&kube);
+    let objects = manifest_objects(&kube, MANIFEST);
     let namespace = objects.iter().find(|o| o["kind"] == "Namespace").expect("the manifest's Namespace");
     assert_eq!(namespace["metadata"]["name"], NAMESPACE);
     kube.apply(&namespace.to_string()).expect("create the namespace");
@@ -300,18 +349,24 @@ fn the_daemonset_pod_template_runs_the_agent_on_the_node() {
         assert!(metrics.contains(&line), "{line} in the pod's metrics:\n{metrics}");
     }
 
+    api_access_is_decided_by_the_api_server(&kube, &manifest_objects(&kube, RBAC), &addr);
+
     let mut pod = kube.pod_manifest("stubborn", &["sh", "-c", IGNORE_TERM]);
     pod["spec"]["terminationGracePeriodSeconds"] = 2.into();
     kube.apply(&pod.to_string()).expect("create stubborn");
     let began = Instant::now();
-    let seen = wait_agent(&addr, "stubborn", "running", Duration::from_secs(60), |c| c["state"]["state"] == "running");
+    let seen = wait_agent(&addr, kube.token(), "stubborn", "running", Duration::from_secs(60), |c| {
+        c["state"]["state"] == "running"
+    });
     eprintln!("the pod's agent saw stubborn running after {:.1?}", began.elapsed());
     assert_eq!(seen["namespace"], "default", "{seen:#}");
     kube.wait_pod_phase("default", "stubborn", "Running", Duration::from_secs(60)).expect("Running");
 
     kube.kubectl(&["delete", "pod", "stubborn", "--wait=false"]).expect("delete");
     let began = Instant::now();
-    let judged = wait_agent(&addr, "stubborn", "judged", Duration::from_secs(40), |c| !c["last_termination"].is_null());
+    let judged = wait_agent(&addr, kube.token(), "stubborn", "judged", Duration::from_secs(40), |c| {
+        !c["last_termination"].is_null()
+    });
     eprintln!("stubborn judged {:.1?} after its deletion", began.elapsed());
     let termination = &judged["last_termination"];
     assert_eq!(termination["outcome"]["kind"], "sigkilled_after_grace", "{judged:#}");

@@ -113,9 +113,15 @@ pub fn free_port() -> u16 {
 
 /// HTTP/1.0 GET: (status, body), or None when the server does not answer.
 pub fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    get_with_token(addr, path, None)
+}
+
+/// HTTP/1.0 GET with `Authorization: Bearer <token>` when a token is given.
+pub fn get_with_token(addr: &str, path: &str, token: Option<&str>) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(addr).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: dashboards\r\n\r\n").ok()?;
+    let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: lifecycle\r\n{authorization}\r\n").ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     let (head, body) = response.split_once("\r\n\r\n")?;

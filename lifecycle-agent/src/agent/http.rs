@@ -1,7 +1,9 @@
 //! The agent's HTTP listener: `/metrics`, `/healthz` and the JSON API.
 //!
 //! hyper 1 on a tokio listener, one connection task each. Handlers answer from in-memory state
-//! (and kernel maps, for metrics); nothing here blocks on I/O beyond the socket.
+//! (and kernel maps, for metrics); nothing here blocks on I/O beyond the socket, except the
+//! gate in front of `/api/*` when it must ask the API server about a token (`auth.rs`), which
+//! holds only that request's task.
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc};
 
@@ -17,6 +19,7 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::watch};
 
+use super::auth::{ApiGate, Verdict};
 use crate::export::metrics::Metrics;
 
 /// Something that answers JSON API paths (everything under `/api/`).
@@ -29,6 +32,8 @@ pub trait ApiHandler: Send + Sync + 'static {
 pub struct Routes {
     pub metrics: Metrics,
     pub api: Option<Arc<dyn ApiHandler>>,
+    /// Checks every `/api/*` request's bearer token first (`--api-auth kubernetes`); None: open.
+    pub gate: Option<ApiGate>,
 }
 
 /// Why the listener could not start.
@@ -68,6 +73,9 @@ pub async fn serve(listener: TcpListener, routes: Arc<Routes>, mut shutdown: wat
             let service = service_fn(move |request| {
                 let routes = Arc::clone(&routes);
                 async move {
+                    if let Some(refusal) = check_access(&routes, &request).await {
+                        return Ok::<_, Infallible>(refusal);
+                    }
                     let response = route(&routes, &request);
                     if response.body().size_hint().exact().is_some_and(|len| len >= TRIM_AFTER_BYTES) {
                         // Off the async workers: the answer is sent meanwhile.
@@ -95,6 +103,28 @@ fn release_free_memory() {
     // SAFETY: malloc_trim only walks glibc's own arenas (taking their locks); no preconditions.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// The refusal for an `/api/*` request the gate does not let through; None to serve it.
+async fn check_access(routes: &Routes, request: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+    let gate = routes.gate.as_ref()?;
+    let path = request.uri().path();
+    if !path.starts_with("/api/") {
+        return None;
+    }
+    let authorization = request.headers().get(header::AUTHORIZATION).map(|value| value.as_bytes());
+    match gate.check(authorization, path).await {
+        Verdict::Pass => None,
+        Verdict::Unauthenticated => {
+            let mut response = text(StatusCode::UNAUTHORIZED, "unauthorized\n");
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer realm=\"lifecycle-agent\""));
+            Some(response)
+        }
+        Verdict::Forbidden => Some(text(StatusCode::FORBIDDEN, "forbidden\n")),
+        Verdict::Unavailable => Some(text(StatusCode::SERVICE_UNAVAILABLE, "authorization unavailable\n")),
     }
 }
 

@@ -2,6 +2,7 @@
 //! keeping runtime metadata current, and serving metrics and the API. Thin plumbing around the
 //! pure core; every decision lives in `tracker` and below.
 
+pub mod auth;
 mod events;
 pub mod http;
 mod kube;
@@ -89,6 +90,8 @@ pub struct AgentConfig {
     pub node_name: Option<String>,
     /// Publish warnings as Kubernetes Events on the pods (`--events`).
     pub events: bool,
+    /// Require a bearer token allowed by the API server for `/api/*` (`--api-auth kubernetes`).
+    pub api_auth: bool,
 }
 
 /// Why the agent stopped.
@@ -176,6 +179,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let mut runtime = RuntimeLink::new(config.cri_socket.clone(), runtime_metrics);
     runtime.refresh(&tracker).await;
     tokio::spawn(runtime_loop(runtime, tracker.clone(), metadata_wanted.clone(), config.cri_refresh, shutdown.clone()));
+    let review_client = kube.as_ref().filter(|_| config.api_auth).map(|source| source.client());
     if let Some(source) = kube {
         let kube_metrics = kube::KubeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
         tokio::spawn(kube::pod_loop(source.clone(), tracker.clone(), kube_metrics.clone(), shutdown.clone()));
@@ -187,10 +191,20 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     }
     tokio::spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));
 
+    let gate = match config.api_auth {
+        false => None,
+        true => {
+            let reviewer = review_client.map(|client| Box::new(client) as Box<dyn auth::Reviewer>);
+            if reviewer.is_none() {
+                log::warn!("--api-auth kubernetes without a Kubernetes API: every /api/* request is refused (503)");
+            }
+            Some(auth::ApiGate::new(reviewer, Some(metrics.registry())).map_err(MetricsError::from)?)
+        }
+    };
     let listener = http::bind(config.listen).await?;
     log::info!("serving /metrics, /healthz and /api/v1/containers on http://{}", config.listen);
     let api = ContainersApi { tracker: tracker.clone(), probes: node_probes.clone() };
-    let routes = Arc::new(Routes { metrics, api: Some(Arc::new(api)) });
+    let routes = Arc::new(Routes { metrics, api: Some(Arc::new(api)), gate });
     let server = tokio::spawn(http::serve(listener, routes, shutdown.clone()));
 
     let mut stream = sensor.take_events().ok_or(AgentError::StreamTaken)?.into_async(config.poll)?;

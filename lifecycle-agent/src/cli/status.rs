@@ -21,11 +21,14 @@ pub enum StatusError {
     Status { addr: SocketAddr, status_line: String },
 }
 
-/// The JSON body of `GET /api/v1/containers`.
-pub async fn fetch(addr: SocketAddr) -> Result<String, StatusError> {
+/// The JSON body of `GET /api/v1/containers`, sending `token` as a bearer token when given (an
+/// agent run with `--api-auth kubernetes` asks for one).
+pub async fn fetch(addr: SocketAddr, token: Option<&str>) -> Result<String, StatusError> {
     let connect = |source| StatusError::Connect { addr, source };
     let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(connect)?;
-    stream.write_all(b"GET /api/v1/containers HTTP/1.0\r\nHost: lifecycle\r\n\r\n").await.map_err(connect)?;
+    let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let request = format!("GET /api/v1/containers HTTP/1.0\r\nHost: lifecycle\r\n{authorization}\r\n");
+    stream.write_all(request.as_bytes()).await.map_err(connect)?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await.map_err(connect)?;
     let response = String::from_utf8_lossy(&response);

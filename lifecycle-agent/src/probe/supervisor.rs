@@ -328,7 +328,10 @@ mod tests {
         assert_eq!(sources.spec.len(), 2, "the probe aimed at another port declares nothing");
         let (declaration, refusals) = sources.parse();
         assert!(refusals.is_empty());
-        assert_eq!(declaration.checks_for("app"), vec![CheckSpec::from_query("process", &Query::default()).expect("valid")]);
+        assert_eq!(
+            declaration.checks_for("app"),
+            vec![CheckSpec::from_query("process", &Query::default()).expect("valid")]
+        );
         assert_eq!(declaration.checks_for("side").len(), 1);
         assert!(declaration.checks_for("other").is_empty(), "a spec probe speaks for its container only");
         assert!(DeclarationSources::of(&container, None).is_empty(), "no pod listener, no spec declarations");

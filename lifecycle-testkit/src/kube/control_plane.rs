@@ -21,6 +21,9 @@ use crate::{agent::free_port, containerd::host::run as run_command};
 /// The node's service range; its first address is in the serving certificate.
 const SERVICE_RANGE: &str = "10.97.0.0/24";
 const SERVICE_IP: &str = "10.97.0.1";
+/// The user name of [`Pki::reader_token`].
+pub const READER: &str = "reader";
+
 /// The service-account issuer (and audience).
 const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
@@ -35,6 +38,9 @@ pub(super) struct Pki {
     pub(super) admin_token: String,
     /// The kubelet's token (user system:node:<node>, groups system:nodes and system:masters).
     pub(super) kubelet_token: String,
+    /// A token of user `reader`, in no group: authenticated, and allowed nothing until a test
+    /// binds a role to it.
+    pub(super) reader_token: String,
 }
 
 impl Pki {
@@ -87,13 +93,14 @@ impl Pki {
             .run()?;
         let service_account_key = dir.join("service-account.key");
         openssl(&dir, &["genrsa", "-traditional", "-out"]).arg(&service_account_key).arg("2048").run()?;
-        let (admin_token, kubelet_token) = (random_token()?, random_token()?);
+        let (admin_token, kubelet_token, reader_token) = (random_token()?, random_token()?, random_token()?);
         let tokens = dir.join("tokens.csv");
         let mut text = String::new();
         let _ = writeln!(text, "{admin_token},admin,admin,\"system:masters\"");
         let _ = writeln!(text, "{kubelet_token},system:node:{node},kubelet,\"system:nodes,system:masters\"");
+        let _ = writeln!(text, "{reader_token},{READER},reader");
         fs::write(&tokens, text).context("write tokens")?;
-        Ok(Self { ca, cert, key, service_account_key, tokens, admin_token, kubelet_token })
+        Ok(Self { ca, cert, key, service_account_key, tokens, admin_token, kubelet_token, reader_token })
     }
 }
 

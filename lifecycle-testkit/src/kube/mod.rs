@@ -50,6 +50,7 @@ use anyhow::{bail, Context, Result};
 pub use self::{
     agent_image::{AGENT_IMAGE, AGENT_PATH},
     api::{condition_is_true, container_status},
+    control_plane::READER,
     machine::MachineState,
     task_exits::{TaskExit, TaskExits},
 };
@@ -163,6 +164,7 @@ pub struct Kube {
     kubectl: PathBuf,
     api_url: String,
     token: String,
+    reader_token: String,
     ca: PathBuf,
     kubeconfig: PathBuf,
     kubelet_kubeconfig: PathBuf,
@@ -214,6 +216,7 @@ impl Kube {
             kubectl: which("kubectl").unwrap_or_else(|| PathBuf::from("kubectl")),
             api_url: String::new(),
             token: String::new(),
+            reader_token: String::new(),
             ca: PathBuf::new(),
             cgroup_root,
             done: false,
@@ -233,6 +236,7 @@ impl Kube {
         let pki = Pki::create(&run, NODE)?;
         self.ca = pki.ca.clone();
         self.token = pki.admin_token.clone();
+        self.reader_token = pki.reader_token.clone();
 
         let began = Instant::now();
         let (etcd, etcd_url) = control_plane::start_etcd(&run)?;
@@ -357,6 +361,12 @@ impl Kube {
     /// The admin bearer token (group system:masters).
     pub fn token(&self) -> &str {
         &self.token
+    }
+
+    /// The bearer token of user [`READER`], who is in no group and allowed nothing unless a
+    /// test binds a role to it.
+    pub fn reader_token(&self) -> &str {
+        &self.reader_token
     }
 
     /// The CA that signed the API server's certificate (PEM).
