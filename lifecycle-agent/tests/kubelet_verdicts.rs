@@ -304,3 +304,115 @@ fn metric(text: &str, series: &str) -> f64 {
         .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or_else(|| panic!("no sample {series}"))
 }
+
+/// The host pid of the init (PID 1 of its namespace) of the container with id `container_id`.
+fn container_init_pid(container_id: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let ns_pid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.to_owned();
+        (cgroup.contains(container_id) && ns_pid == "1").then_some(pid)
+    })
+}
+
+/// SIGKILLs the init of the container the agent shows in `c`, from this test (an outside sender).
+fn kill_init(c: &Value) {
+    let id = c["container_id"].as_str().expect("container id");
+    let pid = container_init_pid(id).unwrap_or_else(|| panic!("no init process for container {id}"));
+    // SAFETY: kill has no memory-safety preconditions; the pid is the test pod's container init.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0, "kill {pid}");
+}
+
+fn wait_metric(agent: &Agent, series: &str, what: &str, done: impl Fn(f64) -> bool) {
+    let began = Instant::now();
+    loop {
+        let value = agent.metrics().lines().find_map(|line| line.strip_prefix(series)?.trim().parse::<f64>().ok());
+        if value.is_some_and(&done) {
+            return;
+        }
+        assert!(began.elapsed() < Duration::from_secs(60), "{what}: {series} is {value:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_api_server_outage_is_named_in_the_verdicts_made_during_it_and_loses_nothing() {
+    let Some((mut kube, agent)) =
+        start("an_api_server_outage_is_named_in_the_verdicts_made_during_it_and_loses_nothing")
+    else {
+        return;
+    };
+    apply(&kube, "victim", TRAP_EXIT, |_| {});
+    kube.wait_pod_phase("default", "victim", "Running", Duration::from_secs(60)).expect("Running");
+    let first = wait_agent(&agent, "victim", "running", Duration::from_secs(30), |c| running(c) && !judged(c));
+    wait_metric(&agent, "lifecycle_kubernetes_api_up", "the watch works", |up| up == 1.0);
+
+    kube.stop_apiserver();
+    wait_metric(&agent, "lifecycle_kubernetes_api_up", "the agent notices the API server is gone", |up| up == 0.0);
+    // The kubelet runs on without the API server: it restarts what dies, from its cached spec.
+    kill_init(&first);
+    let during = wait_agent(&agent, "victim", "judged during the outage", Duration::from_secs(30), judged);
+    assert_eq!(during["last_termination"]["spec"], "api_unreachable", "{during:#}");
+    assert_eq!(outcome(&during), "killed_without_grace", "{during:#}");
+    assert_eq!(during["last_termination"]["outcome"]["sender"]["kind"], "other_process", "{during:#}");
+    let restarted = wait_agent(&agent, "victim", "restarted by the kubelet", Duration::from_secs(60), |c| {
+        c["restart_count"] == 1 && running(c)
+    });
+
+    let took = kube.start_apiserver().expect("the API server comes back");
+    eprintln!("API server back in {took:.1?}");
+    wait_metric(&agent, "lifecycle_kubernetes_api_up", "the watch resumes", |up| up == 1.0);
+    kill_init(&restarted);
+    let after = wait_agent(&agent, "victim", "judged after the outage", Duration::from_secs(30), |c| {
+        c["restart_count"] == 1 && judged(c) && c["last_termination"]["spec"] == "api"
+    });
+    assert_eq!(outcome(&after), "killed_without_grace", "{after:#}");
+    // Nothing lost: the kubelet's count, reported once the API server is back, is the agent's.
+    let second = wait_agent(&agent, "victim", "restarted again", Duration::from_secs(60), |c| {
+        c["restart_count"] == 2 && running(c)
+    });
+    kube.wait_pod("default", "victim", "restartCount 2 reported", Duration::from_secs(60), |pod| {
+        container_status(pod, "app").is_some_and(|s| s["restartCount"] == 2)
+    })
+    .expect("the kubelet reports both restarts");
+    assert_eq!(second["disagreements"].as_array().map(Vec::len), Some(0), "{second:#}");
+}
+
+#[test]
+fn an_agent_killed_during_a_termination_says_what_it_did_not_see() {
+    let Some((kube, agent)) = start("an_agent_killed_during_a_termination_says_what_it_did_not_see") else { return };
+    apply(&kube, "stubborn", IGNORE_TERM, |p| p["spec"]["terminationGracePeriodSeconds"] = 8.into());
+    kube.wait_pod_phase("default", "stubborn", "Running", Duration::from_secs(60)).expect("Running");
+    wait_agent(&agent, "stubborn", "running", Duration::from_secs(30), running);
+
+    kube.kubectl(&["delete", "pod", "stubborn", "--wait=false"]).expect("delete");
+    // The kubelet's SIGTERM reached the container (the agent counted it); then the agent dies.
+    let began = Instant::now();
+    while !agent.metrics().lines().any(|line| {
+        line.starts_with("lifecycle_signals_received_total{")
+            && line.contains("pod=\"stubborn\"")
+            && line.contains("signal=\"15\"")
+    }) {
+        assert!(began.elapsed() < Duration::from_secs(30), "the agent saw no SIGTERM to stubborn");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    agent.kill();
+    let kubeconfig = kube.kubeconfig().to_string_lossy().into_owned();
+    let agent = Agent::start_with_socket(
+        AGENT,
+        kube.containerd_socket(),
+        &["--kubeconfig", &kubeconfig, "--node-name", kube.node_name()],
+    );
+    // The kubelet SIGKILLs it 8 s after the SIGTERM the new agent never saw: not "without grace".
+    let judged = wait_agent(&agent, "stubborn", "judged", Duration::from_secs(40), judged);
+    let termination = &judged["last_termination"];
+    assert_eq!(outcome(&judged), "stop_signal_not_observed", "{judged:#}");
+    assert_eq!(termination["cause"], "deleted", "{judged:#}");
+    assert_eq!(grace_s(&judged), 8.0, "{judged:#}");
+    assert!(termination["watched_since"].is_string(), "when the new agent began watching: {judged:#}");
+    assert!(
+        agent.metrics().contains("outcome=\"stop_signal_not_observed\""),
+        "counted as such, not as killed_without_grace"
+    );
+}

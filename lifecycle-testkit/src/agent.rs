@@ -99,6 +99,15 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// SIGKILLs the agent, as the OOM killer or a node problem would: no clean-up runs.
+    pub fn kill(mut self) {
+        // SAFETY: kill has no memory-safety preconditions; the pid is the agent we started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         // SAFETY: kill has no memory-safety preconditions; the pid is the agent we started.

@@ -58,7 +58,8 @@ impl ApiHandler for ContainersApi {
 }
 
 /// Fields holding a point in time (`CLOCK_BOOTTIME` ns in the model).
-const TIME_FIELDS: [&str; 5] = ["started_at", "finished_at", "exit_time", "time", "instance_created_at"];
+const TIME_FIELDS: [&str; 6] =
+    ["started_at", "finished_at", "exit_time", "time", "instance_created_at", "watched_since"];
 
 /// Points in time as RFC 3339 (UTC, nanoseconds), as the Kubernetes API writes them; the exact
 /// boot-clock value stays beside each as `<field>_boot_ns` (for differences with the kernel's

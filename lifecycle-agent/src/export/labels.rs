@@ -25,6 +25,7 @@ pub fn outcome(outcome: OutcomeKind) -> &'static str {
         OutcomeKind::ExitedWithinGrace => "exited_within_grace",
         OutcomeKind::SigkilledAfterGrace => "sigkilled_after_grace",
         OutcomeKind::KilledWithoutGrace => "killed_without_grace",
+        OutcomeKind::StopSignalNotObserved => "stop_signal_not_observed",
         OutcomeKind::OomKilled => "oom_killed",
         OutcomeKind::ExitedWithoutStopSignal => "exited_without_stop_signal",
     }

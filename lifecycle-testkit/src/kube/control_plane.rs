@@ -28,6 +28,7 @@ pub const READER: &str = "reader";
 const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
 /// Credentials and files clients need, in `<run>/pki`.
+#[derive(Clone)]
 pub(super) struct Pki {
     pub(super) ca: PathBuf,
     cert: PathBuf,
@@ -167,8 +168,16 @@ pub(super) fn start_etcd(run: &Path) -> Result<(Daemon, String)> {
 
 /// Spawns kube-apiserver against `etcd_url` on a free port of 127.0.0.1; returns it and its
 /// URL (not waiting for it to be ready: see [`super::Kube`]'s start).
-pub(super) fn spawn_apiserver(run: &Path, binary: &Path, etcd_url: &str, pki: &Pki) -> Result<(Daemon, String)> {
-    let port = free_port();
+/// Spawns kube-apiserver on `port` (a free one when None); returns it and its URL at once (the
+/// caller waits for /readyz).
+pub(super) fn spawn_apiserver(
+    run: &Path,
+    binary: &Path,
+    etcd_url: &str,
+    pki: &Pki,
+    port: Option<u16>,
+) -> Result<(Daemon, String)> {
+    let port = port.unwrap_or_else(free_port);
     let certs = run.join("apiserver");
     fs::create_dir_all(&certs).context("create the API server's cert dir")?;
     let apiserver = Daemon::spawn(

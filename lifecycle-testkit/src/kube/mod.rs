@@ -159,6 +159,8 @@ pub struct Kube {
     containerd: Option<Containerd>,
     etcd: Option<Daemon>,
     apiserver: Option<Daemon>,
+    /// What a restart of the API server needs: its keys and etcd's URL.
+    apiserver_setup: Option<(Pki, String)>,
     kubelet: Option<Daemon>,
     bin: PathBuf,
     kubectl: PathBuf,
@@ -211,6 +213,7 @@ impl Kube {
             containerd: None,
             etcd: None,
             apiserver: None,
+            apiserver_setup: None,
             kubelet: None,
             bin: bin_dir(),
             kubectl: which("kubectl").unwrap_or_else(|| PathBuf::from("kubectl")),
@@ -244,8 +247,10 @@ impl Kube {
         self.timings.etcd = began.elapsed();
 
         let apiserver_began = Instant::now();
-        let (apiserver, url) = control_plane::spawn_apiserver(&run, &self.bin.join("kube-apiserver"), &etcd_url, &pki)?;
+        let binary = self.bin.join("kube-apiserver");
+        let (apiserver, url) = control_plane::spawn_apiserver(&run, &binary, &etcd_url, &pki, None)?;
         self.apiserver = Some(apiserver);
+        self.apiserver_setup = Some((pki.clone(), etcd_url.clone()));
         self.api_url = url;
         control_plane::write_kubeconfig(&self.kubeconfig, &self.api_url, &pki.ca, "admin", &pki.admin_token)?;
         control_plane::write_kubeconfig(
@@ -330,6 +335,29 @@ impl Kube {
             runtime_socket: containerd.socket(),
             cgroup_root: &self.cgroup_root,
         })
+    }
+
+    /// Stops the API server as a crash would (SIGTERM, SIGKILL after 0.5 s: its graceful
+    /// shutdown drains watches for longer): the node's clients (kubelet, agent) lose it, pods
+    /// keep running. [`Self::start_apiserver`] brings it back on the same address.
+    pub fn stop_apiserver(&mut self) {
+        if let Some(apiserver) = self.apiserver.take() {
+            apiserver.stop(Duration::from_millis(500));
+        }
+    }
+
+    /// Starts the API server again on its address and waits until it is ready; returns how long
+    /// that took.
+    pub fn start_apiserver(&mut self) -> Result<Duration> {
+        let began = Instant::now();
+        let (pki, etcd_url) = self.apiserver_setup.clone().context("the node was not started")?;
+        let port = self.api_url.rsplit_once(':').and_then(|(_, port)| port.parse().ok());
+        let binary = self.bin.join("kube-apiserver");
+        let (apiserver, url) = control_plane::spawn_apiserver(&self.run.path, &binary, &etcd_url, &pki, port)?;
+        self.apiserver = Some(apiserver);
+        anyhow::ensure!(url == self.api_url, "the API server came back at {url}, not {}", self.api_url);
+        self.wait_apiserver_ready()?;
+        Ok(began.elapsed())
     }
 
     /// Stops the kubelet (SIGTERM) and starts it again on the same root dir, as a node agent

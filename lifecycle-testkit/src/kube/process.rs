@@ -71,7 +71,9 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        eprintln!("kube: {} ignored SIGTERM for {grace:?}; killing it", self.name);
+        if grace >= Duration::from_secs(1) {
+            eprintln!("kube: {} ignored SIGTERM for {grace:?}; killing it", self.name);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         began.elapsed()

@@ -109,6 +109,9 @@ pub struct NodeTracker {
     runtime_reachable: bool,
     /// Pods from the API by uid (see `pods.rs`).
     pods: HashMap<String, PodFacts>,
+    /// When the last scan of cgroupfs and /proc (start-up, or a rescan) was made: instances it
+    /// found were running, unseen, before it.
+    watching_since: u64,
     /// (pod uid, container) -> the cause of a kill the kubelet announced and that has not
     /// happened yet.
     kill_notices: BTreeMap<(String, String), StopCause>,
@@ -130,6 +133,7 @@ impl NodeTracker {
             judgements_dropped: 0,
             runtime_reachable,
             pods: HashMap::new(),
+            watching_since: 0,
             kill_notices: BTreeMap::new(),
             api: pods::ApiState::default(),
         }
@@ -142,8 +146,13 @@ impl NodeTracker {
 
     /// A cgroup that existed before the agent started (from the initial scan).
     pub fn seed_cgroup(&mut self, id: u64, path: &str, now: u64) {
+        self.watching_since = now;
         if !self.cgroups.contains_key(&id) {
             self.on_cgroup_created(id, path, now);
+            // It existed before the agent saw it: what happened in it before now was not seen.
+            if let Some(instance) = self.instances.get_mut(&id) {
+                instance.termination.watched_since(now);
+            }
         }
     }
 
@@ -164,6 +173,9 @@ impl NodeTracker {
             start_time_ns: start,
         };
         self.exec(exec, start, process.comm);
+        if let Some(instance) = self.instances.get_mut(&process.cgroup_id) {
+            instance.termination.watched_since(self.watching_since);
+        }
     }
 
     /// Runtime metadata for every container the runtime lists now. Instances still unlinked whose

@@ -169,7 +169,9 @@ impl NodeTracker {
             || matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { .. })
             || matches!(
                 &report.outcome,
-                TerminationOutcome::KilledWithoutGrace { sender: Some(sender) } if sender.is_kubelet_side()
+                TerminationOutcome::KilledWithoutGrace { sender: Some(sender) }
+                    | TerminationOutcome::StopSignalNotObserved { sender: Some(sender) }
+                    if sender.is_kubelet_side()
             );
         if !stopped {
             return None;

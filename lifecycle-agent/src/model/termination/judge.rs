@@ -44,6 +44,8 @@ pub struct TerminationTracker {
     listener_changes: Vec<(u64, i32)>,
     /// Listening sockets opened minus closed before any stop signal.
     listeners_before_stop: i64,
+    /// When watching began, if after the instance started (see [`Self::watched_since`]).
+    watched_since: Option<u64>,
     report: Option<TerminationReport>,
 }
 
@@ -57,8 +59,16 @@ impl TerminationTracker {
             accepts: Vec::new(),
             listener_changes: Vec::new(),
             listeners_before_stop: 0,
+            watched_since: None,
             report: None,
         }
+    }
+
+    /// The instance was running before `time`, when the agent began watching it (found by the
+    /// start-up scan, or by a rescan after lost records): nothing before `time` was seen. The
+    /// first call counts.
+    pub fn watched_since(&mut self, time: u64) {
+        self.watched_since.get_or_insert(time);
     }
 
     pub fn settings(&self) -> &TerminationSettings {
@@ -211,7 +221,19 @@ impl TerminationTracker {
                         still_listening: self.listening_at(kill_time),
                     }
                 }
-                (_, kill) => TerminationOutcome::KilledWithoutGrace { sender: kill.map(|k| k.sender.clone()) },
+                (_, kill) => {
+                    let sender = kill.map(|k| k.sender.clone());
+                    let kill_time = kill.map_or(exit_time, |k| k.time);
+                    // A stop signal sent before watching began would bring this SIGKILL up to
+                    // a grace period (plus tolerance) later; past that, none can explain it.
+                    let window = grace_ns.max(expected_kill_after_ns).saturating_add(self.settings.kill_tolerance_ns);
+                    match self.watched_since {
+                        Some(since) if kill_time <= since.saturating_add(window) => {
+                            TerminationOutcome::StopSignalNotObserved { sender }
+                        }
+                        _ => TerminationOutcome::KilledWithoutGrace { sender },
+                    }
+                }
             }
         } else if let Some(stop) = &stop {
             let duration_ns = exit_time.saturating_sub(stop.time);
@@ -244,6 +266,7 @@ impl TerminationTracker {
             // The node's tracker knows the pod: it names the cause and the facts' source.
             cause: None,
             spec: SpecSource::default(),
+            watched_since: self.watched_since,
         }
     }
 

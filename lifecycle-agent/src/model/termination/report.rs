@@ -123,6 +123,13 @@ pub enum TerminationOutcome {
         /// The SIGKILL's sender, when it was seen.
         sender: Option<SignalSender>,
     },
+    /// SIGKILL with no stop signal seen, but the agent began watching this instance (it started,
+    /// or rescanned after lost records) less than a grace period before the kill: the stop
+    /// signal may have come while nobody watched, so "without grace" cannot be said.
+    StopSignalNotObserved {
+        /// The SIGKILL's sender, when it was seen.
+        sender: Option<SignalSender>,
+    },
     /// The kernel's OOM killer killed the init (from the OOM event, never from exit code 137).
     OomKilled,
     /// No stop signal: a crash or a normal completion.
@@ -139,6 +146,8 @@ pub enum OutcomeKind {
     SigkilledAfterGrace,
     /// See [`TerminationOutcome::KilledWithoutGrace`].
     KilledWithoutGrace,
+    /// See [`TerminationOutcome::StopSignalNotObserved`].
+    StopSignalNotObserved,
     /// See [`TerminationOutcome::OomKilled`].
     OomKilled,
     /// See [`TerminationOutcome::ExitedWithoutStopSignal`].
@@ -152,6 +161,7 @@ impl TerminationOutcome {
             TerminationOutcome::ExitedWithinGrace { .. } => OutcomeKind::ExitedWithinGrace,
             TerminationOutcome::SigkilledAfterGrace { .. } => OutcomeKind::SigkilledAfterGrace,
             TerminationOutcome::KilledWithoutGrace { .. } => OutcomeKind::KilledWithoutGrace,
+            TerminationOutcome::StopSignalNotObserved { .. } => OutcomeKind::StopSignalNotObserved,
             TerminationOutcome::OomKilled => OutcomeKind::OomKilled,
             TerminationOutcome::ExitedWithoutStopSignal { .. } => OutcomeKind::ExitedWithoutStopSignal,
         }
@@ -194,4 +204,8 @@ pub struct TerminationReport {
     pub cause: Option<StopCause>,
     /// Where the facts behind this verdict came from.
     pub spec: SpecSource,
+    /// When the agent began watching this instance, if after it started (the agent itself
+    /// started, or rescanned after lost records): evidence before it (a stop signal, a preStop
+    /// hook) was not seen.
+    pub watched_since: Option<u64>,
 }

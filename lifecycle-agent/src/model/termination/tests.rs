@@ -260,6 +260,29 @@ fn sigkill_without_stop_signal() {
 }
 
 #[test]
+fn a_sigkill_within_a_grace_period_of_the_agents_start_may_follow_an_unseen_stop_signal() {
+    // Default grace 30 s; the agent began watching at 100 s (it restarted mid-termination).
+    let kill_at = |at: u64| {
+        let mut t = tracker_with(TerminationSettings::default());
+        t.watched_since(100 * S);
+        t.on_signal(at, SIGKILL, runtime(), true);
+        t.on_init_exit(at + MS, None, Some(SIGKILL)).clone()
+    };
+    let early = kill_at(120 * S);
+    assert_eq!(early.outcome, TerminationOutcome::StopSignalNotObserved { sender: Some(runtime()) });
+    assert_eq!(early.watched_since, Some(100 * S));
+    // Long after the start, no stop signal before watching can explain it.
+    assert_eq!(kill_at(200 * S).outcome, TerminationOutcome::KilledWithoutGrace { sender: Some(runtime()) });
+    // A stop signal seen after the start is judged as always.
+    let mut t = tracker_with(TerminationSettings::default());
+    t.watched_since(100 * S);
+    t.on_signal(101 * S, SIGTERM, runtime(), true);
+    t.on_signal(131 * S, SIGKILL, runtime(), true);
+    let report = t.on_init_exit(131 * S + MS, None, Some(SIGKILL));
+    assert_eq!(report.outcome.kind(), OutcomeKind::SigkilledAfterGrace);
+}
+
+#[test]
 fn oom_kill_of_the_init() {
     let mut t = tracker_with(TerminationSettings::default());
     t.on_oom_kill(100 * S, true);
