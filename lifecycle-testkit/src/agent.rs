@@ -100,6 +100,11 @@ impl Agent {
 }
 
 impl Agent {
+    /// The agent's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILLs the agent, as the OOM killer or a node problem would: no clean-up runs.
     pub fn kill(mut self) {
         // SAFETY: kill has no memory-safety preconditions; the pid is the agent we started.

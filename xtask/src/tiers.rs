@@ -61,6 +61,8 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
                 "cli",
                 "--test",
                 "probe",
+                "--test",
+                "faults",
             ])),
             Tier::Runtime => {
                 // The dashboards test runs its checker with the venv's Python when it exists, so

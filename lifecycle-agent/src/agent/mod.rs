@@ -190,6 +190,8 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         }
     }
     tokio::spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));
+    let repairs = tasks::register_repairs(metrics.registry()).map_err(MetricsError::from)?;
+    tokio::spawn(tasks::resync_loop(tracker.clone(), maps.clone(), root.clone(), repairs, shutdown.clone()));
 
     let gate = match config.api_auth {
         false => None,

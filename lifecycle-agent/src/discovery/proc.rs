@@ -241,6 +241,21 @@ pub fn parse_netstat(text: &str) -> Result<ListenCounters, &'static str> {
     Ok(counters)
 }
 
+/// Whether the process `pid` that started at `start_time_ns` (boot clock) still runs: the pid
+/// exists, is not a zombie, and started then (within two clock ticks; a reused pid started
+/// later). An unreadable /proc entry counts as running: only a sure absence says it ended.
+pub fn still_runs(pid: u32, start_time_ns: u64) -> bool {
+    let tick_ns = 1_000_000_000 / procfs::ticks_per_second().max(1);
+    match process_state(pid) {
+        Ok(Some(sample)) => {
+            let started_ns = sample.start_ticks * tick_ns;
+            sample.state != ProcessState::Zombie && started_ns.abs_diff(start_time_ns) <= 2 * tick_ns
+        }
+        Ok(None) => false,
+        Err(_) => true,
+    }
+}
+
 /// State and start time of `pid`; None when no such process exists.
 pub fn process_state(pid: u32) -> Result<Option<ProcessSample>, ObserveError> {
     let path = PathBuf::from(format!("/proc/{pid}/stat"));

@@ -27,7 +27,7 @@ mod unit;
 mod view;
 mod warning;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use lifecycle_common::CgroupCounters;
 
@@ -86,6 +86,17 @@ pub enum Notice {
 /// Containers gone before the runtime named them, kept for the next metadata (a crash loop on a
 /// node whose runtime answers slowly); more than this and the oldest are dropped.
 const MAX_DEPARTED_WAITING: usize = 1024;
+/// Departed units (their containers or cgroups gone) kept for `--series-retention` at most; past
+/// this many, the oldest go first (see [`NodeTracker::expire`]).
+pub const MAX_DEPARTED_UNITS: usize = 4096;
+
+/// What [`NodeTracker::resync`] repaired.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resync {
+    pub exits_unseen: usize,
+    pub cgroups_removed_unseen: usize,
+    pub cgroups_created_unseen: usize,
+}
 
 /// The kubelet's process name as the kernel records it.
 const KUBELET_COMM: &str = "kubelet";
@@ -173,7 +184,10 @@ impl NodeTracker {
             start_time_ns: start,
         };
         self.exec(exec, start, process.comm);
-        if let Some(instance) = self.instances.get_mut(&process.cgroup_id) {
+        // Its instance's start was not seen if this process is its init (found, not exec'd).
+        if let Some(instance) =
+            self.instances.get_mut(&process.cgroup_id).filter(|i| i.init.is_some_and(|init| init.tgid == process.tgid))
+        {
             instance.termination.watched_since(self.watching_since);
         }
     }
@@ -222,10 +236,71 @@ impl NodeTracker {
         self.drop_departed();
     }
 
+    /// Every process the tracker believes alive: (tgid, start time ns on the boot clock), for a
+    /// resync's check against /proc.
+    pub fn tracked_processes(&self) -> Vec<(u32, u64)> {
+        self.processes.iter().map(|(tgid, p)| (*tgid, p.start_time_ns)).collect()
+    }
+
+    /// Every cgroup the tracker believes exists.
+    pub fn tracked_cgroups(&self) -> Vec<u64> {
+        self.cgroups.keys().copied().collect()
+    }
+
+    /// Brings the tracker back in line with the node after the ring lost records (each loss is
+    /// counted; this repairs the state the missing records would have changed), at `now`:
+    /// - `dead`: tracked processes that no longer run: their exit records were lost. An init's
+    ///   exit ends its instance, with exit status and signal unknown (null) at `now`;
+    /// - `gone`: tracked cgroups no longer on disk: removed unseen. Their kernel counts are taken
+    ///   with `take_counters` first, as for a seen removal;
+    /// - `found`: cgroups on disk the tracker did not know: created unseen, seeded as at start-up
+    ///   (with `watched_since`).
+    ///
+    /// The caller confirms `dead` and `gone` over two looks a second apart, so that a record
+    /// still on its way through the ring is applied first, with its real facts.
+    pub fn resync(
+        &mut self,
+        dead: &[u32],
+        gone: &[u64],
+        found: &[(u64, String)],
+        mut take_counters: impl FnMut(u64) -> Option<CgroupCounters>,
+        now: u64,
+    ) -> Resync {
+        let mut report = Resync::default();
+        for tgid in dead {
+            if let Some(cgroup_id) = self.processes.get(tgid).map(|p| p.cgroup_id) {
+                self.exit(*tgid, cgroup_id, now, None, None, 0);
+                report.exits_unseen += 1;
+            }
+        }
+        for &id in gone {
+            if self.cgroups.remove(&id).is_none() {
+                continue;
+            }
+            if let Some(last) = take_counters(id) {
+                self.absorb_kernel_counters(id, last);
+            }
+            self.on_instance_gone(id);
+            report.cgroups_removed_unseen += 1;
+        }
+        for (id, path) in found {
+            if !self.cgroups.contains_key(id) {
+                self.seed_cgroup(*id, path, now);
+                report.cgroups_created_unseen += 1;
+            }
+        }
+        report
+    }
+
     /// Applies one kernel event.
     pub fn apply(&mut self, event: &Event) {
         match &event.detail {
-            Detail::CgroupMkdir(c) => self.on_cgroup_created(c.id, &c.path, event.time_ns),
+            // Ids are never reused within a boot: a cgroup already known was found by a scan
+            // before its record arrived, and what was learned about it since is kept.
+            Detail::CgroupMkdir(c) if !self.cgroups.contains_key(&c.id) => {
+                self.on_cgroup_created(c.id, &c.path, event.time_ns)
+            }
+            Detail::CgroupMkdir(_) => {}
             Detail::CgroupRmdir(c) => {
                 self.cgroups.remove(&c.id);
                 self.on_instance_gone(c.id);
@@ -308,9 +383,23 @@ impl NodeTracker {
 
     /// Forgets units that have not run for `retention_ns` and have no live instance.
     pub fn expire(&mut self, now: u64, retention_ns: u64) {
-        let live: Vec<UnitKey> =
+        let live: HashSet<UnitKey> =
             self.instances.values().filter(|i| i.exit.is_none()).filter_map(|i| i.unit.clone()).collect();
         self.units.retain(|key, unit| live.contains(key) || now.saturating_sub(unit.last_change_ns) < retention_ns);
+        // Churn (cgroups created and removed by the thousand) must not grow memory and series
+        // for the whole retention: past the cap, the departed units that changed longest ago go.
+        let mut departed: Vec<(u64, UnitKey)> = self
+            .units
+            .iter()
+            .filter(|(key, _)| !live.contains(*key))
+            .map(|(key, unit)| (unit.last_change_ns, key.clone()))
+            .collect();
+        if departed.len() > MAX_DEPARTED_UNITS {
+            departed.sort_unstable_by_key(|(changed, _)| *changed);
+            for (_, key) in &departed[..departed.len() - MAX_DEPARTED_UNITS] {
+                self.units.remove(key);
+            }
+        }
     }
 
     /// Terminations judged since the last call, for the exporters' distributions.

@@ -471,3 +471,42 @@ fn a_container_gone_before_its_metadata_arrived_is_still_judged() {
 }
 
 mod spec;
+
+#[test]
+fn a_resync_repairs_what_lost_records_would_have_changed() {
+    let mut tracker = NodeTracker::new(TrackerConfig::default());
+    tracker.apply(&mkdir(0, 42, "/system.slice/web.service"));
+    tracker.apply(&exec(SECOND, 10, 42, 1, "web"));
+    tracker.apply(&mkdir(0, 43, "/system.slice/gone.service"));
+    tracker.apply(&exec(SECOND, 20, 43, 1, "gone"));
+    assert_eq!(tracker.tracked_processes().len(), 2);
+    let found = vec![(44, "/system.slice/new.service".to_owned())];
+    let mut taken = Vec::new();
+    let report = tracker.resync(
+        &[10],
+        &[43],
+        &found,
+        |id| {
+            taken.push(id);
+            None
+        },
+        5 * SECOND,
+    );
+    assert_eq!(report, Resync { exits_unseen: 1, cgroups_removed_unseen: 1, cgroups_created_unseen: 1 });
+    assert_eq!(taken, [43], "a removed cgroup's kernel counts are taken first");
+    let web = tracker.containers(6 * SECOND).into_iter().find(|v| v.labels.container == "/system.slice/web.service");
+    let web = web.expect("web");
+    assert!(
+        matches!(web.status.state, ContainerState::Terminated { finished_at, .. } if finished_at == 5 * SECOND),
+        "{:?}",
+        web.status.state
+    );
+    assert!(tracker.tracked_cgroups().contains(&44) && !tracker.tracked_cgroups().contains(&43));
+    // A mkdir record arriving after the scan found the cgroup changes nothing.
+    tracker.apply(&exec(6 * SECOND, 30, 44, 1, "new"));
+    tracker.apply(&mkdir(4 * SECOND, 44, "/system.slice/new.service"));
+    let new = tracker.containers(7 * SECOND).into_iter().find(|v| v.labels.container == "/system.slice/new.service");
+    assert!(new.is_some_and(|v| matches!(v.status.state, ContainerState::Running { .. })));
+    // Repeating it is harmless: nothing left to repair.
+    assert_eq!(tracker.resync(&[10], &[43], &found, |_| None, 8 * SECOND), Resync::default());
+}
