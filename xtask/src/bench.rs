@@ -14,6 +14,8 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::{cargo, packages, shell, workspace_root};
 
+#[path = "bench_load.rs"]
+mod load;
 #[path = "bench_memory.rs"]
 mod memory;
 #[path = "bench_ring.rs"]
@@ -87,6 +89,19 @@ pub enum Bench {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// wrk (Debian's) on the agent's /healthz (the baseline) and /metrics while it tracks N
+    /// units, and on a declared probe: requests/s, p50/p99, errors, the server's CPU and RSS.
+    Load {
+        /// Seconds per wrk run.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Container cgroups to track, one process each.
+        #[arg(long, default_value_t = 1000)]
+        units: usize,
+        /// wrk's open connections.
+        #[arg(long, default_value_t = 50)]
+        connections: usize,
+    },
     /// /metrics of an agent tracking many containers: scrape time and body size.
     Scrape {
         #[arg(long, default_value_t = 1000)]
@@ -112,6 +127,10 @@ pub fn run(which: Bench) -> Result<()> {
             crate::bench_probes::run(count)
         }
         Bench::Memory { units, rounds, baseline } => memory::run(units, rounds, baseline),
+        Bench::Load { seconds, units, connections } => {
+            packages::ensure(packages::TEST)?;
+            load::run(seconds, units, connections)
+        }
         Bench::Ring { sizes, producers, signals, rounds } => ring::run(&sizes, producers, signals, rounds),
         Bench::Scrape { containers, scrapes } => ignored_test(
             "bench_scrape",

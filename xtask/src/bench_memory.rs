@@ -279,7 +279,7 @@ fn read_memory(pid: u32) -> Result<Reading> {
 
 /// Where cgroup v2 is mounted (`/sys/fs/cgroup` on unified hosts, `/sys/fs/cgroup/unified` on
 /// hybrid ones).
-fn cgroup2_root() -> Result<PathBuf> {
+pub(super) fn cgroup2_root() -> Result<PathBuf> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").context("reading mountinfo")?;
     mountinfo
         .lines()
@@ -292,15 +292,15 @@ fn cgroup2_root() -> Result<PathBuf> {
 }
 
 /// Container cgroups with one process each, under a private parent; removed on drop.
-struct FakeNode {
+pub(super) struct FakeNode {
     parent: PathBuf,
-    uid_prefix: String,
+    pub(super) uid_prefix: String,
     children: Vec<Child>,
     dirs: Vec<PathBuf>,
 }
 
 impl FakeNode {
-    fn new(root: &Path) -> Result<Self> {
+    pub(super) fn new(root: &Path) -> Result<Self> {
         let parent = root.join(format!("lifecycle-bench-memory-{}", std::process::id()));
         std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
         // A marker per run, so a leftover from an earlier run is never counted.
@@ -311,7 +311,7 @@ impl FakeNode {
 
     /// `units` container cgroups, each with a process started into it from outside (as a
     /// runtime starts a container's init): `sh` moves itself in, then execs `sleep`.
-    fn start(&mut self, units: usize) -> Result<()> {
+    pub(super) fn start(&mut self, units: usize) -> Result<()> {
         for i in 0..units {
             let uid = format!("{}0000-0000-0000-{i:012x}", self.uid_prefix);
             let pod = self.parent.join(format!("kubepods/besteffort/pod{uid}"));

@@ -315,15 +315,15 @@ impl Drop for Container {
 }
 
 /// The agent's probe server in its own process; stopped (stdin closed, then waited) on drop.
-struct ProbeServer {
+pub(crate) struct ProbeServer {
     child: Child,
-    addr: String,
-    pid: u32,
+    pub(crate) addr: String,
+    pub(crate) pid: u32,
 }
 
 impl ProbeServer {
     /// Starts the server with `declared` (one probe path) as the pod's declaration.
-    fn start(declared: &str) -> Result<Self> {
+    pub(crate) fn start(declared: &str) -> Result<Self> {
         eprintln!("xtask: building and starting the probe server (release test binary)");
         let mut child = cargo()
             .args(["test", "--release", "-p", "lifecycle-agent", "--test", "probe", "--", "--ignored", "--exact"])

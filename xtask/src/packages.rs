@@ -22,7 +22,8 @@ pub const KUBERNETES_BUILD: &[&str] = &["golang-go", "dpkg-dev", "rsync", "make"
 /// kubectl, when the machine has none on PATH (Debian's build of the same Kubernetes release).
 pub const KUBECTL: &[&str] = &["kubernetes-client"];
 /// Peers and tools the benchmarks compare against.
-pub const BENCH: &[&str] = &["bpftrace", "runc", "busybox-static", "iproute2", "protobuf-compiler", "containerd"];
+pub const BENCH: &[&str] =
+    &["bpftrace", "runc", "busybox-static", "iproute2", "protobuf-compiler", "containerd", "wrk"];
 
 fn is_installed(package: &str) -> bool {
     Command::new("dpkg-query")
