@@ -102,6 +102,11 @@ pub enum Bench {
         #[arg(long, default_value_t = 50)]
         connections: usize,
     },
+    /// A thousand real units on this machine: 900 host cgroups and 100 containers through
+    /// containerd + runc; the agent's CPU, RSS and map memory against its idle baseline, records
+    /// lost, exit -> state latency and scrapes under a restart churn, and a 100-container stop
+    /// storm whose every verdict must be right.
+    Scale,
     /// /metrics of an agent tracking many containers: scrape time and body size.
     Scrape {
         #[arg(long, default_value_t = 1000)]
@@ -132,6 +137,10 @@ pub fn run(which: Bench) -> Result<()> {
             load::run(seconds, units, connections)
         }
         Bench::Ring { sizes, producers, signals, rounds } => ring::run(&sizes, producers, signals, rounds),
+        Bench::Scale => {
+            packages::ensure(packages::TEST)?;
+            ignored_test("bench_scale", &[])
+        }
         Bench::Scrape { containers, scrapes } => ignored_test(
             "bench_scrape",
             &[("LIFECYCLE_BENCH_CONTAINERS", containers.to_string()), ("LIFECYCLE_BENCH_SCRAPES", scrapes.to_string())],

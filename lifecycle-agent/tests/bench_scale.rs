@@ -1,0 +1,296 @@
+//! Benchmark (not a test; `#[ignore]`d, run by `xtask/x.sh bench scale`): the agent on a node
+//! with a thousand units, on this machine's 2 vCPUs, with real cgroups and processes.
+//!
+//! - 900 plain-host units (a cgroup each, one process each) and 100 containers run by containerd
+//!   and runc through the CRI (10 pods of 10), half of them trapping SIGTERM and exiting, half
+//!   ignoring it;
+//! - the baseline, measured first in the same run: the agent idle, tracking nothing of ours;
+//! - a churn of restarts: 20 a second for 10 s, each a unit's process SIGKILLed and a new one
+//!   started in its cgroup, while `/metrics` is scraped every 100 ms;
+//! - a stop storm: the 100 containers stopped at once by the runtime (StopContainer, timeout 2 s,
+//!   as the kubelet's killContainer asks for it): the trapping half exits within the grace, the
+//!   other half is SIGKILLed after it. Every verdict must say so.
+//!
+//! Reported: the agent's CPU and RSS (baseline, loaded, during the churn), kernel map memory,
+//! records lost, exit -> state latency (the agent's own histogram), scrape p50/p99 and body
+//! size, and how many stop-storm verdicts were right.
+
+use std::{
+    collections::HashMap,
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use k8s_cri::v1 as cri;
+use lifecycle_testkit::{
+    cgroup::TestCgroup,
+    containerd::{start_or_skip, KubeletAnnotations},
+};
+use serde_json::Value;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
+const HOST_UNITS: usize = 900;
+const PODS: usize = 10;
+const CONTAINERS_PER_POD: usize = 10;
+const TRAP_EXIT: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
+const IGNORE_TERM: &str = "trap '' TERM; while true; do sleep 0.2; done";
+
+fn get(addr: &str, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+}
+
+fn containers(addr: &str) -> Vec<Value> {
+    get(addr, "/api/v1/containers")
+        .and_then(|body| serde_json::from_str::<Value>(&body).ok())
+        .and_then(|v| v["containers"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// CPU time of every thread of `pid`, ns (schedstat).
+fn cpu_ns(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 =
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.split_whitespace().next()?.parse().ok()).unwrap_or(0.0);
+    kib / 1024.0
+}
+
+/// Kernel memory of the BPF maps `pid` holds (`memlock` in fdinfo), MiB.
+fn map_memory_mib(pid: u32) -> f64 {
+    let bytes: u64 = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
+        .filter(|info| info.contains("map_type:"))
+        .filter_map(|info| info.lines().find_map(|l| l.strip_prefix("memlock:"))?.trim().parse::<u64>().ok())
+        .sum();
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn metric_sum(metrics: &str, family: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.strip_prefix(family).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Cumulative (upper bound, count) of a histogram's buckets.
+fn buckets(metrics: &str, family: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("{family}_bucket{{le=\"");
+    metrics
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (le, value) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The bucket bound under which a fraction `q` of the observations between two readings fell.
+fn bucket_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f64 {
+    let deltas: Vec<(f64, f64)> =
+        after.iter().map(|&(le, n)| (le, n - before.iter().find(|b| b.0 == le).map_or(0.0, |b| b.1))).collect();
+    let total = deltas.last().map_or(0.0, |d| d.1);
+    deltas.iter().find(|d| d.1 >= total * q).map_or(f64::NAN, |d| d.0)
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    sorted[(((sorted.len() - 1) as f64) * q).round() as usize]
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions; the pid is the agent we started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+#[ignore = "benchmark: run with xtask/x.sh bench scale"]
+fn a_thousand_units_on_two_cpus() {
+    let Some(mut h) = start_or_skip("a_thousand_units_on_two_cpus") else { return };
+    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    let addr = format!("127.0.0.1:{port}");
+    let socket = h.socket().to_string_lossy().into_owned();
+    let agent = KillOnDrop(
+        Command::new(AGENT)
+            .args(["run", "--listen", &addr, "--cri-socket", &socket, "--pod-probe-port", "0"])
+            .env("RUST_LOG", "warn")
+            .env_remove("KUBECONFIG")
+            .spawn()
+            .expect("agent"),
+    );
+    let pid = agent.0.id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&addr, "/healthz").is_none() {
+        assert!(Instant::now() < deadline, "agent not up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Baseline: the agent idle on this machine, 10 s.
+    std::thread::sleep(Duration::from_secs(2));
+    let (cpu0, t0) = (cpu_ns(pid), Instant::now());
+    std::thread::sleep(Duration::from_secs(10));
+    let idle_cpu = (cpu_ns(pid) - cpu0) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
+    let idle_rss = rss_mib(pid);
+    let idle_metrics = get(&addr, "/metrics").expect("metrics");
+    let idle_units = containers(&addr).len();
+
+    // 900 host units and 100 containers.
+    let began = Instant::now();
+    let mut units: Vec<(TestCgroup, Child)> = (0..HOST_UNITS)
+        .map(|n| {
+            let mut cg = TestCgroup::new(&format!("scale{n}"));
+            let child = cg.spawn(Command::new("sleep").arg("100000"));
+            (cg, child)
+        })
+        .collect();
+    let annotations = KubeletAnnotations { termination_grace_period_s: Some(2), ..KubeletAnnotations::default() };
+    let mut ids: Vec<(String, bool)> = Vec::new();
+    for p in 0..PODS {
+        let pod = h.new_pod(&format!("scale{p}")).expect("pod");
+        for c in 0..CONTAINERS_PER_POD {
+            let traps = c % 2 == 0;
+            let script = if traps { TRAP_EXIT } else { IGNORE_TERM };
+            let id =
+                h.run_container(&pod, &format!("c{c}"), &["sh", "-c", script], &annotations, None).expect("container");
+            ids.push((id, traps));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let running = containers(&addr).iter().filter(|c| c["state"]["state"] == "running").count();
+        if running >= HOST_UNITS + PODS * CONTAINERS_PER_POD {
+            break;
+        }
+        assert!(Instant::now() < deadline, "only {running} units running after 120 s");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let setup_s = began.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(2));
+    let (cpu0, t0) = (cpu_ns(pid), Instant::now());
+    std::thread::sleep(Duration::from_secs(10));
+    let loaded_cpu = (cpu_ns(pid) - cpu0) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
+    let loaded_rss = rss_mib(pid);
+    let maps_mib = map_memory_mib(pid);
+
+    // Churn: 20 restarts a second for 10 s, scraping every 100 ms.
+    let before = get(&addr, "/metrics").expect("metrics");
+    let lost_before = metric_sum(&before, "lifecycle_events_lost_total");
+    let latency_before = buckets(&before, "lifecycle_event_to_state_seconds");
+    let (cpu0, t0) = (cpu_ns(pid), Instant::now());
+    let mut scrapes = Vec::new();
+    let mut body_bytes = 0;
+    let mut next_restart = Instant::now();
+    let mut next_scrape = Instant::now();
+    let mut restarted = 0usize;
+    while t0.elapsed() < Duration::from_secs(10) {
+        if Instant::now() >= next_restart {
+            let (cg, child) = &mut units[(restarted * 7) % HOST_UNITS];
+            let _ = child.kill();
+            let _ = child.wait();
+            *child = cg.spawn(Command::new("sleep").arg("100000"));
+            restarted += 1;
+            next_restart += Duration::from_millis(50);
+        }
+        if Instant::now() >= next_scrape {
+            let began = Instant::now();
+            let body = get(&addr, "/metrics").expect("scrape");
+            scrapes.push(began.elapsed().as_secs_f64() * 1e3);
+            body_bytes = body.len();
+            next_scrape += Duration::from_millis(100);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let churn_cpu = (cpu_ns(pid) - cpu0) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
+    let after = get(&addr, "/metrics").expect("metrics");
+    let latency_after = buckets(&after, "lifecycle_event_to_state_seconds");
+    scrapes.sort_by(f64::total_cmp);
+
+    // Stop storm: the 100 containers at once.
+    let began = Instant::now();
+    let stops = ids.iter().map(|(id, _)| {
+        let mut runtime = h.cri().runtime_service();
+        let request = cri::StopContainerRequest { container_id: id.clone(), timeout: 2 };
+        async move { runtime.stop_container(request).await.map(drop) }
+    });
+    let results = h.block_on(futures::future::join_all(stops));
+    let storm_s = began.elapsed().as_secs_f64();
+    assert!(results.iter().all(Result::is_ok), "every StopContainer answered");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let verdicts: HashMap<String, Value> = loop {
+        let judged: HashMap<String, Value> = containers(&addr)
+            .into_iter()
+            .filter(|c| !c["last_termination"].is_null())
+            .filter_map(|c| Some((c["container_id"].as_str()?.to_owned(), c)))
+            .collect();
+        if ids.iter().all(|(id, _)| judged.contains_key(id)) || Instant::now() > deadline {
+            break judged;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let right = ids
+        .iter()
+        .filter(|(id, traps)| {
+            let Some(c) = verdicts.get(id) else { return false };
+            let t = &c["last_termination"];
+            let kind = t["outcome"]["kind"].as_str().unwrap_or_default();
+            t["grace_ns"] == 2_000_000_000u64
+                && if *traps { kind == "exited_within_grace" } else { kind == "sigkilled_after_grace" }
+        })
+        .count();
+    let lost = metric_sum(&get(&addr, "/metrics").expect("metrics"), "lifecycle_events_lost_total") - lost_before;
+
+    println!("\n`bench scale`: {HOST_UNITS} host units + {} containers (containerd + runc), 2 vCPUs\n", ids.len());
+    println!("| measure | baseline (idle, {idle_units} units) | {} units | during churn |", HOST_UNITS + ids.len());
+    println!("|---|---|---|---|");
+    println!("| agent CPU | {idle_cpu:.2} % | {loaded_cpu:.2} % | {churn_cpu:.2} % |");
+    println!("| agent RSS | {idle_rss:.1} MiB | {loaded_rss:.1} MiB | {:.1} MiB |", rss_mib(pid));
+    println!("| /metrics body | {} KiB | - | {} KiB |", idle_metrics.len() / 1024, body_bytes / 1024);
+    println!();
+    println!("- setup: {} units running in the agent's view after {setup_s:.1} s", HOST_UNITS + ids.len());
+    println!("- kernel map memory (memlock of the agent's BPF maps): {maps_mib:.1} MiB");
+    println!("- churn: {restarted} restarts in 10 s; records lost during churn and storm: {lost}");
+    println!(
+        "- exit -> state (lifecycle_event_to_state_seconds, bucket bounds): p50 <= {} s, p99 <= {} s",
+        bucket_quantile(&latency_before, &latency_after, 0.5),
+        bucket_quantile(&latency_before, &latency_after, 0.99)
+    );
+    println!(
+        "- /metrics during churn: {} scrapes, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {} KiB",
+        scrapes.len(),
+        percentile(&scrapes, 0.5),
+        percentile(&scrapes, 0.99),
+        percentile(&scrapes, 1.0),
+        body_bytes / 1024
+    );
+    println!(
+        "- stop storm: {} StopContainer calls answered in {storm_s:.1} s; verdicts right: {right} of {}",
+        results.len(),
+        ids.len()
+    );
+    drop(units);
+}
