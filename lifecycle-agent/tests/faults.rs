@@ -19,6 +19,10 @@ const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
 /// No runtime on a plain host: the agent runs on cgroups alone.
 const NO_RUNTIME: &str = "/nonexistent/lifecycle-test/cri.sock";
 
+/// Held by each test: every agent sees every cgroup of the machine, so one test's churn must not
+/// land in the other's ring.
+static MACHINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The sum of every sample of `family` (all label sets).
 fn metric_sum(agent: &Agent, family: &str) -> f64 {
     agent
@@ -60,6 +64,7 @@ fn reap(mut child: Child) {
 #[test]
 fn a_ring_overflow_is_counted_and_the_state_it_hid_is_repaired_from_proc_and_cgroupfs() {
     require_privileges!();
+    let _machine = MACHINE.lock().unwrap_or_else(|poison| poison.into_inner());
     // The smallest ring, and a reader stopped while the storm fills it: loss is certain.
     let agent =
         Agent::start_with_socket(AGENT, Path::new(NO_RUNTIME), &["--ring-bytes", "16384", "--wakeup-bytes", "8192"]);
@@ -121,6 +126,7 @@ fn a_ring_overflow_is_counted_and_the_state_it_hid_is_repaired_from_proc_and_cgr
 #[test]
 fn cgroup_churn_of_a_thousand_a_second_loses_nothing_and_leaves_nothing_behind() {
     require_privileges!();
+    let _machine = MACHINE.lock().unwrap_or_else(|poison| poison.into_inner());
     let agent = Agent::start_with_socket(AGENT, Path::new(NO_RUNTIME), &[]);
     let used = || {
         agent.metrics().lines().find_map(|l| {

@@ -191,7 +191,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     }
     tokio::spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));
     let repairs = tasks::register_repairs(metrics.registry()).map_err(MetricsError::from)?;
-    tokio::spawn(tasks::resync_loop(tracker.clone(), maps.clone(), root.clone(), repairs, shutdown.clone()));
+    tokio::spawn(tasks::resync_loop(tracker.clone(), maps.clone(), root.clone(), repairs.clone(), shutdown.clone()));
 
     let gate = match config.api_auth {
         false => None,
@@ -246,7 +246,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
             tracker.take_notices()
         };
         batch.clear();
-        handle_notices(notices, &tracker, &root, &metadata_wanted, &mut last_rescan);
+        handle_notices(notices, &tracker, &root, &metadata_wanted, &mut last_rescan, &repairs);
     }
     log::info!("shutting down: detaching kernel programs");
     drop(stream);

@@ -23,6 +23,7 @@ pub(super) fn handle_notices(
     root: &CgroupRoot,
     metadata_wanted: &Notify,
     last_rescan: &mut Option<std::time::Instant>,
+    repairs: &IntCounterVec,
 ) {
     let mut rescan = false;
     for notice in notices {
@@ -37,12 +38,12 @@ pub(super) fn handle_notices(
     if rescan && last_rescan.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
         *last_rescan = Some(std::time::Instant::now());
         // A cgroup's mkdir record was lost (ring overflow, counted): learn it from cgroupfs.
-        let found = root.scan();
-        let now = boottime_ns();
+        let on_disk = root.scan();
         let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-        for (id, path) in found {
-            tracker.seed_cgroup(id, &path, now);
-        }
+        let known: HashSet<u64> = tracker.tracked_cgroups().into_iter().collect();
+        let found: Vec<(u64, String)> = on_disk.into_iter().filter(|(id, _)| !known.contains(id)).collect();
+        let report = tracker.resync(&[], &[], &found, |_| None, boottime_ns());
+        repairs.with_label_values(&["cgroup_created"]).inc_by(report.cgroups_created_unseen as u64);
     }
 }
 
