@@ -1,0 +1,102 @@
+//! Process exec and exit (`sched_process_exec`, `sched_process_exit`): who runs in which cgroup,
+//! whether it is a pid namespace's init, and how each process ended.
+
+use super::*;
+
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn sched_process_exec(_ctx: BtfTracePointContext) -> i32 {
+    let _ = try_exec();
+    0
+}
+
+fn try_exec() -> Result<(), i64> {
+    if is_agent() {
+        return Ok(());
+    }
+    let header = current_header(EventKind::Exec);
+    bump(header.cgroup_id, offset_of!(CgroupCounters, execs), EventKind::Exec);
+    // SAFETY: helper without preconditions; the task pointer is only read through probe_read.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let parent = read_ptr(task, off!(task_real_parent))?;
+    let record = ExecEvent {
+        header,
+        parent_tgid: read::<u32>(parent, off!(task_tgid))?,
+        flags: pid_namespace_flags(task),
+        start_time_ns: read::<u64>(task, off!(task_start_boottime))?,
+        parent_cgroup_id: task_cgroup_id(parent)?,
+        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+    };
+    send(EventKind::Exec, header.cgroup_id, record);
+    Ok(())
+}
+
+// ---- process exit -------------------------------------------------------------------------
+
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
+    let _ = try_exit();
+    0
+}
+
+fn try_exit() -> Result<(), i64> {
+    if is_agent() {
+        return Ok(());
+    }
+    let header = current_header(EventKind::Exit);
+    // SAFETY: see try_exec.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let signal = read_ptr(task, off!(task_signal))?;
+    // do_exit decrements signal->live before this tracepoint: 0 means the last thread is leaving.
+    let group_dead = read::<i32>(signal, off!(signal_live))? == 0;
+    if group_dead {
+        bump(header.cgroup_id, offset_of!(CgroupCounters, process_exits), EventKind::Exit);
+    }
+    // A worker thread's exit says nothing about the container's lifecycle and thread pools churn;
+    // record the last thread of a process and any exit of a group leader.
+    if !group_dead && header.pid != header.tgid {
+        return Ok(());
+    }
+    let mut cpu_time_ns = read::<u64>(task, off!(task_utime))? + read::<u64>(task, off!(task_stime))?;
+    if group_dead {
+        cpu_time_ns += read::<u64>(signal, off!(signal_utime))? + read::<u64>(signal, off!(signal_stime))?;
+    }
+    let parent = read_ptr(task, off!(task_real_parent))?;
+    let record = ExitEvent {
+        header,
+        exit_code: read::<u32>(task, off!(task_exit_code))?,
+        group_dead: group_dead as u32,
+        parent_tgid: read::<u32>(parent, off!(task_tgid))?,
+        _pad: 0,
+        start_time_ns: read::<u64>(task, off!(task_start_boottime))?,
+        cpu_time_ns,
+        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+    };
+    // A pid namespace's init exiting is a container ending: the one event worth an immediate
+    // wake-up (rare, and the state users wait for). Everything else rides the next batch.
+    let urgent = group_dead && is_namespace_init(task);
+    send_waking(EventKind::Exit, header.cgroup_id, record, urgent);
+    Ok(())
+}
+
+/// The task's place in the pid namespace tree: [`EXEC_FLAG_CHILD_PID_NAMESPACE`] when it lives
+/// below the host's namespace, plus [`EXEC_FLAG_NAMESPACE_INIT`] when it is PID 1 there
+/// (`task->thread_pid->numbers[level].nr == 1`).
+#[inline(always)]
+fn pid_namespace_flags(task: *const u8) -> u32 {
+    let Ok(pid) = read_ptr(task, off!(task_thread_pid)) else { return 0 };
+    let Ok(level) = read::<u32>(pid, off!(pid_level)) else { return 0 };
+    // The kernel nests at most 32 pid namespaces.
+    if level == 0 || level > 32 {
+        return 0;
+    }
+    let slot = off!(pid_numbers) + level as usize * off!(upid_size) + off!(upid_nr);
+    match read::<i32>(pid, slot) {
+        Ok(1) => EXEC_FLAG_CHILD_PID_NAMESPACE | EXEC_FLAG_NAMESPACE_INIT,
+        _ => EXEC_FLAG_CHILD_PID_NAMESPACE,
+    }
+}
+
+#[inline(always)]
+pub(crate) fn is_namespace_init(task: *const u8) -> bool {
+    pid_namespace_flags(task) & EXEC_FLAG_NAMESPACE_INIT != 0
+}

@@ -1,0 +1,108 @@
+//! Signals (`signal_generate`): every signal counted per target cgroup; recorded only when a
+//! verdict may use it (to a container's init, fatal or stop signals, from outside the cgroup).
+
+use super::*;
+use crate::process::is_namespace_init;
+
+/// `signal_generate(int sig, struct kernel_siginfo *info, struct task_struct *task, int group,
+/// int result)`; the sender is `current`.
+#[btf_tracepoint(function = "signal_generate")]
+pub fn signal_generate(ctx: BtfTracePointContext) -> i32 {
+    let _ = try_signal(&ctx);
+    0
+}
+
+fn try_signal(ctx: &BtfTracePointContext) -> Result<(), i64> {
+    // The hot path (a process signalling itself, handled, counted only) costs one helper or read
+    // per line here; the record's own fields (time, names, target pid) are read only to send it.
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let agent = setting!(agent_tgid);
+    if agent != 0 && tgid == agent {
+        return Ok(());
+    }
+    let signal = ctx.arg::<u64>(0) as u32;
+    let target = ctx.arg::<u64>(2) as *const u8;
+    // SAFETY: helper without preconditions.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    // raise(), a signal to a single-threaded self: the target is the running task.
+    // SAFETY: helper without preconditions; the pointer is only compared.
+    let to_self_task = target == unsafe { bpf_get_current_task() } as *const u8;
+    let target_tgid = if to_self_task { tgid } else { read::<u32>(target, off!(task_tgid))? };
+    let to_self = target_tgid == tgid;
+    // A process signalling itself is in its own cgroup: skip the walk to the target's cgroup.
+    let target_cgroup_id = if to_self { cgroup_id } else { task_cgroup_id(target)? };
+    let (sent, received) = (offset_of!(CgroupCounters, signals_sent), offset_of!(CgroupCounters, signals_received));
+    if target_cgroup_id != cgroup_id {
+        bump(cgroup_id, sent, EventKind::Signal);
+        bump(target_cgroup_id, received, EventKind::Signal);
+    } else {
+        // Inside one cgroup, only what a verdict or a death can hang on is recorded (see
+        // `lifecycle_common::signal_is_recorded`); the rest is counted by number, both sides and
+        // the number with one map lookup. Every child exit generates SIGCHLD to its parent: the
+        // exit record already says it all, so it is never recorded (nor given a slot).
+        let recorded = signal == SIGCHLD || recorded_inside_cgroup(signal, target, to_self);
+        let slot = if recorded || signal as usize >= SIGNAL_SLOTS {
+            NO_FIELD
+        } else {
+            offset_of!(CgroupCounters, unrecorded_signals) + signal as usize * core::mem::size_of::<u64>()
+        };
+        bump_fields(cgroup_id, [sent, received, slot], EventKind::Signal);
+        if slot != NO_FIELD {
+            return Ok(());
+        }
+    }
+    if signal == SIGCHLD {
+        return Ok(());
+    }
+    let record = SignalEvent {
+        header: EventHeader {
+            kind: EventKind::Signal as u32,
+            pid: pid_tgid as u32,
+            tgid,
+            _pad: 0,
+            // SAFETY: helper without preconditions.
+            time_ns: unsafe { bpf_ktime_get_boot_ns() },
+            cgroup_id,
+        },
+        signal,
+        result: ctx.arg::<u64>(4) as i32,
+        target_pid: read::<u32>(target, off!(task_pid))?,
+        target_tgid,
+        target_cgroup_id,
+        group: (ctx.arg::<u64>(3) as u32 != 0) as u32,
+        _pad: 0,
+        sender_comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+        target_comm: task_comm(target),
+    };
+    send(EventKind::Signal, target_cgroup_id, record);
+    Ok(())
+}
+
+/// `lifecycle_common::signal_is_recorded` for a signal sent inside the target's cgroup, cheapest
+/// test first. A field that cannot be read counts as "record it".
+#[inline(always)]
+fn recorded_inside_cgroup(signal: u32, target: *const u8, to_self: bool) -> bool {
+    if signal_always_recorded(signal) {
+        return true;
+    }
+    if signal_default_ends_or_stops(signal) && handler(target, signal).is_none_or(|handler| handler == SIG_DFL) {
+        return true;
+    }
+    // Another process's signal to a pid namespace's init (the process, so ask of the target's
+    // group leader). An init signalling itself (a Go runtime as PID 1 preempting its threads
+    // with SIGURG, timers) is no request to stop.
+    !to_self && read_ptr(target, off!(task_group_leader)).map_or(true, is_namespace_init)
+}
+
+/// The target's handler for standard signal `signal` (1-31): `task->sighand->action[signal - 1]
+/// .sa.sa_handler` (`SIG_DFL` 0, `SIG_IGN` 1, else a function).
+#[inline(always)]
+fn handler(task: *const u8, signal: u32) -> Option<u64> {
+    if signal == 0 || signal as usize >= SIGNAL_SLOTS {
+        return None;
+    }
+    let sighand = read_ptr(task, off!(task_sighand)).ok()?;
+    let at = off!(sighand_action_handler) + (signal as usize - 1) * off!(k_sigaction_size);
+    read::<u64>(sighand, at).ok()
+}

@@ -1,0 +1,132 @@
+//! TCP listeners, handshakes and accepts (`inet_sock_set_state`, `sys_exit_accept[4]`), charged
+//! to the socket's own cgroup.
+
+use super::*;
+
+/// Socket identity the TCP records share.
+struct SocketFacts {
+    cgroup_id: u64,
+    netns: u32,
+    family: u16,
+    local_port: u16,
+    remote_port: u16,
+}
+
+#[inline(always)]
+fn socket_facts(sk: *const u8) -> Result<SocketFacts, i64> {
+    let cgroup = read_ptr(sk, off!(sock_cgroup))?;
+    let net = read_ptr(sk, off!(sock_net))?;
+    Ok(SocketFacts {
+        cgroup_id: cgroup_id(cgroup)?,
+        netns: read::<u32>(net, off!(net_ns_inum))?,
+        family: read::<u16>(sk, off!(sock_family))?,
+        local_port: read::<u16>(sk, off!(sock_num))?,
+        remote_port: u16::from_be(read::<u16>(sk, off!(sock_dport))?),
+    })
+}
+
+#[inline(always)]
+fn tcp_record(kind: EventKind, facts: &SocketFacts, fd: i32) -> TcpEvent {
+    TcpEvent {
+        header: current_header(kind),
+        socket_cgroup_id: facts.cgroup_id,
+        netns: facts.netns,
+        family: facts.family,
+        local_port: facts.local_port,
+        remote_port: facts.remote_port,
+        _pad: 0,
+        fd,
+    }
+}
+
+/// `inet_sock_set_state(const struct sock *sk, const int oldstate, const int newstate)`.
+/// Handshakes finish in softirq on whatever task runs, so everything is charged to the socket's
+/// own cgroup, never to `current`.
+#[btf_tracepoint(function = "inet_sock_set_state")]
+pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
+    let _ = try_sock_state(&ctx);
+    0
+}
+
+fn try_sock_state(ctx: &BtfTracePointContext) -> Result<(), i64> {
+    let old_state = ctx.arg::<u64>(1) as i32;
+    let new_state = ctx.arg::<u64>(2) as i32;
+    let (kind, field) = if new_state == TCP_LISTEN {
+        (EventKind::TcpListen, offset_of!(CgroupCounters, tcp_listens))
+    } else if old_state == TCP_LISTEN && new_state == TCP_CLOSE {
+        // Only LISTEN -> CLOSE: a child socket is cloned in LISTEN and moved to SYN_RECV, which
+        // is a handshake, not the listener going away.
+        (EventKind::TcpListenClose, usize::MAX)
+    } else if old_state == TCP_SYN_RECV && new_state == TCP_ESTABLISHED {
+        (EventKind::TcpEstablished, offset_of!(CgroupCounters, tcp_established))
+    } else {
+        return Ok(());
+    };
+    let sk = ctx.arg::<u64>(0) as *const u8;
+    if read::<u16>(sk, off!(sock_protocol))? != IPPROTO_TCP {
+        return Ok(());
+    }
+    let mut facts = socket_facts(sk)?;
+    let key = sk as u64;
+    match kind {
+        EventKind::TcpListen => {
+            // A full map only costs the port on the close record; the listen is still counted.
+            let _ = LISTENER_PORTS.insert(&key, &facts.local_port, 0);
+        }
+        EventKind::TcpListenClose => {
+            // SAFETY: the value is copied out immediately; the entry is removed right after.
+            if let Some(port) = unsafe { LISTENER_PORTS.get(&key) } {
+                facts.local_port = *port;
+            }
+            let _ = LISTENER_PORTS.remove(&key);
+        }
+        _ => {}
+    }
+    if field != usize::MAX {
+        bump(facts.cgroup_id, field, kind);
+    }
+    send(kind, facts.cgroup_id, tcp_record(kind, &facts, -1));
+    Ok(())
+}
+
+/// `syscalls/sys_exit_accept4` and `sys_exit_accept`: `long ret` sits at offset 16 of the record
+/// (8 bytes of common fields, then the 4-byte syscall number padded to 8).
+#[tracepoint(category = "syscalls", name = "sys_exit_accept4")]
+pub fn sys_exit_accept4(ctx: TracePointContext) -> u32 {
+    let _ = try_accept(&ctx);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_accept")]
+pub fn sys_exit_accept(ctx: TracePointContext) -> u32 {
+    let _ = try_accept(&ctx);
+    0
+}
+
+const SYSCALL_RET_OFFSET: usize = 16;
+
+fn try_accept(ctx: &TracePointContext) -> Result<(), i64> {
+    // SAFETY: the offset is inside the syscall-exit record layout (see above).
+    let ret = unsafe { ctx.read_at::<i64>(SYSCALL_RET_OFFSET) }.map_err(|e| e as i64)?;
+    if ret < 0 || is_agent() {
+        return Ok(());
+    }
+    let fd = ret as u32;
+    // The new fd -> struct file -> struct socket -> struct sock: the accepted socket inherited the
+    // listener's port, netns and cgroup, which is what ties this accept to its listener.
+    // SAFETY: see try_exec.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let files = read_ptr(task, off!(task_files))?;
+    let fdt = read_ptr(files, off!(files_fdt))?;
+    if fd >= read::<u32>(fdt, off!(fdtable_max_fds))? {
+        return Err(-1);
+    }
+    let fd_array = read_ptr(fdt, off!(fdtable_fd))?;
+    let file = read_ptr(fd_array, fd as usize * core::mem::size_of::<u64>())?;
+    let socket = read_ptr(file, off!(file_private_data))?;
+    let sk = read_ptr(socket, off!(socket_sk))?;
+    let facts = socket_facts(sk)?;
+    bump(facts.cgroup_id, offset_of!(CgroupCounters, tcp_accepts), EventKind::TcpAccept);
+    send(EventKind::TcpAccept, facts.cgroup_id, tcp_record(EventKind::TcpAccept, &facts, fd as i32));
+    Ok(())
+}
