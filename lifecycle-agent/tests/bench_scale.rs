@@ -17,14 +17,13 @@
 
 use std::{
     collections::HashMap,
-    io::{Read as _, Write as _},
-    net::{TcpListener, TcpStream},
     process::{Child, Command},
     time::{Duration, Instant},
 };
 
 use k8s_cri::v1 as cri;
 use lifecycle_testkit::{
+    agent::{metric_sum, Agent},
     cgroup::TestCgroup,
     containerd::{start_or_skip, KubeletAnnotations},
 };
@@ -36,22 +35,6 @@ const PODS: usize = 10;
 const CONTAINERS_PER_POD: usize = 10;
 const TRAP_EXIT: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
 const IGNORE_TERM: &str = "trap '' TERM; while true; do sleep 0.2; done";
-
-fn get(addr: &str, path: &str) -> Option<String> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
-}
-
-fn containers(addr: &str) -> Vec<Value> {
-    get(addr, "/api/v1/containers")
-        .and_then(|body| serde_json::from_str::<Value>(&body).ok())
-        .and_then(|v| v["containers"].as_array().cloned())
-        .unwrap_or_default()
-}
 
 /// CPU time of every thread of `pid`, ns (schedstat).
 fn cpu_ns(pid: u32) -> u64 {
@@ -84,14 +67,6 @@ fn map_memory_mib(pid: u32) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
-fn metric_sum(metrics: &str, family: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.strip_prefix(family).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
-
 /// Cumulative (upper bound, count) of a histogram's buckets.
 fn buckets(metrics: &str, family: &str) -> Vec<(f64, f64)> {
     let prefix = format!("{family}_bucket{{le=\"");
@@ -118,37 +93,13 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[(((sorted.len() - 1) as f64) * q).round() as usize]
 }
 
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        // SAFETY: kill has no memory-safety preconditions; the pid is the agent we started.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 #[ignore = "benchmark: run with xtask/x.sh bench scale"]
 fn a_thousand_units_on_two_cpus() {
     let Some(mut h) = start_or_skip("a_thousand_units_on_two_cpus") else { return };
-    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
-    let addr = format!("127.0.0.1:{port}");
-    let socket = h.socket().to_string_lossy().into_owned();
-    let agent = KillOnDrop(
-        Command::new(AGENT)
-            .args(["run", "--listen", &addr, "--cri-socket", &socket, "--pod-probe-port", "0"])
-            .env("RUST_LOG", "warn")
-            .env_remove("KUBECONFIG")
-            .spawn()
-            .expect("agent"),
-    );
-    let pid = agent.0.id();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while get(&addr, "/healthz").is_none() {
-        assert!(Instant::now() < deadline, "agent not up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // The harness's CRI socket; no pod probe listeners (nothing here declares probes).
+    let agent = Agent::start(AGENT, &h, &["--pod-probe-port", "0"]);
+    let pid = agent.pid();
 
     // Baseline: the agent idle on this machine, 10 s.
     std::thread::sleep(Duration::from_secs(2));
@@ -156,8 +107,8 @@ fn a_thousand_units_on_two_cpus() {
     std::thread::sleep(Duration::from_secs(10));
     let idle_cpu = (cpu_ns(pid) - cpu0) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
     let idle_rss = rss_mib(pid);
-    let idle_metrics = get(&addr, "/metrics").expect("metrics");
-    let idle_units = containers(&addr).len();
+    let idle_metrics = agent.metrics();
+    let idle_units = agent.containers().len();
 
     // 900 host units and 100 containers.
     let began = Instant::now();
@@ -182,7 +133,7 @@ fn a_thousand_units_on_two_cpus() {
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let running = containers(&addr).iter().filter(|c| c["state"]["state"] == "running").count();
+        let running = agent.containers().iter().filter(|c| c["state"]["state"] == "running").count();
         if running >= HOST_UNITS + PODS * CONTAINERS_PER_POD {
             break;
         }
@@ -198,7 +149,7 @@ fn a_thousand_units_on_two_cpus() {
     let maps_mib = map_memory_mib(pid);
 
     // Churn: 20 restarts a second for 10 s, scraping every 100 ms.
-    let before = get(&addr, "/metrics").expect("metrics");
+    let before = agent.metrics();
     let lost_before = metric_sum(&before, "lifecycle_events_lost_total");
     let latency_before = buckets(&before, "lifecycle_event_to_state_seconds");
     let (cpu0, t0) = (cpu_ns(pid), Instant::now());
@@ -218,7 +169,7 @@ fn a_thousand_units_on_two_cpus() {
         }
         if Instant::now() >= next_scrape {
             let began = Instant::now();
-            let body = get(&addr, "/metrics").expect("scrape");
+            let body = agent.metrics();
             scrapes.push(began.elapsed().as_secs_f64() * 1e3);
             body_bytes = body.len();
             next_scrape += Duration::from_millis(100);
@@ -226,7 +177,7 @@ fn a_thousand_units_on_two_cpus() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let churn_cpu = (cpu_ns(pid) - cpu0) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
-    let after = get(&addr, "/metrics").expect("metrics");
+    let after = agent.metrics();
     let latency_after = buckets(&after, "lifecycle_event_to_state_seconds");
     scrapes.sort_by(f64::total_cmp);
 
@@ -242,7 +193,8 @@ fn a_thousand_units_on_two_cpus() {
     assert!(results.iter().all(Result::is_ok), "every StopContainer answered");
     let deadline = Instant::now() + Duration::from_secs(30);
     let verdicts: HashMap<String, Value> = loop {
-        let judged: HashMap<String, Value> = containers(&addr)
+        let judged: HashMap<String, Value> = agent
+            .containers()
             .into_iter()
             .filter(|c| !c["last_termination"].is_null())
             .filter_map(|c| Some((c["container_id"].as_str()?.to_owned(), c)))
@@ -262,7 +214,7 @@ fn a_thousand_units_on_two_cpus() {
                 && if *traps { kind == "exited_within_grace" } else { kind == "sigkilled_after_grace" }
         })
         .count();
-    let lost = metric_sum(&get(&addr, "/metrics").expect("metrics"), "lifecycle_events_lost_total") - lost_before;
+    let lost = metric_sum(&agent.metrics(), "lifecycle_events_lost_total") - lost_before;
 
     println!("\n`bench scale`: {HOST_UNITS} host units + {} containers (containerd + runc), 2 vCPUs\n", ids.len());
     println!("| measure | baseline (idle, {idle_units} units) | {} units | during churn |", HOST_UNITS + ids.len());

@@ -12,7 +12,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lifecycle_testkit::{agent::Agent, cgroup::TestCgroup, require_privileges};
+use lifecycle_testkit::{
+    agent::{metric_sum, Agent},
+    cgroup::TestCgroup,
+    require_privileges,
+};
 use serde_json::Value;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
@@ -22,16 +26,6 @@ const NO_RUNTIME: &str = "/nonexistent/lifecycle-test/cri.sock";
 /// Held by each test: every agent sees every cgroup of the machine, so one test's churn must not
 /// land in the other's ring.
 static MACHINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// The sum of every sample of `family` (all label sets).
-fn metric_sum(agent: &Agent, family: &str) -> f64 {
-    agent
-        .metrics()
-        .lines()
-        .filter(|line| line.strip_prefix(family).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
-        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
 
 /// The agent's unit for the host cgroup `path`.
 fn unit(agent: &Agent, path: &str) -> Option<Value> {
@@ -82,7 +76,7 @@ fn a_ring_overflow_is_counted_and_the_state_it_hid_is_repaired_from_proc_and_cgr
             .chain(doomed.iter().map(|(cg, _)| &cg.path))
             .all(|path| unit(&agent, path).is_some_and(|u| is_running(&u)))
     });
-    let lost_before = metric_sum(&agent, "lifecycle_events_lost_total");
+    let lost_before = metric_sum(&agent.metrics(), "lifecycle_events_lost_total");
 
     signal(agent.pid(), libc::SIGSTOP);
     let mut storm = TestCgroup::new("overflow-storm");
@@ -99,7 +93,7 @@ fn a_ring_overflow_is_counted_and_the_state_it_hid_is_repaired_from_proc_and_cgr
     signal(agent.pid(), libc::SIGCONT);
 
     wait_until("the loss counted", Duration::from_secs(10), || {
-        metric_sum(&agent, "lifecycle_events_lost_total") > lost_before
+        metric_sum(&agent.metrics(), "lifecycle_events_lost_total") > lost_before
     });
     // Repaired within a few seconds: two looks a second apart confirm what is gone.
     wait_until("the state repaired", Duration::from_secs(15), || {
@@ -135,7 +129,7 @@ fn cgroup_churn_of_a_thousand_a_second_loses_nothing_and_leaves_nothing_behind()
                 .ok()
         })
     };
-    let lost_before = metric_sum(&agent, "lifecycle_events_lost_total");
+    let lost_before = metric_sum(&agent.metrics(), "lifecycle_events_lost_total");
     let used_before = used().expect("counter map entries exported");
     // Cgroups created and removed at 1,000 a second (or as fast as this machine manages); every
     // fourth runs a process, so it gets a unit and a counter-map entry (a fork and exec per
@@ -158,7 +152,7 @@ fn cgroup_churn_of_a_thousand_a_second_loses_nothing_and_leaves_nothing_behind()
         "{CGROUPS} cgroups created, run and removed in {took:.2?} ({:.0}/s)",
         f64::from(CGROUPS) / took.as_secs_f64()
     );
-    assert_eq!(metric_sum(&agent, "lifecycle_events_lost_total"), lost_before, "no record lost at this rate");
+    assert_eq!(metric_sum(&agent.metrics(), "lifecycle_events_lost_total"), lost_before, "no record lost at this rate");
     // Every entry is freed when its cgroup's removal is read (a few other cgroups of the machine
     // may come and go meanwhile).
     wait_until("the counter map back to its size", Duration::from_secs(10), || {

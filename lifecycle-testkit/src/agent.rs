@@ -142,3 +142,11 @@ pub fn get_with_token(addr: &str, path: &str, token: Option<&str>) -> Option<(u1
     let code = head.split(' ').nth(1)?.parse().ok()?;
     Some((code, body.to_owned()))
 }
+
+/// The sum of every sample of `family` (all its label sets) in a Prometheus text body.
+pub fn metric_sum(text: &str, family: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.strip_prefix(family).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}

@@ -12,15 +12,20 @@
 //! as this machine has CPUs: wrk and the agent share them, which is the ceiling of every figure.
 
 use std::{
-    path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _, Result};
 
-use super::memory::{cgroup2_root, FakeNode};
-use crate::{bench_probes::ProbeServer, cargo, packages, shell, workspace_root};
+use super::{
+    free_port,
+    memory::{cgroup2_root, get, read_memory, FakeNode},
+};
+use crate::{
+    bench_probes::{process_cpu_ns, ProbeServer},
+    cargo, packages, shell, workspace_root,
+};
 
 /// What one wrk run measured.
 struct WrkRun {
@@ -145,7 +150,7 @@ fn wrk(target: &str, url: &str, pid: u32, seconds: u64, connections: usize) -> R
         socket_errors,
         non_2xx: after("Non-2xx or 3xx responses:").and_then(|v| v.parse().ok()).unwrap_or(0),
         cpu_percent: cpu as f64 / wall.as_nanos() as f64 * 100.0,
-        rss_kib: rss_kib(pid)?,
+        rss_kib: read_memory(pid)?.rss,
     })
 }
 
@@ -162,37 +167,4 @@ fn wait_listed(addr: &str, units: usize, uid_prefix: &str) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-}
-
-fn get(addr: &str, path: &str) -> Result<String> {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let (head, body) = response.split_once("\r\n\r\n").context("response without a head")?;
-    if !head.contains(" 200 ") {
-        bail!("GET {path}: {}", head.lines().next().unwrap_or(head));
-    }
-    Ok(body.to_owned())
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn process_cpu_ns(pid: u32) -> Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let path = entry?.path().join("schedstat");
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        total += text.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    }
-    Ok(total)
-}
-
-fn rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(Path::new(&format!("/proc/{pid}/status")))?;
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.split_whitespace().next()?.parse().ok()).context("VmRSS")
 }

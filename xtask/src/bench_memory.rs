@@ -45,8 +45,8 @@ struct Agent {
 
 /// One reading of the agent's memory, in KiB.
 #[derive(Clone, Copy, Debug, Default)]
-struct Reading {
-    rss: u64,
+pub(super) struct Reading {
+    pub(super) rss: u64,
     anon: u64,
     file: u64,
     peak: u64,
@@ -212,7 +212,7 @@ fn measure(agent: &Agent, root: &Path, units: usize) -> Result<Round> {
 }
 
 /// The body of `GET path` from the agent.
-fn get(addr: &str, path: &str) -> Result<String> {
+pub(super) fn get(addr: &str, path: &str) -> Result<String> {
     let mut stream = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     stream.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())?;
@@ -225,7 +225,7 @@ fn get(addr: &str, path: &str) -> Result<String> {
     Ok(body.to_owned())
 }
 
-fn read_memory(pid: u32) -> Result<Reading> {
+pub(super) fn read_memory(pid: u32) -> Result<Reading> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading status")?;
     let field = |name: &str| -> u64 {
         status

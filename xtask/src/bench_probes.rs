@@ -373,7 +373,7 @@ fn thread_cpu_ns(pid: u32, tid: u32) -> Result<u64> {
 }
 
 /// Sum over every thread of `pid` (threads that ended are not counted; the server's persist).
-fn process_cpu_ns(pid: u32) -> Result<u64> {
+pub(crate) fn process_cpu_ns(pid: u32) -> Result<u64> {
     let mut total = 0;
     for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         total += schedstat(&entry?.path().join("schedstat")).unwrap_or(0);

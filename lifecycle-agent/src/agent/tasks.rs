@@ -38,11 +38,9 @@ pub(super) fn handle_notices(
     if rescan && last_rescan.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
         *last_rescan = Some(std::time::Instant::now());
         // A cgroup's mkdir record was lost (ring overflow, counted): learn it from cgroupfs.
-        let on_disk = root.scan();
+        let on_disk: Vec<(u64, String)> = root.scan().into_iter().collect();
         let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-        let known: HashSet<u64> = tracker.tracked_cgroups().into_iter().collect();
-        let found: Vec<(u64, String)> = on_disk.into_iter().filter(|(id, _)| !known.contains(id)).collect();
-        let report = tracker.resync(&[], &[], &found, |_| None, boottime_ns());
+        let report = tracker.resync(&[], &[], &on_disk, |_| None, boottime_ns());
         repairs.with_label_values(&["cgroup_created"]).inc_by(report.cgroups_created_unseen as u64);
     }
 }
@@ -162,14 +160,14 @@ pub(super) async fn resync_loop(
         if !dead.is_empty() || !gone.is_empty() {
             suspects = Some((dead, gone));
         }
-        let report = {
-            let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-            let found: Vec<(u64, String)> = {
-                let known: HashSet<u64> = tracker.tracked_cgroups().into_iter().collect();
-                on_disk.into_iter().filter(|(id, _)| !known.contains(id)).collect()
-            };
-            tracker.resync(&confirmed_dead, &confirmed_gone, &found, |id| maps.take_counters(id), boottime_ns())
-        };
+        let on_disk: Vec<(u64, String)> = on_disk.into_iter().collect();
+        let report = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).resync(
+            &confirmed_dead,
+            &confirmed_gone,
+            &on_disk,
+            |id| maps.take_counters(id),
+            boottime_ns(),
+        );
         // Processes whose exec records were lost (in cgroups found now, or in known ones).
         seed_processes(&tracker, &running);
         repairs.with_label_values(&["exit"]).inc_by(report.exits_unseen as u64);

@@ -253,8 +253,8 @@ impl NodeTracker {
     ///   exit ends its instance, with exit status and signal unknown (null) at `now`;
     /// - `gone`: tracked cgroups no longer on disk: removed unseen. Their kernel counts are taken
     ///   with `take_counters` first, as for a seen removal;
-    /// - `found`: cgroups on disk the tracker did not know: created unseen, seeded as at start-up
-    ///   (with `watched_since`).
+    /// - `on_disk`: every cgroup there is now; those the tracker did not know were created
+    ///   unseen, and are seeded as at start-up (with `watched_since`).
     ///
     /// The caller confirms `dead` and `gone` over two looks a second apart, so that a record
     /// still on its way through the ring is applied first, with its real facts.
@@ -262,7 +262,7 @@ impl NodeTracker {
         &mut self,
         dead: &[u32],
         gone: &[u64],
-        found: &[(u64, String)],
+        on_disk: &[(u64, String)],
         mut take_counters: impl FnMut(u64) -> Option<CgroupCounters>,
         now: u64,
     ) -> Resync {
@@ -283,7 +283,7 @@ impl NodeTracker {
             self.on_instance_gone(id);
             report.cgroups_removed_unseen += 1;
         }
-        for (id, path) in found {
+        for (id, path) in on_disk {
             if !self.cgroups.contains_key(id) {
                 self.seed_cgroup(*id, path, now);
                 report.cgroups_created_unseen += 1;

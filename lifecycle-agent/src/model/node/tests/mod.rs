@@ -480,12 +480,12 @@ fn a_resync_repairs_what_lost_records_would_have_changed() {
     tracker.apply(&mkdir(0, 43, "/system.slice/gone.service"));
     tracker.apply(&exec(SECOND, 20, 43, 1, "gone"));
     assert_eq!(tracker.tracked_processes().len(), 2);
-    let found = vec![(44, "/system.slice/new.service".to_owned())];
+    let on_disk = vec![(42, "/system.slice/web.service".to_owned()), (44, "/system.slice/new.service".to_owned())];
     let mut taken = Vec::new();
     let report = tracker.resync(
         &[10],
         &[43],
-        &found,
+        &on_disk,
         |id| {
             taken.push(id);
             None
@@ -508,5 +508,5 @@ fn a_resync_repairs_what_lost_records_would_have_changed() {
     let new = tracker.containers(7 * SECOND).into_iter().find(|v| v.labels.container == "/system.slice/new.service");
     assert!(new.is_some_and(|v| matches!(v.status.state, ContainerState::Running { .. })));
     // Repeating it is harmless: nothing left to repair.
-    assert_eq!(tracker.resync(&[10], &[43], &found, |_| None, 8 * SECOND), Resync::default());
+    assert_eq!(tracker.resync(&[10], &[43], &on_disk, |_| None, 8 * SECOND), Resync::default());
 }
