@@ -10,7 +10,7 @@ use std::{
 };
 
 use lifecycle_agent::{
-    kernel::{Sensor, SensorConfig},
+    kernel::{MapRead, Sensor, SensorConfig},
     model::event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
 };
 use lifecycle_testkit::{
@@ -511,4 +511,33 @@ fn exec_records_say_whether_the_task_is_a_pid_namespace_init() {
     };
     assert_eq!(flags("sh"), Some((true, true)), "sh is PID 1 of the new namespace");
     assert_eq!(flags("sleep"), Some((false, true)), "sleep lives in it without being its init");
+}
+
+#[test]
+fn the_whole_counter_map_reads_as_each_entry_does() {
+    require_privileges!();
+    let hub = Hub::get();
+    // More cgroups than one batch call asks for, so the read takes several calls.
+    let cgroups: Vec<TestCgroup> = (0..400)
+        .map(|i| {
+            let mut cg = TestCgroup::new(&format!("batch{i}"));
+            let status = cg.spawn(&mut Command::new("/bin/true")).wait().expect("wait");
+            assert!(status.success());
+            cg
+        })
+        .collect();
+    let mut all = Vec::new();
+    let read = hub.maps.each_cgroup_counters(|id, counters| all.push((id, counters)));
+    // This kernel (>= 5.6) has batch lookups for hash maps: the fast path is the one taken.
+    assert_eq!(read, MapRead::Batched);
+    let mut ids: Vec<u64> = all.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), all.len(), "every entry once");
+    for cg in &cgroups {
+        let one = hub.maps.counters_of(cg.id).expect("an entry for the cgroup");
+        let in_all = all.iter().find(|(id, _)| *id == cg.id).map(|(_, c)| *c);
+        assert_eq!(in_all, Some(one), "cgroup {}", cg.id);
+        assert_eq!((one.execs, one.process_exits), (1, 1));
+    }
 }

@@ -77,7 +77,10 @@ pub async fn serve(listener: TcpListener, routes: Arc<Routes>, mut shutdown: wat
                         return Ok::<_, Infallible>(refusal);
                     }
                     let response = route(&routes, &request);
-                    if response.body().size_hint().exact().is_some_and(|len| len >= TRIM_AFTER_BYTES) {
+                    // A scrape reuses its buffers (see `Metrics::render`); what an API answer
+                    // was built from is left free.
+                    let leaves_free = request.uri().path() != "/metrics";
+                    if leaves_free && response.body().size_hint().exact().is_some_and(|len| len >= TRIM_AFTER_BYTES) {
                         // Off the async workers: the answer is sent meanwhile.
                         drop(tokio::task::spawn_blocking(release_free_memory));
                     }
@@ -91,13 +94,15 @@ pub async fn serve(listener: TcpListener, routes: Arc<Routes>, mut shutdown: wat
     }
 }
 
-/// Answers at least this large (/metrics, or the API, for a few hundred containers) leave about
-/// as much freed heap behind as they are long: the per-container pieces they were built from.
+/// API answers at least this large (a few hundred containers) leave about as much freed heap
+/// behind as they are long: the per-container pieces they were built from.
 const TRIM_AFTER_BYTES: u64 = 64 * 1024;
 
 /// Returns freed heap pages to the kernel. glibc keeps freed memory in the middle of its heap
 /// resident: with 1,000 containers, ten scrapes and API reads left ~7 MB of it (14.6 MB of
-/// anonymous memory, 7.4 MB after a trim; xtask/x.sh bench memory). A trim takes ~0.1-0.5 ms.
+/// anonymous memory, 7.4 MB after a trim; xtask/x.sh bench memory). Not after scrapes: a trim
+/// there made the next scrape fault its pages in again, ~1.2-1.8 ms of a 2.5 ms scrape of 1,000
+/// containers (xtask/x.sh bench scrape), while a scrape now leaves little free.
 fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks glibc's own arenas (taking their locks); no preconditions.
@@ -136,7 +141,7 @@ fn route(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> 
     match path {
         "/metrics" => Response::builder()
             .header(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
-            .body(Full::new(Bytes::from(routes.metrics.render())))
+            .body(Full::new(routes.metrics.render()))
             .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n")),
         "/healthz" => text(StatusCode::OK, "ok\n"),
         _ if path.starts_with("/api/") => {

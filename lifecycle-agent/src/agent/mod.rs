@@ -49,8 +49,10 @@ use tasks::{expiry_loop, handle_notices, seed};
 
 /// The sensor's counter map is where the exporters' kernel counters come from.
 impl KernelCounters for SensorMaps {
-    fn counters_of(&self, cgroup_id: u64) -> Option<CgroupCounters> {
-        SensorMaps::counters_of(self, cgroup_id)
+    fn read_all(&self, into: &mut std::collections::HashMap<u64, CgroupCounters>) {
+        self.each_cgroup_counters(|id, counters| {
+            into.insert(id, counters);
+        });
     }
 }
 
@@ -61,7 +63,9 @@ impl KernelStats for SensorMaps {
     }
 
     fn counter_entries(&self) -> usize {
-        self.cgroup_counters().len()
+        let mut entries = 0;
+        self.each_cgroup_counters(|_, _| entries += 1);
+        entries
     }
 }
 

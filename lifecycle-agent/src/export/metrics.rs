@@ -3,8 +3,10 @@
 
 use std::sync::{
     atomic::{AtomicU64, Ordering},
-    Arc,
+    Arc, Mutex,
 };
+
+use bytes::Bytes;
 
 use lifecycle_common::{EventKind, KindStats, EVENT_KIND_COUNT};
 use prometheus::{
@@ -100,7 +102,31 @@ pub type TextSource = Box<dyn Fn(&mut String) + Send + Sync>;
 pub struct Metrics {
     registry: Registry,
     text_sources: Vec<TextSource>,
-    last_size: std::sync::atomic::AtomicUsize,
+    /// The buffer of the last answer, back once it was sent (see [`PooledBody`]).
+    spare: Arc<Mutex<Option<Vec<u8>>>>,
+}
+
+/// An answer's bytes that go back to the spare slot once the HTTP stack has sent them. A fresh
+/// buffer per scrape (2.6 MB for 1,000 containers) cost ~650 page faults each time, and about
+/// half of a 4 ms scrape together with the heap trim that follows large answers (`xtask/x.sh
+/// bench scrape`, BENCHMARKS.md "Scrape").
+struct PooledBody {
+    bytes: Vec<u8>,
+    home: Arc<Mutex<Option<Vec<u8>>>>,
+}
+
+impl AsRef<[u8]> for PooledBody {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for PooledBody {
+    fn drop(&mut self) {
+        let mut bytes = std::mem::take(&mut self.bytes);
+        bytes.clear();
+        *self.home.lock().unwrap_or_else(|poison| poison.into_inner()) = Some(bytes);
+    }
 }
 
 /// Why metrics could not be set up.
@@ -150,13 +176,13 @@ impl Metrics {
         registry.register(Box::new(ring))?;
 
         registry.register(Box::new(KernelStatsCollector::new(maps, counter_capacity, agent)?))?;
-        Ok(Self { registry, text_sources: Vec::new(), last_size: Default::default() })
+        Ok(Self { registry, text_sources: Vec::new(), spare: Default::default() })
     }
 
     /// A registry with nothing registered, for collectors that do not need the sensor (benches,
     /// tests of the per-container metrics).
     pub fn bare() -> Self {
-        Self { registry: Registry::new(), text_sources: Vec::new(), last_size: Default::default() }
+        Self { registry: Registry::new(), text_sources: Vec::new(), spare: Default::default() }
     }
 
     /// The registry, for modules that add their own collectors.
@@ -170,17 +196,18 @@ impl Metrics {
     }
 
     /// Text exposition format, version 0.0.4.
-    pub fn render(&self) -> Vec<u8> {
-        // Sized from the previous scrape, so a large node's body is not grown by doubling.
-        let mut out = Vec::with_capacity(self.last_size.load(Ordering::Relaxed).max(64 * 1024));
+    pub fn render(&self) -> Bytes {
+        // The last answer's buffer when it is back (sized by it), else a new one: concurrent
+        // scrapes each get one, and the last to finish is kept.
+        let spare = self.spare.lock().unwrap_or_else(|poison| poison.into_inner()).take();
+        let mut out = spare.unwrap_or_else(|| Vec::with_capacity(64 * 1024));
         // Encoding into a Vec cannot fail on I/O; a collector error leaves what was written.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         let mut text = String::from_utf8(out).unwrap_or_default();
         for source in &self.text_sources {
             source(&mut text);
         }
-        self.last_size.store(text.len() + text.len() / 8, Ordering::Relaxed);
-        text.into_bytes()
+        Bytes::from_owner(PooledBody { bytes: text.into_bytes(), home: self.spare.clone() })
     }
 }
 

@@ -4,12 +4,19 @@
 //!
 //! These families are the high-cardinality ones (tens of series per container, thousands of
 //! containers per node), so they are written straight into the exposition text instead of going
-//! through the registry's protobuf-shaped model, which allocates per label pair: a scrape of
-//! 1,000 containers must stay within a few milliseconds. Distributions (termination durations,
-//! grace used) are histograms per namespace and outcome, bounded whatever the pod count; each
-//! container's own last value is a gauge beside them.
+//! through the registry's protobuf-shaped model, which allocates per label pair. Distributions
+//! (termination durations, grace used) are histograms per namespace and outcome, bounded whatever
+//! the pod count; each container's own last value is a gauge beside them.
+//!
+//! A scrape of 1,000 containers must stay within a few milliseconds, and between two scrapes most
+//! containers do not change. So each unit's text is kept with the [`UnitView`] it was written
+//! from, everything the text says and nothing else, and written again only when the view differs.
+//! The text is a function of the view alone ([`write_unit`] sees nothing else), so reuse can never
+//! serve a stale value.
 
 use std::{
+    borrow::Cow,
+    collections::{BTreeMap, HashMap},
     fmt::Write as _,
     sync::{Arc, Mutex},
 };
@@ -22,7 +29,7 @@ use super::{
 };
 use crate::model::{
     container_state::ContainerState,
-    node::{NodeTracker, Unit},
+    node::{NodeTracker, PortStats, Unit, UnitCounters, UnitKey, UnitLabels},
     termination::{SenderKind, TerminationOutcome},
 };
 
@@ -30,8 +37,9 @@ const STATES: [&str; 3] = ["waiting", "running", "terminated"];
 
 /// Source of the kernel's per-cgroup counters (the sensor's map, or a fake in tests).
 pub trait KernelCounters: Send + Sync {
-    /// The live counters of one cgroup, if the kernel has an entry for it.
-    fn counters_of(&self, cgroup_id: u64) -> Option<CgroupCounters>;
+    /// The live counters of every cgroup the kernel has an entry for, read at once into `into`
+    /// (empty; kept from scrape to scrape so its memory is reused).
+    fn read_all(&self, into: &mut HashMap<u64, CgroupCounters>);
 }
 
 /// Writes the per-container families; handed to [`crate::export::metrics::Metrics::add_text_source`].
@@ -43,6 +51,139 @@ pub struct UnitMetrics {
     boot_to_unix: Box<dyn Fn() -> f64 + Send + Sync>,
     /// Filled from the tracker's judgements; outlives the units that fed it.
     histograms: Mutex<TerminationHistograms>,
+    /// Each unit's text from the last scrape, in the tracker's unit order.
+    cache: Mutex<Cache>,
+}
+
+#[derive(Default)]
+struct Cache {
+    /// Boxed: an entry is about a kilobyte, and a scrape moves every entry from one list to the
+    /// next (unboxed, those moves were most of a scrape's copying).
+    #[expect(clippy::vec_box, reason = "entries move between lists at every scrape")]
+    units: Vec<Box<CachedUnit>>,
+    /// The boot-to-Unix offset the cached texts used (see [`UnitMetrics::stable_offset`]).
+    offset: Option<f64>,
+    /// Scratch bodies a changed unit is written into, family by family.
+    scratch: Option<Families>,
+    /// The kernel's counters, read at each scrape into the same map.
+    live: HashMap<u64, CgroupCounters>,
+}
+
+/// One unit's text, family by family, and what it was written from.
+struct CachedUnit {
+    key: UnitKey,
+    view: UnitView<'static>,
+    text: String,
+    /// Family `f`'s part is `text[ends[f - 1]..ends[f]]` (from 0 for the first).
+    ends: [usize; FAMILY_COUNT],
+}
+
+impl CachedUnit {
+    fn new(key: UnitKey, view: UnitView<'static>) -> Self {
+        Self { key, view, text: String::new(), ends: [0; FAMILY_COUNT] }
+    }
+
+    /// Writes the text afresh from the view, through the scratch families (left empty).
+    fn write(&mut self, scratch: &mut Families) {
+        write_unit(scratch, &self.view);
+        self.text.clear();
+        for (index, family) in scratch.0.iter_mut().enumerate() {
+            self.text.push_str(&family.body);
+            family.body.clear();
+            self.ends[index] = self.text.len();
+        }
+    }
+
+    fn part(&self, family: usize) -> &str {
+        let start = if family == 0 { 0 } else { self.ends[family - 1] };
+        &self.text[start..self.ends[family]]
+    }
+}
+
+/// Everything the per-container families say about one unit.
+#[derive(Clone, Debug, PartialEq)]
+struct UnitView<'a> {
+    labels: Cow<'a, UnitLabels>,
+    state: &'static str,
+    waiting_reason: Option<&'static str>,
+    /// Reason, exit code and Unix time of the last termination.
+    last_terminated: Option<(&'static str, i32, f64)>,
+    restart_count: u32,
+    counters: Cow<'a, UnitCounters>,
+    /// Stop signal to exit of the last termination, when it had a stop signal.
+    last_stop_seconds: Option<f64>,
+    last_grace_ratio: Option<f64>,
+    /// Observed and expected delay of the last restart.
+    last_backoff_seconds: Option<(f64, f64)>,
+    /// The kernel's counters of the unit's departed instances plus its live one.
+    kernel: CgroupCounters,
+    tcp: Cow<'a, BTreeMap<u16, PortStats>>,
+}
+
+impl UnitView<'_> {
+    fn of<'a>(unit: &'a Unit, now: u64, boot_to_unix: f64, live: Option<&CgroupCounters>) -> UnitView<'a> {
+        let snapshot = unit.snapshot(now);
+        let state = match &snapshot.state {
+            ContainerState::Waiting { .. } => "waiting",
+            ContainerState::Running { .. } => "running",
+            ContainerState::Terminated { .. } => "terminated",
+        };
+        let waiting_reason = match &snapshot.state {
+            ContainerState::Waiting { reason, .. } => Some(labels::waiting_reason(*reason)),
+            _ => None,
+        };
+        let last = match (&snapshot.state, &snapshot.last_state) {
+            (ContainerState::Terminated { .. }, _) => Some(&snapshot.state),
+            (_, Some(last @ ContainerState::Terminated { .. })) => Some(last),
+            _ => None,
+        };
+        let last_terminated = match last {
+            Some(ContainerState::Terminated { reason, exit_code, finished_at, .. }) => {
+                Some((labels::terminated_reason(*reason), *exit_code, *finished_at as f64 / 1e9 + boot_to_unix))
+            }
+            _ => None,
+        };
+        let report = unit.last_termination();
+        let mut kernel = unit.departed_kernel_counters();
+        if let Some(live) = live {
+            kernel += *live;
+        }
+        UnitView {
+            labels: Cow::Borrowed(unit.labels()),
+            state,
+            waiting_reason,
+            last_terminated,
+            restart_count: unit.restart_count(),
+            counters: Cow::Borrowed(unit.counters()),
+            last_stop_seconds: report
+                .and_then(|r| r.stop_signal.as_ref().map(|stop| r.exit_time.saturating_sub(stop.time) as f64 / 1e9)),
+            last_grace_ratio: report.and_then(|r| match r.outcome {
+                TerminationOutcome::ExitedWithinGrace { grace_used_ratio, .. } => Some(grace_used_ratio),
+                _ => None,
+            }),
+            last_backoff_seconds: unit
+                .last_backoff()
+                .map(|b| (b.observed_delay_ns as f64 / 1e9, b.expected_delay_ns as f64 / 1e9)),
+            kernel,
+            tcp: Cow::Borrowed(unit.tcp()),
+        }
+    }
+
+    fn into_owned(self) -> UnitView<'static> {
+        UnitView {
+            labels: Cow::Owned(self.labels.into_owned()),
+            counters: Cow::Owned(self.counters.into_owned()),
+            tcp: Cow::Owned(self.tcp.into_owned()),
+            state: self.state,
+            waiting_reason: self.waiting_reason,
+            last_terminated: self.last_terminated,
+            restart_count: self.restart_count,
+            last_stop_seconds: self.last_stop_seconds,
+            last_grace_ratio: self.last_grace_ratio,
+            last_backoff_seconds: self.last_backoff_seconds,
+            kernel: self.kernel,
+        }
+    }
 }
 
 /// A family: name, help, type, and the samples written so far.
@@ -61,12 +202,12 @@ macro_rules! families {
         #[derive(Clone, Copy)]
         #[repr(usize)]
         enum F { $($id),* }
+        const FAMILY_COUNT: usize = [$($name),*].len();
         fn new_families() -> Families {
             Families(vec![$(Family { name: $name, help: $help, kind: $kind, body: String::new() }),*])
         }
     };
 }
-
 families! {
     State: "lifecycle_container_state", "gauge", "1 for the container's current state (waiting, running, terminated), 0 for the others.";
     Waiting: "lifecycle_container_waiting_reason", "gauge", "1 while the container waits for this reason (ContainerCreating, CrashLoopBackOff).";
@@ -99,7 +240,7 @@ families! {
 
 impl Families {
     /// One sample: `name{labels} value`. `suffix` extends the name (histogram parts).
-    fn sample(&mut self, family: F, suffix: &str, labels: &Labels<'_>, extra: &[(&str, &str)], value: f64) {
+    fn sample(&mut self, family: F, suffix: &str, labels: &Labels, extra: &[(&str, &str)], value: f64) {
         let f = &mut self.0[family as usize];
         f.body.push_str(f.name);
         f.body.push_str(suffix);
@@ -109,7 +250,7 @@ impl Families {
         f.body.push('\n');
     }
 
-    fn histogram(&mut self, family: F, labels: &Labels<'_>, extra: &[(&str, &str)], bounds: &[f64], h: &Histogram) {
+    fn histogram(&mut self, family: F, labels: &Labels, extra: &[(&str, &str)], bounds: &[f64], h: &Histogram) {
         let mut le = String::new();
         for (i, bound) in bounds.iter().enumerate() {
             le.clear();
@@ -124,51 +265,55 @@ impl Families {
         self.sample(family, "_sum", labels, extra, h.sum);
         self.sample(family, "_count", labels, extra, h.count as f64);
     }
+}
 
-    fn write_into(self, out: &mut String) {
-        for family in self.0 {
-            if family.body.is_empty() {
-                continue;
+/// The identifying labels of a series, escaped once per unit: `{a="x",b="y"` (no closing brace;
+/// each sample adds its own labels and the brace).
+struct Labels(String);
+
+impl Labels {
+    fn new(pairs: &[(&str, &str)]) -> Self {
+        let mut text = String::from("{");
+        for (index, (name, value)) in pairs.iter().enumerate() {
+            if index > 0 {
+                text.push(',');
             }
-            let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
-            let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
-            out.push_str(&family.body);
+            write_pair(&mut text, name, value);
         }
+        Labels(text)
     }
-}
 
-/// The identifying labels of a series, written escaped.
-struct Labels<'a> {
-    pairs: Vec<(&'a str, &'a str)>,
-}
-
-impl<'a> Labels<'a> {
     fn write(&self, out: &mut String, extra: &[(&str, &str)]) {
-        out.push('{');
-        let mut first = true;
-        for (name, value) in self.pairs.iter().chain(extra) {
+        out.push_str(&self.0);
+        let mut first = self.0.len() == 1;
+        for (name, value) in extra {
             if !first {
                 out.push(',');
             }
             first = false;
-            out.push_str(name);
-            out.push_str("=\"");
-            if value.contains(['\\', '"', '\n']) {
-                for c in value.chars() {
-                    match c {
-                        '\\' => out.push_str("\\\\"),
-                        '"' => out.push_str("\\\""),
-                        '\n' => out.push_str("\\n"),
-                        c => out.push(c),
-                    }
-                }
-            } else {
-                out.push_str(value);
-            }
-            out.push('"');
+            write_pair(out, name, value);
         }
         out.push('}');
     }
+}
+
+/// `name="value"`, the value escaped as the text format requires.
+fn write_pair(out: &mut String, name: &str, value: &str) {
+    out.push_str(name);
+    out.push_str("=\"");
+    if value.contains(['\\', '"', '\n']) {
+        for c in value.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+    } else {
+        out.push_str(value);
+    }
+    out.push('"');
 }
 
 /// Prometheus text values: integers without a fraction, `+Inf`/`-Inf`/`NaN` spelled its way.
@@ -192,7 +337,14 @@ impl UnitMetrics {
         clock: Box<dyn Fn() -> u64 + Send + Sync>,
         boot_to_unix: Box<dyn Fn() -> f64 + Send + Sync>,
     ) -> Self {
-        Self { tracker, kernel, clock, boot_to_unix, histograms: Mutex::new(TerminationHistograms::default()) }
+        Self {
+            tracker,
+            kernel,
+            clock,
+            boot_to_unix,
+            histograms: Mutex::new(TerminationHistograms::default()),
+            cache: Mutex::new(Cache::default()),
+        }
     }
 
     /// Moves the tracker's judged terminations into the distributions. The agent calls this after
@@ -207,136 +359,173 @@ impl UnitMetrics {
     /// Appends every per-container family to `out`.
     pub fn render(&self, out: &mut String) {
         let now = (self.clock)();
-        let boot_to_unix = (self.boot_to_unix)();
-        let mut tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-        self.take_judgements(&mut tracker);
-        let mut f = new_families();
-        for unit in tracker.units() {
-            self.unit(&mut f, unit, now, boot_to_unix);
+        let mut cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        // Read before the tracker's lock: the event loop need not wait for the kernel's map.
+        let mut live = std::mem::take(&mut cache.live);
+        live.clear();
+        self.kernel.read_all(&mut live);
+        let boot_to_unix = stable_offset(&mut cache.offset, (self.boot_to_unix)());
+        let mut scratch = cache.scratch.take().unwrap_or_else(new_families);
+        let mut previous = std::mem::take(&mut cache.units).into_iter().peekable();
+        // (entry, whether its text must be written from its new view)
+        let mut units: Vec<(Box<CachedUnit>, bool)> = Vec::with_capacity(previous.len());
+        {
+            let mut tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+            self.take_judgements(&mut tracker);
+            // Both sequences are in unit-key order: a merge keeps the entries of units still here.
+            for unit in tracker.units() {
+                while previous.next_if(|cached| cached.key < *unit.key()).is_some() {}
+                let cached = previous.next_if(|cached| cached.key == *unit.key());
+                let view = UnitView::of(unit, now, boot_to_unix, unit.cgroup_id().and_then(|id| live.get(&id)));
+                units.push(match cached {
+                    Some(cached) if cached.view == view => (cached, false),
+                    Some(mut cached) => {
+                        cached.view = view.into_owned();
+                        (cached, true)
+                    }
+                    None => (Box::new(CachedUnit::new(unit.key().clone(), view.into_owned())), true),
+                });
+            }
         }
-        drop(tracker);
+        // Written after the tracker's lock is released: events need not wait for the text.
+        cache.units = units
+            .into_iter()
+            .map(|(mut cached, stale)| {
+                if stale {
+                    cached.write(&mut scratch);
+                }
+                cached
+            })
+            .collect();
+        cache.scratch = Some(scratch);
+        cache.live = live;
+
+        let mut shared = new_families();
         let histograms = self.histograms.lock().unwrap_or_else(|poison| poison.into_inner());
         for ((namespace, outcome), h) in &histograms.durations {
-            let labels = Labels { pairs: vec![("namespace", namespace)] };
-            f.histogram(F::Duration, &labels, &[("outcome", labels::outcome(*outcome))], &TERMINATION_BUCKETS, h);
+            let labels = Labels::new(&[("namespace", namespace)]);
+            shared.histogram(F::Duration, &labels, &[("outcome", labels::outcome(*outcome))], &TERMINATION_BUCKETS, h);
         }
         for (namespace, h) in &histograms.grace_used {
-            let labels = Labels { pairs: vec![("namespace", namespace)] };
-            f.histogram(F::GraceUsed, &labels, &[], &GRACE_RATIO_BUCKETS, h);
+            let labels = Labels::new(&[("namespace", namespace)]);
+            shared.histogram(F::GraceUsed, &labels, &[], &GRACE_RATIO_BUCKETS, h);
         }
-        f.write_into(out);
+        drop(histograms);
+        for (index, family) in shared.0.iter().enumerate() {
+            if family.body.is_empty() && cache.units.iter().all(|u| u.part(index).is_empty()) {
+                continue;
+            }
+            let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
+            let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
+            for unit in &cache.units {
+                out.push_str(unit.part(index));
+            }
+            out.push_str(&family.body);
+        }
     }
+}
 
-    fn unit(&self, f: &mut Families, unit: &Unit, now: u64, boot_to_unix: f64) {
-        let l = unit.labels();
-        let with_uid = Labels {
-            pairs: vec![("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container), ("uid", &l.uid)],
+/// The boot-to-Unix offset for this scrape: the previous one unless the clocks moved apart by more
+/// than a millisecond (NTP steps, suspend). Read fresh, it differs by microseconds from scrape to
+/// scrape, which would make every terminated unit's view new and its timestamp jitter.
+fn stable_offset(kept: &mut Option<f64>, now: f64) -> f64 {
+    match kept {
+        Some(offset) if (*offset - now).abs() <= 1e-3 => *offset,
+        _ => *kept.insert(now),
+    }
+}
+
+/// Writes one unit's samples into the families' bodies: from the view and nothing else.
+fn write_unit(f: &mut Families, view: &UnitView<'_>) {
+    let l = &view.labels;
+    let with_uid =
+        Labels::new(&[("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container), ("uid", &l.uid)]);
+    let short = Labels::new(&[("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container)]);
+    for candidate in STATES {
+        f.sample(F::State, "", &with_uid, &[("state", candidate)], f64::from(u8::from(candidate == view.state)));
+    }
+    if let Some(reason) = view.waiting_reason {
+        f.sample(F::Waiting, "", &with_uid, &[("reason", reason)], 1.0);
+    }
+    if let Some((reason, exit_code, unix_time)) = view.last_terminated {
+        f.sample(F::LastReason, "", &with_uid, &[("reason", reason)], 1.0);
+        f.sample(F::LastCode, "", &with_uid, &[], f64::from(exit_code));
+        f.sample(F::LastTime, "", &with_uid, &[], unix_time);
+    }
+    f.sample(F::Restarts, "", &with_uid, &[], f64::from(view.restart_count));
+    let c = &view.counters;
+    let mut code_text = String::new();
+    for ((reason, code, signal), n) in &c.exits {
+        code_text.clear();
+        let _ = write!(code_text, "{code}");
+        let signal = signal.map(|s| s.to_string()).unwrap_or_default();
+        f.sample(
+            F::Exits,
+            "",
+            &short,
+            &[("reason", labels::terminated_reason(*reason)), ("exit_code", &code_text), ("signal", &signal)],
+            *n as f64,
+        );
+    }
+    for ((outcome, cause), n) in &c.terminations {
+        let labels = [("outcome", labels::outcome(*outcome)), ("cause", cause.map_or("", labels::stop_cause))];
+        f.sample(F::Terminations, "", &short, &labels, *n as f64);
+    }
+    for (kind, n) in &c.disagreements {
+        f.sample(F::Disagreements, "", &short, &[("kind", labels::disagreement(*kind))], *n as f64);
+    }
+    // Initialised at 0 so the first violation is an increase, not a new series.
+    f.sample(F::Violations, "", &with_uid, &[], c.grace_violations as f64);
+    if let Some(seconds) = view.last_stop_seconds {
+        f.sample(F::LastStopSeconds, "", &short, &[], seconds);
+    }
+    if let Some(ratio) = view.last_grace_ratio {
+        f.sample(F::LastGraceRatio, "", &short, &[], ratio);
+    }
+    if let Some((observed, expected)) = view.last_backoff_seconds {
+        f.sample(F::Observed, "", &with_uid, &[], observed);
+        f.sample(F::Expected, "", &with_uid, &[], expected);
+    }
+    for (verdict, n) in &c.backoff_verdicts {
+        f.sample(F::Verdicts, "", &short, &[("verdict", labels::verdict(*verdict))], *n as f64);
+    }
+    // Signals the kernel counted without recording them (sent inside the container and harmless
+    // to their target) join the recorded ones from the same container.
+    let mut unrecorded = view.kernel.unrecorded_signals;
+    let mut signal_text = String::new();
+    let mut signal_sample = |f: &mut Families, signal: usize, sender: SenderKind, n: u64| {
+        signal_text.clear();
+        let _ = write!(signal_text, "{signal}");
+        let labels = [("signal", signal_text.as_str()), ("sender", labels::sender_kind(sender))];
+        f.sample(F::Signals, "", &short, &labels, n as f64);
+    };
+    for (&(signal, sender), &n) in &c.signals {
+        let extra = match (sender, unrecorded.get_mut(signal as usize)) {
+            (SenderKind::SameContainer, Some(extra)) => std::mem::take(extra),
+            _ => 0,
         };
-        let short = Labels { pairs: vec![("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container)] };
-        let snapshot = unit.snapshot(now);
-        let state = match &snapshot.state {
-            ContainerState::Waiting { .. } => "waiting",
-            ContainerState::Running { .. } => "running",
-            ContainerState::Terminated { .. } => "terminated",
-        };
-        for candidate in STATES {
-            f.sample(F::State, "", &with_uid, &[("state", candidate)], f64::from(u8::from(candidate == state)));
-        }
-        if let ContainerState::Waiting { reason, .. } = &snapshot.state {
-            let reason = labels::waiting_reason(*reason);
-            f.sample(F::Waiting, "", &with_uid, &[("reason", reason)], 1.0);
-        }
-        let last = match (&snapshot.state, &snapshot.last_state) {
-            (ContainerState::Terminated { .. }, _) => Some(&snapshot.state),
-            (_, Some(last @ ContainerState::Terminated { .. })) => Some(last),
-            _ => None,
-        };
-        if let Some(ContainerState::Terminated { reason, exit_code, finished_at, .. }) = last {
-            f.sample(F::LastReason, "", &with_uid, &[("reason", labels::terminated_reason(*reason))], 1.0);
-            f.sample(F::LastCode, "", &with_uid, &[], f64::from(*exit_code));
-            f.sample(F::LastTime, "", &with_uid, &[], *finished_at as f64 / 1e9 + boot_to_unix);
-        }
-        f.sample(F::Restarts, "", &with_uid, &[], f64::from(unit.restart_count()));
-        let c = unit.counters();
-        let mut code_text = String::new();
-        for ((reason, code, signal), n) in &c.exits {
-            code_text.clear();
-            let _ = write!(code_text, "{code}");
-            let signal = signal.map(|s| s.to_string()).unwrap_or_default();
-            f.sample(
-                F::Exits,
-                "",
-                &short,
-                &[("reason", labels::terminated_reason(*reason)), ("exit_code", &code_text), ("signal", &signal)],
-                *n as f64,
-            );
-        }
-        for ((outcome, cause), n) in &c.terminations {
-            let labels = [("outcome", labels::outcome(*outcome)), ("cause", cause.map_or("", labels::stop_cause))];
-            f.sample(F::Terminations, "", &short, &labels, *n as f64);
-        }
-        for (kind, n) in &c.disagreements {
-            f.sample(F::Disagreements, "", &short, &[("kind", labels::disagreement(*kind))], *n as f64);
-        }
-        // Initialised at 0 so the first violation is an increase, not a new series.
-        f.sample(F::Violations, "", &with_uid, &[], c.grace_violations as f64);
-        if let Some(report) = unit.last_termination() {
-            if let Some(stop) = &report.stop_signal {
-                f.sample(F::LastStopSeconds, "", &short, &[], report.exit_time.saturating_sub(stop.time) as f64 / 1e9);
-            }
-            if let TerminationOutcome::ExitedWithinGrace { grace_used_ratio, .. } = report.outcome {
-                f.sample(F::LastGraceRatio, "", &short, &[], grace_used_ratio);
-            }
-        }
-        if let Some(b) = unit.last_backoff() {
-            f.sample(F::Observed, "", &with_uid, &[], b.observed_delay_ns as f64 / 1e9);
-            f.sample(F::Expected, "", &with_uid, &[], b.expected_delay_ns as f64 / 1e9);
-        }
-        for (verdict, n) in &c.backoff_verdicts {
-            f.sample(F::Verdicts, "", &short, &[("verdict", labels::verdict(*verdict))], *n as f64);
-        }
-        let mut kernel = unit.departed_kernel_counters();
-        if let Some(live) = unit.cgroup_id().and_then(|id| self.kernel.counters_of(id)) {
-            kernel += live;
-        }
-        // Signals the kernel counted without recording them (sent inside the container and
-        // harmless to their target) join the recorded ones from the same container.
-        let mut unrecorded = kernel.unrecorded_signals;
-        let mut signal_text = String::new();
-        let mut signal_sample = |f: &mut Families, signal: usize, sender: SenderKind, n: u64| {
-            signal_text.clear();
-            let _ = write!(signal_text, "{signal}");
-            let labels = [("signal", signal_text.as_str()), ("sender", labels::sender_kind(sender))];
-            f.sample(F::Signals, "", &short, &labels, n as f64);
-        };
-        for (&(signal, sender), &n) in &c.signals {
-            let extra = match (sender, unrecorded.get_mut(signal as usize)) {
-                (SenderKind::SameContainer, Some(extra)) => std::mem::take(extra),
-                _ => 0,
-            };
-            signal_sample(f, signal as usize, sender, n + extra);
-        }
-        for (signal, &n) in unrecorded.iter().enumerate().filter(|(_, &n)| n > 0) {
-            signal_sample(f, signal, SenderKind::SameContainer, n);
-        }
-        f.sample(F::Oom, "", &short, &[], c.oom_kills as f64);
-        f.sample(F::Execs, "", &short, &[], kernel.execs as f64);
-        f.sample(F::ProcessExits, "", &short, &[], kernel.process_exits as f64);
-        let mut port_text = String::new();
-        for (port, stats) in unit.tcp() {
-            port_text.clear();
-            let _ = write!(port_text, "{port}");
-            let port = [("port", port_text.as_str())];
-            f.sample(F::Listeners, "", &short, &port, stats.listeners as f64);
-            f.sample(F::Established, "", &short, &port, stats.established as f64);
-            f.sample(F::Accepts, "", &short, &port, stats.accepts as f64);
-            let waiting = if stats.listeners > 0 { stats.established.saturating_sub(stats.accepts) } else { 0 };
-            f.sample(F::QueueDepth, "", &short, &port, waiting as f64);
-        }
-        if c.exec_sessions > 0 {
-            f.sample(F::ExecProcesses, "", &short, &[], c.exec_sessions as f64);
-            f.sample(F::ExecCpu, "", &short, &[], c.exec_session_cpu_ns as f64 / 1e9);
-        }
+        signal_sample(f, signal as usize, sender, n + extra);
+    }
+    for (signal, &n) in unrecorded.iter().enumerate().filter(|(_, &n)| n > 0) {
+        signal_sample(f, signal, SenderKind::SameContainer, n);
+    }
+    f.sample(F::Oom, "", &short, &[], c.oom_kills as f64);
+    f.sample(F::Execs, "", &short, &[], view.kernel.execs as f64);
+    f.sample(F::ProcessExits, "", &short, &[], view.kernel.process_exits as f64);
+    let mut port_text = String::new();
+    for (port, stats) in view.tcp.iter() {
+        port_text.clear();
+        let _ = write!(port_text, "{port}");
+        let port = [("port", port_text.as_str())];
+        f.sample(F::Listeners, "", &short, &port, stats.listeners as f64);
+        f.sample(F::Established, "", &short, &port, stats.established as f64);
+        f.sample(F::Accepts, "", &short, &port, stats.accepts as f64);
+        let waiting = if stats.listeners > 0 { stats.established.saturating_sub(stats.accepts) } else { 0 };
+        f.sample(F::QueueDepth, "", &short, &port, waiting as f64);
+    }
+    if c.exec_sessions > 0 {
+        f.sample(F::ExecProcesses, "", &short, &[], c.exec_sessions as f64);
+        f.sample(F::ExecCpu, "", &short, &[], c.exec_session_cpu_ns as f64 / 1e9);
     }
 }
 
@@ -351,11 +540,11 @@ mod tests {
     struct Kernel;
 
     impl KernelCounters for Kernel {
-        fn counters_of(&self, _cgroup_id: u64) -> Option<CgroupCounters> {
+        fn read_all(&self, into: &mut HashMap<u64, CgroupCounters>) {
             let mut counters = CgroupCounters::default();
             counters.unrecorded_signals[10] = 7;
             counters.unrecorded_signals[23] = 3;
-            Some(counters)
+            into.insert(50, counters);
         }
     }
 
@@ -410,5 +599,101 @@ mod tests {
         assert_eq!(value("10", "other_process"), 1.0);
         assert_eq!(value("23", "same_container"), 3.0);
         assert_eq!(signals.len(), 3, "{signals:#?}");
+    }
+
+    /// Counters the test changes between scrapes.
+    #[derive(Default)]
+    struct Changing(Mutex<HashMap<u64, CgroupCounters>>);
+
+    impl KernelCounters for Changing {
+        fn read_all(&self, into: &mut HashMap<u64, CgroupCounters>) {
+            into.extend(self.0.lock().expect("lock").iter().map(|(k, v)| (*k, *v)));
+        }
+    }
+
+    /// The per-container lines of a scrape (the histograms are per namespace and fed once).
+    fn unit_lines(text: &str) -> Vec<String> {
+        let mut lines: Vec<String> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.starts_with("lifecycle_termination_"))
+            .map(str::to_owned)
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn a_scrape_shows_every_change_since_the_last_and_keeps_nothing_stale() {
+        let mut tracker = NodeTracker::new(TrackerConfig::default());
+        let event = |time: u64, tgid: u32, cgroup_id: u64, detail: Detail| Event {
+            time_ns: time,
+            pid: tgid,
+            tgid,
+            cgroup_id,
+            detail,
+        };
+        let units = [(50, 500, "a"), (51, 510, "b"), (52, 520, "c")];
+        for (cgroup, pid, name) in units {
+            let mkdir = CgroupDetail { id: cgroup, path: format!("/system.slice/{name}.service"), truncated: false };
+            tracker.apply(&event(1, 1, 1, Detail::CgroupMkdir(mkdir)));
+            let exec = Detail::Exec {
+                parent_tgid: 1,
+                parent_cgroup_id: 1,
+                namespace_init: false,
+                child_pid_namespace: false,
+                start_time_ns: 2,
+                comm: name.into(),
+            };
+            tracker.apply(&event(2, pid, cgroup, exec));
+        }
+        let tracker = Arc::new(Mutex::new(tracker));
+        let kernel = Arc::new(Changing::default());
+        let metrics = |kernel: Arc<Changing>| {
+            UnitMetrics::new(tracker.clone(), kernel, Box::new(|| 10_000_000_000), Box::new(|| 1_700_000_000.0))
+        };
+        let cached = metrics(kernel.clone());
+        let scrape = |m: &UnitMetrics| {
+            let mut text = String::new();
+            m.render(&mut text);
+            text
+        };
+        let first = scrape(&cached);
+        assert_eq!(first.matches("lifecycle_container_state{").count(), 3 * 3, "{first}");
+
+        // a exits 3; b's kernel counters move; c's cgroup goes and its unit expires.
+        let exit = Detail::Exit {
+            exit_status: Some(3),
+            signal: None,
+            core_dumped: false,
+            group_dead: true,
+            parent_tgid: 1,
+            start_time_ns: 2,
+            cpu_time_ns: 1,
+            comm: "a".into(),
+        };
+        kernel.0.lock().expect("lock").insert(51, CgroupCounters { execs: 4, ..Default::default() });
+        {
+            let mut tracker = tracker.lock().expect("lock");
+            tracker.apply(&event(3_000_000_000, 500, 50, exit));
+            let rmdir = CgroupDetail { id: 52, path: "/system.slice/c.service".into(), truncated: false };
+            tracker.apply(&event(3_000_000_001, 520, 52, Detail::CgroupRmdir(rmdir)));
+            // c changed last at 2 ns, a at 3 s: a retention of 7 s at 9 s keeps a only.
+            tracker.expire(9_000_000_000, 7_000_000_000);
+        }
+        let second = scrape(&cached);
+        assert_eq!(
+            unit_lines(&second),
+            unit_lines(&scrape(&metrics(kernel.clone()))),
+            "a cached scrape says what a fresh one says"
+        );
+        let a = r#"namespace="host",pod="",container="/system.slice/a.service""#;
+        let b = r#"namespace="host",pod="",container="/system.slice/b.service""#;
+        assert!(
+            second.contains(&format!("lifecycle_container_last_terminated_exit_code{{{a},uid=\"\"}} 3\n")),
+            "{second}"
+        );
+        assert!(second.contains(&format!("lifecycle_process_execs_total{{{b}}} 4\n")), "{second}");
+        assert!(!second.contains("c.service"), "{second}");
+        assert!(first.contains("c.service"));
     }
 }

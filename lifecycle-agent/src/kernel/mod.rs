@@ -5,6 +5,7 @@
 //! degrades feature by feature when a program cannot attach: only process exec/exit tracking is
 //! essential. Dropping the [`Sensor`] detaches every program.
 
+mod batch;
 pub mod decode;
 pub mod layout;
 mod ring;
@@ -13,12 +14,13 @@ use crate::ErrorChain;
 use std::{
     ffi::CString,
     io,
+    os::fd::AsFd as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
 };
 
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
+    maps::{HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray},
     programs::{BtfTracePoint, TracePoint},
     Btf, Ebpf, EbpfLoader,
 };
@@ -226,18 +228,54 @@ pub enum SensorError {
     },
 }
 
+/// How a whole map was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapRead {
+    /// In batches (a few syscalls).
+    Batched,
+    /// Entry by entry (this kernel has no batch lookup, or the batch failed).
+    Iterated,
+}
+
 /// Maps read at scrape time by other tasks.
 pub struct SensorMaps {
     counters: Mutex<BpfHashMap<MapData, u64, CgroupCounters>>,
+    batch_buffers: Mutex<batch::BatchBuffers>,
     stats: PerCpuArray<MapData, KindStats>,
 }
 
 impl SensorMaps {
     /// Every cgroup's counters, as the kernel holds them now.
     pub fn cgroup_counters(&self) -> Vec<(u64, CgroupCounters)> {
+        let mut all = Vec::new();
+        self.each_cgroup_counters(|id, counters| all.push((id, counters)));
+        all
+    }
+
+    /// Every cgroup's counters, as the kernel holds them now, handed to `each`; how they were read.
+    pub fn each_cgroup_counters(&self, mut each: impl FnMut(u64, CgroupCounters)) -> MapRead {
         let counters = self.counters.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut buffers = self.batch_buffers.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut seen = Vec::new();
+        match batch::read_counters(counters.map().fd().as_fd(), &mut buffers, |id, c| {
+            seen.push(id);
+            each(id, c)
+        }) {
+            Ok(()) => return MapRead::Batched,
+            Err(batch::BatchError::Io(error)) => {
+                log::debug!("batch read of the counter map failed ({error}); iterating it");
+            }
+            Err(batch::BatchError::Unsupported) => {}
+        }
         // An entry deleted between iteration steps yields an error for that key; skip it.
-        counters.iter().filter_map(Result::ok).collect()
+        // Entries the failed batch already gave are not given twice.
+        seen.sort_unstable();
+        for (id, c) in counters.iter().filter_map(Result::ok) {
+            if seen.binary_search(&id).is_err() {
+                each(id, c);
+            }
+        }
+        MapRead::Iterated
     }
 
     /// Counters of one cgroup, if it has any.
@@ -350,7 +388,7 @@ impl Sensor {
         Ok(Self {
             _ebpf: ebpf,
             features,
-            maps: Arc::new(SensorMaps { counters: Mutex::new(counters), stats }),
+            maps: Arc::new(SensorMaps { counters: Mutex::new(counters), batch_buffers: Default::default(), stats }),
             events: Some(EventStream::new(ring)),
         })
     }
