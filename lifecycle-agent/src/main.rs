@@ -85,8 +85,10 @@ struct RunArgs {
     events: bool,
     /// Who may read the JSON API (`/api/*`: containers, pods, probe answers): `none` (anyone
     /// who reaches --listen), or `kubernetes`: a bearer token the API server validates
-    /// (TokenReview) whose user may `get` the path (SubjectAccessReview, nonResourceURLs);
-    /// refused 401/403, and 503 while the API cannot answer. /metrics and /healthz stay open.
+    /// (TokenReview) whose user may `list containers` or `get probes` (of the pod's namespace)
+    /// in API group lifecycle.dev (SubjectAccessReview; deploy/rbac.yaml's lifecycle-api-reader
+    /// role grants both); refused 401/403, and 503 while the API cannot answer. /metrics and
+    /// /healthz stay open.
     #[arg(long, value_enum, default_value = "none")]
     api_auth: ApiAuthArg,
     /// How long a departed container's status and series are kept (e.g. 10m, 90s).

@@ -1,8 +1,13 @@
 //! Benchmark (not a test; `#[ignore]`d, run by `xtask/x.sh bench latency`): from a container
 //! process's exit, as the kernel timestamps it, to the state change visible in the agent's
 //! `/api/v1/containers` — and, in the same run, to the runtime's own notice of that exit in CRI
-//! ContainerStatus. Both sides are observed by polling as fast as a client can (the measurement,
-//! not a synchronisation), and both are measured against the same kernel timestamp.
+//! ContainerStatus. Both sides are polled the same way (the measurement, not a synchronisation),
+//! and both are measured against the same kernel timestamp.
+//!
+//! Each poller pauses 200 µs between polls (`LIFECYCLE_BENCH_POLL_US`): two threads polling
+//! flat out, and the agent and containerd answering them, kept both of this machine's CPUs busy,
+//! so the tail measured the pollers' own load (the agent's event thread waiting for a CPU) more
+//! than the agent. The pause adds at most 0.2 ms to either side.
 
 use std::{
     io::{Read as _, Write as _},
@@ -67,6 +72,9 @@ fn exit_to_visible_state_latency() {
         assert!(Instant::now() < deadline, "agent not up");
         std::thread::sleep(Duration::from_millis(10));
     }
+    let pause = Duration::from_micros(
+        std::env::var("LIFECYCLE_BENCH_POLL_US").ok().and_then(|v| v.parse().ok()).unwrap_or(200),
+    );
     let pod = h.new_pod("latency").expect("pod");
     let (mut agent_ms, mut runtime_ms) = (Vec::new(), Vec::new());
     for attempt in 0..exits {
@@ -79,6 +87,7 @@ fn exit_to_visible_state_latency() {
         let (agent_side, runtime_seen) = std::thread::scope(|scope| {
             let agent_side = scope.spawn(|| {
                 while Instant::now() < deadline {
+                    std::thread::sleep(pause);
                     let Some(body) = get(&addr, "/api/v1/containers") else { continue };
                     let now = boot_ns();
                     let value: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
@@ -103,6 +112,7 @@ fn exit_to_visible_state_latency() {
             });
             let mut runtime_seen = None;
             while runtime_seen.is_none() && Instant::now() < deadline {
+                std::thread::sleep(pause);
                 let status = h.container_status(&id).expect("status");
                 if status.state == cri::ContainerState::ContainerExited as i32 {
                     runtime_seen = Some(boot_ns());
@@ -119,23 +129,26 @@ fn exit_to_visible_state_latency() {
     agent_ms.sort_by(f64::total_cmp);
     runtime_ms.sort_by(f64::total_cmp);
     let internal = get(&addr, "/metrics").unwrap_or_default();
-    println!("\n| path | exits | p50 | p90 | p99 | max |");
-    println!("|---|---|---|---|---|---|");
+    println!("\npolled every {} µs on both sides\n", pause.as_micros());
+    println!("| path | exits | p50 | p90 | p99 | max | p99 vs CRI |");
+    println!("|---|---|---|---|---|---|---|");
+    let runtime_p99 = percentile(&runtime_ms, 0.99);
     for (name, v) in [
         ("kernel exit -> agent /api/v1/containers", &agent_ms),
         ("kernel exit -> CRI ContainerStatus (containerd)", &runtime_ms),
     ] {
         println!(
-            "| {name} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+            "| {name} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {:.3} |",
             v.len(),
             percentile(v, 0.5),
             percentile(v, 0.9),
             percentile(v, 0.99),
-            v[v.len() - 1]
+            v[v.len() - 1],
+            percentile(v, 0.99) / runtime_p99
         );
     }
     let histogram: Vec<&str> = internal.lines().filter(|l| l.starts_with("lifecycle_event_to_state_seconds")).collect();
     println!("\nagent's own lifecycle_event_to_state_seconds:\n{}", histogram.join("\n"));
     let p99 = percentile(&agent_ms, 0.99);
-    println!("\ntarget p99 <= 10 ms: {} (p99 {p99:.2} ms)", if p99 <= 10.0 { "met" } else { "NOT met" });
+    println!("\ntarget p99 <= 2 ms: {} (p99 {p99:.2} ms)", if p99 <= 2.0 { "met" } else { "NOT met" });
 }

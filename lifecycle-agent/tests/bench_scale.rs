@@ -148,6 +148,20 @@ fn a_thousand_units_on_two_cpus() {
     let loaded_rss = rss_mib(pid);
     let maps_mib = map_memory_mib(pid);
 
+    // Scrapes of the 1,000 units with nothing else happening, 100 ms apart (after the CPU
+    // measurement, which they would disturb): the same scrape as during churn, without it.
+    let mut quiet_scrapes: Vec<f64> = (0..50)
+        .map(|_| {
+            let began = Instant::now();
+            let body = agent.metrics();
+            let took = began.elapsed().as_secs_f64() * 1e3;
+            assert!(body.len() > 100 * 1024, "a whole body");
+            std::thread::sleep(Duration::from_millis(100));
+            took
+        })
+        .collect();
+    quiet_scrapes.sort_by(f64::total_cmp);
+
     // Churn: 20 restarts a second for 10 s, scraping every 100 ms.
     let before = agent.metrics();
     let lost_before = metric_sum(&before, "lifecycle_events_lost_total");
@@ -230,6 +244,13 @@ fn a_thousand_units_on_two_cpus() {
         "- exit -> state (lifecycle_event_to_state_seconds, bucket bounds): p50 <= {} s, p99 <= {} s",
         bucket_quantile(&latency_before, &latency_after, 0.5),
         bucket_quantile(&latency_before, &latency_after, 0.99)
+    );
+    println!(
+        "- /metrics without churn: {} scrapes, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        quiet_scrapes.len(),
+        percentile(&quiet_scrapes, 0.5),
+        percentile(&quiet_scrapes, 0.99),
+        percentile(&quiet_scrapes, 1.0),
     );
     println!(
         "- /metrics during churn: {} scrapes, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {} KiB",

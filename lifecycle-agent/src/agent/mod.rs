@@ -150,7 +150,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let latency = Histogram::with_opts(
         HistogramOpts::new(
             "event_to_state_seconds",
-            "From the kernel seeing a process exit to the container state reflecting it.",
+            "From the kernel seeing the exit of a container's main process (a host unit's last) to the container state reflecting it.",
         )
         .namespace(crate::export::metrics::NAMESPACE)
         .buckets(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]),
@@ -215,6 +215,8 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
 
     let mut stream = sensor.take_events().ok_or(AgentError::StreamTaken)?.into_async(config.poll)?;
     let mut batch: Vec<Event> = Vec::with_capacity(1024);
+    // Kernel times of the exits in a batch that ended a container (or a host unit's run).
+    let mut state_changes: Vec<u64> = Vec::new();
     let mut shutdown_flag = shutdown.clone();
     let mut last_rescan: Option<std::time::Instant> = None;
     loop {
@@ -237,14 +239,16 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
                         tracker.absorb_kernel_counters(c.id, last);
                     }
                 }
+                let ended = tracker.instances_ended();
                 tracker.apply(event);
+                if tracker.instances_ended() > ended {
+                    state_changes.push(event.time_ns);
+                }
                 node_probes.on_event(event);
             }
             let now = boottime_ns();
-            for event in &batch {
-                if matches!(event.detail, Detail::Exit { group_dead: true, .. }) {
-                    latency.observe(now.saturating_sub(event.time_ns) as f64 / 1e9);
-                }
+            for time in state_changes.drain(..) {
+                latency.observe(now.saturating_sub(time) as f64 / 1e9);
             }
             units.take_judgements(&mut tracker);
             tracker.take_notices()

@@ -235,6 +235,7 @@ impl NodeTracker {
             }
         }
         instance.exit = Some(InitExit { time, exit_status, signal });
+        self.instances_ended += 1;
         if instance.unit.is_some() {
             self.finish(cgroup_id);
         }

@@ -116,6 +116,8 @@ pub struct NodeTracker {
     notices: Vec<Notice>,
     judgements: Vec<Judgement>,
     judgements_dropped: u64,
+    /// Instances ended by their init's exit record (see [`NodeTracker::instances_ended`]).
+    instances_ended: u64,
     /// The runtime answered the last time it was asked (see `naming.rs`).
     runtime_reachable: bool,
     /// Pods from the API by uid (see `pods.rs`).
@@ -142,6 +144,7 @@ impl NodeTracker {
             notices: Vec::new(),
             judgements: Vec::new(),
             judgements_dropped: 0,
+            instances_ended: 0,
             runtime_reachable,
             pods: HashMap::new(),
             watching_since: 0,
@@ -410,6 +413,12 @@ impl NodeTracker {
     /// Judgements dropped because nobody took them in time (see [`MAX_PENDING_JUDGEMENTS`]).
     pub fn judgements_dropped(&self) -> u64 {
         self.judgements_dropped
+    }
+
+    /// How many instances an init's exit record has ended so far: a caller applying an exit sees
+    /// from it whether that exit changed a container's state.
+    pub fn instances_ended(&self) -> u64 {
+        self.instances_ended
     }
 
     fn record_judgement(&mut self, judgement: Judgement) {

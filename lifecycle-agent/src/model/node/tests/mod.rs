@@ -320,9 +320,11 @@ fn host_cgroups_are_units_that_run_while_any_process_does() {
     let view = only_view(&tracker, 4 * SECOND);
     assert_eq!((view.labels.namespace.as_str(), view.labels.container.as_str()), ("host", "/system.slice/web.service"));
     assert!(matches!(view.status.state, ContainerState::Running { .. }), "the worker still runs");
+    assert_eq!(tracker.instances_ended(), 0, "an exit that changes no state is not an end");
     tracker.apply(&exit(5 * SECOND, 11, 42, Some(2), None));
     let view = only_view(&tracker, 6 * SECOND);
     assert!(matches!(view.status.state, ContainerState::Terminated { exit_code: 2, .. }));
+    assert_eq!(tracker.instances_ended(), 1, "the last process's exit ends the run");
     tracker.apply(&exec(7 * SECOND, 12, 42, 1, "web"));
     let view = only_view(&tracker, 8 * SECOND);
     assert!(matches!(view.status.state, ContainerState::Running { started_at } if started_at == 7 * SECOND));
