@@ -18,6 +18,8 @@ mod delivery;
 mod load;
 #[path = "bench_memory.rs"]
 mod memory;
+#[path = "bench_rate.rs"]
+mod rate;
 #[path = "bench_ring.rs"]
 mod ring;
 #[path = "bench_tracer.rs"]
@@ -95,6 +97,32 @@ pub enum Bench {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// The record rate the agent drains without loss (recorded signals from processes of one
+    /// cgroup, paced at each rate for a while), and beyond it that every record sent was either
+    /// received or counted lost.
+    Rate {
+        /// Records per second to try, comma-separated (0: as fast as the producers can).
+        #[arg(long, value_delimiter = ',', default_values_t = [250_000u64, 500_000, 1_000_000, 0])]
+        rates: Vec<u64>,
+        /// Seconds each rate is held.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Processes sending, together making the rate.
+        #[arg(long, default_value_t = 1)]
+        producers: usize,
+        /// Extra flags for `lifecycle-agent run`, e.g. `--agent-flag=--ring-bytes=65536` to see
+        /// loss on purpose. Repeatable.
+        #[arg(long = "agent-flag", allow_hyphen_values = true)]
+        agent_flags: Vec<String>,
+    },
+    /// One producer of `bench rate` (run by it, not by hand).
+    #[command(hide = true)]
+    SignalProducer {
+        #[arg(long)]
+        rate: u64,
+        #[arg(long)]
+        seconds: u64,
+    },
     /// wrk (Debian's) on the agent's /healthz (the baseline) and /metrics while it tracks N
     /// units, and on a declared probe: requests/s, p50/p99, errors, the server's CPU and RSS.
     Load {
@@ -143,6 +171,8 @@ pub fn run(which: Bench) -> Result<()> {
             load::run(seconds, units, connections)
         }
         Bench::Ring { sizes, producers, signals, rounds } => ring::run(&sizes, producers, signals, rounds),
+        Bench::Rate { rates, seconds, producers, agent_flags } => rate::run(&rates, seconds, producers, &agent_flags),
+        Bench::SignalProducer { rate, seconds } => rate::produce(rate, seconds),
         Bench::Scale => {
             packages::ensure(packages::TEST)?;
             ignored_test("bench_scale", &[])
