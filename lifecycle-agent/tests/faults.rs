@@ -4,7 +4,9 @@
 //!   counted, and what those records would have changed (an exit, cgroups created and removed, a
 //!   process started) is repaired from /proc and cgroupfs;
 //! - cgroup churn of 1,000 creates and removes a second: no record lost at that rate, every
-//!   cgroup's counter-map entry freed, and no unit left behind that claims to run.
+//!   cgroup's counter-map entry freed, and no unit left behind that claims to run;
+//! - a unit's end on a quiet node, with polls a second apart: its last process's exit wakes the
+//!   agent itself, as a container's init does.
 
 use std::{
     path::Path,
@@ -166,4 +168,38 @@ fn cgroup_churn_of_a_thousand_a_second_loses_nothing_and_leaves_nothing_behind()
     let running: Vec<&Value> = churned.iter().filter(|c| is_running(c)).collect();
     assert!(running.is_empty(), "no unit of a removed cgroup runs: {running:#?}");
     assert_eq!(churned.len(), CGROUPS.div_ceil(WITH_PROCESS) as usize, "every cgroup that ran is a unit");
+}
+
+/// `lifecycle_event_to_state_seconds`: (observations within 0.25 s, all observations).
+fn state_latencies(agent: &Agent) -> (f64, f64) {
+    let metrics = agent.metrics();
+    let value = |prefix: &str| -> f64 {
+        metrics.lines().find_map(|l| l.strip_prefix(prefix)?.trim().parse().ok()).unwrap_or(0.0)
+    };
+    (value("lifecycle_event_to_state_seconds_bucket{le=\"0.25\"} "), value("lifecycle_event_to_state_seconds_count "))
+}
+
+#[test]
+fn a_host_units_last_exit_wakes_the_agent_instead_of_waiting_for_its_poll() {
+    require_privileges!();
+    let _machine = MACHINE.lock().unwrap_or_else(|poison| poison.into_inner());
+    // The ring is drained once a second unless the kernel wakes the agent: an exit applied within
+    // a quarter of that, four times running, is one the kernel woke it for (polling alone would
+    // manage it for all four one time in 256).
+    let agent = Agent::start_with_socket(AGENT, Path::new(NO_RUNTIME), &["--poll-ms", "1000"]);
+    for n in 0..4 {
+        let mut cg = TestCgroup::new(&format!("wake{n}"));
+        let child = cg.spawn(Command::new("sleep").arg("1000"));
+        wait_until("the unit running", Duration::from_secs(10), || {
+            unit(&agent, &cg.path).is_some_and(|u| is_running(&u))
+        });
+        let (quick_before, all_before) = state_latencies(&agent);
+        reap(child);
+        wait_until("the unit ended", Duration::from_secs(10), || {
+            unit(&agent, &cg.path).is_some_and(|u| !is_running(&u))
+        });
+        let (quick, all) = state_latencies(&agent);
+        assert_eq!(all - all_before, 1.0, "one state-changing exit observed");
+        assert_eq!(quick - quick_before, 1.0, "unit {n}: its end was applied within 0.25 s of the exit");
+    }
 }

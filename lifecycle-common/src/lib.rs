@@ -388,6 +388,7 @@ pub struct KernelOffsets {
     pub sighand_action_handler: u32,
     /// `sizeof(struct k_sigaction)`, the stride of `sighand->action[]`.
     pub k_sigaction_size: u32,
+    pub css_set_nr_tasks: u32,
 }
 
 /// Run-time settings for the kernel programs (a `.rodata` global set at load).
@@ -458,7 +459,7 @@ const _: () = assert!(core::mem::size_of::<TcpEvent>() == 32 + 8 + 4 + 8 + 4);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + 8 + 8 + CGROUP_PATH_LEN);
 const _: () = assert!(core::mem::size_of::<CgroupCounters>() == 9 * 8 + SIGNAL_SLOTS * 8);
 const _: () = assert!(core::mem::size_of::<KindStats>() == 3 * 8);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 40 * 4);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 41 * 4);
 const _: () = assert!(core::mem::size_of::<ProgramSettings>() == 16);
 // Every record starts with the header, so the kind can be read before the type is known.
 const _: () = assert!(core::mem::offset_of!(ExecEvent, header) == 0);

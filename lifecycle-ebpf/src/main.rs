@@ -81,6 +81,7 @@ static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     task_sighand: 0,
     sighand_action_handler: 0,
     k_sigaction_size: 0,
+    css_set_nr_tasks: 0,
 };
 
 /// Run-time settings; overwritten by the agent before load.

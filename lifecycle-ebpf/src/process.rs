@@ -71,9 +71,10 @@ fn try_exit() -> Result<(), i64> {
         cpu_time_ns,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
-    // A pid namespace's init exiting is a container ending: the one event worth an immediate
-    // wake-up (rare, and the state users wait for). Everything else rides the next batch.
-    let urgent = group_dead && is_namespace_init(task);
+    // A pid namespace's init exiting is a container ending, and a cgroup's last process exiting
+    // ends a plain-host unit: the events worth an immediate wake-up (rare, and the state users
+    // wait for). Everything else rides the next batch.
+    let urgent = group_dead && (is_namespace_init(task) || is_last_of_its_cgroups(task));
     send_waking(EventKind::Exit, header.cgroup_id, record, urgent);
     Ok(())
 }
@@ -94,6 +95,15 @@ fn pid_namespace_flags(task: *const u8) -> u32 {
         Ok(1) => EXEC_FLAG_CHILD_PID_NAMESPACE | EXEC_FLAG_NAMESPACE_INIT,
         _ => EXEC_FLAG_CHILD_PID_NAMESPACE,
     }
+}
+
+/// Whether the exiting task is the last one in its set of cgroups (`task->cgroups->nr_tasks`
+/// still counts it here: it leaves the set after this tracepoint, in `cgroup_exit`). A css_set is
+/// one combination of cgroups across hierarchies, so on a host with v1 controllers mounted another
+/// set may still hold processes of the same v2 cgroup: the wake-up is then early, never missed.
+#[inline(always)]
+fn is_last_of_its_cgroups(task: *const u8) -> bool {
+    read_ptr(task, off!(task_cgroups)).and_then(|set| read::<i32>(set, off!(css_set_nr_tasks))).is_ok_and(|n| n == 1)
 }
 
 #[inline(always)]

@@ -153,6 +153,7 @@ impl KernelBtf {
             signal_utime: at("signal_struct", "utime")?,
             signal_stime: at("signal_struct", "stime")?,
             css_set_dfl_cgrp: at("css_set", "dfl_cgrp")?,
+            css_set_nr_tasks: at("css_set", "nr_tasks")?,
             cgroup_kn: at("cgroup", "kn")?,
             cgroup_root: at("cgroup", "root")?,
             cgroup_root_hierarchy_id: at("cgroup_root", "hierarchy_id")?,
