@@ -11,10 +11,8 @@
 //! The lowest rate is the baseline of the run (agent CPU per million records).
 
 use std::{
-    ffi::CString,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{Read as _, Write as _},
     net::TcpStream,
-    os::unix::{ffi::OsStrExt as _, process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -22,7 +20,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{free_port, loadavg, memory::cgroup2_root, wait_http, Tracer, SETTLE};
+use super::{free_port, loadavg, memory::cgroup2_root, producer_lines, wait_http, Tracer, SETTLE};
 use crate::{bench_probes::process_cpu_ns, cargo, shell, workspace_root};
 
 /// The producers' cgroup, under the v2 root (its path is the unit's `container` label).
@@ -113,47 +111,28 @@ fn level(agent: &Path, flags: &[String], cgroup: &Path, target: u64, seconds: u6
     let began = Instant::now();
     let me = std::env::current_exe().context("finding the xtask binary")?;
     let per_producer = target / producers as u64;
-    let procs = CString::new(group.path.join("cgroup.procs").as_os_str().as_bytes())?;
     let children: Vec<Child> = (0..producers)
         .map(|_| {
-            let procs = procs.clone();
-            let mut command = Command::new(&me);
-            command
-                .args(["bench", "signal-producer", "--rate", &per_producer.to_string()])
-                .args(["--seconds", &seconds.to_string()])
+            // The shell moves itself into the cgroup ("0": the writing process) and execs the
+            // producer, as a runtime starts a container's process: the exec is the unit's first.
+            Command::new("sh")
+                .args([
+                    "-c",
+                    r#"echo 0 > "$1/cgroup.procs" && exec "$2" bench signal-producer --rate "$3" --seconds "$4""#,
+                ])
+                .arg("sh")
+                .arg(&group.path)
+                .arg(&me)
+                .args([per_producer.to_string(), seconds.to_string()])
                 .stdin(Stdio::null())
-                .stdout(Stdio::piped());
-            // Into the cgroup before exec, as a runtime starts a container's process: the exec
-            // is then the unit's first process.
-            // SAFETY: the closure only calls open, write and close (async-signal-safe) on a
-            // path allocated before fork.
-            unsafe {
-                command.pre_exec(move || {
-                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-                    libc::close(fd);
-                    if written != 1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-            command.spawn().context("starting a producer")
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("starting a producer")
         })
         .collect::<Result<_>>()?;
     let mut sent = 0;
-    for mut child in children {
-        let mut line = String::new();
-        if let Some(out) = child.stdout.take() {
-            BufReader::new(out).read_line(&mut line)?;
-        }
-        if !child.wait()?.success() {
-            bail!("a producer failed");
-        }
-        sent += line.trim().parse::<u64>().context("a producer's count")?;
+    for line in producer_lines(children)? {
+        sent += line.parse::<u64>().context("a producer's count")?;
     }
     let window = began.elapsed().as_secs_f64();
     let agent_cpu = (process_cpu_ns(tracer.pid())? - cpu0) as f64 / 1e9 / window * 100.0;

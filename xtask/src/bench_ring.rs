@@ -8,7 +8,7 @@
 //! /metrics then gives the records sent and lost; the producers print their rate.
 
 use std::{
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{Read as _, Write as _},
     net::TcpStream,
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{free_port, loadavg, median, wait_http, Tracer, PYTHON, SETTLE};
+use super::{free_port, loadavg, median, producer_lines, wait_http, Tracer, PYTHON, SETTLE};
 use crate::{cargo, shell, workspace_root};
 
 /// One producer: forks a child handling SIGTERM, sends it `argv[1]` of them, prints its rate.
@@ -124,15 +124,8 @@ fn storm(agent: &std::path::Path, ring_bytes: u32, producers: usize, signals: us
         children.push(child);
     }
     let mut rate = 0.0;
-    for mut child in children {
-        let mut line = String::new();
-        if let Some(out) = child.stdout.take() {
-            BufReader::new(out).read_line(&mut line)?;
-        }
-        if !child.wait()?.success() {
-            bail!("a producer failed");
-        }
-        rate += line.trim().parse::<f64>().context("a producer's rate")?;
+    for line in producer_lines(children)? {
+        rate += line.parse::<f64>().context("a producer's rate")?;
     }
     // Let the agent drain what is left (the next poll at the latest).
     std::thread::sleep(Duration::from_millis(500));

@@ -194,3 +194,20 @@ pub(super) fn wait_http(tracer: &mut Tracer, addr: &str) -> Result<()> {
     }
     bail!("{} did not answer on {addr} within {START_TIMEOUT:?}; stderr:\n{}", tracer.what, tracer.stderr_tail())
 }
+
+/// Waits for load producers that each print one line (a count or a rate) before exiting; their
+/// lines, trimmed. Fails if one of them fails.
+pub(super) fn producer_lines(children: Vec<Child>) -> Result<Vec<String>> {
+    let mut lines = Vec::with_capacity(children.len());
+    for mut child in children {
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            BufReader::new(out).read_line(&mut line)?;
+        }
+        if !child.wait()?.success() {
+            bail!("a producer failed");
+        }
+        lines.push(line.trim().to_owned());
+    }
+    Ok(lines)
+}

@@ -548,18 +548,13 @@ mod tests {
         }
     }
 
-    #[test]
-    fn signals_only_counted_in_the_kernel_join_the_recorded_ones_from_the_same_container() {
-        let mut tracker = NodeTracker::new(TrackerConfig::default());
-        let (cgroup, pid) = (50, 500);
-        let event = |time: u64, tgid: u32, cgroup_id: u64, detail: Detail| Event {
-            time_ns: time,
-            pid: tgid,
-            tgid,
-            cgroup_id,
-            detail,
-        };
-        let mkdir = CgroupDetail { id: cgroup, path: "/system.slice/app.service".into(), truncated: false };
+    fn event(time: u64, tgid: u32, cgroup_id: u64, detail: Detail) -> Event {
+        Event { time_ns: time, pid: tgid, tgid, cgroup_id, detail }
+    }
+
+    /// The cgroup `/system.slice/<name>.service` appears (1 ns) and `pid` starts in it (2 ns).
+    fn start_host_unit(tracker: &mut NodeTracker, cgroup: u64, pid: u32, name: &str) {
+        let mkdir = CgroupDetail { id: cgroup, path: format!("/system.slice/{name}.service"), truncated: false };
         tracker.apply(&event(1, 1, 1, Detail::CgroupMkdir(mkdir)));
         let exec = Detail::Exec {
             parent_tgid: 1,
@@ -567,9 +562,16 @@ mod tests {
             namespace_init: false,
             child_pid_namespace: false,
             start_time_ns: 2,
-            comm: "app".into(),
+            comm: name.into(),
         };
         tracker.apply(&event(2, pid, cgroup, exec));
+    }
+
+    #[test]
+    fn signals_only_counted_in_the_kernel_join_the_recorded_ones_from_the_same_container() {
+        let mut tracker = NodeTracker::new(TrackerConfig::default());
+        let (cgroup, pid) = (50, 500);
+        start_host_unit(&mut tracker, cgroup, pid, "app");
         // One SIGUSR1 the kernel recorded (the target had no handler yet), and one from outside.
         for (sender, sender_cgroup) in [(pid, cgroup), (7, 1)] {
             let signal = Detail::Signal {
@@ -625,26 +627,8 @@ mod tests {
     #[test]
     fn a_scrape_shows_every_change_since_the_last_and_keeps_nothing_stale() {
         let mut tracker = NodeTracker::new(TrackerConfig::default());
-        let event = |time: u64, tgid: u32, cgroup_id: u64, detail: Detail| Event {
-            time_ns: time,
-            pid: tgid,
-            tgid,
-            cgroup_id,
-            detail,
-        };
-        let units = [(50, 500, "a"), (51, 510, "b"), (52, 520, "c")];
-        for (cgroup, pid, name) in units {
-            let mkdir = CgroupDetail { id: cgroup, path: format!("/system.slice/{name}.service"), truncated: false };
-            tracker.apply(&event(1, 1, 1, Detail::CgroupMkdir(mkdir)));
-            let exec = Detail::Exec {
-                parent_tgid: 1,
-                parent_cgroup_id: 1,
-                namespace_init: false,
-                child_pid_namespace: false,
-                start_time_ns: 2,
-                comm: name.into(),
-            };
-            tracker.apply(&event(2, pid, cgroup, exec));
+        for (cgroup, pid, name) in [(50, 500, "a"), (51, 510, "b"), (52, 520, "c")] {
+            start_host_unit(&mut tracker, cgroup, pid, name);
         }
         let tracker = Arc::new(Mutex::new(tracker));
         let kernel = Arc::new(Changing::default());
