@@ -27,7 +27,7 @@ mod tracer;
 
 use delivery::latency;
 pub(crate) use tracer::children_cpu_ns;
-use tracer::{clock_ticks_per_second, free_port, producer_lines, wait_http, TempFile, Tracer};
+use tracer::{clock_ticks_per_second, free_port, plain_host_agent, producer_lines, wait_http, TempFile, Tracer};
 
 #[derive(Clone, Debug, clap::Subcommand)]
 pub enum Bench {

@@ -21,6 +21,7 @@ use anyhow::{bail, Context as _, Result};
 use super::{
     free_port,
     memory::{cgroup2_root, get, read_memory, FakeNode},
+    plain_host_agent,
 };
 use crate::{
     bench_probes::{process_cpu_ns, ProbeServer},
@@ -48,15 +49,7 @@ pub fn run(seconds: u64, units: usize, connections: usize) -> Result<()> {
 
     let addr = format!("127.0.0.1:{}", free_port()?);
     let binary = workspace_root().join("target/release/lifecycle-agent");
-    let mut agent = Command::new(&binary)
-        .args(["run", "--listen", &addr])
-        .env("RUST_LOG", "warn")
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting the agent")?;
+    let mut agent = plain_host_agent(&binary, &addr).spawn().context("starting the agent")?;
     let result = (|| -> Result<()> {
         wait_listed(&addr, 0, "")?;
         let mut node = FakeNode::new(&cgroup2_root()?)?;

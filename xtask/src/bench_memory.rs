@@ -29,7 +29,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{free_port, loadavg, median, wait_http, Tracer};
+use super::{free_port, loadavg, median, plain_host_agent, wait_http, Tracer};
 use crate::{cargo, shell, workspace_root};
 
 /// Quiet time before each reading.
@@ -157,17 +157,7 @@ fn print_table(agents: &[Agent], results: &[Vec<Round>], units: usize) {
 /// One agent, one round: idle, then with `units` units.
 fn measure(agent: &Agent, root: &Path, units: usize) -> Result<Round> {
     let addr = format!("127.0.0.1:{}", free_port()?);
-    let mut tracer = Tracer::spawn(
-        agent.label.clone(),
-        Command::new(&agent.path)
-            .args(["run", "--listen", &addr])
-            .env("RUST_LOG", "warn")
-            // No credentials: the Kubernetes client stays idle.
-            .env_remove("KUBECONFIG")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .env_remove("KUBERNETES_SERVICE_PORT")
-            .stdout(Stdio::null()),
-    )?;
+    let mut tracer = Tracer::spawn(agent.label.clone(), &mut plain_host_agent(&agent.path, &addr))?;
     wait_http(&mut tracer, &addr)?;
     std::thread::sleep(SETTLE);
     let pid = tracer.pid();

@@ -20,7 +20,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{free_port, loadavg, memory::cgroup2_root, producer_lines, wait_http, Tracer, SETTLE};
+use super::{free_port, loadavg, memory::cgroup2_root, plain_host_agent, producer_lines, wait_http, Tracer, SETTLE};
 use crate::{bench_probes::process_cpu_ns, cargo, shell, workspace_root};
 
 /// The producers' cgroup, under the v2 root (its path is the unit's `container` label).
@@ -93,16 +93,8 @@ pub fn run(rates: &[u64], seconds: u64, producers: usize, agent_flags: &[String]
 
 fn level(agent: &Path, flags: &[String], cgroup: &Path, target: u64, seconds: u64, producers: usize) -> Result<Level> {
     let addr = format!("127.0.0.1:{}", free_port()?);
-    let mut tracer = Tracer::spawn(
-        "lifecycle-agent",
-        Command::new(agent)
-            .args(["run", "--listen", &addr, "--pod-probe-port", "0"])
-            .args(flags)
-            .env("RUST_LOG", "warn")
-            .env_remove("KUBECONFIG")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .stdout(Stdio::null()),
-    )?;
+    let mut tracer =
+        Tracer::spawn("lifecycle-agent", plain_host_agent(agent, &addr).args(["--pod-probe-port", "0"]).args(flags))?;
     wait_http(&mut tracer, &addr)?;
     let group = Cgroup::create(cgroup)?;
     std::thread::sleep(SETTLE);

@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{free_port, loadavg, median, producer_lines, wait_http, Tracer, PYTHON, SETTLE};
+use super::{free_port, loadavg, median, plain_host_agent, producer_lines, wait_http, Tracer, PYTHON, SETTLE};
 use crate::{cargo, shell, workspace_root};
 
 /// One producer: forks a child handling SIGTERM, sends it `argv[1]` of them, prints its rate.
@@ -103,12 +103,7 @@ fn storm(agent: &std::path::Path, ring_bytes: u32, producers: usize, signals: us
     let addr = format!("127.0.0.1:{}", free_port()?);
     let mut tracer = Tracer::spawn(
         format!("lifecycle-agent --ring-bytes {ring_bytes}"),
-        Command::new(agent)
-            .args(["run", "--listen", &addr, "--ring-bytes", &ring_bytes.to_string()])
-            .env("RUST_LOG", "warn")
-            .env_remove("KUBECONFIG")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .stdout(Stdio::null()),
+        plain_host_agent(agent, &addr).args(["--ring-bytes", &ring_bytes.to_string()]),
     )?;
     wait_http(&mut tracer, &addr)?;
     std::thread::sleep(SETTLE);

@@ -4,7 +4,7 @@
 
 use std::{
     io::{BufRead as _, BufReader, Read},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{mpsc, Arc, Mutex},
     thread::JoinHandle,
@@ -210,4 +210,18 @@ pub(super) fn producer_lines(children: Vec<Child>) -> Result<Vec<String>> {
         lines.push(line.trim().to_owned());
     }
     Ok(lines)
+}
+
+/// `lifecycle-agent run --listen <addr>` as the benches start it: warnings only, stdout dropped,
+/// and no Kubernetes credentials, so the API client stays idle and only the node is measured.
+pub(super) fn plain_host_agent(binary: &Path, addr: &str) -> Command {
+    let mut command = Command::new(binary);
+    command
+        .args(["run", "--listen", addr])
+        .env("RUST_LOG", "warn")
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .stdout(Stdio::null());
+    command
 }
