@@ -317,15 +317,14 @@ fn an_http_client_inside_the_netns_gets_200_then_503_from_the_probe_listener() {
     // Unparsable is not declared: refused, and the refusal says nothing.
     assert_eq!(get("/probe/tcp?port=80a"), "403|forbidden");
     assert_eq!(get("/probe/process"), "200|ok");
-    // The request path's own cost: parse, lock, evaluate, format (no /proc, no syscalls).
+    // Answered from the cached snapshot, the same answer every time (its cost is measured by
+    // `xtask/x.sh bench probes`, not here).
     const CALLS: u32 = 10_000;
     let started = std::time::Instant::now();
     for _ in 0..CALLS {
         assert_eq!(probe.answer("/probe/tcp", Some("port=8080&stall=5s")).0, 200);
     }
-    let per_call = started.elapsed() / CALLS;
-    eprintln!("answer() from cache: {per_call:?} per call");
-    assert!(per_call < Duration::from_micros(200), "{per_call:?}");
+    eprintln!("answer() from cache: {:?} per call", started.elapsed() / CALLS);
 
     app.write_line("close");
     assert_eq!(app.read_line(), "closed");
