@@ -6,6 +6,7 @@ pub mod auth;
 mod events;
 pub mod http;
 mod kube;
+mod reader;
 mod routes;
 mod runtime;
 mod tasks;
@@ -31,10 +32,7 @@ use crate::{
         units::{KernelCounters, UnitMetrics},
     },
     kernel::{Sensor, SensorConfig, SensorError, SensorMaps, StreamError},
-    model::{
-        event::{Detail, Event},
-        node::{NodeTracker, TrackerConfig},
-    },
+    model::node::{NodeTracker, TrackerConfig},
     probe::{
         metrics::ProbeMetrics,
         source::{AllowFrom, SourceFilter},
@@ -43,9 +41,10 @@ use crate::{
     },
 };
 use http::{HttpError, Routes};
+use reader::Reader;
 use routes::ContainersApi;
 use runtime::{runtime_loop, RuntimeLink};
-use tasks::{expiry_loop, handle_notices, seed};
+use tasks::{expiry_loop, seed};
 
 /// The sensor's counter map is where the exporters' kernel counters come from.
 impl KernelCounters for SensorMaps {
@@ -213,51 +212,30 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let routes = Arc::new(Routes { metrics, api: Some(Arc::new(api)), gate });
     let server = tokio::spawn(http::serve(listener, routes, shutdown.clone()));
 
-    let mut stream = sensor.take_events().ok_or(AgentError::StreamTaken)?.into_async(config.poll)?;
-    let mut batch: Vec<Event> = Vec::with_capacity(1024);
-    // Kernel times of the exits in a batch that ended a container (or a host unit's run).
-    let mut state_changes: Vec<u64> = Vec::new();
+    let stream = sensor.take_events().ok_or(AgentError::StreamTaken)?;
+    let reader = Reader {
+        tracker: tracker.clone(),
+        maps: maps.clone(),
+        probes: node_probes.clone(),
+        units: units.clone(),
+        latency,
+        counters: agent_counters.clone(),
+        root: root.clone(),
+        metadata_wanted: metadata_wanted.clone(),
+        repairs: repairs.clone(),
+    };
+    let mut reading =
+        reader.start(stream, config.poll).map_err(|err| AgentError::Stream(StreamError::Register(err)))?;
     let mut shutdown_flag = shutdown.clone();
-    let mut last_rescan: Option<std::time::Instant> = None;
-    loop {
-        tokio::select! {
-            read = stream.next_batch(&mut batch) => { read?; }
-            _ = shutdown_flag.changed() => break,
-        }
-        if batch.is_empty() {
-            continue;
-        }
-        agent_counters.events_read.fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        agent_counters.decode_errors.store(stream.decode_errors(), std::sync::atomic::Ordering::Relaxed);
-        let notices = {
-            let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-            for event in &batch {
-                if let Detail::CgroupRmdir(c) = &event.detail {
-                    // The kernel's counts of a departing cgroup move to its unit before its map
-                    // entry is freed for reuse.
-                    if let Some(last) = maps.take_counters(c.id) {
-                        tracker.absorb_kernel_counters(c.id, last);
-                    }
-                }
-                let ended = tracker.instances_ended();
-                tracker.apply(event);
-                if tracker.instances_ended() > ended {
-                    state_changes.push(event.time_ns);
-                }
-                node_probes.on_event(event);
-            }
-            let now = boottime_ns();
-            for time in state_changes.drain(..) {
-                latency.observe(now.saturating_sub(time) as f64 / 1e9);
-            }
-            units.take_judgements(&mut tracker);
-            tracker.take_notices()
-        };
-        batch.clear();
-        handle_notices(notices, &tracker, &root, &metadata_wanted, &mut last_rescan, &repairs);
+    let failure = tokio::select! {
+        error = reading.failed() => Some(error),
+        _ = shutdown_flag.changed() => None,
+    };
+    if let Some(error) = failure {
+        return Err(error.into());
     }
     log::info!("shutting down: detaching kernel programs");
-    drop(stream);
+    drop(reading.stop().await);
     drop(sensor);
     let _ = server.await;
     Ok(())

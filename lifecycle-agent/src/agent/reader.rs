@@ -1,0 +1,144 @@
+//! The ring reader: a thread of its own that waits on the kernel's ring (or the poll period) and
+//! applies each batch to the tracker.
+//!
+//! Not a tokio task: a wake-up from the kernel reaches this thread directly. As a task it came
+//! through the runtime's I/O driver, which only a worker with nothing else to do polls, and then
+//! a second thread hop; HTTP load on the workers could hold a container's exit back.
+
+use std::{
+    os::fd::{AsFd as _, FromRawFd as _, OwnedFd},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use prometheus::{Histogram, IntCounterVec};
+use tokio::sync::{oneshot, Notify};
+
+use super::tasks::handle_notices;
+use crate::{
+    discovery::{cgroupfs::CgroupRoot, clock::boottime_ns},
+    export::{metrics::AgentCounters, units::UnitMetrics},
+    kernel::{EventStream, SensorMaps, StreamError},
+    model::{
+        event::{Detail, Event},
+        node::NodeTracker,
+    },
+    probe::NodeProbes,
+};
+
+/// Everything a batch of events feeds.
+pub(super) struct Reader {
+    pub(super) tracker: Arc<Mutex<NodeTracker>>,
+    pub(super) maps: Arc<SensorMaps>,
+    pub(super) probes: Arc<NodeProbes>,
+    pub(super) units: Arc<UnitMetrics>,
+    /// `lifecycle_event_to_state_seconds`.
+    pub(super) latency: Histogram,
+    pub(super) counters: Arc<AgentCounters>,
+    pub(super) root: CgroupRoot,
+    pub(super) metadata_wanted: Arc<Notify>,
+    pub(super) repairs: IntCounterVec,
+}
+
+/// A started reader; [`Running::stop`] ends it and hands the stream back (to be dropped before
+/// the sensor).
+pub(super) struct Running {
+    stop: Arc<AtomicBool>,
+    wake: Arc<OwnedFd>,
+    done: oneshot::Receiver<Result<EventStream, StreamError>>,
+}
+
+impl Reader {
+    /// Starts the reading thread: it drains on every kernel wake-up and at least every `poll`.
+    pub(super) fn start(self, stream: EventStream, poll: Duration) -> std::io::Result<Running> {
+        // SAFETY: eventfd has no memory-safety preconditions; a negative return is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh eventfd nobody else owns.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sender, done) = oneshot::channel();
+        let (thread_stop, thread_wake) = (stop.clone(), wake.clone());
+        std::thread::Builder::new().name("ring-reader".into()).spawn(move || {
+            let result = self.run(stream, poll, &thread_stop, &thread_wake);
+            let _ = sender.send(result);
+        })?;
+        Ok(Running { stop, wake, done })
+    }
+
+    fn run(
+        self,
+        mut stream: EventStream,
+        poll: Duration,
+        stop: &AtomicBool,
+        wake: &OwnedFd,
+    ) -> Result<EventStream, StreamError> {
+        let mut batch: Vec<Event> = Vec::with_capacity(1024);
+        let mut last_rescan: Option<std::time::Instant> = None;
+        // Kernel times of the exits in a batch that ended a container (or a host unit's run).
+        let mut state_changes: Vec<u64> = Vec::new();
+        loop {
+            stream.wait(wake.as_fd(), poll)?;
+            if stop.load(Ordering::Acquire) {
+                return Ok(stream);
+            }
+            if stream.drain_into(&mut batch) == 0 {
+                continue;
+            }
+            self.counters.events_read.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            self.counters.decode_errors.store(stream.decode_errors(), Ordering::Relaxed);
+            let notices = {
+                let mut tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+                for event in &batch {
+                    if let Detail::CgroupRmdir(c) = &event.detail {
+                        // The kernel's counts of a departing cgroup move to its unit before its
+                        // map entry is freed for reuse.
+                        if let Some(last) = self.maps.take_counters(c.id) {
+                            tracker.absorb_kernel_counters(c.id, last);
+                        }
+                    }
+                    let ended = tracker.instances_ended();
+                    tracker.apply(event);
+                    if tracker.instances_ended() > ended {
+                        state_changes.push(event.time_ns);
+                    }
+                    self.probes.on_event(event);
+                }
+                let now = boottime_ns();
+                for time in state_changes.drain(..) {
+                    self.latency.observe(now.saturating_sub(time) as f64 / 1e9);
+                }
+                self.units.take_judgements(&mut tracker);
+                tracker.take_notices()
+            };
+            batch.clear();
+            handle_notices(notices, &self.tracker, &self.root, &self.metadata_wanted, &mut last_rescan, &self.repairs);
+        }
+    }
+}
+
+impl Running {
+    /// Waits until the reader fails; pending forever while it reads.
+    pub(super) async fn failed(&mut self) -> StreamError {
+        match (&mut self.done).await {
+            Ok(Err(error)) => error,
+            // It only returns Ok when stopped, and it is not stopped while this waits; a thread
+            // that ended without sending panicked.
+            Ok(Ok(_)) | Err(_) => StreamError::Wait(std::io::Error::other("the ring reader thread ended")),
+        }
+    }
+
+    /// Stops the reader and returns the stream (None if the thread had already ended).
+    pub(super) async fn stop(self) -> Option<EventStream> {
+        self.stop.store(true, Ordering::Release);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        unsafe { libc::write(std::os::fd::AsRawFd::as_raw_fd(&*self.wake), (&one as *const u64).cast(), 8) };
+        self.done.await.ok().and_then(Result::ok)
+    }
+}
