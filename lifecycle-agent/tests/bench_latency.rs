@@ -88,7 +88,8 @@ fn exit_to_visible_state_latency() {
             let agent_side = scope.spawn(|| {
                 while Instant::now() < deadline {
                     std::thread::sleep(pause);
-                    let Some(body) = get(&addr, "/api/v1/containers") else { continue };
+                    // Asked for this container only, as a client waiting for one would.
+                    let Some(body) = get(&addr, &format!("/api/v1/containers?container_id={id}")) else { continue };
                     let now = boot_ns();
                     let value: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
                     let c = value["containers"]
@@ -134,7 +135,7 @@ fn exit_to_visible_state_latency() {
     println!("|---|---|---|---|---|---|---|");
     let runtime_p99 = percentile(&runtime_ms, 0.99);
     for (name, v) in [
-        ("kernel exit -> agent /api/v1/containers", &agent_ms),
+        ("kernel exit -> agent /api/v1/containers?container_id=", &agent_ms),
         ("kernel exit -> CRI ContainerStatus (containerd)", &runtime_ms),
     ] {
         println!(

@@ -1,4 +1,5 @@
-//! The agent's JSON API on `--listen`: `/api/v1/containers` (every unit's view) and
+//! The agent's JSON API on `--listen`: `/api/v1/containers` (every unit's view, or those a
+//! `namespace`, `pod` or `container_id` parameter selects) and
 //! `/api/v1/probe/<namespace>/<pod>/<container>` (the probe answer for people, scripts and
 //! host-network pods: declared checks only, 403 otherwise). `/metrics` and `/healthz` are served
 //! by `http.rs`.
@@ -40,11 +41,20 @@ impl ApiHandler for ContainersApi {
         if path != "/api/v1/containers" {
             return None;
         }
+        let selection = match Selection::parse(query) {
+            Ok(selection) => selection,
+            Err(reason) => return Some((StatusCode::BAD_REQUEST, serde_json::json!({ "error": reason }).to_string())),
+        };
         let now = boottime_ns();
-        let (containers, pods) = {
+        let (mut containers, mut pods) = {
             let tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
             (tracker.containers(now), tracker.pods(now))
         };
+        if !selection.is_everything() {
+            containers.retain(|c| selection.selects(c));
+            let uids: std::collections::HashSet<&str> = containers.iter().map(|c| c.labels.uid.as_str()).collect();
+            pods.retain(|p| uids.contains(p.uid.as_str()));
+        }
         let boot_to_unix = unix_minus_boot_seconds();
         let body = ContainersResponse { boot_to_unix_seconds: boot_to_unix, now, containers, pods };
         Some(match serde_json::to_value(&body) {
@@ -54,6 +64,53 @@ impl ApiHandler for ContainersApi {
             }
             Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{{\"error\":\"{err}\"}}")),
         })
+    }
+}
+
+/// What a `/api/v1/containers` request selects: the units of one `namespace`, one `pod` (with
+/// `namespace`, or by name in any), or one container by `container_id` (the full id or a prefix,
+/// as crictl takes it). Without parameters, every unit: a client after one container need not
+/// be sent the whole node. The pods listed are those of the containers selected.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Selection {
+    namespace: Option<String>,
+    pod: Option<String>,
+    container_id: Option<String>,
+}
+
+impl Selection {
+    fn parse(query: Option<&str>) -> Result<Self, String> {
+        let mut query = Query::parse(query).map_err(|err| err.to_string())?;
+        let selection = Selection {
+            namespace: query.take("namespace"),
+            pod: query.take("pod"),
+            container_id: query.take("container_id"),
+        };
+        if let Some((unknown, _)) = query.params().first() {
+            return Err(format!("unknown parameter {unknown:?}; namespace, pod and container_id select containers"));
+        }
+        for (name, value) in
+            [("namespace", &selection.namespace), ("pod", &selection.pod), ("container_id", &selection.container_id)]
+        {
+            if value.as_deref().is_some_and(str::is_empty) {
+                return Err(format!("{name} is empty"));
+            }
+        }
+        Ok(selection)
+    }
+
+    fn is_everything(&self) -> bool {
+        *self == Selection::default()
+    }
+
+    fn selects(&self, container: &ContainerView) -> bool {
+        let is = |wanted: &Option<String>, have: &str| wanted.as_deref().is_none_or(|w| w == have);
+        is(&self.namespace, &container.labels.namespace)
+            && is(&self.pod, &container.labels.pod)
+            && self
+                .container_id
+                .as_deref()
+                .is_none_or(|wanted| container.container_id.as_deref().is_some_and(|id| id.starts_with(wanted)))
     }
 }
 
@@ -126,5 +183,94 @@ mod tests {
         assert_eq!(state["started_at"], "2023-11-14T22:13:22.000000001Z");
         assert_eq!(state["started_at_boot_ns"], 2_000_000_001u64);
         assert_eq!(json["containers"][0]["exit_code"], 3, "other numbers stay");
+    }
+
+    use crate::model::{
+        event::{CgroupDetail, Detail, Event},
+        metadata::{ContainerMeta, ContainerState, KubeletAnnotations},
+        node::TrackerConfig,
+    };
+
+    /// Two running containers: `aaaa…` in shop/web, `bbbb…` in shop/db.
+    fn api() -> ContainersApi {
+        let mut tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
+        let pods = [("a", "web", 1u64), ("b", "db", 2)];
+        let metas = pods
+            .iter()
+            .map(|(digit, pod, n)| ContainerMeta {
+                container_id: digit.repeat(64),
+                pod_sandbox_id: format!("sandbox-{pod}"),
+                pod_name: (*pod).into(),
+                pod_namespace: "shop".into(),
+                pod_uid: format!("00000000-0000-0000-0000-{n:012}"),
+                container_name: "app".into(),
+                attempt: 0,
+                kubelet: KubeletAnnotations::default(),
+                probe_declaration: None,
+                state: ContainerState::Running,
+                exit_code: None,
+                reason: None,
+                message: None,
+                created_ns: 0,
+                started_ns: None,
+                finished_ns: None,
+            })
+            .collect();
+        tracker.set_metadata(metas);
+        for (digit, _, n) in pods {
+            let cgroup = 100 + n;
+            let path = format!("/kubepods/besteffort/pod00000000-0000-0000-0000-{n:012}/{}", digit.repeat(64));
+            let event = |time, tgid, cgroup_id, detail| Event { time_ns: time, pid: tgid, tgid, cgroup_id, detail };
+            tracker.apply(&event(1, 1, 1, Detail::CgroupMkdir(CgroupDetail { id: cgroup, path, truncated: false })));
+            let exec = Detail::Exec {
+                parent_tgid: 1,
+                parent_cgroup_id: 1,
+                namespace_init: true,
+                child_pid_namespace: true,
+                start_time_ns: 2,
+                comm: "app".into(),
+            };
+            tracker.apply(&event(2, 1000 + n as u32, cgroup, exec));
+        }
+        ContainersApi { tracker: Arc::new(Mutex::new(tracker)), probes: Arc::new(NodeProbes::new(None)) }
+    }
+
+    /// (status, container ids, pod names) of a `/api/v1/containers` answer.
+    fn ask(api: &ContainersApi, query: Option<&str>) -> (StatusCode, Vec<String>, Vec<String>) {
+        let (status, body) = api.get("/api/v1/containers", query).expect("served");
+        let json: serde_json::Value = serde_json::from_str(&body).expect("json");
+        let strings = |list: &str, field: &str| -> Vec<String> {
+            json[list].as_array().into_iter().flatten().filter_map(|v| v[field].as_str().map(str::to_owned)).collect()
+        };
+        (status, strings("containers", "container_id"), strings("pods", "pod"))
+    }
+
+    #[test]
+    fn a_request_selects_containers_by_namespace_pod_or_id_prefix() {
+        let api = api();
+        let (a, b) = ("a".repeat(64), "b".repeat(64));
+        let everything = ask(&api, None);
+        assert_eq!(everything.0, StatusCode::OK);
+        assert_eq!(everything.1.len(), 2, "{everything:?}");
+        assert_eq!(ask(&api, Some("container_id=aaaaaaaaaaaa")), (StatusCode::OK, vec![a.clone()], vec!["web".into()]));
+        assert_eq!(ask(&api, Some("namespace=shop&pod=db")), (StatusCode::OK, vec![b], vec!["db".into()]));
+        assert_eq!(ask(&api, Some("pod=web")), (StatusCode::OK, vec![a], vec!["web".into()]));
+        assert_eq!(ask(&api, Some("namespace=other")), (StatusCode::OK, vec![], vec![]));
+    }
+
+    #[test]
+    fn a_malformed_selection_is_refused_with_the_reason() {
+        let api = api();
+        for (query, reason) in [
+            ("containerid=aaaa", "unknown parameter \"containerid\""),
+            ("container_id=", "container_id is empty"),
+            ("pod=%zz", "encoding"),
+        ] {
+            let (status, body) = api.get("/api/v1/containers", Some(query)).expect("served");
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
+            let json: serde_json::Value = serde_json::from_str(&body).expect("the refusal is JSON");
+            let error = json["error"].as_str().expect("an error");
+            assert!(error.contains(reason), "{query}: {error}");
+        }
     }
 }
