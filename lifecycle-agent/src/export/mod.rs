@@ -4,4 +4,5 @@
 pub mod histogram;
 pub mod labels;
 pub mod metrics;
+mod unit_text;
 pub mod units;

@@ -1,0 +1,350 @@
+//! What one unit's per-container families say, and the exposition text they are written as.
+//!
+//! [`UnitView`] gathers everything the text says of a unit and nothing else; [`write_unit`]
+//! writes the samples from the view alone, so a text kept with its view (see `units.rs`) is
+//! right for as long as the view is equal. Families are written straight into the text format
+//! (the registry's model allocates per label pair), each family contiguous as the format requires.
+
+use std::{borrow::Cow, collections::BTreeMap, fmt::Write as _};
+
+use lifecycle_common::CgroupCounters;
+
+use super::{histogram::Histogram, labels};
+use crate::model::{
+    container_state::ContainerState,
+    node::{PortStats, Unit, UnitCounters, UnitLabels},
+    termination::{SenderKind, TerminationOutcome},
+};
+
+const STATES: [&str; 3] = ["waiting", "running", "terminated"];
+
+/// Everything the per-container families say about one unit.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct UnitView<'a> {
+    labels: Cow<'a, UnitLabels>,
+    state: &'static str,
+    waiting_reason: Option<&'static str>,
+    /// Reason, exit code and Unix time of the last termination.
+    last_terminated: Option<(&'static str, i32, f64)>,
+    restart_count: u32,
+    counters: Cow<'a, UnitCounters>,
+    /// Stop signal to exit of the last termination, when it had a stop signal.
+    last_stop_seconds: Option<f64>,
+    last_grace_ratio: Option<f64>,
+    /// Observed and expected delay of the last restart.
+    last_backoff_seconds: Option<(f64, f64)>,
+    /// The kernel's counters of the unit's departed instances plus its live one.
+    kernel: CgroupCounters,
+    tcp: Cow<'a, BTreeMap<u16, PortStats>>,
+}
+
+impl UnitView<'_> {
+    pub(super) fn of<'a>(unit: &'a Unit, now: u64, boot_to_unix: f64, live: Option<&CgroupCounters>) -> UnitView<'a> {
+        let snapshot = unit.snapshot(now);
+        let state = match &snapshot.state {
+            ContainerState::Waiting { .. } => "waiting",
+            ContainerState::Running { .. } => "running",
+            ContainerState::Terminated { .. } => "terminated",
+        };
+        let waiting_reason = match &snapshot.state {
+            ContainerState::Waiting { reason, .. } => Some(labels::waiting_reason(*reason)),
+            _ => None,
+        };
+        let last = match (&snapshot.state, &snapshot.last_state) {
+            (ContainerState::Terminated { .. }, _) => Some(&snapshot.state),
+            (_, Some(last @ ContainerState::Terminated { .. })) => Some(last),
+            _ => None,
+        };
+        let last_terminated = match last {
+            Some(ContainerState::Terminated { reason, exit_code, finished_at, .. }) => {
+                Some((labels::terminated_reason(*reason), *exit_code, *finished_at as f64 / 1e9 + boot_to_unix))
+            }
+            _ => None,
+        };
+        let report = unit.last_termination();
+        let mut kernel = unit.departed_kernel_counters();
+        if let Some(live) = live {
+            kernel += *live;
+        }
+        UnitView {
+            labels: Cow::Borrowed(unit.labels()),
+            state,
+            waiting_reason,
+            last_terminated,
+            restart_count: unit.restart_count(),
+            counters: Cow::Borrowed(unit.counters()),
+            last_stop_seconds: report
+                .and_then(|r| r.stop_signal.as_ref().map(|stop| r.exit_time.saturating_sub(stop.time) as f64 / 1e9)),
+            last_grace_ratio: report.and_then(|r| match r.outcome {
+                TerminationOutcome::ExitedWithinGrace { grace_used_ratio, .. } => Some(grace_used_ratio),
+                _ => None,
+            }),
+            last_backoff_seconds: unit
+                .last_backoff()
+                .map(|b| (b.observed_delay_ns as f64 / 1e9, b.expected_delay_ns as f64 / 1e9)),
+            kernel,
+            tcp: Cow::Borrowed(unit.tcp()),
+        }
+    }
+
+    pub(super) fn into_owned(self) -> UnitView<'static> {
+        UnitView {
+            labels: Cow::Owned(self.labels.into_owned()),
+            counters: Cow::Owned(self.counters.into_owned()),
+            tcp: Cow::Owned(self.tcp.into_owned()),
+            state: self.state,
+            waiting_reason: self.waiting_reason,
+            last_terminated: self.last_terminated,
+            restart_count: self.restart_count,
+            last_stop_seconds: self.last_stop_seconds,
+            last_grace_ratio: self.last_grace_ratio,
+            last_backoff_seconds: self.last_backoff_seconds,
+            kernel: self.kernel,
+        }
+    }
+}
+
+/// A family: name, help, type, and the samples written so far.
+pub(super) struct Family {
+    pub(super) name: &'static str,
+    pub(super) help: &'static str,
+    pub(super) kind: &'static str,
+    pub(super) body: String,
+}
+
+/// The families in exposition order (each must be contiguous in the output).
+pub(super) struct Families(pub(super) Vec<Family>);
+
+macro_rules! families {
+    ($($id:ident: $name:literal, $kind:literal, $help:literal;)*) => {
+        #[derive(Clone, Copy)]
+        #[repr(usize)]
+        pub(super) enum F { $($id),* }
+        pub(super) const FAMILY_COUNT: usize = [$($name),*].len();
+        pub(super) fn new_families() -> Families {
+            Families(vec![$(Family { name: $name, help: $help, kind: $kind, body: String::new() }),*])
+        }
+    };
+}
+families! {
+    State: "lifecycle_container_state", "gauge", "1 for the container's current state (waiting, running, terminated), 0 for the others.";
+    Waiting: "lifecycle_container_waiting_reason", "gauge", "1 while the container waits for this reason (ContainerCreating, CrashLoopBackOff).";
+    LastReason: "lifecycle_container_last_terminated_reason", "gauge", "1 for the reason of the container's last termination.";
+    LastCode: "lifecycle_container_last_terminated_exit_code", "gauge", "Exit code of the last termination (128+signal when killed).";
+    LastTime: "lifecycle_container_last_terminated_timestamp_seconds", "gauge", "When the last termination happened, Unix seconds.";
+    Restarts: "lifecycle_container_restarts_total", "counter", "Restarts of the container seen by the agent.";
+    Exits: "lifecycle_container_exits_total", "counter", "Exits of the container's main process by reason, exit code and signal.";
+    Terminations: "lifecycle_terminations_total", "counter", "Container terminations by outcome under the kubelet's rules.";
+    Violations: "lifecycle_grace_period_violations_total", "counter", "Containers SIGKILLed after their grace period.";
+    Disagreements: "lifecycle_status_disagreements_total", "counter", "Times the kubelet's reported container status disagreed with what the kernel saw, by kind.";
+    LastStopSeconds: "lifecycle_container_last_termination_seconds", "gauge", "Stop signal to exit of the container's last termination that had a stop signal.";
+    LastGraceRatio: "lifecycle_container_last_grace_used_ratio", "gauge", "Share of the grace period the last termination within grace used.";
+    Duration: "lifecycle_termination_duration_seconds", "histogram", "Stop signal to exit, per namespace and outcome.";
+    GraceUsed: "lifecycle_termination_grace_used_ratio", "histogram", "Share of the grace period used by exits within grace, per namespace.";
+    Observed: "lifecycle_backoff_observed_seconds", "gauge", "Delay between the last exit and the restart, as observed.";
+    Expected: "lifecycle_backoff_expected_seconds", "gauge", "Delay the kubelet's back-off required for the last restart.";
+    Verdicts: "lifecycle_backoff_verdicts_total", "counter", "Restarts judged against the kubelet's back-off.";
+    Signals: "lifecycle_signals_received_total", "counter", "Signals received by the container's processes, by signal and sender.";
+    Oom: "lifecycle_oom_kills_total", "counter", "OOM kills in the container (kernel OOM events).";
+    Execs: "lifecycle_process_execs_total", "counter", "Program executions in the container (kernel counter).";
+    ProcessExits: "lifecycle_process_exits_total", "counter", "Process exits in the container (kernel counter).";
+    Listeners: "lifecycle_tcp_listeners", "gauge", "Listening TCP sockets of the container by port.";
+    Established: "lifecycle_tcp_connections_established_total", "counter", "Connections that completed the handshake into the container's listener.";
+    Accepts: "lifecycle_tcp_accepts_total", "counter", "Connections the application accepted.";
+    QueueDepth: "lifecycle_tcp_accept_queue_depth", "gauge", "Connections established but not accepted yet (kernel counts).";
+    ExecProcesses: "lifecycle_exec_probe_processes_total", "counter", "Processes the runtime started into the container outside its init's tree (exec probes, hooks, exec sessions).";
+    ExecCpu: "lifecycle_exec_probe_cpu_seconds_total", "counter", "CPU time of those processes.";
+}
+
+impl Families {
+    /// One sample: `name{labels} value`. `suffix` extends the name (histogram parts).
+    fn sample(&mut self, family: F, suffix: &str, labels: &Labels, extra: &[(&str, &str)], value: f64) {
+        let f = &mut self.0[family as usize];
+        f.body.push_str(f.name);
+        f.body.push_str(suffix);
+        labels.write(&mut f.body, extra);
+        f.body.push(' ');
+        write_value(&mut f.body, value);
+        f.body.push('\n');
+    }
+
+    pub(super) fn histogram(
+        &mut self,
+        family: F,
+        labels: &Labels,
+        extra: &[(&str, &str)],
+        bounds: &[f64],
+        h: &Histogram,
+    ) {
+        let mut le = String::new();
+        for (i, bound) in bounds.iter().enumerate() {
+            le.clear();
+            write_value(&mut le, *bound);
+            let mut with_le: Vec<(&str, &str)> = extra.to_vec();
+            with_le.push(("le", &le));
+            self.sample(family, "_bucket", labels, &with_le, h.counts.get(i).copied().unwrap_or(0) as f64);
+        }
+        let mut with_le: Vec<(&str, &str)> = extra.to_vec();
+        with_le.push(("le", "+Inf"));
+        self.sample(family, "_bucket", labels, &with_le, h.count as f64);
+        self.sample(family, "_sum", labels, extra, h.sum);
+        self.sample(family, "_count", labels, extra, h.count as f64);
+    }
+}
+
+/// The identifying labels of a series, escaped once per unit: `{a="x",b="y"` (no closing brace;
+/// each sample adds its own labels and the brace).
+pub(super) struct Labels(String);
+
+impl Labels {
+    pub(super) fn new(pairs: &[(&str, &str)]) -> Self {
+        let mut text = String::from("{");
+        for (index, (name, value)) in pairs.iter().enumerate() {
+            if index > 0 {
+                text.push(',');
+            }
+            write_pair(&mut text, name, value);
+        }
+        Labels(text)
+    }
+
+    fn write(&self, out: &mut String, extra: &[(&str, &str)]) {
+        out.push_str(&self.0);
+        let mut first = self.0.len() == 1;
+        for (name, value) in extra {
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            write_pair(out, name, value);
+        }
+        out.push('}');
+    }
+}
+
+/// `name="value"`, the value escaped as the text format requires.
+fn write_pair(out: &mut String, name: &str, value: &str) {
+    out.push_str(name);
+    out.push_str("=\"");
+    if value.contains(['\\', '"', '\n']) {
+        for c in value.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+    } else {
+        out.push_str(value);
+    }
+    out.push('"');
+}
+
+/// Prometheus text values: integers without a fraction, `+Inf`/`-Inf`/`NaN` spelled its way.
+fn write_value(out: &mut String, value: f64) {
+    if value.is_nan() {
+        out.push_str("NaN");
+    } else if value.is_infinite() {
+        out.push_str(if value > 0.0 { "+Inf" } else { "-Inf" });
+    } else if value.fract() == 0.0 && value.abs() < 1e15 {
+        // Counts are the common case; integer formatting is several times cheaper than f64's.
+        let _ = write!(out, "{}", value as i64);
+    } else {
+        let _ = write!(out, "{value}");
+    }
+}
+
+/// Writes one unit's samples into the families' bodies: from the view and nothing else.
+pub(super) fn write_unit(f: &mut Families, view: &UnitView<'_>) {
+    let l = &view.labels;
+    let with_uid =
+        Labels::new(&[("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container), ("uid", &l.uid)]);
+    let short = Labels::new(&[("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container)]);
+    for candidate in STATES {
+        f.sample(F::State, "", &with_uid, &[("state", candidate)], f64::from(u8::from(candidate == view.state)));
+    }
+    if let Some(reason) = view.waiting_reason {
+        f.sample(F::Waiting, "", &with_uid, &[("reason", reason)], 1.0);
+    }
+    if let Some((reason, exit_code, unix_time)) = view.last_terminated {
+        f.sample(F::LastReason, "", &with_uid, &[("reason", reason)], 1.0);
+        f.sample(F::LastCode, "", &with_uid, &[], f64::from(exit_code));
+        f.sample(F::LastTime, "", &with_uid, &[], unix_time);
+    }
+    f.sample(F::Restarts, "", &with_uid, &[], f64::from(view.restart_count));
+    let c = &view.counters;
+    let mut code_text = String::new();
+    for ((reason, code, signal), n) in &c.exits {
+        code_text.clear();
+        let _ = write!(code_text, "{code}");
+        let signal = signal.map(|s| s.to_string()).unwrap_or_default();
+        f.sample(
+            F::Exits,
+            "",
+            &short,
+            &[("reason", labels::terminated_reason(*reason)), ("exit_code", &code_text), ("signal", &signal)],
+            *n as f64,
+        );
+    }
+    for ((outcome, cause), n) in &c.terminations {
+        let labels = [("outcome", labels::outcome(*outcome)), ("cause", cause.map_or("", labels::stop_cause))];
+        f.sample(F::Terminations, "", &short, &labels, *n as f64);
+    }
+    for (kind, n) in &c.disagreements {
+        f.sample(F::Disagreements, "", &short, &[("kind", labels::disagreement(*kind))], *n as f64);
+    }
+    // Initialised at 0 so the first violation is an increase, not a new series.
+    f.sample(F::Violations, "", &with_uid, &[], c.grace_violations as f64);
+    if let Some(seconds) = view.last_stop_seconds {
+        f.sample(F::LastStopSeconds, "", &short, &[], seconds);
+    }
+    if let Some(ratio) = view.last_grace_ratio {
+        f.sample(F::LastGraceRatio, "", &short, &[], ratio);
+    }
+    if let Some((observed, expected)) = view.last_backoff_seconds {
+        f.sample(F::Observed, "", &with_uid, &[], observed);
+        f.sample(F::Expected, "", &with_uid, &[], expected);
+    }
+    for (verdict, n) in &c.backoff_verdicts {
+        f.sample(F::Verdicts, "", &short, &[("verdict", labels::verdict(*verdict))], *n as f64);
+    }
+    // Signals the kernel counted without recording them (sent inside the container and harmless
+    // to their target) join the recorded ones from the same container.
+    let mut unrecorded = view.kernel.unrecorded_signals;
+    let mut signal_text = String::new();
+    let mut signal_sample = |f: &mut Families, signal: usize, sender: SenderKind, n: u64| {
+        signal_text.clear();
+        let _ = write!(signal_text, "{signal}");
+        let labels = [("signal", signal_text.as_str()), ("sender", labels::sender_kind(sender))];
+        f.sample(F::Signals, "", &short, &labels, n as f64);
+    };
+    for (&(signal, sender), &n) in &c.signals {
+        let extra = match (sender, unrecorded.get_mut(signal as usize)) {
+            (SenderKind::SameContainer, Some(extra)) => std::mem::take(extra),
+            _ => 0,
+        };
+        signal_sample(f, signal as usize, sender, n + extra);
+    }
+    for (signal, &n) in unrecorded.iter().enumerate().filter(|(_, &n)| n > 0) {
+        signal_sample(f, signal, SenderKind::SameContainer, n);
+    }
+    f.sample(F::Oom, "", &short, &[], c.oom_kills as f64);
+    f.sample(F::Execs, "", &short, &[], view.kernel.execs as f64);
+    f.sample(F::ProcessExits, "", &short, &[], view.kernel.process_exits as f64);
+    let mut port_text = String::new();
+    for (port, stats) in view.tcp.iter() {
+        port_text.clear();
+        let _ = write!(port_text, "{port}");
+        let port = [("port", port_text.as_str())];
+        f.sample(F::Listeners, "", &short, &port, stats.listeners as f64);
+        f.sample(F::Established, "", &short, &port, stats.established as f64);
+        f.sample(F::Accepts, "", &short, &port, stats.accepts as f64);
+        let waiting = if stats.listeners > 0 { stats.established.saturating_sub(stats.accepts) } else { 0 };
+        f.sample(F::QueueDepth, "", &short, &port, waiting as f64);
+    }
+    if c.exec_sessions > 0 {
+        f.sample(F::ExecProcesses, "", &short, &[], c.exec_sessions as f64);
+        f.sample(F::ExecCpu, "", &short, &[], c.exec_session_cpu_ns as f64 / 1e9);
+    }
+}

@@ -1,0 +1,147 @@
+//! Tests of the per-container metrics: the signals the kernel only counted, and the kept texts.
+
+use super::*;
+use crate::model::event::{CgroupDetail, Detail, Event, SignalResult};
+use crate::model::node::TrackerConfig;
+
+/// The kernel's counts for the one cgroup of the test: 7 SIGUSR1 (10) and 3 SIGURG (23)
+/// sent inside it and not recorded.
+struct Kernel;
+
+impl KernelCounters for Kernel {
+    fn read_all(&self, into: &mut HashMap<u64, CgroupCounters>) {
+        let mut counters = CgroupCounters::default();
+        counters.unrecorded_signals[10] = 7;
+        counters.unrecorded_signals[23] = 3;
+        into.insert(50, counters);
+    }
+}
+
+fn event(time: u64, tgid: u32, cgroup_id: u64, detail: Detail) -> Event {
+    Event { time_ns: time, pid: tgid, tgid, cgroup_id, detail }
+}
+
+/// The cgroup `/system.slice/<name>.service` appears (1 ns) and `pid` starts in it (2 ns).
+fn start_host_unit(tracker: &mut NodeTracker, cgroup: u64, pid: u32, name: &str) {
+    let mkdir = CgroupDetail { id: cgroup, path: format!("/system.slice/{name}.service"), truncated: false };
+    tracker.apply(&event(1, 1, 1, Detail::CgroupMkdir(mkdir)));
+    let exec = Detail::Exec {
+        parent_tgid: 1,
+        parent_cgroup_id: 1,
+        namespace_init: false,
+        child_pid_namespace: false,
+        start_time_ns: 2,
+        comm: name.into(),
+    };
+    tracker.apply(&event(2, pid, cgroup, exec));
+}
+
+#[test]
+fn signals_only_counted_in_the_kernel_join_the_recorded_ones_from_the_same_container() {
+    let mut tracker = NodeTracker::new(TrackerConfig::default());
+    let (cgroup, pid) = (50, 500);
+    start_host_unit(&mut tracker, cgroup, pid, "app");
+    // One SIGUSR1 the kernel recorded (the target had no handler yet), and one from outside.
+    for (sender, sender_cgroup) in [(pid, cgroup), (7, 1)] {
+        let signal = Detail::Signal {
+            signal: 10,
+            result: SignalResult::Delivered,
+            group: true,
+            target_pid: pid,
+            target_tgid: pid,
+            target_cgroup_id: cgroup,
+            sender_comm: "app".into(),
+            target_comm: "app".into(),
+        };
+        tracker.apply(&event(3, sender, sender_cgroup, signal));
+    }
+    let units = UnitMetrics::new(Arc::new(Mutex::new(tracker)), Arc::new(Kernel), Box::new(|| 10), Box::new(|| 0.0));
+    let mut text = String::new();
+    units.render(&mut text);
+    let signals: Vec<&str> = text.lines().filter(|l| l.starts_with("lifecycle_signals_received_total{")).collect();
+    let value = |signal: &str, sender: &str| {
+        let wanted = format!("signal=\"{signal}\",sender=\"{sender}\"");
+        let lines: Vec<&&str> = signals.iter().filter(|l| l.contains(&wanted)).collect();
+        assert_eq!(lines.len(), 1, "one series for {wanted} in {signals:#?}");
+        lines[0].rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("value")
+    };
+    assert_eq!(value("10", "same_container"), 8.0);
+    assert_eq!(value("10", "other_process"), 1.0);
+    assert_eq!(value("23", "same_container"), 3.0);
+    assert_eq!(signals.len(), 3, "{signals:#?}");
+}
+
+/// Counters the test changes between scrapes.
+#[derive(Default)]
+struct Changing(Mutex<HashMap<u64, CgroupCounters>>);
+
+impl KernelCounters for Changing {
+    fn read_all(&self, into: &mut HashMap<u64, CgroupCounters>) {
+        into.extend(self.0.lock().expect("lock").iter().map(|(k, v)| (*k, *v)));
+    }
+}
+
+/// The per-container lines of a scrape (the histograms are per namespace and fed once).
+fn unit_lines(text: &str) -> Vec<String> {
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with("lifecycle_termination_"))
+        .map(str::to_owned)
+        .collect();
+    lines.sort();
+    lines
+}
+
+#[test]
+fn a_scrape_shows_every_change_since_the_last_and_keeps_nothing_stale() {
+    let mut tracker = NodeTracker::new(TrackerConfig::default());
+    for (cgroup, pid, name) in [(50, 500, "a"), (51, 510, "b"), (52, 520, "c")] {
+        start_host_unit(&mut tracker, cgroup, pid, name);
+    }
+    let tracker = Arc::new(Mutex::new(tracker));
+    let kernel = Arc::new(Changing::default());
+    let metrics = |kernel: Arc<Changing>| {
+        UnitMetrics::new(tracker.clone(), kernel, Box::new(|| 10_000_000_000), Box::new(|| 1_700_000_000.0))
+    };
+    let cached = metrics(kernel.clone());
+    let scrape = |m: &UnitMetrics| {
+        let mut text = String::new();
+        m.render(&mut text);
+        text
+    };
+    let first = scrape(&cached);
+    assert_eq!(first.matches("lifecycle_container_state{").count(), 3 * 3, "{first}");
+
+    // a exits 3; b's kernel counters move; c's cgroup goes and its unit expires.
+    let exit = Detail::Exit {
+        exit_status: Some(3),
+        signal: None,
+        core_dumped: false,
+        group_dead: true,
+        parent_tgid: 1,
+        start_time_ns: 2,
+        cpu_time_ns: 1,
+        comm: "a".into(),
+    };
+    kernel.0.lock().expect("lock").insert(51, CgroupCounters { execs: 4, ..Default::default() });
+    {
+        let mut tracker = tracker.lock().expect("lock");
+        tracker.apply(&event(3_000_000_000, 500, 50, exit));
+        let rmdir = CgroupDetail { id: 52, path: "/system.slice/c.service".into(), truncated: false };
+        tracker.apply(&event(3_000_000_001, 520, 52, Detail::CgroupRmdir(rmdir)));
+        // c changed last at 2 ns, a at 3 s: a retention of 7 s at 9 s keeps a only.
+        tracker.expire(9_000_000_000, 7_000_000_000);
+    }
+    let second = scrape(&cached);
+    assert_eq!(
+        unit_lines(&second),
+        unit_lines(&scrape(&metrics(kernel.clone()))),
+        "a cached scrape says what a fresh one says"
+    );
+    let a = r#"namespace="host",pod="",container="/system.slice/a.service""#;
+    let b = r#"namespace="host",pod="",container="/system.slice/b.service""#;
+    assert!(second.contains(&format!("lifecycle_container_last_terminated_exit_code{{{a},uid=\"\"}} 3\n")), "{second}");
+    assert!(second.contains(&format!("lifecycle_process_execs_total{{{b}}} 4\n")), "{second}");
+    assert!(!second.contains("c.service"), "{second}");
+    assert!(first.contains("c.service"));
+}
