@@ -47,27 +47,31 @@ pub enum BatchError {
     Io(io::Error),
 }
 
-/// Buffers of one batch call, kept between reads: a read that allocates its buffers anew faults
-/// their pages in at every scrape.
+/// Buffers of the batch calls and the map read, kept between reads: a read that allocates its
+/// buffers anew faults their pages in at every scrape.
 pub struct BatchBuffers {
     keys: Vec<u64>,
     values: Vec<CgroupCounters>,
+    entries: Vec<(u64, CgroupCounters)>,
 }
 
 impl Default for BatchBuffers {
     fn default() -> Self {
-        Self { keys: vec![0; ENTRIES_PER_CALL], values: vec![CgroupCounters::default(); ENTRIES_PER_CALL] }
+        Self {
+            keys: vec![0; ENTRIES_PER_CALL],
+            values: vec![CgroupCounters::default(); ENTRIES_PER_CALL],
+            entries: Vec::new(),
+        }
     }
 }
 
-/// Every entry of a `u64 -> CgroupCounters` hash map, handed to `each`. On an error, `each` may
-/// have seen part of the map.
-pub fn read_counters(
+/// Every entry of a `u64 -> CgroupCounters` hash map (in `buffers`, until the next read).
+pub fn read_counters<'b>(
     map: BorrowedFd<'_>,
-    buffers: &mut BatchBuffers,
-    mut each: impl FnMut(u64, CgroupCounters),
-) -> Result<(), BatchError> {
-    let BatchBuffers { keys, values } = buffers;
+    buffers: &'b mut BatchBuffers,
+) -> Result<&'b [(u64, CgroupCounters)], BatchError> {
+    let BatchBuffers { keys, values, entries } = buffers;
+    entries.clear();
     // The kernel's position token for hash maps is a bucket index (u32); none on the first call.
     let mut position: Option<u32> = None;
     loop {
@@ -98,15 +102,15 @@ pub fn read_counters(
         match error.as_ref().and_then(io::Error::raw_os_error) {
             None => {}
             Some(libc::ENOENT) => {
-                keys[..filled].iter().zip(&values[..filled]).for_each(|(k, v)| each(*k, *v));
-                return Ok(());
+                entries.extend(keys[..filled].iter().copied().zip(values[..filled].iter().copied()));
+                return Ok(entries);
             }
             Some(libc::EINVAL | libc::EOPNOTSUPP | KERNEL_ENOTSUPP | libc::ENOSPC) => {
                 return Err(BatchError::Unsupported)
             }
             Some(_) => return Err(BatchError::Io(error.unwrap_or_else(io::Error::last_os_error))),
         }
-        keys[..filled].iter().zip(&values[..filled]).for_each(|(k, v)| each(*k, *v));
+        entries.extend(keys[..filled].iter().copied().zip(values[..filled].iter().copied()));
         position = Some(next);
     }
 }

@@ -256,25 +256,18 @@ impl SensorMaps {
     pub fn each_cgroup_counters(&self, mut each: impl FnMut(u64, CgroupCounters)) -> MapRead {
         let counters = self.counters.lock().unwrap_or_else(|poison| poison.into_inner());
         let mut buffers = self.batch_buffers.lock().unwrap_or_else(|poison| poison.into_inner());
-        let mut seen = Vec::new();
-        match batch::read_counters(counters.map().fd().as_fd(), &mut buffers, |id, c| {
-            seen.push(id);
-            each(id, c)
-        }) {
-            Ok(()) => return MapRead::Batched,
+        match batch::read_counters(counters.map().fd().as_fd(), &mut buffers) {
+            Ok(entries) => {
+                entries.iter().for_each(|(id, c)| each(*id, *c));
+                return MapRead::Batched;
+            }
             Err(batch::BatchError::Io(error)) => {
                 log::debug!("batch read of the counter map failed ({error}); iterating it");
             }
             Err(batch::BatchError::Unsupported) => {}
         }
         // An entry deleted between iteration steps yields an error for that key; skip it.
-        // Entries the failed batch already gave are not given twice.
-        seen.sort_unstable();
-        for (id, c) in counters.iter().filter_map(Result::ok) {
-            if seen.binary_search(&id).is_err() {
-                each(id, c);
-            }
-        }
+        counters.iter().filter_map(Result::ok).for_each(|(id, c)| each(id, c));
         MapRead::Iterated
     }
 
