@@ -4,8 +4,13 @@
 //! (and kernel maps, for metrics); nothing here blocks on I/O beyond the socket, except the
 //! gate in front of `/api/*` when it must ask the API server about a token (`auth.rs`), which
 //! holds only that request's task.
+//!
+//! Any client that reaches `--listen` is served, so connections are bounded ([`Limits`]): how
+//! many at once (each may hold an answer of a megabyte until it is read), how long a request
+//! head may take, and how long a connection may live. A client that opens connections and sends
+//! nothing, or reads an answer slowly, gives its place up instead of keeping it.
 
-use std::{convert::Infallible, net::SocketAddr, sync::Arc};
+use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -16,8 +21,11 @@ use hyper::{
     service::service_fn,
     Method, Request, Response, StatusCode,
 };
-use hyper_util::rt::TokioIo;
-use tokio::{net::TcpListener, sync::watch};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{
+    net::TcpListener,
+    sync::{watch, Semaphore},
+};
 
 use super::auth::{ApiGate, Verdict};
 use crate::export::metrics::Metrics;
@@ -53,14 +61,44 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
     TcpListener::bind(addr).await.map_err(|source| HttpError::Bind { addr, source })
 }
 
-/// Serves until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, routes: Arc<Routes>, mut shutdown: watch::Receiver<bool>) {
+/// Bounds on the connections of one listener.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections served at once; one more is closed as soon as it is accepted. Prometheus, the
+    /// `status` command and host-network pods' probes need a handful.
+    pub max_connections: usize,
+    /// Time for a request head to arrive (also how long an idle keep-alive connection is kept).
+    pub head_timeout: Duration,
+    /// A connection's whole life, however busy: a reader too slow to take its answer in this time
+    /// is cut off.
+    pub lifetime: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_connections: 128, head_timeout: Duration::from_secs(10), lifetime: Duration::from_secs(60) }
+    }
+}
+
+/// Serves until `shutdown` turns true, within the default [`Limits`].
+pub async fn serve(listener: TcpListener, routes: Arc<Routes>, shutdown: watch::Receiver<bool>) {
+    serve_within(listener, routes, shutdown, Limits::default()).await;
+}
+
+/// Serves until `shutdown` turns true, within `limits`.
+pub async fn serve_within(
+    listener: TcpListener,
+    routes: Arc<Routes>,
+    mut shutdown: watch::Receiver<bool>,
+    limits: Limits,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = shutdown.changed() => return,
         };
-        let (stream, _) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(pair) => pair,
             Err(err) => {
                 // EMFILE and friends: log and keep serving; the next accept may succeed.
@@ -68,8 +106,13 @@ pub async fn serve(listener: TcpListener, routes: Arc<Routes>, mut shutdown: wat
                 continue;
             }
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            log::debug!("{peer}: {} connections open already; closed", limits.max_connections);
+            continue;
+        };
         let routes = Arc::clone(&routes);
         tokio::spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |request| {
                 let routes = Arc::clone(&routes);
                 async move {
@@ -87,8 +130,14 @@ pub async fn serve(listener: TcpListener, routes: Arc<Routes>, mut shutdown: wat
                     Ok::<_, Infallible>(response)
                 }
             });
-            if let Err(err) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
-                log::debug!("HTTP connection ended with an error: {err}");
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.head_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            match tokio::time::timeout(limits.lifetime, connection).await {
+                Ok(Err(err)) => log::debug!("HTTP connection from {peer} ended with an error: {err}"),
+                Err(_) => log::debug!("HTTP connection from {peer} cut after {:?}", limits.lifetime),
+                Ok(Ok(())) => {}
             }
         });
     }
@@ -162,4 +211,76 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
     *response.status_mut() = status;
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    async fn listener_with(limits: Limits) -> (SocketAddr, watch::Sender<bool>) {
+        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let routes = Arc::new(Routes { metrics: Metrics::bare(), api: None, gate: None });
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(serve_within(listener, routes, stopped, limits));
+        (addr, stop)
+    }
+
+    /// The whole answer to `GET /healthz` on a fresh connection, or what came before the close.
+    async fn healthz(addr: SocketAddr) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let _ = stream.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").await;
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer).await;
+        answer
+    }
+
+    /// Reads until the server closes the connection (failing, not hanging, if it does not); the
+    /// bytes it sent.
+    async fn closed_within_10s(stream: &mut tokio::net::TcpStream) -> usize {
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest))
+            .await
+            .expect("the server closes the connection")
+            .expect("read")
+    }
+
+    #[tokio::test]
+    async fn clients_holding_connections_give_their_places_up_and_others_are_served() {
+        let limits =
+            Limits { max_connections: 4, head_timeout: Duration::from_millis(300), lifetime: Duration::from_secs(30) };
+        let (addr, _stop) = listener_with(limits).await;
+        // Four clients that connect and say nothing take every place.
+        let mut silent = Vec::new();
+        for _ in 0..4 {
+            silent.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+        }
+        // Wait until the server has accepted them all: a fifth is then closed unanswered.
+        let mut refused = false;
+        for _ in 0..100 {
+            if healthz(addr).await.is_empty() {
+                refused = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(refused, "a fifth connection is closed while four are held");
+        // The silent ones are cut when their head does not come; the place is free again.
+        for stream in &mut silent {
+            assert_eq!(closed_within_10s(stream).await, 0);
+        }
+        assert!(healthz(addr).await.starts_with("HTTP/1.0 200"), "served once the places are free");
+    }
+
+    #[tokio::test]
+    async fn a_connection_lives_no_longer_than_its_lifetime() {
+        let limits =
+            Limits { max_connections: 4, head_timeout: Duration::from_secs(30), lifetime: Duration::from_millis(300) };
+        let (addr, _stop) = listener_with(limits).await;
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        // Half a head, then nothing: only the lifetime ends it.
+        stream.write_all(b"GET /healthz HTTP/1.1\r\n").await.expect("write");
+        assert_eq!(closed_within_10s(&mut stream).await, 0);
+    }
 }
