@@ -26,7 +26,7 @@ use super::{
     labels,
     unit_text::{new_families, write_unit, Families, Labels, UnitView, F, FAMILY_COUNT},
 };
-use crate::model::node::{NodeTracker, UnitKey};
+use crate::model::node::{DroppedCounts, NodeTracker, UnitKey};
 
 /// Source of the kernel's per-cgroup counters (the sensor's map, or a fake in tests).
 pub trait KernelCounters: Send + Sync {
@@ -132,9 +132,11 @@ impl UnitMetrics {
         let mut previous = std::mem::take(&mut cache.units).into_iter().peekable();
         // (entry, whether its text must be written from its new view)
         let mut units: Vec<(Box<CachedUnit>, bool)> = Vec::with_capacity(previous.len());
+        let dropped;
         {
             let mut tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
             self.take_judgements(&mut tracker);
+            dropped = *tracker.dropped();
             // Both sequences are in unit-key order: a merge keeps the entries of units still here.
             for unit in tracker.units() {
                 while previous.next_if(|cached| cached.key < *unit.key()).is_some() {}
@@ -185,6 +187,21 @@ impl UnitMetrics {
             }
             out.push_str(&family.body);
         }
+        write_dropped(out, &dropped);
+    }
+}
+
+/// `lifecycle_state_dropped_total{kind}`: what the model dropped to stay within its bounds,
+/// every kind from the start (a zero is an answer: nothing was dropped).
+fn write_dropped(out: &mut String, dropped: &DroppedCounts) {
+    let name = "lifecycle_state_dropped_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Records the node model dropped to stay within its bounds (docs/security.md), by kind; verdicts never depend on them."
+    );
+    let _ = writeln!(out, "# TYPE {name} counter");
+    for (kind, count) in dropped.iter() {
+        let _ = writeln!(out, "{name}{{kind=\"{}\"}} {count}", kind.as_str());
     }
 }
 

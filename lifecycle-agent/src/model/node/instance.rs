@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use lifecycle_common::CgroupCounters;
 
-use super::{unit::start_unit, NodeTracker, PortStats, UnitCounters, UnitKey};
+use super::{bounds::DroppedKind, unit::start_unit, NodeTracker, PortStats, UnitCounters, UnitKey};
 use crate::model::{
     identity::{classify, CgroupIdentity},
     termination::{TerminationSettings, TerminationTracker},
@@ -177,7 +177,8 @@ impl NodeTracker {
         } else if from_outside && is_container {
             // Started into the container by the runtime without descending from its init.
             exec_session = true;
-            instance.termination.on_exec_session(start_time_ns, None, comm);
+            let kept = instance.termination.on_exec_session(start_time_ns, None, comm);
+            self.dropped.note(DroppedKind::ExecSession, kept);
             if let Some((counters, _)) = self.counters_of(cgroup_id) {
                 counters.exec_sessions += 1;
             }
@@ -203,7 +204,8 @@ impl NodeTracker {
         let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
         if let Some(process) = &process {
             if process.exec_session {
-                instance.termination.on_exec_session(process.start_time_ns, Some(time), &process.comm);
+                let kept = instance.termination.on_exec_session(process.start_time_ns, Some(time), &process.comm);
+                self.dropped.note(DroppedKind::ExecSession, kept);
                 if let Some((counters, _)) = self.counters_of(cgroup_id) {
                     counters.exec_session_cpu_ns += cpu_time_ns;
                 }

@@ -15,6 +15,7 @@
 //! container cgroup and its processes), [`sidecar`] (sidecars and their stop order), [`view`]
 //! (the read-only views exporters and the API use).
 
+mod bounds;
 mod disagree;
 mod instance;
 mod naming;
@@ -38,14 +39,15 @@ use crate::model::{
     identity::{classify, CgroupIdentity},
     metadata::ContainerMeta,
     spec::{PodFacts, StopCause},
-    termination::SignalSender,
+    termination::{Retention, SignalSender},
 };
 
+pub use bounds::{DroppedCounts, DroppedKind};
 pub use disagree::{Disagreement, DisagreementKind};
 pub use instance::SeedProcess;
 use instance::{ExecFacts, Instance, InstanceKind, ProcessEntry};
 pub use phase::{PodConditions, PodPhase, PodView};
-pub use unit::{Judgement, PortStats, Unit, UnitCounters, UnitKey, UnitLabels};
+pub use unit::{Judgement, PortStats, Unit, UnitCounters, UnitKey, UnitLabels, MAX_PORTS_PER_UNIT};
 pub use view::{ContainerView, RunningContainer};
 pub use warning::{PodWarning, WarningReason};
 
@@ -115,7 +117,8 @@ pub struct NodeTracker {
     metadata: HashMap<String, ContainerMeta>,
     notices: Vec<Notice>,
     judgements: Vec<Judgement>,
-    judgements_dropped: u64,
+    /// What was dropped to stay within the bounds (see `bounds.rs`).
+    dropped: DroppedCounts,
     /// Instances ended by their init's exit record (see [`NodeTracker::instances_ended`]).
     instances_ended: u64,
     /// The runtime answered the last time it was asked (see `naming.rs`).
@@ -143,7 +146,7 @@ impl NodeTracker {
             metadata: HashMap::new(),
             notices: Vec::new(),
             judgements: Vec::new(),
-            judgements_dropped: 0,
+            dropped: DroppedCounts::default(),
             instances_ended: 0,
             runtime_reachable,
             pods: HashMap::new(),
@@ -332,11 +335,19 @@ impl NodeTracker {
             }
             Detail::Signal { signal, target_tgid, target_cgroup_id, sender_comm, .. } => {
                 let same = event.cgroup_id == *target_cgroup_id;
-                let sender = SignalSender::from_comm(sender_comm, same);
+                // A process inside any container is never the runtime or the kubelet, whatever
+                // it calls itself: a pod can name a process `containerd-shim`.
+                let sender = match SignalSender::from_comm(sender_comm, same) {
+                    sender if sender.is_kubelet_side() && self.is_container_cgroup(event.cgroup_id) => {
+                        SignalSender::OtherProcess { comm: sender_comm.clone() }
+                    }
+                    sender => sender,
+                };
                 let kind = sender.kind();
                 if let Some(instance) = self.instances.get_mut(target_cgroup_id) {
                     let to_init = instance.init.is_some_and(|i| i.tgid == *target_tgid);
-                    instance.termination.on_signal(event.time_ns, *signal as u8, sender, to_init);
+                    let kept = instance.termination.on_signal(event.time_ns, *signal as u8, sender, to_init);
+                    self.dropped.note(DroppedKind::Signal, kept);
                 }
                 if let Some((counters, _)) = self.counters_of(*target_cgroup_id) {
                     *counters.signals.entry((*signal, kind)).or_default() += 1;
@@ -345,7 +356,8 @@ impl NodeTracker {
             Detail::OomVictim { victim_tgid, victim_cgroup_id, .. } => {
                 if let Some(instance) = self.instances.get_mut(victim_cgroup_id) {
                     let is_init = instance.init.is_some_and(|i| i.tgid == *victim_tgid);
-                    instance.termination.on_oom_kill(event.time_ns, is_init);
+                    let kept = instance.termination.on_oom_kill(event.time_ns, is_init);
+                    self.dropped.note(DroppedKind::OomKill, kept);
                 }
                 if let Some((counters, _)) = self.counters_of(*victim_cgroup_id) {
                     counters.oom_kills += 1;
@@ -354,15 +366,21 @@ impl NodeTracker {
             Detail::TcpListen(t) | Detail::TcpListenClose(t) | Detail::TcpEstablished(t) | Detail::TcpAccept(t) => {
                 let time = event.time_ns;
                 if let Some(instance) = self.instances.get_mut(&t.socket_cgroup_id) {
-                    match event.detail {
-                        Detail::TcpListen(_) => instance.termination.on_listen(time),
-                        Detail::TcpListenClose(_) => instance.termination.on_listen_close(time),
-                        Detail::TcpAccept(_) => instance.termination.on_listener_accept(time),
-                        _ => {}
-                    }
+                    let termination = &mut instance.termination;
+                    let (kind, kept) = match event.detail {
+                        Detail::TcpListen(_) => (DroppedKind::ListenerChange, termination.on_listen(time)),
+                        Detail::TcpListenClose(_) => (DroppedKind::ListenerChange, termination.on_listen_close(time)),
+                        Detail::TcpAccept(_) => (DroppedKind::Accept, termination.on_listener_accept(time)),
+                        _ => (DroppedKind::Accept, Retention::Kept),
+                    };
+                    self.dropped.note(kind, kept);
                 }
                 if let Some((_, tcp)) = self.counters_of(t.socket_cgroup_id) {
-                    let port = tcp.entry(t.local_port).or_default();
+                    let Some(port) = unit::port_entry(tcp, t.local_port) else {
+                        self.dropped.add(DroppedKind::Port, 1);
+                        return;
+                    };
+                    port.last_change_ns = port.last_change_ns.max(time);
                     match event.detail {
                         Detail::TcpListen(_) => port.listeners += 1,
                         Detail::TcpListenClose(_) => port.listeners = (port.listeners - 1).max(0),
@@ -385,10 +403,14 @@ impl NodeTracker {
     }
 
     /// Forgets units that have not run for `retention_ns` and have no live instance.
+    /// Closed ports idle as long expire too (a port's four series must not outlive its use).
     pub fn expire(&mut self, now: u64, retention_ns: u64) {
         let live: HashSet<UnitKey> =
             self.instances.values().filter(|i| i.exit.is_none()).filter_map(|i| i.unit.clone()).collect();
         self.units.retain(|key, unit| live.contains(key) || now.saturating_sub(unit.last_change_ns) < retention_ns);
+        for unit in self.units.values_mut() {
+            unit.tcp.retain(|_, port| port.listeners > 0 || now.saturating_sub(port.last_change_ns) < retention_ns);
+        }
         // Churn (cgroups created and removed by the thousand) must not grow memory and series
         // for the whole retention: past the cap, the departed units that changed longest ago go.
         let mut departed: Vec<(u64, UnitKey)> = self
@@ -399,9 +421,11 @@ impl NodeTracker {
             .collect();
         if departed.len() > MAX_DEPARTED_UNITS {
             departed.sort_unstable_by_key(|(changed, _)| *changed);
-            for (_, key) in &departed[..departed.len() - MAX_DEPARTED_UNITS] {
+            let excess = departed.len() - MAX_DEPARTED_UNITS;
+            for (_, key) in &departed[..excess] {
                 self.units.remove(key);
             }
+            self.dropped.add(DroppedKind::DepartedUnit, excess as u64);
         }
     }
 
@@ -410,9 +434,9 @@ impl NodeTracker {
         std::mem::take(&mut self.judgements)
     }
 
-    /// Judgements dropped because nobody took them in time (see [`MAX_PENDING_JUDGEMENTS`]).
-    pub fn judgements_dropped(&self) -> u64 {
-        self.judgements_dropped
+    /// What was dropped to stay within the bounds, by kind (see `bounds.rs`).
+    pub fn dropped(&self) -> &DroppedCounts {
+        &self.dropped
     }
 
     /// How many instances an init's exit record has ended so far: a caller applying an exit sees
@@ -424,7 +448,7 @@ impl NodeTracker {
     fn record_judgement(&mut self, judgement: Judgement) {
         if self.judgements.len() >= MAX_PENDING_JUDGEMENTS {
             self.judgements.remove(0);
-            self.judgements_dropped += 1;
+            self.dropped.add(DroppedKind::Judgement, 1);
         }
         self.judgements.push(judgement);
     }
@@ -498,9 +522,11 @@ impl NodeTracker {
             return;
         }
         waiting.sort_unstable();
-        for (_, cgroup_id) in &waiting[..waiting.len() - MAX_DEPARTED_WAITING] {
+        let excess = waiting.len() - MAX_DEPARTED_WAITING;
+        for (_, cgroup_id) in &waiting[..excess] {
             self.instances.remove(cgroup_id);
         }
+        self.dropped.add(DroppedKind::DepartedInstance, excess as u64);
     }
 
     fn on_instance_gone(&mut self, cgroup_id: u64) {

@@ -8,6 +8,7 @@ use lifecycle_common::CgroupCounters;
 use serde::Serialize;
 
 use super::{
+    bounds::DroppedKind,
     disagree::{DisagreementKind, InstanceEnd, StatusCheck},
     instance::InstanceKind,
     warning::WarningReason,
@@ -51,6 +52,29 @@ pub struct PortStats {
     pub accepts: u64,
     /// When the app last accepted a connection on this port (boot ns).
     pub last_accept_ns: Option<u64>,
+    /// When anything last happened on this port (boot ns): closed ports idle for the series
+    /// retention expire, and the idlest closed port makes room for a new one.
+    #[serde(skip)]
+    pub last_change_ns: u64,
+}
+
+/// Ports kept per unit (each is four series). A container can listen on every port there is;
+/// past this, a new port takes the place of the closed port idle longest, else it is not kept
+/// (counted in `lifecycle_state_dropped_total{kind="port"}`).
+pub const MAX_PORTS_PER_UNIT: usize = 32;
+
+/// The entry for `port` in a unit's table, made if there is room (see [`MAX_PORTS_PER_UNIT`]);
+/// `None` when the table is full of open ports.
+pub(super) fn port_entry(tcp: &mut BTreeMap<u16, PortStats>, port: u16) -> Option<&mut PortStats> {
+    if !tcp.contains_key(&port) && tcp.len() >= MAX_PORTS_PER_UNIT {
+        let idlest_closed = tcp
+            .iter()
+            .filter(|(_, stats)| stats.listeners <= 0)
+            .min_by_key(|(_, stats)| stats.last_change_ns)
+            .map(|(port, _)| *port)?;
+        tcp.remove(&idlest_closed);
+    }
+    Some(tcp.entry(port).or_default())
 }
 
 /// Counters kept per unit across its instances.
@@ -312,11 +336,15 @@ impl NodeTracker {
         unit.tcp.values_mut().for_each(|p| p.listeners = 0);
         unit.counters.merge(std::mem::take(&mut instance.pending_counters));
         for (port, stats) in std::mem::take(&mut instance.pending_tcp) {
-            let into = unit.tcp.entry(port).or_default();
+            let Some(into) = port_entry(&mut unit.tcp, port) else {
+                self.dropped.add(DroppedKind::Port, 1);
+                continue;
+            };
             into.listeners += stats.listeners;
             into.established += stats.established;
             into.accepts += stats.accepts;
             into.last_accept_ns = into.last_accept_ns.max(stats.last_accept_ns);
+            into.last_change_ns = into.last_change_ns.max(stats.last_change_ns);
         }
         unit.status.on_instance_created(instance.created_at);
         unit.last_change_ns = unit.last_change_ns.max(instance.created_at);

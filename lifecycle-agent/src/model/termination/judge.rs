@@ -1,5 +1,13 @@
 //! The per-instance judge: collects signals, OOM kills, exec sessions and listener activity
 //! until the init exits, then applies the kubelet's stop rules to produce a report.
+//!
+//! Every record is bounded (a container lives for months and controls its own processes): what
+//! judging needs is pinned — the first kubelet-side stop signal to the init, the first SIGKILL to
+//! it from outside, whether the OOM killer chose the init — and everything else is kept as the
+//! most recent [`MAX_KEPT_RECORDS`] of each kind, with counts. Each `on_*` method says whether it
+//! had to drop an older record, so the node's owner can count what was dropped.
+
+use std::collections::VecDeque;
 
 use crate::model::spec::SpecSource;
 
@@ -16,12 +24,6 @@ struct SignalRecord {
     to_init: bool,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct OomRecord {
-    time: u64,
-    victim_is_init: bool,
-}
-
 #[derive(Clone, Debug)]
 struct ExecSession {
     start: u64,
@@ -29,20 +31,109 @@ struct ExecSession {
     comm: String,
 }
 
-/// Records of each kind kept per instance (signals not to the init, exec sessions).
-const MAX_KEPT_RECORDS: usize = 64;
+/// Records of each kind kept per instance beyond the pinned ones (see `docs/security.md`, the
+/// table of bounds): enough for a timeline of a stop, small enough that a container flooding its
+/// own PID 1 with ignored signals costs a few kilobytes.
+pub const MAX_KEPT_RECORDS: usize = 64;
+
+/// Whether recording something made room by dropping an older record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retention {
+    /// Nothing was dropped.
+    Kept,
+    /// An older record (or this one) was dropped to stay within the bound.
+    DroppedOne,
+}
+
+impl Retention {
+    fn dropped_if(dropped: bool) -> Self {
+        if dropped {
+            Retention::DroppedOne
+        } else {
+            Retention::Kept
+        }
+    }
+}
+
+/// Signals to the instance's processes: the two judging needs, pinned, and the most recent.
+#[derive(Clone, Debug, Default)]
+struct SignalLog {
+    /// The earliest non-KILL signal to the init from the runtime or the kubelet: the stop signal.
+    first_stop: Option<SignalRecord>,
+    /// The earliest SIGKILL to the init not sent from inside the container (the kernel drops
+    /// those: init is immune to signals from its own namespace).
+    first_kill: Option<SignalRecord>,
+    recent: VecDeque<SignalRecord>,
+}
+
+impl SignalLog {
+    fn record(&mut self, record: SignalRecord) -> Retention {
+        let earlier = |kept: &Option<SignalRecord>| kept.as_ref().is_none_or(|k| record.time < k.time);
+        if record.to_init && record.signal != SIGKILL && record.sender.is_kubelet_side() && earlier(&self.first_stop) {
+            self.first_stop = Some(record.clone());
+        }
+        if record.to_init
+            && record.signal == SIGKILL
+            && record.sender != SignalSender::SameContainer
+            && earlier(&self.first_kill)
+        {
+            self.first_kill = Some(record.clone());
+        }
+        let full = self.recent.len() >= MAX_KEPT_RECORDS;
+        if full {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(record);
+        Retention::dropped_if(full)
+    }
+}
+
+/// OOM kills in the instance: how many, and whether (and first when) the init was a victim.
+#[derive(Clone, Debug, Default)]
+struct OomLog {
+    /// Times of the first [`MAX_KEPT_RECORDS`] kills; later ones are only counted.
+    times: Vec<u64>,
+    beyond_kept: u32,
+    first_init_victim: Option<u64>,
+}
+
+impl OomLog {
+    fn record(&mut self, time: u64, victim_is_init: bool) -> Retention {
+        if victim_is_init && self.first_init_victim.is_none_or(|first| time < first) {
+            self.first_init_victim = Some(time);
+        }
+        if self.times.len() >= MAX_KEPT_RECORDS {
+            self.beyond_kept = self.beyond_kept.saturating_add(1);
+            return Retention::DroppedOne;
+        }
+        self.times.push(time);
+        Retention::Kept
+    }
+
+    /// Kills at or before `time`. Kills past the kept ones came after them, so before an exit
+    /// judged later than the last kept one.
+    fn count_until(&self, time: u64) -> u32 {
+        let kept = self.times.iter().filter(|&&t| t <= time).count();
+        let beyond = if self.times.last().is_some_and(|&last| last <= time) { self.beyond_kept } else { 0 };
+        u32::try_from(kept).unwrap_or(u32::MAX).saturating_add(beyond)
+    }
+}
 
 /// Collects one container instance's termination evidence until its init exits.
 #[derive(Clone, Debug)]
 pub struct TerminationTracker {
     settings: TerminationSettings,
-    signals: Vec<SignalRecord>,
-    oom_kills: Vec<OomRecord>,
+    signals: SignalLog,
+    oom_kills: OomLog,
     exec_sessions: Vec<ExecSession>,
-    accepts: Vec<u64>,
-    /// (time, +1 listen / -1 close), to tell whether a listener was open at a given time.
-    listener_changes: Vec<(u64, i32)>,
-    /// Listening sockets opened minus closed before any stop signal.
+    /// Connections the app accepted after the stop signal: how many, and the first ones' times.
+    accepts_after_stop: u64,
+    accept_times: Vec<u64>,
+    /// (time, +1 listen / -1 close) after a stop may have begun, to tell whether a listener was
+    /// open at a given time; the most recent [`MAX_KEPT_RECORDS`], older ones folded into
+    /// `listeners_before_stop` (exact for any time after them).
+    listener_changes: VecDeque<(u64, i32)>,
+    /// Listening sockets opened minus closed before any stop signal (and folded changes).
     listeners_before_stop: i64,
     /// When watching began, if after the instance started (see [`Self::watched_since`]).
     watched_since: Option<u64>,
@@ -53,11 +144,12 @@ impl TerminationTracker {
     pub fn new(settings: TerminationSettings) -> Self {
         Self {
             settings,
-            signals: Vec::new(),
-            oom_kills: Vec::new(),
+            signals: SignalLog::default(),
+            oom_kills: OomLog::default(),
             exec_sessions: Vec::new(),
-            accepts: Vec::new(),
-            listener_changes: Vec::new(),
+            accepts_after_stop: 0,
+            accept_times: Vec::new(),
+            listener_changes: VecDeque::new(),
             listeners_before_stop: 0,
             watched_since: None,
             report: None,
@@ -82,71 +174,84 @@ impl TerminationTracker {
     }
 
     /// A kubelet-side non-KILL signal to the init has been seen: a stop may be under way.
+    /// O(1): called for every listen, close and accept.
     fn stop_may_have_begun(&self) -> bool {
-        self.signals.iter().any(|s| s.to_init && s.signal != SIGKILL && s.sender.is_kubelet_side())
+        self.signals.first_stop.is_some()
     }
 
     /// A signal to a process of this container; `to_init` when the target is its PID 1.
-    pub fn on_signal(&mut self, time: u64, signal: u8, sender: SignalSender, to_init: bool) {
-        // A container lives for months; keep memory bounded. Signals the judgement can use are
-        // those to the init; others are only kept while there is room.
-        if !to_init && self.signals.len() >= MAX_KEPT_RECORDS {
-            return;
-        }
-        self.signals.push(SignalRecord { time, signal, sender, to_init });
+    pub fn on_signal(&mut self, time: u64, signal: u8, sender: SignalSender, to_init: bool) -> Retention {
+        self.signals.record(SignalRecord { time, signal, sender, to_init })
     }
 
     /// The OOM killer chose a victim in this container; `victim_is_init` when it was PID 1.
     /// With memory.oom.group (the kubelet's default on cgroup v2) every process is a victim.
-    pub fn on_oom_kill(&mut self, time: u64, victim_is_init: bool) {
-        self.oom_kills.push(OomRecord { time, victim_is_init });
+    pub fn on_oom_kill(&mut self, time: u64, victim_is_init: bool) -> Retention {
+        self.oom_kills.record(time, victim_is_init)
     }
 
     /// A process the runtime started into the container that does not descend from its init:
     /// an exec probe, a hook, `kubectl exec`. Reporting the same (start, comm) again updates it,
     /// so a session can be reported when it starts and again when it ends.
-    pub fn on_exec_session(&mut self, start: u64, end: Option<u64>, comm: &str) {
+    pub fn on_exec_session(&mut self, start: u64, end: Option<u64>, comm: &str) -> Retention {
         if let Some(known) =
             self.exec_sessions.iter_mut().find(|session| session.start == start && session.comm == comm)
         {
             known.end = end.or(known.end);
-            return;
+            return Retention::Kept;
         }
         // Exec probes run every period for the container's whole life: keep the most recent
-        // sessions (the preStop hook is always among the last), dropping the oldest ended one.
-        if self.exec_sessions.len() >= MAX_KEPT_RECORDS {
-            if let Some(oldest) = self.exec_sessions.iter().position(|s| s.end.is_some()) {
-                self.exec_sessions.remove(oldest);
-            }
+        // sessions (the preStop hook is always among the last), dropping the oldest ended one, or
+        // the oldest of all when every kept session still runs (a container can start sessions
+        // that never end).
+        let full = self.exec_sessions.len() >= MAX_KEPT_RECORDS;
+        if full {
+            let oldest = self.exec_sessions.iter().position(|s| s.end.is_some()).unwrap_or(0);
+            self.exec_sessions.remove(oldest);
         }
         self.exec_sessions.push(ExecSession { start, end, comm: comm.to_owned() });
+        Retention::dropped_if(full)
     }
 
     /// The app opened a listening socket.
-    pub fn on_listen(&mut self, time: u64) {
-        self.listener_change(time, 1);
+    pub fn on_listen(&mut self, time: u64) -> Retention {
+        self.listener_change(time, 1)
     }
 
     /// The app closed a listening socket.
-    pub fn on_listen_close(&mut self, time: u64) {
-        self.listener_change(time, -1);
+    pub fn on_listen_close(&mut self, time: u64) -> Retention {
+        self.listener_change(time, -1)
     }
 
     /// Before a stop begins only the running total matters; after it, the timeline does.
-    fn listener_change(&mut self, time: u64, change: i32) {
-        if self.stop_may_have_begun() {
-            self.listener_changes.push((time, change));
-        } else {
+    fn listener_change(&mut self, time: u64, change: i32) -> Retention {
+        if !self.stop_may_have_begun() {
             self.listeners_before_stop += i64::from(change);
+            return Retention::Kept;
         }
+        let full = self.listener_changes.len() >= MAX_KEPT_RECORDS;
+        if full {
+            if let Some((_, oldest)) = self.listener_changes.pop_front() {
+                self.listeners_before_stop += i64::from(oldest);
+            }
+        }
+        self.listener_changes.push_back((time, change));
+        Retention::dropped_if(full)
     }
 
     /// The app accepted a connection.
-    pub fn on_listener_accept(&mut self, time: u64) {
-        // Only accepts after the stop signal are judged; a busy server must not grow this list.
-        if self.stop_may_have_begun() {
-            self.accepts.push(time);
+    pub fn on_listener_accept(&mut self, time: u64) -> Retention {
+        // Only accepts after the stop signal are judged; a busy server must not grow this list:
+        // they are counted, and the first ones' times kept.
+        if !self.signals.first_stop.as_ref().is_some_and(|stop| time > stop.time) {
+            return Retention::Kept;
         }
+        self.accepts_after_stop += 1;
+        if self.accept_times.len() >= MAX_KEPT_RECORDS {
+            return Retention::DroppedOne;
+        }
+        self.accept_times.push(time);
+        Retention::Kept
     }
 
     /// The init (PID 1 of the container) exited: judges the termination. Later calls return the
@@ -165,6 +270,18 @@ impl TerminationTracker {
         self.report = None;
     }
 
+    /// Records held now, of every kind together: what a flood can grow (bounded by
+    /// [`MAX_KEPT_RECORDS`] per kind plus the pinned ones).
+    pub fn records_held(&self) -> usize {
+        self.signals.recent.len()
+            + usize::from(self.signals.first_stop.is_some())
+            + usize::from(self.signals.first_kill.is_some())
+            + self.oom_kills.times.len()
+            + self.exec_sessions.len()
+            + self.accept_times.len()
+            + self.listener_changes.len()
+    }
+
     /// The report, once the init exited.
     pub fn report(&self) -> Option<&TerminationReport> {
         self.report.as_ref()
@@ -172,39 +289,28 @@ impl TerminationTracker {
 
     fn judge(&self, exit_time: u64, exit_status: Option<u8>, exit_signal: Option<u8>) -> TerminationReport {
         let before_exit = |time: u64| time <= exit_time;
-        let stop = self
-            .signals
-            .iter()
-            .filter(|s| s.to_init && s.signal != SIGKILL && s.sender.is_kubelet_side() && before_exit(s.time))
-            .min_by_key(|s| s.time)
-            .map(|s| StopSignalSeen {
-                time: s.time,
-                signal: s.signal,
-                sender: s.sender.clone(),
-                matches_configured: s.signal == self.settings.stop_signal,
-            });
+        let stop = self.signals.first_stop.as_ref().filter(|s| before_exit(s.time)).map(|s| StopSignalSeen {
+            time: s.time,
+            signal: s.signal,
+            sender: s.sender.clone(),
+            matches_configured: s.signal == self.settings.stop_signal,
+        });
         let grace_ns = self.settings.effective_grace_ns();
         let pre_stop = self.pre_stop_seen(stop.as_ref().map(|s| s.time), exit_time);
         let (expected_kill_after_ns, expected_kill_exact) =
             self.expected_kill_after(grace_ns, stop.as_ref().map(|s| s.time), pre_stop.as_ref());
-        let oom_before_exit: Vec<OomRecord> =
-            self.oom_kills.iter().copied().filter(|oom| before_exit(oom.time)).collect();
+        let oom_kills_before_exit = self.oom_kills.count_until(exit_time);
+        let init_oom_killed = self.oom_kills.first_init_victim.is_some_and(before_exit);
 
         let outcome = if exit_signal == Some(SIGKILL) {
             // A SIGKILL from the application to its own PID 1 is dropped by the kernel (init is
             // immune to signals from inside its namespace), so it cannot be the cause.
-            let kill = self
-                .signals
-                .iter()
-                .filter(|s| s.to_init && s.signal == SIGKILL && s.sender != SignalSender::SameContainer)
-                .filter(|s| before_exit(s.time))
-                .min_by_key(|s| s.time);
+            let kill = self.signals.first_kill.as_ref().filter(|s| before_exit(s.time));
             // The OOM killer's SIGKILL is sent in the context of whichever task was allocating
             // (usually one of the container's own), so the sender cannot tell; the OOM event can.
             // It killed the init if the event names the init, or if an OOM kill happened and no
             // other SIGKILL to the init competes as the cause.
-            let oom_killed_init =
-                oom_before_exit.iter().any(|oom| oom.victim_is_init) || (!oom_before_exit.is_empty() && kill.is_none());
+            let oom_killed_init = init_oom_killed || (oom_kills_before_exit > 0 && kill.is_none());
             match (&stop, kill) {
                 _ if oom_killed_init => TerminationOutcome::OomKilled,
                 (Some(stop), kill) if kill.is_none_or(|k| k.time >= stop.time) => {
@@ -216,8 +322,7 @@ impl TerminationTracker {
                         expected_kill_after_ns,
                         killed_early: stop_to_kill_ns.saturating_add(self.settings.kill_tolerance_ns)
                             < expected_kill_after_ns,
-                        accepts_after_stop: self.accepts.iter().filter(|&&t| t > stop.time && t <= exit_time).count()
-                            as u64,
+                        accepts_after_stop: self.accepts_after_stop,
                         still_listening: self.listening_at(kill_time),
                     }
                 }
@@ -245,10 +350,10 @@ impl TerminationTracker {
             TerminationOutcome::ExitedWithoutStopSignal { exit_status, signal: exit_signal }
         };
 
-        let oom_victim = match (&outcome, oom_before_exit.is_empty()) {
+        let oom_victim = match (&outcome, oom_kills_before_exit) {
             (TerminationOutcome::OomKilled, _) => Some(OomVictim::Init),
-            (_, false) => Some(OomVictim::Child),
-            (_, true) => None,
+            (_, 0) => None,
+            (_, _) => Some(OomVictim::Child),
         };
         TerminationReport {
             stop_signal: stop,
@@ -259,7 +364,7 @@ impl TerminationTracker {
             grace_ns,
             expected_kill_after_ns,
             expected_kill_exact,
-            oom_kills: u32::try_from(oom_before_exit.len()).unwrap_or(u32::MAX),
+            oom_kills: oom_kills_before_exit,
             is_sidecar: self.settings.is_sidecar,
             outcome,
             oom_victim,

@@ -22,7 +22,7 @@ mod sidecar;
 #[cfg(test)]
 mod tests;
 
-pub use judge::TerminationTracker;
+pub use judge::{Retention, TerminationTracker, MAX_KEPT_RECORDS};
 pub use report::{
     OomVictim, OutcomeKind, PreStopSeen, SenderKind, SignalSender, StopSignalSeen, TerminationOutcome,
     TerminationReport,

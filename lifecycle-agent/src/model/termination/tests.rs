@@ -405,3 +405,71 @@ fn reports_serialize() {
     assert_eq!(json["outcome"]["kind"], "exited_within_grace");
     assert_eq!(json["stop_signal"]["sender"]["kind"], "runtime");
 }
+
+#[test]
+fn a_flood_of_ignored_signals_to_the_init_is_bounded_and_the_verdict_still_right() {
+    // The attack of issue 18: the app's own children send SIGHUP to PID 1 (which ignores it) in
+    // a loop, for months. Before the bound every one was kept.
+    let settings = TerminationSettings { deletion_grace_ns: Some(10 * S), ..Default::default() };
+    let mut t = tracker_with(settings);
+    let mut dropped = 0;
+    for i in 0..100_000 {
+        if t.on_signal(i * MS, 1, SignalSender::SameContainer, true) == Retention::DroppedOne {
+            dropped += 1;
+        }
+    }
+    t.on_signal(200 * S, SIGTERM, runtime(), true);
+    // The flood goes on through the grace period.
+    for i in 0..10_000 {
+        let _ = t.on_signal(200 * S + i * MS, 1, SignalSender::SameContainer, true);
+        let _ = t.on_listener_accept(200 * S + i * MS + 1);
+    }
+    t.on_signal(210 * S + 5 * MS, SIGKILL, runtime(), true);
+    assert!(t.records_held() <= 4 * MAX_KEPT_RECORDS, "held {}", t.records_held());
+    assert_eq!(dropped, 100_000 - MAX_KEPT_RECORDS as u64);
+    let report = t.on_init_exit(210 * S + 6 * MS, None, Some(SIGKILL));
+    match &report.outcome {
+        TerminationOutcome::SigkilledAfterGrace { stop_to_kill_ns, killed_early, accepts_after_stop, .. } => {
+            assert_eq!(*stop_to_kill_ns, 10 * S + 5 * MS, "the pinned stop and kill are the first ones");
+            assert!(!*killed_early);
+            assert_eq!(*accepts_after_stop, 10_000, "accepts past the kept times are still counted");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(report.stop_signal.as_ref().map(|s| s.time), Some(200 * S));
+}
+
+#[test]
+fn the_earliest_stop_signal_is_pinned_even_when_records_arrive_out_of_order() {
+    let mut t = tracker_with(TerminationSettings::default());
+    t.on_signal(101 * S, SIGTERM, runtime(), true);
+    t.on_signal(100 * S, SIGTERM, runtime(), true);
+    let report = t.on_init_exit(102 * S, Some(143), None);
+    assert_eq!(report.stop_signal.as_ref().map(|s| s.time), Some(100 * S));
+}
+
+#[test]
+fn oom_kills_exec_sessions_and_listener_changes_are_bounded() {
+    let mut t = tracker_with(TerminationSettings::default());
+    for i in 0..10_000 {
+        let _ = t.on_oom_kill(i * MS, false);
+        // Sessions that never end: before the bound only ended ones made room.
+        let _ = t.on_exec_session(i * MS, None, "sh");
+    }
+    t.on_signal(100 * S, SIGTERM, runtime(), true);
+    for i in 0..10_000 {
+        let _ = t.on_listen(100 * S + 2 * i * MS);
+        let _ = t.on_listen_close(100 * S + (2 * i + 1) * MS);
+    }
+    let _ = t.on_listen(200 * S);
+    assert!(t.records_held() <= 4 * MAX_KEPT_RECORDS, "held {}", t.records_held());
+    t.on_signal(210 * S, SIGKILL, runtime(), true);
+    let report = t.on_init_exit(210 * S, None, Some(SIGKILL));
+    assert_eq!(report.oom_kills, 10_000, "every kill is counted");
+    match &report.outcome {
+        TerminationOutcome::SigkilledAfterGrace { still_listening, .. } => {
+            assert!(*still_listening, "the folded changes leave the last listener open")
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,7 +1,7 @@
 //! The tracker driven by hand-made event sequences.
 
 use super::*;
-use crate::model::event::{CgroupDetail, SignalResult};
+use crate::model::event::{CgroupDetail, SignalResult, TcpDetail};
 use crate::model::metadata::{ContainerState as CriState, KubeletAnnotations};
 use crate::model::{
     backoff::Verdict,
@@ -511,4 +511,62 @@ fn a_resync_repairs_what_lost_records_would_have_changed() {
     assert!(new.is_some_and(|v| matches!(v.status.state, ContainerState::Running { .. })));
     // Repeating it is harmless: nothing left to repair.
     assert_eq!(tracker.resync(&[10], &[43], &on_disk, |_| None, 8 * SECOND), Resync::default());
+}
+
+fn tcp(time: u64, cgroup_id: u64, port: u16, listen: bool) -> Event {
+    let detail =
+        TcpDetail { socket_cgroup_id: cgroup_id, netns: 1, family: 2, local_port: port, remote_port: 0, fd: None };
+    event(time, 100, cgroup_id, if listen { Detail::TcpListen(detail) } else { Detail::TcpListenClose(detail) })
+}
+
+#[test]
+fn a_container_listening_on_every_port_keeps_a_bounded_port_table() {
+    // Issue 18: listening once on each port made four series per port, kept for ever.
+    let mut tracker = tracker_with_cri();
+    tracker.set_metadata(vec![meta(1, 30)]);
+    let app = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND, 100, app, SHIM_CGROUP, "app"));
+    // Two ports stay open; twenty thousand are opened and closed at once.
+    tracker.apply(&tcp(2 * SECOND, app, 80, true));
+    tracker.apply(&tcp(2 * SECOND, app, 443, true));
+    for port in 1000..21_000u16 {
+        tracker.apply(&tcp(3 * SECOND + u64::from(port), app, port, true));
+        tracker.apply(&tcp(3 * SECOND + u64::from(port) + 1, app, port, false));
+    }
+    let unit = tracker.units().next().expect("the unit");
+    assert!(unit.tcp().len() <= MAX_PORTS_PER_UNIT, "{} ports kept", unit.tcp().len());
+    assert_eq!(unit.tcp().get(&80).map(|p| p.listeners), Some(1), "open ports are never evicted");
+    assert_eq!(unit.tcp().get(&443).map(|p| p.listeners), Some(1));
+    // Full of open ports, a new one is not kept, and that is counted.
+    for port in 30_000..30_000 + MAX_PORTS_PER_UNIT as u16 {
+        tracker.apply(&tcp(40 * SECOND, app, port, true));
+    }
+    let before = tracker.dropped().get(DroppedKind::Port);
+    tracker.apply(&tcp(41 * SECOND, app, 50_000, true));
+    assert_eq!(tracker.dropped().get(DroppedKind::Port), before + 1);
+    // Closed ports expire once idle for the retention; open ones stay.
+    tracker.expire(100 * SECOND, 10 * SECOND);
+    let unit = tracker.units().next().expect("the unit");
+    assert!(unit.tcp().values().all(|p| p.listeners > 0), "{:?}", unit.tcp());
+    assert!(unit.tcp().contains_key(&80));
+}
+
+#[test]
+fn a_process_in_a_container_named_like_the_runtime_is_not_the_runtime() {
+    // Issue 18: a pod can name a process `containerd-shim` and SIGKILL another container's init.
+    let mut tracker = tracker_with_cri();
+    let mut other = meta(2, 30);
+    other.container_name = "attacker".into();
+    tracker.set_metadata(vec![meta(1, 30), other]);
+    let victim = container_cgroup(&mut tracker, 0, 1);
+    let attacker = container_cgroup(&mut tracker, 0, 2);
+    tracker.apply(&exec(SECOND, 100, victim, SHIM_CGROUP, "app"));
+    tracker.apply(&exec(SECOND, 200, attacker, SHIM_CGROUP, "app"));
+    tracker.apply(&signal(10 * SECOND, (201, attacker, "containerd-shim"), (100, victim), 15));
+    tracker.apply(&signal(11 * SECOND, (201, attacker, "containerd-shim"), (100, victim), 9));
+    tracker.apply(&exit(11 * SECOND, 100, victim, None, Some(9)));
+    let view = tracker.containers(12 * SECOND).into_iter().find(|v| v.labels.container == "app");
+    let termination = view.and_then(|v| v.last_termination).expect("judged");
+    assert!(termination.stop_signal.is_none(), "no stop signal from the runtime: {termination:?}");
+    assert!(matches!(termination.outcome, TerminationOutcome::KilledWithoutGrace { .. }), "{:?}", termination.outcome);
 }
