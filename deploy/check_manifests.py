@@ -8,7 +8,8 @@
   custom resources it has no schema for (PodMonitor, PrometheusRule) are reported with a note and
   get apiVersion/kind/metadata checks instead;
 - the DaemonSet keeps the properties the agent depends on (hostPID, capabilities, mounts, probes,
-  --listen 0.0.0.0:9890, tolerations, priority class);
+  --listen 0.0.0.0:9890, --health-listen 0.0.0.0:9892 and the probes on it, tolerations,
+  priority class);
 - every alert has summary, description and runbook_url annotations and a severity label;
 - deploy/alerts.rules.yaml equals the extraction of deploy/prometheusrule.yaml (extract_rules.py);
 - `promtool check rules deploy/alerts.rules.yaml` and `promtool test rules deploy/alerts.test.yaml`
@@ -180,10 +181,16 @@ def daemonset_problems(doc: dict) -> list[str]:
     ports = {p.get("name"): p.get("containerPort") for p in agent.get("ports", [])}
     if ports.get("metrics") != 9890:
         problems.append("container port `metrics` must be 9890")
+    # The kubelet's probes of the agent have a listener of their own, whose places no client of
+    # --listen can take.
+    if "--health-listen" not in args or args[args.index("--health-listen") + 1] != "0.0.0.0:9892":
+        problems.append("args must contain --health-listen 0.0.0.0:9892")
+    if ports.get("health") != 9892:
+        problems.append("container port `health` must be 9892")
     for probe in ("livenessProbe", "readinessProbe"):
         get = (agent.get(probe) or {}).get("httpGet") or {}
-        if get.get("path") != "/healthz" or get.get("port") not in ("metrics", 9890):
-            problems.append(f"{probe} must be httpGet /healthz on 9890")
+        if get.get("path") != "/healthz" or get.get("port") not in ("health", 9892):
+            problems.append(f"{probe} must be httpGet /healthz on the health port 9892")
     resources = agent.get("resources", {})
     if not resources.get("requests") or not resources.get("limits"):
         problems.append("resources.requests and resources.limits are required")

@@ -69,6 +69,12 @@ struct RunArgs {
     /// Address for /metrics, /healthz and the JSON API.
     #[arg(long, default_value = "127.0.0.1:9890")]
     listen: SocketAddr,
+    /// Address for the kubelet's liveness probe of the agent: /healthz alone, on a listener
+    /// whose places no client of --listen can take; it fails when the ring reader or the probe
+    /// supervisor stops making progress (the DaemonSet sets 0.0.0.0:9892). Default: none; the
+    /// same /healthz is served on --listen too.
+    #[arg(long, default_value = "")]
+    health_listen: String,
     /// The container runtime's CRI socket (default: containerd's, then CRI-O's).
     #[arg(long)]
     cri_socket: Option<PathBuf>,
@@ -286,6 +292,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let config = AgentConfig {
         listen: args.listen,
+        health_listen: match args.health_listen.as_str() {
+            "" => None,
+            addr => Some(addr.parse().with_context(|| format!("--health-listen {addr:?} is not an address:port"))?),
+        },
         sensor: args.sensor.config(),
         poll: Duration::from_millis(args.sensor.poll_ms),
         cri_socket: args.cri_socket,

@@ -162,7 +162,11 @@ enum Condition {
 fn serve(runtime: &tokio::runtime::Runtime, metrics: Metrics, stop: tokio::sync::watch::Receiver<bool>) -> String {
     let listener = runtime.block_on(http::bind("127.0.0.1:0".parse().expect("addr"))).expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
-    runtime.spawn(http::serve(listener, Arc::new(Routes { metrics, api: None, gate: None }), stop));
+    runtime.spawn(http::serve(
+        listener,
+        Arc::new(Routes { metrics, api: None, gate: None, health: None, health_only: false }),
+        stop,
+    ));
     addr
 }
 

@@ -44,10 +44,10 @@ fn manifest_objects(kube: &Kube, path: &str) -> Vec<Value> {
     objects
 }
 
-/// 9890 (the template's port) when it is free on the host, else another free port.
-fn listen_port() -> u16 {
-    match TcpListener::bind("0.0.0.0:9890") {
-        Ok(_) => 9890,
+/// `preferred` (the template's port) when it is free on the host, else another free port.
+fn port_or_free(preferred: u16) -> u16 {
+    match TcpListener::bind(("0.0.0.0", preferred)) {
+        Ok(_) => preferred,
         Err(_) => free_port(),
     }
 }
@@ -96,9 +96,15 @@ fn agent_pod(kube: &Kube, daemonset: &Value, image: &str, port: u16, credentials
     let kubeconfig = credentials.join("kubeconfig");
     args.push("--kubeconfig".into());
     args.push(kubeconfig.to_string_lossy().into_owned().into());
+    // Likewise --health-listen 0.0.0.0:9892 and the `health` port the kubelet probes the agent on.
+    let health_port = port_or_free(9892);
+    let at = args.iter().position(|a| a == "--health-listen").expect("--health-listen in the template");
+    args[at + 1] = format!("0.0.0.0:{health_port}").into();
     let ports = agent["ports"].as_array_mut().expect("ports");
     let metrics = ports.iter_mut().find(|p| p["name"] == "metrics").expect("metrics port");
     metrics["containerPort"] = port.into();
+    let health = ports.iter_mut().find(|p| p["name"] == "health").expect("health port");
+    health["containerPort"] = health_port.into();
     agent["volumeMounts"].as_array_mut().expect("volumeMounts").extend([
         json!({"name": "test-cri", "mountPath": socket_dir, "readOnly": true, "mountPropagation": "HostToContainer"}),
         json!({"name": "test-credentials", "mountPath": credentials, "readOnly": true}),
@@ -328,7 +334,7 @@ fn the_daemonset_pod_template_runs_the_agent_on_the_node() {
     let template = &daemonset["spec"]["template"]["spec"];
     assert_eq!((&template["hostPID"], &template["hostNetwork"]), (&true.into(), &true.into()));
 
-    let port = listen_port();
+    let port = port_or_free(9890);
     let addr = format!("127.0.0.1:{port}");
     let credentials = write_credentials(&kube);
     let manifest = agent_pod(&kube, daemonset, image, port, &credentials);

@@ -1,7 +1,9 @@
 //! Test tiers. `unit` needs nothing; `kernel` loads the real programs into this kernel; `runtime`
 //! drives a real containerd + runc; `checks` enforces formatting and clippy on the host crates,
 //! validates dashboards, manifests and rules with real tools, and smoke-runs the fuzz targets.
-//! `kubelet` runs a real node (kube-apiserver and kubelet built once from Debian's source package).
+//! `hostile` runs real containers doing what a hostile pod can do to the agent (floods, port
+//! sprays, silent clients) and asserts its memory, series and health. `kubelet` runs a real node
+//! (kube-apiserver and kubelet built once from Debian's source package).
 //! Tiers that need root say so and are skipped when not root.
 
 use std::{path::PathBuf, process::Command};
@@ -15,16 +17,17 @@ pub enum Tier {
     Unit,
     Kernel,
     Runtime,
+    Hostile,
     Checks,
     Kubelet,
 }
 
 impl Tier {
     // Checks before Kernel and Runtime: formatting and lint errors show before the long tiers run.
-    const ALL: [Tier; 5] = [Tier::Unit, Tier::Checks, Tier::Kernel, Tier::Runtime, Tier::Kubelet];
+    const ALL: [Tier; 6] = [Tier::Unit, Tier::Checks, Tier::Kernel, Tier::Runtime, Tier::Hostile, Tier::Kubelet];
 
     fn needs_root(self) -> bool {
-        matches!(self, Tier::Kernel | Tier::Runtime | Tier::Kubelet)
+        matches!(self, Tier::Kernel | Tier::Runtime | Tier::Hostile | Tier::Kubelet)
     }
 }
 
@@ -88,6 +91,12 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
                         .args(["--", "--test-threads=1"]),
                 )
             }
+            // One at a time: each measures the agent's memory and health while it attacks.
+            Tier::Hostile => shell::run(
+                cargo()
+                    .args(["test", "-p", "lifecycle-agent", "--test", "hostile"])
+                    .args(["--", "--test-threads=1", "--nocapture"]),
+            ),
             Tier::Checks => checks(),
             Tier::Kubelet => kubelet(),
         };

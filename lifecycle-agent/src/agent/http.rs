@@ -6,11 +6,22 @@
 //! holds only that request's task.
 //!
 //! Any client that reaches `--listen` is served, so connections are bounded ([`Limits`]): how
-//! many at once (each may hold an answer of a megabyte until it is read), how long a request
-//! head may take, and how long a connection may live. A client that opens connections and sends
-//! nothing, or reads an answer slowly, gives its place up instead of keeping it.
+//! many at once (each may hold an answer of a megabyte until it is read), how many from one
+//! source address, how long a request head may take, and how long a connection may live. A
+//! client that opens connections and sends nothing, or reads an answer slowly, gives its place
+//! up instead of keeping it, and one source cannot take every place.
+//!
+//! The kubelet's liveness probe of the agent has a listener of its own (`--health-listen`,
+//! [`Routes::health_only`]): nothing a client of `--listen` does can take its places, and it
+//! answers from the loops' progress ([`super::health`]), not a constant.
 
-use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -27,7 +38,10 @@ use tokio::{
     sync::{watch, Semaphore},
 };
 
-use super::auth::{ApiGate, Verdict};
+use super::{
+    auth::{ApiGate, Verdict},
+    health::Heartbeats,
+};
 use crate::export::metrics::Metrics;
 
 /// Something that answers JSON API paths (everything under `/api/`).
@@ -42,6 +56,17 @@ pub struct Routes {
     pub api: Option<Arc<dyn ApiHandler>>,
     /// Checks every `/api/*` request's bearer token first (`--api-auth kubernetes`); None: open.
     pub gate: Option<ApiGate>,
+    /// What `/healthz` answers from; None: always ok (tests of the other routes).
+    pub health: Option<Arc<Heartbeats>>,
+    /// Serve `/healthz` alone (the health listener).
+    pub health_only: bool,
+}
+
+impl Routes {
+    /// The health listener's routes: `/healthz` from `health`, nothing else.
+    pub fn health_only(health: Arc<Heartbeats>) -> Self {
+        Self { metrics: Metrics::bare(), api: None, gate: None, health: Some(health), health_only: true }
+    }
 }
 
 /// Why the listener could not start.
@@ -67,6 +92,8 @@ pub struct Limits {
     /// Connections served at once; one more is closed as soon as it is accepted. Prometheus, the
     /// `status` command and host-network pods' probes need a handful.
     pub max_connections: usize,
+    /// Connections served at once from one source address: one client cannot take every place.
+    pub per_source: usize,
     /// Time for a request head to arrive (also how long an idle keep-alive connection is kept).
     pub head_timeout: Duration,
     /// A connection's whole life, however busy: a reader too slow to take its answer in this time
@@ -76,7 +103,62 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_connections: 128, head_timeout: Duration::from_secs(10), lifetime: Duration::from_secs(60) }
+        Self {
+            max_connections: 128,
+            per_source: 32,
+            head_timeout: Duration::from_secs(10),
+            lifetime: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Limits {
+    /// The health listener's: a probe's request comes at once and its answer is a few bytes, so
+    /// a place is held a second at most.
+    pub fn health() -> Self {
+        Self {
+            max_connections: 64,
+            per_source: 16,
+            head_timeout: Duration::from_secs(1),
+            lifetime: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Connections open per source address; an entry exists only while its source has one open, so
+/// the map holds at most `max_connections` entries.
+struct PerSource {
+    limit: usize,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One connection's place in [`PerSource`], given back when dropped.
+struct SourcePlace {
+    sources: Arc<PerSource>,
+    ip: IpAddr,
+}
+
+impl PerSource {
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<SourcePlace> {
+        let mut open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
+        let count = open.entry(ip).or_insert(0);
+        if *count >= self.limit {
+            return None;
+        }
+        *count += 1;
+        Some(SourcePlace { sources: Arc::clone(self), ip })
+    }
+}
+
+impl Drop for SourcePlace {
+    fn drop(&mut self) {
+        let mut open = self.sources.open.lock().unwrap_or_else(|poison| poison.into_inner());
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
     }
 }
 
@@ -93,6 +175,7 @@ pub async fn serve_within(
     limits: Limits,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let sources = Arc::new(PerSource { limit: limits.per_source.max(1), open: Mutex::new(HashMap::new()) });
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -106,13 +189,17 @@ pub async fn serve_within(
                 continue;
             }
         };
+        let Some(place) = sources.take(peer.ip()) else {
+            log::debug!("{peer}: {} connections from {} open already; closed", limits.per_source, peer.ip());
+            continue;
+        };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             log::debug!("{peer}: {} connections open already; closed", limits.max_connections);
             continue;
         };
         let routes = Arc::clone(&routes);
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slot = (slot, place);
             let service = service_fn(move |request| {
                 let routes = Arc::clone(&routes);
                 async move {
@@ -187,12 +274,22 @@ fn route(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> 
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET is served\n");
     }
     let path = request.uri().path();
+    if routes.health_only && path != "/healthz" {
+        return text(StatusCode::NOT_FOUND, "this listener serves /healthz only\n");
+    }
     match path {
         "/metrics" => Response::builder()
             .header(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
             .body(Full::new(routes.metrics.render()))
             .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n")),
-        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/healthz" => match routes.health.as_ref().map_or(Ok(()), |health| health.check()) {
+            Ok(()) => text(StatusCode::OK, "ok\n"),
+            Err(why) => {
+                let mut response = Response::new(Full::new(Bytes::from(format!("unhealthy: {why}\n"))));
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                response
+            }
+        },
         _ if path.starts_with("/api/") => {
             match routes.api.as_ref().and_then(|api| api.get(path, request.uri().query())) {
                 Some((status, body)) => Response::builder()
@@ -221,7 +318,8 @@ mod tests {
     async fn listener_with(limits: Limits) -> (SocketAddr, watch::Sender<bool>) {
         let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let routes = Arc::new(Routes { metrics: Metrics::bare(), api: None, gate: None });
+        let routes =
+            Arc::new(Routes { metrics: Metrics::bare(), api: None, gate: None, health: None, health_only: false });
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(serve_within(listener, routes, stopped, limits));
         (addr, stop)
@@ -248,8 +346,12 @@ mod tests {
 
     #[tokio::test]
     async fn clients_holding_connections_give_their_places_up_and_others_are_served() {
-        let limits =
-            Limits { max_connections: 4, head_timeout: Duration::from_millis(300), lifetime: Duration::from_secs(30) };
+        let limits = Limits {
+            max_connections: 4,
+            per_source: 4,
+            head_timeout: Duration::from_millis(300),
+            lifetime: Duration::from_secs(30),
+        };
         let (addr, _stop) = listener_with(limits).await;
         // Four clients that connect and say nothing take every place.
         let mut silent = Vec::new();
@@ -275,12 +377,69 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_lives_no_longer_than_its_lifetime() {
-        let limits =
-            Limits { max_connections: 4, head_timeout: Duration::from_secs(30), lifetime: Duration::from_millis(300) };
+        let limits = Limits {
+            max_connections: 4,
+            per_source: 4,
+            head_timeout: Duration::from_secs(30),
+            lifetime: Duration::from_millis(300),
+        };
         let (addr, _stop) = listener_with(limits).await;
         let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
         // Half a head, then nothing: only the lifetime ends it.
         stream.write_all(b"GET /healthz HTTP/1.1\r\n").await.expect("write");
         assert_eq!(closed_within_10s(&mut stream).await, 0);
+    }
+
+    #[tokio::test]
+    async fn one_source_cannot_take_every_place() {
+        let limits = Limits {
+            max_connections: 8,
+            per_source: 2,
+            head_timeout: Duration::from_secs(30),
+            lifetime: Duration::from_secs(30),
+        };
+        let (addr, _stop) = listener_with(limits).await;
+        // 127.0.0.1 holds its two places with silent connections.
+        let held: Vec<_> = futures::future::join_all((0..2).map(|_| tokio::net::TcpStream::connect(addr))).await;
+        let mut refused = false;
+        for _ in 0..100 {
+            if healthz(addr).await.is_empty() {
+                refused = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(refused, "a third connection from the same source is closed");
+        // Another loopback address is another source: it is served.
+        let other = std::net::SocketAddr::new("127.0.0.2".parse().expect("ip"), 0);
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind(other).expect("bind 127.0.0.2");
+        let mut stream = socket.connect(addr).await.expect("connect");
+        stream.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").await.expect("write");
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer).await;
+        assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+        drop(held);
+    }
+
+    #[tokio::test]
+    async fn the_health_listener_answers_from_the_heartbeats_and_serves_nothing_else() {
+        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let beats = Arc::new(Heartbeats::new(Duration::from_millis(50), Duration::from_secs(10)));
+        let (_stop, stopped) = watch::channel(false);
+        tokio::spawn(serve_within(listener, Arc::new(Routes::health_only(beats.clone())), stopped, Limits::health()));
+        beats.beat(super::super::health::Loop::RingReader);
+        assert!(healthz(addr).await.starts_with("HTTP/1.0 200"));
+        // The reader stops beating: the kubelet is told, with the reason.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let answer = healthz(addr).await;
+        assert!(answer.starts_with("HTTP/1.0 503"), "{answer}");
+        assert!(answer.contains("ring reader made no progress"), "{answer}");
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.expect("write");
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer).await;
+        assert!(answer.starts_with("HTTP/1.0 404"), "{answer}");
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod auth;
 mod events;
+pub mod health;
 pub mod http;
 mod kube;
 mod reader;
@@ -11,6 +12,7 @@ mod routes;
 mod runtime;
 mod tasks;
 
+use health::Heartbeats;
 use std::{
     net::SocketAddr,
     path::PathBuf,
@@ -72,6 +74,8 @@ impl KernelStats for SensorMaps {
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
     pub listen: SocketAddr,
+    /// The kubelet's liveness probe of the agent: `/healthz` alone, on a listener of its own.
+    pub health_listen: Option<SocketAddr>,
     pub sensor: SensorConfig,
     /// How often the ring is drained when the kernel has not woken the agent.
     pub poll: Duration,
@@ -175,7 +179,10 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         sources,
         shutdown.clone(),
     );
-    tokio::spawn(supervisor.run(tracker.clone(), Duration::from_secs(1)));
+    // The reader passes at least every poll period, the supervisor every second: allowances
+    // far above either, so only a loop that is stuck (not merely busy) fails liveness.
+    let heartbeats = Arc::new(Heartbeats::new(Duration::from_secs(5).max(config.poll * 20), Duration::from_secs(10)));
+    tokio::spawn(supervisor.run(tracker.clone(), Duration::from_secs(1), heartbeats.clone()));
 
     let metadata_wanted = Arc::new(Notify::new());
     let runtime_metrics = RuntimeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
@@ -209,8 +216,20 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let listener = http::bind(config.listen).await?;
     log::info!("serving /metrics, /healthz and /api/v1/containers on http://{}", config.listen);
     let api = ContainersApi { tracker: tracker.clone(), probes: node_probes.clone() };
-    let routes = Arc::new(Routes { metrics, api: Some(Arc::new(api)), gate });
+    let routes = Arc::new(Routes {
+        metrics,
+        api: Some(Arc::new(api)),
+        gate,
+        health: Some(heartbeats.clone()),
+        health_only: false,
+    });
     let server = tokio::spawn(http::serve(listener, routes, shutdown.clone()));
+    if let Some(addr) = config.health_listen {
+        let listener = http::bind(addr).await?;
+        log::info!("serving /healthz for the kubelet on http://{addr}");
+        let routes = Arc::new(Routes::health_only(heartbeats.clone()));
+        tokio::spawn(http::serve_within(listener, routes, shutdown.clone(), http::Limits::health()));
+    }
 
     let stream = sensor.take_events().ok_or(AgentError::StreamTaken)?;
     let reader = Reader {
@@ -223,6 +242,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         root: root.clone(),
         metadata_wanted: metadata_wanted.clone(),
         repairs: repairs.clone(),
+        heartbeats: heartbeats.clone(),
     };
     let mut reading =
         reader.start(stream, config.poll).map_err(|err| AgentError::Stream(StreamError::Register(err)))?;

@@ -17,7 +17,10 @@ use std::{
 use prometheus::{Histogram, IntCounterVec};
 use tokio::sync::{oneshot, Notify};
 
-use super::tasks::handle_notices;
+use super::{
+    health::{Heartbeats, Loop},
+    tasks::handle_notices,
+};
 use crate::{
     discovery::{cgroupfs::CgroupRoot, clock::boottime_ns},
     export::{metrics::AgentCounters, units::UnitMetrics},
@@ -41,6 +44,8 @@ pub(super) struct Reader {
     pub(super) root: CgroupRoot,
     pub(super) metadata_wanted: Arc<Notify>,
     pub(super) repairs: IntCounterVec,
+    /// Beaten on every pass, so `/healthz` tells a stuck reader (`health.rs`).
+    pub(super) heartbeats: Arc<Heartbeats>,
 }
 
 /// A started reader; [`Running::stop`] ends it and hands the stream back (to be dropped before
@@ -87,6 +92,7 @@ impl Reader {
             if stop.load(Ordering::Acquire) {
                 return Ok(stream);
             }
+            self.heartbeats.beat(Loop::RingReader);
             if stream.drain_into(&mut batch) == 0 {
                 continue;
             }

@@ -23,6 +23,7 @@ use std::{
 
 use tokio::sync::watch;
 
+use crate::agent::health::{Heartbeats, Loop};
 use crate::{
     discovery::netns,
     model::node::{NodeTracker, RunningContainer},
@@ -284,12 +285,16 @@ impl ProbeSupervisor {
     }
 
     /// Runs reconciliation every `period` until shutdown.
-    pub async fn run(mut self, tracker: Arc<Mutex<NodeTracker>>, period: Duration) {
+    /// Beats `heartbeats` after each pass, so `/healthz` tells a stuck supervisor.
+    pub async fn run(mut self, tracker: Arc<Mutex<NodeTracker>>, period: Duration, heartbeats: Arc<Heartbeats>) {
         let mut ticker = tokio::time::interval(period);
         let mut shutdown = self.shutdown.clone();
         loop {
             tokio::select! {
-                _ = ticker.tick() => self.reconcile(&tracker),
+                _ = ticker.tick() => {
+                    self.reconcile(&tracker);
+                    heartbeats.beat(Loop::ProbeSupervisor);
+                }
                 _ = shutdown.changed() => return,
             }
         }

@@ -1,0 +1,217 @@
+//! Privileged tier, a hostile tenant: real containers through containerd + runc doing what an
+//! unprivileged pod can do to the agent (issue 18), with the real `lifecycle-agent run` binary
+//! watching. Each test asserts the agent's memory, series and health while the attack runs, and
+//! that other containers' verdicts stay right.
+//!
+//! Run: `cargo test -p lifecycle-agent --test hostile -- --test-threads=1`
+
+use std::{
+    fs,
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use lifecycle_agent::discovery::cgroupfs::CgroupRoot;
+use lifecycle_testkit::{
+    agent::{free_port, get, Agent},
+    containerd::{start_or_skip, KubeletAnnotations, Pod},
+};
+use serde_json::Value;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
+/// The issue's bound on the agent's resident memory under any one hostile container.
+const RSS_BOUND_KIB: u64 = 64 * 1024;
+
+fn annotations(grace_s: i64) -> KubeletAnnotations {
+    KubeletAnnotations { termination_grace_period_s: Some(grace_s), ..KubeletAnnotations::default() }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}
+
+/// `GET /healthz` on `addr` with a fresh connection: (status, how long the answer took).
+fn timed_healthz(addr: &str) -> (Option<u16>, Duration) {
+    let began = Instant::now();
+    let answer = (|| {
+        let mut stream = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(1)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        stream.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        text.split(' ').nth(1)?.parse().ok()
+    })();
+    (answer, began.elapsed())
+}
+
+fn state(c: &Value) -> &str {
+    c["state"]["state"].as_str().unwrap_or_default()
+}
+
+fn outcome(c: &Value) -> &str {
+    c["last_termination"]["outcome"]["kind"].as_str().unwrap_or_default()
+}
+
+/// The samples (of every family) whose labels name `pod`.
+fn series_of(metrics: &str, pod: &Pod) -> usize {
+    let label = format!("pod=\"{}\"", pod.name);
+    metrics.lines().filter(|l| !l.starts_with('#') && l.contains(&label)).count()
+}
+
+fn dropped(metrics: &str, kind: &str) -> f64 {
+    let line = format!("lifecycle_state_dropped_total{{kind=\"{kind}\"}} ");
+    metrics.lines().find_map(|l| l.strip_prefix(&line)?.parse().ok()).unwrap_or(0.0)
+}
+
+#[test]
+fn a_pid_1_flooded_with_ignored_sighups_leaves_the_agent_small_healthy_and_right() {
+    let test = "a_pid_1_flooded_with_ignored_sighups_leaves_the_agent_small_healthy_and_right";
+    let Some(mut h) = start_or_skip(test) else { return };
+    let health = format!("127.0.0.1:{}", free_port());
+    let agent = Agent::start(AGENT, &h, &["--health-listen", &health]);
+    let attacker = h.new_pod("sighup-flood").expect("pod");
+    // PID 1 ignores HUP; two children send it HUP as fast as they can (issue 18: 26 -> 806 MiB
+    // in 40 s before the bound).
+    let flood = "trap '' HUP; for i in 1 2; do (while true; do kill -HUP 1; done) & done; \
+                 while true; do sleep 0.1; done";
+    let flooder =
+        h.run_container(&attacker, "app", &["sh", "-c", flood], &annotations(2), None).expect("flooding container");
+    let bystander = h.new_pod("bystander").expect("pod");
+    let graceful = "trap 'exit 0' TERM; while true; do sleep 0.1; done";
+    let quiet = h.run_container(&bystander, "app", &["sh", "-c", graceful], &annotations(30), None).expect("container");
+    agent.wait(&bystander, "app", "running", |c| state(c) == "running");
+    let before = rss_kib(agent.pid());
+    let began = Instant::now();
+    let mut peak = before;
+    let mut slowest = Duration::ZERO;
+    while began.elapsed() < Duration::from_secs(30) {
+        let (code, took) = timed_healthz(&health);
+        assert_eq!(code, Some(200), "health answered {code:?} after {took:?}, {:?} into the flood", began.elapsed());
+        slowest = slowest.max(took);
+        peak = peak.max(rss_kib(agent.pid()));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("{test}: agent RSS {before} KiB before, peak {peak} KiB over 30 s; slowest /healthz {slowest:?}");
+    assert!(peak < RSS_BOUND_KIB, "the agent grew to {peak} KiB");
+    assert!(slowest < Duration::from_secs(1), "/healthz took {slowest:?}");
+    let metrics = agent.metrics();
+    assert!(dropped(&metrics, "signal") > 0.0, "the flood's records beyond the bound are counted as dropped");
+
+    // Other containers' verdicts are still right while the flood goes on...
+    h.stop_container(&quiet, 30).expect("stop");
+    let done = agent.wait(&bystander, "app", "judged", |c| !c["last_termination"].is_null());
+    assert_eq!(outcome(&done), "exited_within_grace", "{done:#}");
+    // ...and so is the flooder's own: its stop signal is pinned among thousands of HUPs.
+    h.stop_container(&flooder, 2).expect("stop");
+    let done = agent.wait(&attacker, "app", "judged", |c| !c["last_termination"].is_null());
+    assert_eq!(outcome(&done), "sigkilled_after_grace", "{done:#}");
+    assert_eq!(done["last_termination"]["stop_signal"]["signal"], 15);
+    assert_eq!(done["last_termination"]["stop_signal"]["sender"]["kind"], "runtime");
+    assert_eq!(done["last_termination"]["outcome"]["killed_early"], false);
+}
+
+#[test]
+fn a_container_listening_on_twenty_thousand_ports_keeps_its_series_bounded() {
+    let test = "a_container_listening_on_twenty_thousand_ports_keeps_its_series_bounded";
+    let Some(mut h) = start_or_skip(test) else { return };
+    let agent = Agent::start(AGENT, &h, &[]);
+    let pod = h.new_pod("many-ports").expect("pod");
+    let id = h
+        .run_container(&pod, "app", &["sh", "-c", "while true; do sleep 0.1; done"], &annotations(2), None)
+        .expect("container");
+    agent.wait(&pod, "app", "running", |c| state(c) == "running");
+    // A process charged to the container's cgroup listens on 20,000 ports one after another and
+    // keeps 40 of them open (sockets are charged to their creator's cgroup; the host's Python
+    // does what an app in the container could).
+    let procs = CgroupRoot::detect().expect("cgroup v2").dir_of(&format!("{}/{id}", pod.cgroup_parent));
+    let script = r#"
+import socket
+kept = []
+for port in range(20000, 40000):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        continue
+    s.listen(1)
+    if port % 500 == 0:
+        kept.append(s)
+    else:
+        s.close()
+print(len(kept), flush=True)
+input()
+"#;
+    let mut listener = Command::new("sh")
+        .args(["-c", r#"echo $$ > "$1/cgroup.procs" && exec /usr/bin/python3 -c "$2""#, "sh"])
+        .arg(&procs)
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("listener");
+    let mut line = [0u8; 8];
+    let read = listener.stdout.as_mut().expect("stdout").read(&mut line).expect("the listener's count");
+    let kept: usize = String::from_utf8_lossy(&line[..read]).trim().parse().expect("a count");
+    assert!(kept >= 38, "{kept} listeners kept open");
+    // Records arrive in order: once the last kept port shows up (or a port was dropped) the
+    // agent has applied the listens before it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let metrics = agent.metrics();
+        let seen = metrics.contains("port=\"39500\"") || dropped(&metrics, "port") > 0.0;
+        if seen {
+            break metrics;
+        }
+        assert!(Instant::now() < deadline, "the listens never reached the agent");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let series = series_of(&metrics, &pod);
+    eprintln!("{test}: {series} series for the pod, {} ports dropped", dropped(&metrics, "port"));
+    // Four per port at most 32 ports, plus the container's own families (a few dozen).
+    assert!(series < 4 * 32 + 100, "{series} series for one container");
+    assert!(dropped(&metrics, "port") > 0.0, "ports past the cap are counted");
+    assert!(rss_kib(agent.pid()) < RSS_BOUND_KIB);
+    let _ = listener.stdin.take().map(|mut stdin| stdin.write_all(b"\n"));
+    let _ = listener.wait();
+    h.stop_container(&id, 2).expect("stop");
+}
+
+#[test]
+fn silent_clients_holding_every_place_on_listen_do_not_delay_the_health_endpoint() {
+    let test = "silent_clients_holding_every_place_on_listen_do_not_delay_the_health_endpoint";
+    let Some(h) = start_or_skip(test) else { return };
+    let health = format!("127.0.0.1:{}", free_port());
+    let agent = Agent::start(AGENT, &h, &["--health-listen", &health]);
+    // 400 connections that never send a request (issue 18: the kubelet's next probe failed).
+    let silent: Vec<TcpStream> = (0..400).filter_map(|_| TcpStream::connect(&agent.addr).ok()).collect();
+    assert!(silent.len() >= 128, "only {} connections opened", silent.len());
+    // Whatever they hold, the health listener answers at once, every time.
+    for _ in 0..10 {
+        let (code, took) = timed_healthz(&health);
+        assert_eq!(code, Some(200));
+        assert!(took < Duration::from_secs(1), "/healthz took {took:?}");
+    }
+    // And --listen itself still serves another source: one address holds at most 32 places.
+    let other = Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import socket,sys; s=socket.socket(); s.bind(('127.0.0.2',0)); s.settimeout(5); \
+                      s.connect(('127.0.0.1', int(sys.argv[1]))); s.sendall(b'GET /healthz HTTP/1.0\\r\\n\\r\\n'); \
+                      print(s.recv(64).decode().split(' ')[1])",
+        ])
+        .arg(agent.addr.rsplit(':').next().expect("port"))
+        .output()
+        .expect("python");
+    assert_eq!(String::from_utf8_lossy(&other.stdout).trim(), "200", "{other:?}");
+    drop(silent);
+    assert_eq!(get(&agent.addr, "/healthz").map(|(code, _)| code), Some(200));
+}
