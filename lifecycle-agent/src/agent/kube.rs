@@ -76,7 +76,7 @@ pub(super) async fn pod_loop(
     metrics: KubeMetrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let (_store, stream) = source.pods();
+    let stream = source.pods();
     let mut stream = std::pin::pin!(stream);
     let mut relisted: Option<HashSet<String>> = None;
     let mut up = true;

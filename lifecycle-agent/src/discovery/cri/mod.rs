@@ -11,6 +11,7 @@ use std::{
     io,
     os::unix::fs::FileTypeExt,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
@@ -37,6 +38,11 @@ pub const CRIO_SOCKET: &str = "/var/run/crio/crio.sock";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Upper bound for any single CRI call; a wedged runtime must not wedge the agent.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest answer taken from the runtime. tonic's default (4 MiB) is a few pods with large label
+/// sets: past it `ListPodSandbox` failed on every refresh and the whole node lost its names,
+/// declarations and grace periods. 32 MiB is thousands of fat pods; the kubelet's own CRI client
+/// allows 16 MiB.
+pub const MAX_CRI_MESSAGE_BYTES: usize = 32 << 20;
 
 /// Failures talking to the runtime's CRI socket.
 #[derive(Debug, thiserror::Error)]
@@ -128,13 +134,17 @@ pub struct CriClient {
     socket: PathBuf,
     runtime: RuntimeServiceClient<Channel>,
     version: RuntimeVersion,
+    /// The probe declarations of the last `ListPodSandbox` that answered: used when one fails,
+    /// so a sandbox listing that breaks does not take the containers' names with it.
+    last_declarations: Arc<std::sync::Mutex<HashMap<String, String>>>,
 }
 
 impl CriClient {
     /// Connects and proves the peer is a CRI v1 runtime with a `Version` call.
     pub async fn connect(path: impl AsRef<Path>) -> Result<Self, CriError> {
         let socket = path.as_ref().to_owned();
-        let mut runtime = RuntimeServiceClient::new(connect_channel(&socket).await?);
+        let mut runtime =
+            RuntimeServiceClient::new(connect_channel(&socket).await?).max_decoding_message_size(MAX_CRI_MESSAGE_BYTES);
         let request = proto::VersionRequest { version: "v1".to_owned() };
         let answer = match tokio::time::timeout(CONNECT_TIMEOUT, runtime.version(request)).await {
             Ok(Ok(answer)) => answer.into_inner(),
@@ -146,7 +156,7 @@ impl CriClient {
             runtime_version: answer.runtime_version,
             runtime_api_version: answer.runtime_api_version,
         };
-        Ok(Self { socket, runtime, version })
+        Ok(Self { socket, runtime, version, last_declarations: Arc::default() })
     }
 
     /// The socket this client talks to.
@@ -190,7 +200,16 @@ impl CriClient {
     /// [`Self::container_status`] for those.
     pub async fn list_containers(&self) -> Result<Vec<ContainerMeta>, CriError> {
         let containers = self.list(None).await?;
-        let declarations = self.probe_declarations().await?;
+        let declarations = match self.probe_declarations().await {
+            Ok(declarations) => {
+                *self.last_declarations.lock().unwrap_or_else(|poison| poison.into_inner()) = declarations.clone();
+                declarations
+            }
+            Err(err) => {
+                log::warn!("{}; probe declarations as of the last listing that answered", crate::ErrorChain(&err));
+                self.last_declarations.lock().unwrap_or_else(|poison| poison.into_inner()).clone()
+            }
+        };
         Ok(containers
             .iter()
             .map(|container| {
@@ -202,11 +221,14 @@ impl CriClient {
             .collect())
     }
 
-    /// Sandbox id -> the pod's probe declaration, for the pods that have one (pod annotations
-    /// live on the sandbox, not on its containers).
+    /// Sandbox id -> the pod's probe declaration, for the ready pods that have one (pod
+    /// annotations live on the sandbox, not on its containers; a stopped sandbox's containers
+    /// are no longer probed).
     async fn probe_declarations(&self) -> Result<HashMap<String, String>, CriError> {
         let mut runtime = self.runtime.clone();
-        let request = proto::ListPodSandboxRequest { filter: None };
+        let ready = proto::PodSandboxStateValue { state: proto::PodSandboxState::SandboxReady as i32 };
+        let filter = proto::PodSandboxFilter { state: Some(ready), ..Default::default() };
+        let request = proto::ListPodSandboxRequest { filter: Some(filter) };
         let sandboxes = self.call("ListPodSandbox", runtime.list_pod_sandbox(request)).await?.items;
         let mut out = HashMap::new();
         for sandbox in sandboxes {

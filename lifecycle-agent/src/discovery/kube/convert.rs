@@ -170,7 +170,17 @@ fn container_facts(
                     .find(|p| p.name.as_deref() == Some(name))
                     .and_then(|p| u16::try_from(p.container_port).ok())?,
             };
-            Some(HttpProbe { port, path: get.path.clone().unwrap_or_else(|| "/".to_owned()) })
+            let path = get.path.as_deref().unwrap_or("/");
+            // The path becomes a declaration and a `check` label value: bounded like the
+            // annotation's entries, and refused (with the reason) past that.
+            if path.len() > MAX_PROBE_PATH_BYTES {
+                problems.push(SpecProblem {
+                    field: field("httpGet.path"),
+                    why: format!("longer than {MAX_PROBE_PATH_BYTES} bytes; not declared"),
+                });
+                return None;
+            }
+            Some(HttpProbe { port, path: path.to_owned() })
         })
         .collect();
     ContainerFacts {
@@ -302,8 +312,15 @@ fn seconds_ns(seconds: i64) -> u64 {
     u64::try_from(seconds).unwrap_or(0).saturating_mul(SECOND_NS)
 }
 
+/// Longest `httpGet.path` taken as a probe declaration (a pod's whole annotation may be 4 KiB).
+pub const MAX_PROBE_PATH_BYTES: usize = 512;
+
+/// A field whose value is not understood; the value is quoted escaped and cut to 64 characters
+/// (it reaches the logs, and the pod chose it).
 fn problem(field: &str, value: &str) -> SpecProblem {
-    SpecProblem { field: field.to_owned(), why: format!("unknown value {value:?}") }
+    let shown: String = value.chars().take(64).collect();
+    let cut = if shown.len() < value.len() { "..." } else { "" };
+    SpecProblem { field: field.to_owned(), why: format!("unknown value {shown:?}{cut}") }
 }
 
 #[cfg(test)]

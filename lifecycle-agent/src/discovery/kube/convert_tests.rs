@@ -96,3 +96,24 @@ fn signal_names_map_to_linux_numbers() {
     assert_eq!(signal_number("SIGRTMIN+99"), None);
     assert_eq!(signal_number("TERM"), None);
 }
+
+#[test]
+fn an_overlong_probe_path_is_refused_and_a_long_bad_value_is_cut_in_the_problem() {
+    // Issue 18: httpGet.path was copied at any length into declarations and the `check` label.
+    let long_path = format!("/probe/file?path=/{}", "a".repeat(100_000));
+    let long_signal = "X".repeat(10_000);
+    let pod = serde_json::json!({
+        "metadata": {"name": "fat", "namespace": "shop", "uid": "u-1"},
+        "spec": {"containers": [{
+            "name": "app",
+            "lifecycle": {"stopSignal": long_signal},
+            "livenessProbe": {"httpGet": {"port": 9891, "path": long_path}},
+            "readinessProbe": {"httpGet": {"port": 9891, "path": "/probe/process"}}
+        }]}
+    });
+    let (facts, problems) = decode(&pod.to_string());
+    let app = facts.container("app").expect("app");
+    assert_eq!(app.http_probes, vec![HttpProbe { port: 9891, path: "/probe/process".into() }]);
+    assert!(problems.iter().any(|p| p.field == "app.httpGet.path" && p.why.contains("longer than 512 bytes")));
+    assert!(problems.iter().all(|p| p.why.len() < 200), "{problems:?}");
+}

@@ -12,10 +12,7 @@ use k8s_openapi::api::core::v1::{Event as ApiEvent, Pod};
 use kube::{
     api::{Api, ListParams},
     config::{KubeConfigOptions, Kubeconfig},
-    runtime::{
-        reflector::{self, Store},
-        watcher, WatchStreamExt as _,
-    },
+    runtime::{watcher, WatchStreamExt as _},
     Client, Config,
 };
 
@@ -124,19 +121,19 @@ impl KubeSource {
         format!("spec.nodeName={}", self.node)
     }
 
-    /// This node's pods, kept in a reflector store, as changes.
-    pub fn pods(&self) -> (Store<Pod>, impl Stream<Item = PodChange> + Send + 'static) {
-        let (reader, writer) = reflector::store();
+    /// This node's pods, as changes. No store of Pod objects is kept: each change is turned into
+    /// the few facts the model uses and dropped (a pod's managedFields, env and annotations
+    /// would otherwise stay pinned in memory for as long as it runs).
+    pub fn pods(&self) -> impl Stream<Item = PodChange> + Send + 'static {
         let api: Api<Pod> = Api::all(self.client.clone());
         let config = watcher::Config::default().fields(&self.node_selector());
-        let stream = reflector::reflector(writer, watcher(api, config)).default_backoff().map(|event| match event {
+        watcher(api, config).default_backoff().map(|event| match event {
             Ok(watcher::Event::Init) => PodChange::Relisting,
             Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)) => PodChange::Pod(Box::new(pod)),
             Ok(watcher::Event::InitDone) => PodChange::Listed,
             Ok(watcher::Event::Delete(pod)) => PodChange::Gone(Box::new(pod)),
             Err(err) => PodChange::Unreachable(crate::ErrorChain(&err).to_string()),
-        });
-        (reader, stream)
+        })
     }
 
     /// The kubelet's `Killing` events that name a failed probe, as kill notices. Events of pods
@@ -145,17 +142,37 @@ impl KubeSource {
     pub fn kill_notices(&self) -> impl Stream<Item = Result<KillNotice, String>> + Send + 'static {
         let api: Api<ApiEvent> = Api::all(self.client.clone());
         let config = watcher::Config::default().fields("involvedObject.kind=Pod,reason=Killing");
-        watcher(api, config).default_backoff().applied_objects().filter_map(|event| async move {
-            match event {
-                Ok(event) => kill_notice(&event).map(Ok),
+        let node = self.node.clone();
+        watcher(api, config).default_backoff().applied_objects().filter_map(move |event| {
+            let notice = match event {
+                Ok(event) => kill_notice(&event, &node).map(Ok),
                 Err(err) => Some(Err(crate::ErrorChain(&err).to_string())),
-            }
+            };
+            async move { notice }
         })
     }
 }
 
-/// The kill notice in a `Killing` event, if its message names a probe.
-pub fn kill_notice(event: &ApiEvent) -> Option<KillNotice> {
+/// Whether `event` was reported by the kubelet of `node`. Anyone allowed to create Events can
+/// write a `Killing` event; one that does not name this node's kubelet as its reporter (the
+/// events.k8s.io fields, else the core `source`) is not taken as the cause of a stop.
+fn from_kubelet_of(event: &ApiEvent, node: &str) -> bool {
+    let (component, host) = match event.reporting_component.as_deref().filter(|c| !c.is_empty()) {
+        Some(component) => (Some(component), event.reporting_instance.as_deref()),
+        None => {
+            let source = event.source.as_ref();
+            (source.and_then(|s| s.component.as_deref()), source.and_then(|s| s.host.as_deref()))
+        }
+    };
+    component == Some("kubelet") && host == Some(node)
+}
+
+/// The kill notice in a `Killing` event, if this node's kubelet reported it and its message
+/// names a probe.
+pub fn kill_notice(event: &ApiEvent, node: &str) -> Option<KillNotice> {
+    if !from_kubelet_of(event, node) {
+        return None;
+    }
     let (container, cause) = kill_cause_from_message(event.message.as_deref()?)?;
     Some(KillNotice { pod_uid: event.involved_object.uid.clone()?, container, cause })
 }
@@ -173,16 +190,40 @@ mod tests {
                                "fieldPath": "spec.containers{app}"},
             "reason": "Killing",
             "message": "Container app failed liveness probe, will be restarted",
-            "type": "Normal"
+            "type": "Normal",
+            "source": {"component": "kubelet", "host": "node-a"}
         }))
         .expect("an Event");
         assert_eq!(
-            kill_notice(&event),
+            kill_notice(&event, "node-a"),
             Some(KillNotice { pod_uid: "u1".into(), container: "app".into(), cause: StopCause::LivenessProbe })
         );
         let mut deletion = event.clone();
         deletion.message = Some("Stopping container app".into());
-        assert_eq!(kill_notice(&deletion), None);
+        assert_eq!(kill_notice(&deletion, "node-a"), None);
+    }
+
+    #[test]
+    fn killing_events_not_reported_by_this_nodes_kubelet_are_not_trusted() {
+        // Issue 18: a `Killing` Event anyone can create rewrote a pod's stop cause.
+        let forged = |source: serde_json::Value| -> ApiEvent {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web-1.17a", "namespace": "shop"},
+                "involvedObject": {"kind": "Pod", "name": "web-1", "namespace": "shop", "uid": "u1"},
+                "reason": "Killing",
+                "message": "Container app failed liveness probe, will be restarted",
+                "source": source
+            }))
+            .expect("an Event")
+        };
+        assert_eq!(kill_notice(&forged(serde_json::json!({})), "node-a"), None, "no reporter");
+        assert_eq!(kill_notice(&forged(serde_json::json!({"component": "tenant"})), "node-a"), None);
+        let other_node = forged(serde_json::json!({"component": "kubelet", "host": "node-b"}));
+        assert_eq!(kill_notice(&other_node, "node-a"), None, "another node's kubelet");
+        let mut reported = forged(serde_json::json!({}));
+        reported.reporting_component = Some("kubelet".into());
+        reported.reporting_instance = Some("node-a".into());
+        assert!(kill_notice(&reported, "node-a").is_some(), "the events.k8s.io reporter fields count too");
     }
 
     #[test]
