@@ -9,6 +9,7 @@ use std::{
     fs,
     io::{Read as _, Write as _},
     net::TcpStream,
+    path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -214,4 +215,91 @@ fn silent_clients_holding_every_place_on_listen_do_not_delay_the_health_endpoint
     assert_eq!(String::from_utf8_lossy(&other.stdout).trim(), "200", "{other:?}");
     drop(silent);
     assert_eq!(get(&agent.addr, "/healthz").map(|(code, _)| code), Some(200));
+}
+
+/// The container's init (the lowest pid of its cgroup).
+fn init_pid(pod: &Pod, container_id: &str) -> u32 {
+    let root = CgroupRoot::detect().expect("cgroup v2 mount");
+    let procs = root.dir_of(&format!("{}/{container_id}", pod.cgroup_parent)).join("cgroup.procs");
+    let text = fs::read_to_string(&procs).unwrap_or_else(|e| panic!("{}: {e}", procs.display()));
+    text.lines().filter_map(|l| l.parse().ok()).min().expect("a process in the container")
+}
+
+/// A FUSE mount at `mountpoint` in the mount namespace of `pid` whose daemon never answers:
+/// every lookup under it hangs until the returned `/dev/fuse` handle is closed.
+fn stalled_fuse_mount(pid: u32, mountpoint: &str) -> fs::File {
+    use std::os::fd::AsRawFd as _;
+    let fuse = fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").expect("/dev/fuse");
+    let options = format!("fd={},rootmode=40000,user_id=0,group_id=0", fuse.as_raw_fd());
+    let target = mountpoint.to_owned();
+    // A thread of its own: it leaves the process's filesystem context to enter the container's
+    // mount namespace, mounts, and ends.
+    std::thread::spawn(move || {
+        let ns = fs::File::open(format!("/proc/{pid}/ns/mnt")).expect("mount namespace");
+        let c = |s: &str| std::ffi::CString::new(s).expect("no NUL");
+        let (source, target, kind, options) = (c("stalled"), c(&target), c("fuse"), c(&options));
+        // SAFETY: plain syscalls on an open fd and NUL-terminated strings that outlive them.
+        unsafe {
+            assert_eq!(libc::unshare(libc::CLONE_FS), 0, "unshare");
+            assert_eq!(libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS), 0, "setns");
+            let flags = libc::MS_NOSUID | libc::MS_NODEV;
+            let mounted = libc::mount(source.as_ptr(), target.as_ptr(), kind.as_ptr(), flags, options.as_ptr().cast());
+            assert_eq!(mounted, 0, "mount: {}", std::io::Error::last_os_error());
+        }
+    })
+    .join()
+    .expect("mounted");
+    fuse
+}
+
+#[test]
+fn a_declared_file_on_a_stalled_mount_fails_only_its_own_pods_check() {
+    let test = "a_declared_file_on_a_stalled_mount_fails_only_its_own_pods_check";
+    let Some(mut h) = start_or_skip(test) else { return };
+    let health = format!("127.0.0.1:{}", free_port());
+    let agent = Agent::start(AGENT, &h, &["--health-listen", &health]);
+    let declaration = lifecycle_agent::model::metadata::keys::PROBE_DECLARATION;
+    let stalled = h.new_pod_annotated("stalled", &[(declaration, "/probe/file?path=/stall/healthy")]).expect("pod");
+    let id = h
+        .run_container(
+            &stalled,
+            "app",
+            &["sh", "-c", "mkdir -p /stall; while true; do sleep 0.1; done"],
+            &annotations(2),
+            None,
+        )
+        .expect("container");
+    agent.wait(&stalled, "app", "running", |c| state(c) == "running");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !Path::new(&format!("/proc/{}/root/stall", init_pid(&stalled, &id))).is_dir() {
+        assert!(Instant::now() < deadline, "/stall never made");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let fuse = stalled_fuse_mount(init_pid(&stalled, &id), "/stall");
+    // Declared after the mount hangs: its pod's probes are set up while the stall is there.
+    let healthy = h.new_pod_annotated("healthy", &[(declaration, "/probe/file?path=/tmp/ok")]).expect("pod");
+    let ok = h
+        .run_container(
+            &healthy,
+            "app",
+            &["sh", "-c", "echo ok > /tmp/ok; while true; do sleep 0.1; done"],
+            &annotations(2),
+            None,
+        )
+        .expect("container");
+    agent.probe_until(&healthy, "app", "check=file&path=/tmp/ok", 200);
+    agent.probe_until(&stalled, "app", "check=file&path=/stall/healthy", 503);
+    let (_, why) = agent.probe(&stalled, "app", "check=file&path=/stall/healthy");
+    assert!(why.contains("hung") || why.contains("fuse"), "{why}");
+    for _ in 0..5 {
+        let began = Instant::now();
+        assert_eq!(agent.probe(&healthy, "app", "check=file&path=/tmp/ok").0, 200);
+        assert!(began.elapsed() < Duration::from_secs(1), "the healthy pod's probe took {:?}", began.elapsed());
+        assert_eq!(timed_healthz(&health).0, Some(200));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Closing the daemon's end aborts the connection: the stuck lookup returns.
+    drop(fuse);
+    h.stop_container(&ok, 2).expect("stop");
+    h.stop_container(&id, 2).expect("stop");
 }

@@ -124,6 +124,10 @@ pub enum ObserveError {
     /// processes and the kernel rather than the application: never read for a probe.
     #[error("{path} inside the root of pid {pid} is on {fs}, which probes do not read")]
     KernelFilesystem { pid: u32, path: String, fs: &'static str },
+    /// The path resolved onto a network or user-space filesystem (NFS, CIFS, FUSE, ceph, 9p),
+    /// whose reads can hang as long as its server wants: never read for a probe.
+    #[error("{path} inside the root of pid {pid} is on {fs}, a network or FUSE filesystem, which probes do not read")]
+    NetworkFilesystem { pid: u32, path: String, fs: &'static str },
 }
 
 /// A listening TCP socket seen in a process's netns.
@@ -292,44 +296,77 @@ pub fn netns_inode(pid: u32) -> Result<u32, ObserveError> {
     netns::inode(&path).map_err(|source| ObserveError::Read { path, source })
 }
 
-/// The kernel filesystem an open file lives on, if it is one probes must not read.
-fn kernel_filesystem(file: &File) -> Option<&'static str> {
+/// What kind of filesystem an opened path lives on, if it is one probes must not read: a kernel
+/// filesystem (its files describe processes and the kernel, not the application) or a network or
+/// user-space one (a read can hang for as long as the server or the FUSE daemon, which the pod
+/// controls, wants).
+fn refused_filesystem(file: &File) -> Option<(&'static str, Refusal)> {
     // SAFETY: statfs is a plain struct of integers; all-zero is a valid value to be filled.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: the fd is open for the call and `stat` is a valid statfs to write.
     if unsafe { libc::fstatfs(file.as_raw_fd(), &mut stat) } != 0 {
-        return Some("an unknown filesystem");
+        return Some(("an unknown filesystem", Refusal::Kernel));
     }
-    const KERNEL: [(i64, &str); 6] = [
-        (0x9fa0, "procfs"),
-        (0x6265_6572, "sysfs"),
-        (0x6462_6720, "debugfs"),
-        (0x7363_6673, "securityfs"),
-        (0x7472_6163, "tracefs"),
-        (0x6367_7270, "cgroup2"),
+    const REFUSED: [(i64, &str, Refusal); 13] = [
+        (0x9fa0, "procfs", Refusal::Kernel),
+        (0x6265_6572, "sysfs", Refusal::Kernel),
+        (0x6462_6720, "debugfs", Refusal::Kernel),
+        (0x7363_6673, "securityfs", Refusal::Kernel),
+        (0x7472_6163, "tracefs", Refusal::Kernel),
+        (0x6367_7270, "cgroup2", Refusal::Kernel),
+        (0x0027_e0eb, "cgroup", Refusal::Kernel),
+        (0x6969, "nfs", Refusal::Network),
+        (0xff53_4d42, "cifs", Refusal::Network),
+        (0xfe53_4d42, "smb2", Refusal::Network),
+        (0x6573_5546, "fuse", Refusal::Network),
+        (0x00c3_6400, "ceph", Refusal::Network),
+        (0x0102_1997, "9p", Refusal::Network),
     ];
     let kind = stat.f_type as i64;
-    KERNEL.iter().find(|(magic, _)| *magic == kind).map(|(_, name)| *name)
+    REFUSED.iter().find(|(magic, _, _)| *magic == kind).map(|(_, name, refusal)| (*name, *refusal))
 }
 
-/// Opens `path` inside the root of `pid` and returns its mtime and first `max_bytes` bytes.
-///
-/// Resolution is done by the kernel with the container's root as `/`: `..` stops at that root,
-/// symlinks (absolute or relative) resolve inside it, magic links (`/proc/<pid>/root`,
-/// `/proc/self/fd/*`) are refused with ELOOP. Only regular files are read; O_NONBLOCK guards the
-/// open itself against FIFOs.
-pub fn read_file_in_root(pid: u32, path: &str, max_bytes: usize) -> Result<FileRead, ObserveError> {
-    let open_err = |source| ObserveError::Open { pid, path: path.to_owned(), source };
+/// Why a filesystem is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    Kernel,
+    Network,
+}
+
+/// The root directory of `pid`, held open: files are resolved inside it for as long as it is
+/// held, whatever becomes of the pid. A probe pins its container's root when it is created, so
+/// a pid reused after the container's main process exited never leads its file checks into
+/// another container's (or the host's) files.
+pub fn pin_root(pid: u32) -> Result<File, ObserveError> {
     let root_path = PathBuf::from(format!("/proc/{pid}/root"));
-    let root = OpenOptions::new()
+    OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(&root_path)
-        .map_err(|source| ObserveError::Read { path: root_path, source })?;
+        .map_err(|source| ObserveError::Read { path: root_path, source })
+}
+
+/// Opens `path` inside the root of `pid` and returns its mtime and first `max_bytes` bytes
+/// (see [`read_file_in_pinned_root`]).
+pub fn read_file_in_root(pid: u32, path: &str, max_bytes: usize) -> Result<FileRead, ObserveError> {
+    read_file_in_pinned_root(&pin_root(pid)?, pid, path, max_bytes)
+}
+
+/// Opens `path` inside `root` (from [`pin_root`] of `pid`, which only names it in errors) and
+/// returns its mtime and first `max_bytes` bytes.
+///
+/// Resolution is done by the kernel with the container's root as `/`: `..` stops at that root,
+/// symlinks (absolute or relative) resolve inside it, magic links (`/proc/<pid>/root`,
+/// `/proc/self/fd/*`) are refused with ELOOP. The path is first opened with `O_PATH`, which
+/// opens nothing: only a regular file on a local, non-kernel filesystem is then opened for
+/// reading, through that same handle. A device node, FIFO or socket is refused before any open
+/// of it (opening some devices acts: a watchdog arms, a tape rewinds).
+pub fn read_file_in_pinned_root(root: &File, pid: u32, path: &str, max_bytes: usize) -> Result<FileRead, ObserveError> {
+    let open_err = |source| ObserveError::Open { pid, path: path.to_owned(), source };
     let c_path = CString::new(path).map_err(|_| open_err(io::Error::from_raw_os_error(libc::EINVAL)))?;
     // SAFETY: open_how is a plain struct of u64s; all-zero is a valid value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK) as u64;
+    how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
     how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
     // SAFETY: the dirfd is open for the duration of the call, c_path is NUL-terminated, and `how`
     // is a valid open_how whose size is passed alongside.
@@ -350,16 +387,26 @@ pub fn read_file_in_root(pid: u32, path: &str, max_bytes: usize) -> Result<FileR
         });
     }
     // SAFETY: openat2 returned a new fd that nothing else owns.
-    let file = unsafe { File::from_raw_fd(fd as i32) };
-    if let Some(fs) = kernel_filesystem(&file) {
+    let handle = unsafe { File::from_raw_fd(fd as i32) };
+    if let Some((fs, refusal)) = refused_filesystem(&handle) {
         // A declared path may lead (by a symlink inside the container's root) to the
-        // container's own /proc or /sys: refused after the open, whatever the path said.
-        return Err(ObserveError::KernelFilesystem { pid, path: path.to_owned(), fs });
+        // container's own /proc or /sys: refused whatever the path said.
+        return Err(match refusal {
+            Refusal::Kernel => ObserveError::KernelFilesystem { pid, path: path.to_owned(), fs },
+            Refusal::Network => ObserveError::NetworkFilesystem { pid, path: path.to_owned(), fs },
+        });
     }
-    let meta = file.metadata().map_err(open_err)?;
+    // fstat works on an O_PATH handle: the type is known before anything is opened.
+    let meta = handle.metadata().map_err(open_err)?;
     if !meta.is_file() {
         return Err(ObserveError::NotRegular { pid, path: path.to_owned() });
     }
+    // The same inode, opened for reading through the handle (not resolved again).
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+        .map_err(open_err)?;
     let modified = meta.modified().map_err(open_err)?;
     let mut head = Vec::with_capacity(max_bytes.min(64 * 1024));
     if max_bytes > 0 {
@@ -413,6 +460,40 @@ mod tests {
         }
         let ordinary = read_file_in_root(me, "/etc/hostname", 64).or_else(|_| read_file_in_root(me, "/etc/passwd", 64));
         assert!(ordinary.is_ok(), "{ordinary:?}");
+    }
+
+    #[test]
+    fn device_nodes_and_fifos_are_refused_without_being_opened() {
+        // Issue 18: a declared char device was opened before the regular-file check. A FIFO
+        // with no writer would block a plain open; the O_PATH handle opens nothing.
+        let dir = std::env::temp_dir().join(format!("lifecycle-proc-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let fifo = dir.join("fifo");
+        let c_fifo = CString::new(fifo.to_string_lossy().into_owned()).expect("path");
+        // SAFETY: mkfifo reads a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+        let me = std::process::id();
+        let refused = read_file_in_root(me, &fifo.to_string_lossy(), 64);
+        assert!(matches!(refused, Err(ObserveError::NotRegular { .. })), "{refused:?}");
+        let device = read_file_in_root(me, "/dev/null", 64);
+        assert!(
+            matches!(device, Err(ObserveError::NotRegular { .. } | ObserveError::KernelFilesystem { .. })),
+            "{device:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_pinned_root_outlives_its_process() {
+        // The root is held by its handle: files resolve in it after the pid is gone (and so
+        // never in whatever process is given that pid next).
+        let mut child = std::process::Command::new("/bin/sleep").arg("30").spawn().expect("sleep");
+        let root = pin_root(child.id()).expect("pin");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(read_file_in_root(child.id(), "/etc/passwd", 8).is_err(), "the pid is gone");
+        let read = read_file_in_pinned_root(&root, child.id(), "/etc/passwd", 8).expect("read through the pin");
+        assert_eq!(read.head.len(), 8);
     }
 
     #[test]

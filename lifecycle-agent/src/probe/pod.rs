@@ -9,7 +9,10 @@
 use crate::ErrorChain;
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
     time::{Duration, Instant, SystemTime},
 };
 
@@ -35,11 +38,21 @@ use crate::{
 /// How often /proc is sampled when no deadline comes sooner.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(2);
 
+/// How long one pass over a container's declared files may take. A file on a hung mount fails
+/// that container's file checks after this; nothing else waits for it.
+pub const FILE_READ_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The probe state of one container.
 pub struct PodProbe {
     target: ProbeTarget,
     netns: u32,
     main_pid: u32,
+    /// The container's root directory, held open from when the probe was made: file checks
+    /// resolve inside it even after the main process exits and its pid is reused.
+    root: Option<Arc<std::fs::File>>,
+    /// A pass over the files that has not returned (a hung mount): while it hangs, no other is
+    /// started, so one container holds at most one stuck reader thread.
+    files_stuck: Arc<AtomicBool>,
     metrics: Option<Arc<ProbeMetrics>>,
     /// Listener source in the pod's netns; None falls back to `/proc/<pid>/net/tcp.`
     diag: Option<SockDiag>,
@@ -89,7 +102,18 @@ impl PodProbe {
             }
         };
         let created_ns = boottime_ns();
-        let probe = Self { target, netns, main_pid, metrics, diag, created_ns, state: Mutex::new(PodState::default()) };
+        let root = proc::pin_root(main_pid).ok().map(Arc::new);
+        let probe = Self {
+            target,
+            netns,
+            main_pid,
+            root,
+            files_stuck: Arc::new(AtomicBool::new(false)),
+            metrics,
+            diag,
+            created_ns,
+            state: Mutex::new(PodState::default()),
+        };
         probe.refresh(boottime_ns())?;
         Ok(probe)
     }
@@ -191,8 +215,11 @@ impl PodProbe {
         Ok(())
     }
 
-    fn read_file(&self, path: &str) -> FileFacts {
-        match proc::read_file_in_root(self.main_pid, path, FILE_HEAD_BYTES) {
+    fn read_file(root: Option<&std::fs::File>, pid: u32, path: &str) -> FileFacts {
+        let Some(root) = root else {
+            return FileFacts::Unreadable(format!("the root of pid {pid} could not be held open when probing began"));
+        };
+        match proc::read_file_in_pinned_root(root, pid, path, FILE_HEAD_BYTES) {
             Ok(read) => FileFacts::Present {
                 modified_ns: wall_to_boottime(read.modified, SystemTime::now(), boottime_ns()),
                 head: read.head,
@@ -202,15 +229,35 @@ impl PodProbe {
         }
     }
 
-    /// Reads each file (outside the lock), paired with its path.
+    /// Reads each file (outside the lock), paired with its path, on a thread of its own for at
+    /// most [`FILE_READ_TIMEOUT`]: a file on a hung mount fails this container's checks and
+    /// holds nothing else up.
     fn read_files(&self, paths: Vec<String>) -> Vec<(String, FileFacts)> {
-        paths
-            .into_iter()
-            .map(|path| {
-                let facts = self.read_file(&path);
-                (path, facts)
-            })
-            .collect()
+        if paths.is_empty() {
+            return Vec::new();
+        }
+        let unreadable = |why: &str| paths.iter().map(|p| (p.clone(), FileFacts::Unreadable(why.to_owned()))).collect();
+        if self.files_stuck.load(Ordering::Acquire) {
+            return unreadable("an earlier read of this container's files has not returned (a hung filesystem?)");
+        }
+        let (send, receive) = std::sync::mpsc::sync_channel(1);
+        let (root, pid, stuck) = (self.root.clone(), self.main_pid, Arc::clone(&self.files_stuck));
+        let wanted = paths.clone();
+        stuck.store(true, Ordering::Release);
+        let started = std::thread::Builder::new().name("probe-files".into()).spawn(move || {
+            let read: Vec<(String, FileFacts)> =
+                wanted.into_iter().map(|path| (path.clone(), Self::read_file(root.as_deref(), pid, &path))).collect();
+            stuck.store(false, Ordering::Release);
+            let _ = send.send(read);
+        });
+        if started.is_err() {
+            self.files_stuck.store(false, Ordering::Release);
+            return unreadable("no thread to read the files with");
+        }
+        match receive.recv_timeout(FILE_READ_TIMEOUT) {
+            Ok(read) => read,
+            Err(_) => unreadable(&format!("not read within {FILE_READ_TIMEOUT:?} (a hung filesystem?)")),
+        }
     }
 
     /// Makes `checks` the container's declared checks: the only ones it answers, watches and

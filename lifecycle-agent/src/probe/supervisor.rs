@@ -286,13 +286,31 @@ impl ProbeSupervisor {
 
     /// Runs reconciliation every `period` until shutdown.
     /// Beats `heartbeats` after each pass, so `/healthz` tells a stuck supervisor.
-    pub async fn run(mut self, tracker: Arc<Mutex<NodeTracker>>, period: Duration, heartbeats: Arc<Heartbeats>) {
+    ///
+    /// Each pass runs on the blocking pool: it reads /proc, opens netlink sockets in pods'
+    /// namespaces and reads declared files (each read bounded by
+    /// [`super::pod::FILE_READ_TIMEOUT`]), none of which belongs on the workers that answer
+    /// requests.
+    pub async fn run(self, tracker: Arc<Mutex<NodeTracker>>, period: Duration, heartbeats: Arc<Heartbeats>) {
         let mut ticker = tokio::time::interval(period);
         let mut shutdown = self.shutdown.clone();
+        let mut supervisor = self;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {
-                    self.reconcile(&tracker);
+                    let tracker = Arc::clone(&tracker);
+                    let pass = tokio::task::spawn_blocking(move || {
+                        supervisor.reconcile(&tracker);
+                        supervisor
+                    });
+                    supervisor = match pass.await {
+                        Ok(supervisor) => supervisor,
+                        Err(err) => {
+                            // Its heartbeat stops: /healthz fails and the kubelet restarts the agent.
+                            log::error!("the probe supervisor failed: {err}; pod probe listeners are no longer kept");
+                            return;
+                        }
+                    };
                     heartbeats.beat(Loop::ProbeSupervisor);
                 }
                 _ = shutdown.changed() => return,
