@@ -32,11 +32,15 @@ pub enum DroppedKind {
     DepartedUnit,
     /// A judgement nobody took for the distributions in time.
     Judgement,
+    /// A pod from the API past the cap on pods.
+    Pod,
+    /// A kill notice (the cause of a stop announced by the kubelet) past the cap.
+    KillNotice,
 }
 
 impl DroppedKind {
     /// Every kind, in label order.
-    pub const ALL: [DroppedKind; 9] = [
+    pub const ALL: [DroppedKind; 11] = [
         DroppedKind::Signal,
         DroppedKind::OomKill,
         DroppedKind::ExecSession,
@@ -46,6 +50,8 @@ impl DroppedKind {
         DroppedKind::DepartedInstance,
         DroppedKind::DepartedUnit,
         DroppedKind::Judgement,
+        DroppedKind::Pod,
+        DroppedKind::KillNotice,
     ];
 
     /// The `kind` label's value (the same spelling serde uses).
@@ -60,6 +66,8 @@ impl DroppedKind {
             DroppedKind::DepartedInstance => "departed_instance",
             DroppedKind::DepartedUnit => "departed_unit",
             DroppedKind::Judgement => "judgement",
+            DroppedKind::Pod => "pod",
+            DroppedKind::KillNotice => "kill_notice",
         }
     }
 }

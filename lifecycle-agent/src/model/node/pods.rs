@@ -3,6 +3,7 @@
 //! kubelet really used, and the cause of each stop. Without the API, the runtime's labels and
 //! annotations stand in, and verdicts say so (`SpecSource`).
 
+use super::bounds::DroppedKind;
 use super::{unit::termination_settings, InstanceKind, NodeTracker, UnitKey};
 use crate::model::{
     container_state::RestartSpec,
@@ -35,6 +36,7 @@ impl NodeTracker {
     pub fn apply_pod(&mut self, pod: PodFacts) {
         let uid = pod.uid.clone();
         if !self.pods.contains_key(&uid) && self.pods.len() >= MAX_PODS {
+            self.dropped.add(DroppedKind::Pod, 1);
             return;
         }
         self.check_reported_status(&pod);
@@ -88,6 +90,7 @@ impl NodeTracker {
             // Notices are consumed by the stop they announce; stale ones are dropped first.
             if let Some(stale) = self.kill_notices.keys().next().cloned() {
                 self.kill_notices.remove(&stale);
+                self.dropped.add(DroppedKind::KillNotice, 1);
             }
         }
         self.apply_spec(&notice.pod_uid);
