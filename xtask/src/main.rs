@@ -5,6 +5,7 @@ mod bench;
 mod bench_probes;
 mod fuzz;
 mod kubernetes;
+mod kubernetes_modern;
 mod packages;
 mod shell;
 mod tiers;
@@ -43,6 +44,10 @@ enum Task {
     /// Build kube-apiserver and kubelet from Debian's source package into target/kubernetes/bin
     /// (once: later runs find them cached); the kubelet tier does this itself.
     Kubernetes,
+    /// Provide a current node's binaries (kubelet and kube-apiserver of KUBERNETES_MODERN_VERSION
+    /// built with Go, runc, containerd 2, etcd and the CNI plugins from Debian unstable) in
+    /// /var/cache/lifecycle/kubernetes-modern (once per machine: later runs find them cached).
+    KubernetesModern,
     /// Benchmarks; results are printed and appended to BENCHMARKS.md by hand.
     Bench {
         #[command(subcommand)]
@@ -97,6 +102,11 @@ fn main() -> Result<()> {
             fuzz::run(&args)
         }
         Task::Kubernetes => kubernetes::ensure().map(drop),
+        Task::KubernetesModern => {
+            let node = kubernetes_modern::ensure()?;
+            println!("bin={}\ncni={}", node.bin.display(), node.cni.display());
+            Ok(())
+        }
         Task::Bench { which } => {
             bootstrap()?;
             bench::run(which)

@@ -19,6 +19,9 @@ pub const KUBELET: &[&str] =
     &["etcd-server", "containernetworking-plugins", "openssl", "containerd", "runc", "busybox-static", "iproute2"];
 /// Building kube-apiserver and kubelet from Debian's source package (`kubernetes.rs`).
 pub const KUBERNETES_BUILD: &[&str] = &["golang-go", "dpkg-dev", "rsync", "make"];
+/// Building runc for the current node (`kubernetes_modern.rs`): cgo (its nsenter is C) linked
+/// against the machine's libseccomp, as Debian's own runc is.
+pub const KUBERNETES_MODERN_BUILD: &[&str] = &["gcc", "libc6-dev", "libseccomp-dev", "pkg-config"];
 /// kubectl, when the machine has none on PATH (Debian's build of the same Kubernetes release).
 pub const KUBECTL: &[&str] = &["kubernetes-client"];
 /// Peers and tools the benchmarks compare against.

@@ -92,11 +92,11 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
                 )
             }
             // One at a time: each measures the agent's memory and health while it attacks.
-            Tier::Hostile => shell::run(
-                cargo()
-                    .args(["test", "-p", "lifecycle-agent", "--test", "hostile"])
-                    .args(["--", "--test-threads=1", "--nocapture"]),
-            ),
+            Tier::Hostile => shell::run(cargo().args(["test", "-p", "lifecycle-agent", "--test", "hostile"]).args([
+                "--",
+                "--test-threads=1",
+                "--nocapture",
+            ])),
             Tier::Checks => checks(),
             Tier::Kubelet => kubelet(),
         };

@@ -24,6 +24,8 @@ pub const EBPF_NIGHTLY: &str = pin(PINS, "EBPF_NIGHTLY");
 pub const BPF_LINKER_VERSION: &str = pin(PINS, "BPF_LINKER_VERSION");
 /// The Kubernetes release the kubelet tier builds from Debian's source package (`v1.20.2`).
 pub const KUBERNETES_VERSION: &str = pin(PINS, "KUBERNETES_VERSION");
+/// The Kubernetes release of the current node, built with Go from the module proxy (`v1.37.2`).
+pub const KUBERNETES_MODERN_VERSION: &str = pin(PINS, "KUBERNETES_MODERN_VERSION");
 /// cargo-fuzz release, installed with [`EBPF_NIGHTLY`] by `xtask fuzz` and the checks tier.
 pub const CARGO_FUZZ_VERSION: &str = pin(PINS, "CARGO_FUZZ_VERSION");
 
