@@ -587,6 +587,48 @@ fn fifty_half_sent_requests_do_not_delay_a_declared_probe() {
 }
 
 #[test]
+fn four_hundred_held_connections_from_a_node_address_do_not_fail_a_declared_probe() {
+    // Issue 18: from a node address (host-network pods share it), 400 connections held open on a
+    // pod's probe listener made the kubelet's next probe fail at once.
+    require!();
+    const HELD: usize = 400;
+    let (mut netns, _holder, probe) = pod_in_netns("held");
+    declare(&probe, &["/probe/process"]);
+    let (_host, inside) = netns.link_to_host();
+    let (server, counters) = listen_in(&netns, 9891, Arc::new(probe), node_sources());
+    let addr = SocketAddr::from((inside, 9891));
+    wait_link_up(addr);
+    assert_eq!(kubelet_get(addr, "/probe/process"), Some((200, "ok\n".into())));
+    // Half of them silent, half with a piece of a request head; all held, none closed.
+    let mut held = Vec::with_capacity(HELD);
+    for i in 0..HELD {
+        let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else { continue };
+        if i % 2 == 1 {
+            let _ = stream.write_all(b"GET /probe/pro");
+        }
+        held.push(stream);
+    }
+    assert!(held.len() >= HELD / 2, "only {} connections opened", held.len());
+    let mut worst = Duration::ZERO;
+    for i in 0..100 {
+        let asked = Instant::now();
+        let answer = kubelet_get(addr, "/probe/process");
+        let took = asked.elapsed();
+        assert_eq!(answer, Some((200, "ok\n".into())), "probe {i} after {took:?} beside {} held connections", held.len());
+        assert!(took < Duration::from_secs(1), "probe {i} took {took:?}: past the kubelet's timeout");
+        worst = worst.max(took);
+    }
+    eprintln!(
+        "100 probes beside {} held connections: slowest {worst:?}; {} cut at the deadline, {} made room",
+        held.len(),
+        counters.timeout.get(),
+        counters.busy.get()
+    );
+    drop(held);
+    server.stop();
+}
+
+#[test]
 fn connections_from_inside_the_pod_are_refused() {
     require!();
     let (mut netns, _holder, probe) = pod_in_netns("sources");

@@ -10,8 +10,8 @@
 //! registered with epoll for it. Only a connection whose head is incomplete is kept, registered,
 //! and given [`ListenerLimits::head_deadline`] to finish; at most
 //! [`ListenerLimits::max_connections`] are kept at once. Past that bound a new connection still
-//! gets one read: answered if its request is all there, else closed at once. Every connection
-//! closed without an answer is counted by reason.
+//! gets one read: answered if its request is all there, else it takes the place of the
+//! connection kept longest. Every connection closed without an answer is counted by reason.
 
 use std::{
     io::{self, Read as _, Write as _},
@@ -76,6 +76,7 @@ impl ProbeListener {
         let local = listener.local_addr().map_err(ServerError::Start)?;
         listener.set_nonblocking(true).map_err(ServerError::Start)?;
         defer_accept(&listener);
+        deepen_backlog(&listener);
         let mut listener = mio::net::TcpListener::from_std(listener);
         let poll = Poll::new().map_err(ServerError::Start)?;
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(ServerError::Start)?;
@@ -188,8 +189,12 @@ impl Loop {
             let mut connection = Connection::new(stream, Instant::now() + self.limits.head_deadline);
             let Step::Wait(interest) = connection.advance(self.answer.as_ref()) else { continue };
             if self.open >= self.limits.max_connections {
+                // Full: the connection kept longest makes room. A real client (the kubelet)
+                // sends its whole request at once, so the newest is the likeliest to be one;
+                // refusing newcomers instead let anyone on a node address who holds 64
+                // connections fail every probe of the pod (issue 18).
                 self.counters.busy.inc();
-                continue;
+                self.evict_oldest();
             }
             self.keep(connection, interest);
         }
@@ -220,6 +225,20 @@ impl Loop {
                 }
             }
             Step::Wait(_) => {}
+        }
+    }
+
+    /// Closes the connection with the earliest deadline (the one kept longest).
+    fn evict_oldest(&mut self) {
+        let oldest = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, c)| Some((c.as_ref()?.deadline, slot)))
+            .min()
+            .map(|(_, slot)| slot);
+        if let Some(slot) = oldest {
+            self.close(slot);
         }
     }
 
@@ -324,6 +343,19 @@ impl Connection {
 /// Asks the kernel to complete accept only once the request has arrived (TCP_DEFER_ACCEPT):
 /// one wake-up per probe instead of one for the handshake and another for the request. Best
 /// effort; without it probes are answered all the same.
+/// Connections the kernel queues for the listener (capped by net.core.somaxconn): clients that
+/// connect and say nothing wait there, not in front of the kubelet's next probe.
+const BACKLOG: libc::c_int = 4096;
+
+/// Sets the listen backlog to [`BACKLOG`] (listen(2) again on a listening socket only resizes
+/// its queue, so this also serves a socket taken from a previous agent).
+fn deepen_backlog(listener: &std::net::TcpListener) {
+    // SAFETY: listen(2) on a socket we own.
+    if unsafe { libc::listen(listener.as_raw_fd(), BACKLOG) } != 0 {
+        log::debug!("the probe listener's backlog stays as it was: {}", io::Error::last_os_error());
+    }
+}
+
 fn defer_accept(listener: &std::net::TcpListener) {
     let seconds: libc::c_int = 1;
     // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int and its size.

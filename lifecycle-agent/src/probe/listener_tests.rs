@@ -124,21 +124,31 @@ fn a_slow_request_head_is_closed_at_the_deadline_without_delaying_others() {
 }
 
 #[test]
-fn held_connections_are_bounded_and_complete_requests_still_answered() {
+fn held_connections_are_bounded_and_the_one_kept_longest_makes_room() {
+    // Issue 18: refusing newcomers once the bound was reached let a client on a node address
+    // that held every place fail the kubelet's probes; now the connection kept longest goes.
     let limits = ListenerLimits { head_deadline: Duration::from_secs(30), max_connections: 4 };
     let (server, counters) = serve(any(), limits);
     let addr = server.local_addr();
-    let mut held: Vec<TcpStream> = (0..4).map(|_| half_sent(addr)).collect();
-    // The fifth that needs holding is closed at once...
-    let mut fifth = half_sent(addr);
-    assert!(closed_within(&mut fifth, Duration::from_secs(2)));
-    assert_eq!(counters.busy.get(), 1);
-    // ...but a request that is all there is answered, bound or not.
-    assert_eq!(get(addr, "/probe/process"), Some((200, "ok\n".into())));
-    for stream in &mut held {
-        assert!(!closed_within(stream, Duration::from_millis(20)), "the first four are kept");
+    let mut held: Vec<TcpStream> = Vec::new();
+    for _ in 0..4 {
+        held.push(half_sent(addr));
+        // Kept in order: each has a later deadline than the one before.
+        std::thread::sleep(Duration::from_millis(5));
     }
-    // One leaves: its slot is free again.
+    // The fifth that needs holding is kept, and the first is closed for it...
+    let mut fifth = half_sent(addr);
+    assert!(closed_within(&mut held[0], Duration::from_secs(2)), "the oldest makes room");
+    assert!(!closed_within(&mut fifth, Duration::from_millis(20)), "the newest is kept");
+    assert_eq!(counters.busy.get(), 1);
+    // ...and a request that is all there is answered, bound or not.
+    assert_eq!(get(addr, "/probe/process"), Some((200, "ok\n".into())));
+    for stream in &mut held[1..] {
+        assert!(!closed_within(stream, Duration::from_millis(20)), "the other three are kept");
+    }
+    fifth.write_all(b"p?port=8080 HTTP/1.1\r\n\r\n").expect("rest of the head");
+    assert_eq!(read_answer(&mut fifth), Some((200, "ok\n".into())), "answered once complete");
+    // One leaves: its slot is free again, nobody is evicted.
     drop(held.pop());
     std::thread::sleep(Duration::from_millis(100));
     let mut again = half_sent(addr);
@@ -147,7 +157,7 @@ fn held_connections_are_bounded_and_complete_requests_still_answered() {
     assert_eq!(read_answer(&mut again), Some((200, "ok\n".into())), "answered once complete");
     assert_eq!((counters.busy.get(), counters.timeout.get()), (1, 0));
     server.stop();
-    for stream in &mut held {
+    for stream in &mut held[1..] {
         assert!(closed_within(stream, Duration::from_secs(2)), "stopping closes held connections");
     }
 }
