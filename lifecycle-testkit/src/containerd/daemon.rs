@@ -13,21 +13,32 @@ use anyhow::{bail, Context, Result};
 use k8s_cri::v1 as cri;
 use lifecycle_agent::discovery::cri::CriClient;
 
-use super::{host::signal, Containerd, IMAGE, READY_TIMEOUT};
+use super::{host::signal, Containerd, Flavour, IMAGE, READY_TIMEOUT};
 
 impl Containerd {
     /// Spawns containerd with the run directory's config; returns once its CRI Version call
     /// answers (the readiness check), failing with the log's tail if it exits or times out.
     pub(super) fn spawn_containerd(&mut self) -> Result<()> {
         let config = self.run.path.join("config.toml");
-        fs::write(&config, containerd_config(&self.run.path)).context("write containerd config")?;
+        let text = match &self.flavour {
+            Flavour::Debian => containerd_config(&self.run.path),
+            Flavour::Modern { bin } => containerd_v3_config(&self.run.path, bin),
+        };
+        fs::write(&config, text).context("write containerd config")?;
         // Appended to, so a restarted containerd's log follows the first one's.
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.run.path.join("containerd.log"))
             .context("open containerd log")?;
-        let child = Command::new("containerd")
+        let mut command = Command::new(self.flavour.binary("containerd"));
+        if let Flavour::Modern { bin } = &self.flavour {
+            // containerd finds its shim on PATH: its own first, not Debian's 1.6 one.
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let dirs = std::iter::once(bin.clone()).chain(std::env::split_paths(&path));
+            command.env("PATH", std::env::join_paths(dirs).context("PATH with the node's bin dir")?);
+        }
+        let child = command
             .arg("--config")
             .arg(&config)
             .stdin(Stdio::null())
@@ -60,7 +71,7 @@ impl Containerd {
 
     /// `ctr images import`, then waits until the CRI image service lists the image.
     pub(super) fn import_image(&self, tarball: &Path) -> Result<()> {
-        let output = Command::new("ctr")
+        let output = Command::new(self.ctr())
             .arg("--address")
             .arg(self.socket())
             .args(["--namespace", "k8s.io", "images", "import"])
@@ -176,6 +187,83 @@ disabled_plugins = [
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{dir}/cni/bin"
     conf_dir = "{dir}/cni/conf"
+"#
+    )
+}
+
+/// containerd 2.x's configuration (version 3, where the CRI plugin is split into images, runtime
+/// and the gRPC service), as private as [`containerd_config`]: root, state, sockets and the opt
+/// directory in the run directory; runc from `bin` with its state in the run directory; the CNI
+/// plugins linked into the run directory by the kube node. The sandbox image is the local one
+/// (pinned, so it is never garbage collected or pulled: current kubelets have no pause-image
+/// flag). Off: snapshotters this host lacks, tracing, NRI and CDI (they would read and write
+/// host paths), AppArmor (not on this host), oom_score_adj raises (root lacks
+/// CAP_SYS_RESOURCE here).
+fn containerd_v3_config(run: &Path, bin: &Path) -> String {
+    let dir = run.display();
+    let runc = bin.join("runc");
+    let runc = runc.display();
+    format!(
+        r#"version = 3
+root = "{dir}/root"
+state = "{dir}/state"
+oom_score = 0
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.snapshotter.v1.blockfile",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+  "io.containerd.nri.v1.nri",
+]
+
+[grpc]
+  address = "{dir}/containerd.sock"
+
+[ttrpc]
+  address = "{dir}/containerd.sock.ttrpc"
+
+[debug]
+  address = ""
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{dir}/opt"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{IMAGE}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  enable_cdi = false
+
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        Root = "{dir}/runc"
+        SystemdCgroup = false
+
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{dir}/cni/bin"]
+    conf_dir = "{dir}/cni/conf"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
 "#
     )
 }

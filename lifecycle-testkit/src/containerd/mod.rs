@@ -33,6 +33,10 @@
 //! - `run_dir`: the per-harness run directory and the sweep of dead runs.
 //! - `host`: `/proc`, mounts and cgroup hierarchies, and the host state shared by
 //!   one process's harnesses.
+//!
+//! Two containerds: Debian's 1.6 from PATH ([`Flavour::Debian`], config version 2, the default)
+//! or a 2.x with its own runc and shim from one directory ([`Flavour::Modern`], config version 3:
+//! the kube node of a current kubelet). Everything above holds for both.
 
 mod daemon;
 pub(crate) mod host;
@@ -77,6 +81,11 @@ const CLEANUP_CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Why the privileged tier cannot run here, or `None` when it can.
 pub fn skip_reason() -> Option<String> {
+    skip_reason_for(&Flavour::Debian)
+}
+
+/// Why a harness of `flavour` cannot run here, or `None` when it can.
+pub fn skip_reason_for(flavour: &Flavour) -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Some("needs root (runs containerd and creates cgroups)".to_owned());
@@ -84,12 +93,13 @@ pub fn skip_reason() -> Option<String> {
     if !Path::new(BUSYBOX).is_file() {
         return Some(format!("{BUSYBOX} missing (apt-get install busybox-static)"));
     }
-    let missing: Vec<_> = BINARIES.iter().filter(|b| which(b).is_none()).copied().collect();
-    if !missing.is_empty() {
-        return Some(format!(
-            "missing {} (apt-get install --no-install-recommends containerd runc)",
-            missing.join(", ")
-        ));
+    if let Some(missing) = flavour.missing() {
+        return Some(missing);
+    }
+    if *flavour != Flavour::Debian {
+        if let Some(missing) = ["tar", "sha256sum"].into_iter().find(|b| which(b).is_none()) {
+            return Some(format!("missing {missing}"));
+        }
     }
     if cgroup_hierarchies().is_empty() {
         return Some("no cgroup hierarchy mounted".to_owned());
@@ -115,6 +125,53 @@ pub fn start_or_skip(test: &str) -> Option<Containerd> {
     }
 }
 
+/// Which containerd a harness runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Flavour {
+    /// Debian's containerd 1.6 (CRI v1alpha2 and v1), its shim and runc, all from PATH.
+    #[default]
+    Debian,
+    /// containerd 2.x with `containerd`, `containerd-shim-runc-v2`, `ctr` and `runc` in `bin`
+    /// (xtask's kubernetes-modern cache): config version 3, runc named in the runtime options, and
+    /// `bin` first on containerd's PATH so it starts its own shim, not Debian's.
+    Modern { bin: PathBuf },
+}
+
+impl Flavour {
+    /// The path of one of the harness's binaries (`containerd`, `ctr`, ...).
+    pub fn binary(&self, name: &str) -> PathBuf {
+        match self {
+            Flavour::Debian => which(name).unwrap_or_else(|| PathBuf::from(name)),
+            Flavour::Modern { bin } => bin.join(name),
+        }
+    }
+
+    /// Why this containerd cannot run here (besides root and busybox), or `None`.
+    fn missing(&self) -> Option<String> {
+        match self {
+            Flavour::Debian => {
+                let missing: Vec<_> = BINARIES.iter().filter(|b| which(b).is_none()).copied().collect();
+                (!missing.is_empty()).then(|| {
+                    format!("missing {} (apt-get install --no-install-recommends containerd runc)", missing.join(", "))
+                })
+            }
+            Flavour::Modern { bin } => {
+                let missing: Vec<_> = ["containerd", "containerd-shim-runc-v2", "ctr", "runc"]
+                    .into_iter()
+                    .filter(|b| !bin.join(b).is_file())
+                    .collect();
+                (!missing.is_empty()).then(|| {
+                    format!(
+                        "missing {} in {} (`xtask/x.sh kubernetes-modern` provides them)",
+                        missing.join(", "),
+                        bin.display()
+                    )
+                })
+            }
+        }
+    }
+}
+
 /// Start-up costs, for reports.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Timings {
@@ -135,6 +192,7 @@ pub struct Containerd {
     pods: Vec<Pod>,
     containers: Vec<String>,
     _host: HostShare,
+    flavour: Flavour,
     /// Set by [`Self::abandon_as_if_crashed`]: Drop leaves everything to a later sweep.
     abandoned: bool,
     /// What start-up cost.
@@ -142,9 +200,14 @@ pub struct Containerd {
 }
 
 impl Containerd {
-    /// Sweeps stale runs, builds the image, starts containerd, waits for the CRI to answer and
-    /// imports the image.
+    /// Sweeps stale runs, builds the image, starts Debian's containerd, waits for the CRI to
+    /// answer and imports the image.
     pub fn start() -> Result<Self> {
+        Self::start_flavour(Flavour::Debian)
+    }
+
+    /// [`Self::start`] with the containerd of `flavour`.
+    pub fn start_flavour(flavour: Flavour) -> Result<Self> {
         sweep_stale_runs();
         let host = HostShare::acquire()?;
         let run = RunDir::create()?;
@@ -157,6 +220,7 @@ impl Containerd {
             pods: Vec::new(),
             containers: Vec::new(),
             _host: host,
+            flavour,
             abandoned: false,
             timings: Timings::default(),
         };
@@ -178,6 +242,16 @@ impl Containerd {
     /// containerd's CRI socket.
     pub fn socket(&self) -> &Path {
         &self.run.socket
+    }
+
+    /// Which containerd this is.
+    pub fn flavour(&self) -> &Flavour {
+        &self.flavour
+    }
+
+    /// The `ctr` that speaks to this containerd (give it the absolute socket path).
+    pub fn ctr(&self) -> PathBuf {
+        self.flavour.binary("ctr")
     }
 
     /// The run directory (config, logs, state).

@@ -31,7 +31,7 @@ impl Kube {
         let dir = self.run.path.join("agent-image");
         let tarball = build(&dir, binary)?;
         let containerd = self.containerd();
-        let output = Command::new("ctr")
+        let output = Command::new(containerd.ctr())
             .arg("--address")
             .arg(containerd.socket())
             .args(["--namespace", "k8s.io", "images", "import"])

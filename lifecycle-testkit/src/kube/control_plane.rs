@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::process::Daemon;
+use super::{process::Daemon, NodeVersion};
 use crate::{agent::free_port, containerd::host::run as run_command};
 
 /// The node's service range; its first address is in the serving certificate.
@@ -131,14 +131,14 @@ fn random_token() -> Result<String> {
 }
 
 /// Spawns etcd on two free loopback ports; returns it and its client URL once `/health` says so.
-pub(super) fn start_etcd(run: &Path) -> Result<(Daemon, String)> {
+pub(super) fn start_etcd(run: &Path, binary: &Path) -> Result<(Daemon, String)> {
     let (client, peer) = (free_port(), free_port());
     let client_url = format!("http://127.0.0.1:{client}");
     let peer_url = format!("http://127.0.0.1:{peer}");
     let mut etcd = Daemon::spawn(
         "etcd",
         run,
-        Command::new("etcd")
+        Command::new(binary)
             .arg("--name=lifecycle")
             .arg(format!("--data-dir={}", run.join("etcd").display()))
             .arg(format!("--listen-client-urls={client_url}"))
@@ -166,13 +166,13 @@ pub(super) fn start_etcd(run: &Path) -> Result<(Daemon, String)> {
     }
 }
 
-/// Spawns kube-apiserver against `etcd_url` on a free port of 127.0.0.1; returns it and its
-/// URL (not waiting for it to be ready: see [`super::Kube`]'s start).
-/// Spawns kube-apiserver on `port` (a free one when None); returns it and its URL at once (the
-/// caller waits for /readyz).
+/// Spawns kube-apiserver against `etcd_url` on `port` of 127.0.0.1 (a free one when None);
+/// returns it and its URL at once (the caller waits for /readyz). 1.37 has no insecure port to
+/// turn off (the flag is gone) and gets the node's feature gates.
 pub(super) fn spawn_apiserver(
     run: &Path,
     binary: &Path,
+    version: NodeVersion,
     etcd_url: &str,
     pki: &Pki,
     port: Option<u16>,
@@ -180,14 +180,21 @@ pub(super) fn spawn_apiserver(
     let port = port.unwrap_or_else(free_port);
     let certs = run.join("apiserver");
     fs::create_dir_all(&certs).context("create the API server's cert dir")?;
+    let mut command = Command::new(binary);
+    command
+        .arg(format!("--etcd-servers={etcd_url}"))
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!("--secure-port={port}"));
+    if version == NodeVersion::V1_20 {
+        command.arg("--insecure-port=0");
+    }
+    if let Some(gates) = version.feature_gates() {
+        command.arg(format!("--feature-gates={gates}"));
+    }
     let apiserver = Daemon::spawn(
         "kube-apiserver",
         run,
-        Command::new(binary)
-            .arg(format!("--etcd-servers={etcd_url}"))
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={port}"))
-            .arg("--insecure-port=0")
+        command
             .arg(format!("--cert-dir={}", certs.display()))
             .arg(format!("--tls-cert-file={}", pki.cert.display()))
             .arg(format!("--tls-private-key-file={}", pki.key.display()))

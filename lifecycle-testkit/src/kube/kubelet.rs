@@ -4,6 +4,11 @@
 //! iptables chains, no swap check, no image garbage collection (the local image has no registry
 //! to come back from) and eviction thresholds low enough never to fire on a test machine. It
 //! listens on 127.0.0.1 only.
+//!
+//! The 1.37 kubelet takes the runtime endpoint in its configuration (the runtime and pause-image
+//! flags are gone: containerd pins the sandbox image itself), must be told that cgroup v1 is
+//! acceptable (`failCgroupV1: false`: this host is hybrid, v1 controllers plus the unified
+//! hierarchy), and gets the node's feature gates and `crashLoopBackOff.maxContainerRestartPeriod`.
 
 use std::{
     fs,
@@ -13,11 +18,12 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::process::Daemon;
+use super::{process::Daemon, NodeVersion, MODERN_MAX_CONTAINER_RESTART_PERIOD};
 use crate::{agent::free_port, containerd::IMAGE};
 
 /// What the kubelet needs from the rest of the node.
 pub(super) struct KubeletSetup<'a> {
+    pub(super) version: NodeVersion,
     pub(super) run: &'a Path,
     /// Where kubelet is (xtask's build).
     pub(super) bin_dir: &'a Path,
@@ -43,15 +49,20 @@ impl KubeletSetup<'_> {
             fs::write(&config, serde_json::to_vec_pretty(&self.configuration(&root)).context("encode")?)
                 .context("write the kubelet config")?;
         }
+        let mut command = Command::new(self.bin_dir.join("kubelet"));
+        command
+            .arg(format!("--config={}", config.display()))
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .arg(format!("--root-dir={}", root.display()))
+            .arg(format!("--cert-dir={}", root.join("pki").display()))
+            .arg(format!("--hostname-override={}", self.node));
+        if self.version == NodeVersion::V1_37 {
+            return Daemon::spawn("kubelet", self.run, command.arg("--v=2"));
+        }
         Daemon::spawn(
             "kubelet",
             self.run,
-            Command::new(self.bin_dir.join("kubelet"))
-                .arg(format!("--config={}", config.display()))
-                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-                .arg(format!("--root-dir={}", root.display()))
-                .arg(format!("--cert-dir={}", root.join("pki").display()))
-                .arg(format!("--hostname-override={}", self.node))
+            command
                 .arg("--container-runtime=remote")
                 .arg(format!("--container-runtime-endpoint=unix://{}", self.runtime_socket.display()))
                 .arg(format!("--pod-infra-container-image={IMAGE}"))
@@ -63,7 +74,7 @@ impl KubeletSetup<'_> {
     }
 
     fn configuration(&self, root: &Path) -> serde_json::Value {
-        serde_json::json!({
+        let mut config = serde_json::json!({
             "kind": "KubeletConfiguration",
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "address": "127.0.0.1",
@@ -91,6 +102,20 @@ impl KubeletSetup<'_> {
             // The Node turns Ready at the first status update after registration: 1 s instead of
             // 10 s saves 9 s per start. Pod status reporting does not depend on it.
             "nodeStatusUpdateFrequency": "1s",
-        })
+        });
+        if self.version == NodeVersion::V1_37 {
+            let extra = serde_json::json!({
+                "containerRuntimeEndpoint": format!("unix://{}", self.runtime_socket.display()),
+                "failCgroupV1": false,
+                "featureGates": self.version.feature_gates_map(),
+                "crashLoopBackOff": { "maxContainerRestartPeriod": MODERN_MAX_CONTAINER_RESTART_PERIOD },
+            });
+            if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
+                // Gone from the 1.37 configuration (iptables chains are kube-proxy's affair).
+                config.remove("makeIPTablesUtilChains");
+                config.extend(extra.clone());
+            }
+        }
+        config
     }
 }

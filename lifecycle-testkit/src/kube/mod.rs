@@ -5,9 +5,14 @@
 //! and no controller-manager: manifests name the node in `spec.nodeName` ([`Kube::pod_manifest`]
 //! does), and nothing deletes namespaces.
 //!
-//! kube-apiserver and kubelet are the v1.20.2 binaries `xtask` builds from Debian's source
-//! package (`target/kubernetes/bin`, or `$LIFECYCLE_KUBE_BIN`); etcd, the CNI plugins and openssl
-//! come from Debian packages, kubectl from PATH.
+//! Two nodes ([`NodeVersion`], chosen by the test): the 1.20 one, whose kube-apiserver and
+//! kubelet are the v1.20.2 binaries `xtask` builds from Debian's source package
+//! (`target/kubernetes/bin`, or `$LIFECYCLE_KUBE_BIN`) with etcd, containerd 1.6 and the CNI
+//! plugins from Debian packages; and a current one (1.37) whose kube-apiserver, kubelet,
+//! containerd 2.x, runc, etcd and CNI plugins all come from xtask's kubernetes-modern cache
+//! (`$LIFECYCLE_KUBE_MODERN_BIN`, `$LIFECYCLE_KUBE_MODERN_CNI`), with the feature gates of
+//! [`MODERN_FEATURE_GATES`] on and `crashLoopBackOff.maxContainerRestartPeriod`
+//! [`MODERN_MAX_CONTAINER_RESTART_PERIOD`]. openssl and kubectl come from PATH for both.
 //!
 //! Ownership and cleanup: everything lives in a run directory under [`BASE_DIR`] (etcd data,
 //! certificates, the kubelet's `--root-dir`, logs) or is recorded there before it is changed
@@ -27,7 +32,7 @@
 //! `network` (CNI), `machine` (sysctls, host paths, the cgroup root), `process` (daemons by pid),
 //! `run_dir` (the directory, its sweep, the machine lock), `api` (kubectl and waits on pods),
 //! `task_exits` (containerd's exit events: the runtime's truth), `agent_image` (the agent as a
-//! local image, for deploy/daemonset.yaml's pod).
+//! local image, for deploy/daemonset.yaml's pod), `version` (what differs between the two nodes).
 
 mod agent_image;
 mod api;
@@ -38,6 +43,7 @@ mod network;
 mod process;
 mod run_dir;
 mod task_exits;
+mod version;
 
 use std::{
     path::{Path, PathBuf},
@@ -53,6 +59,9 @@ pub use self::{
     control_plane::READER,
     machine::MachineState,
     task_exits::{TaskExit, TaskExits},
+    version::{
+        NodeVersion, BIN_ENV, MODERN_BIN_ENV, MODERN_CNI_ENV, MODERN_FEATURE_GATES, MODERN_MAX_CONTAINER_RESTART_PERIOD,
+    },
 };
 use self::{
     control_plane::Pki,
@@ -65,8 +74,6 @@ use crate::containerd::{host::which, Containerd};
 
 /// Where run directories live.
 pub const BASE_DIR: &str = "/tmp/lifecycle-kube";
-/// The environment variable naming the directory with kube-apiserver and kubelet.
-pub const BIN_ENV: &str = "LIFECYCLE_KUBE_BIN";
 /// When set, a directory the daemons' logs are copied into at teardown.
 pub const LOG_ENV: &str = "LIFECYCLE_KUBE_LOGS";
 /// The image pods run (the containerd harness's busybox-static image; never pulled).
@@ -77,40 +84,52 @@ pub const NODE: &str = "lifecycle-node";
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a daemon may take to exit after SIGTERM before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
-/// Binaries besides kube-apiserver and kubelet.
-const TOOLS: &[&str] = &["etcd", "openssl", "ip", "kubectl"];
 
 /// Set while this process runs a node.
 static LIVE: AtomicBool = AtomicBool::new(false);
 
-/// The directory with kube-apiserver and kubelet.
+/// The directory with the 1.20 node's kube-apiserver and kubelet.
 pub fn bin_dir() -> PathBuf {
-    std::env::var_os(BIN_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/kubernetes/bin"))
+    NodeVersion::V1_20.bin_dir()
 }
 
-/// Why a node cannot run here, or `None` when it can.
+/// Why the 1.20 node cannot run here, or `None` when it can.
 pub fn skip_reason() -> Option<String> {
-    if let Some(reason) = crate::containerd::skip_reason() {
+    skip_reason_for(NodeVersion::V1_20)
+}
+
+/// Why a node of `version` cannot run here, or `None` when it can.
+pub fn skip_reason_for(version: NodeVersion) -> Option<String> {
+    if version == NodeVersion::V1_37 && std::env::var_os(MODERN_BIN_ENV).is_none() {
+        return Some(format!("{MODERN_BIN_ENV} is not set: {}", version.provided_by()));
+    }
+    if let Some(reason) = crate::containerd::skip_reason_for(&version.containerd()) {
         return Some(reason);
     }
-    let bin = bin_dir();
-    if let Some(missing) = ["kube-apiserver", "kubelet"].iter().find(|b| !bin.join(b).is_file()) {
-        return Some(format!(
-            "{} missing: run `xtask/x.sh test --tier kubelet` (or `cargo xtask kubernetes`), which builds it once",
-            bin.join(missing).display()
-        ));
+    let bin = version.bin_dir();
+    let binaries: &[&str] = match version {
+        NodeVersion::V1_20 => &["kube-apiserver", "kubelet"],
+        NodeVersion::V1_37 => &["kube-apiserver", "kubelet", "etcd"],
+    };
+    if let Some(missing) = binaries.iter().find(|b| !bin.join(b).is_file()) {
+        return Some(format!("{} missing: {}", bin.join(missing).display(), version.provided_by()));
     }
-    let missing: Vec<_> = TOOLS.iter().filter(|b| which(b).is_none()).copied().collect();
+    let missing: Vec<_> = version.tools().iter().filter(|b| which(b).is_none()).copied().collect();
     if !missing.is_empty() {
         return Some(format!(
             "missing {} (apt-get install etcd-server openssl iproute2; kubectl: kubernetes-client)",
             missing.join(", ")
         ));
     }
-    if !Path::new(network::PLUGIN_DIR).join("bridge").is_file() {
-        return Some("no CNI bridge plugin (apt-get install containernetworking-plugins)".to_owned());
+    if !version.cni_dir().join("bridge").is_file() {
+        return Some(format!(
+            "no CNI bridge plugin in {}: {}",
+            version.cni_dir().display(),
+            match version {
+                NodeVersion::V1_20 => "apt-get install containernetworking-plugins",
+                NodeVersion::V1_37 => version.provided_by(),
+            }
+        ));
     }
     None
 }
@@ -125,11 +144,16 @@ pub fn sweep_stale() {
 /// Starts a node, or prints why the test is skipped and returns `None`. Panics when the
 /// prerequisites are present but the node cannot start: that is a real failure.
 pub fn start_or_skip(test: &str) -> Option<Kube> {
-    if let Some(reason) = skip_reason() {
+    start_or_skip_version(test, NodeVersion::V1_20)
+}
+
+/// [`start_or_skip`] for a node of `version`.
+pub fn start_or_skip_version(test: &str, version: NodeVersion) -> Option<Kube> {
+    if let Some(reason) = skip_reason_for(version) {
         eprintln!("SKIP {test}: {reason}");
         return None;
     }
-    match Kube::start() {
+    match Kube::start_version(version) {
         Ok(kube) => Some(kube),
         Err(e) => panic!("{test}: cannot start the kube node: {e:#}"),
     }
@@ -155,6 +179,7 @@ pub struct Timings {
 
 /// A running node; `Drop` tears it down and restores the machine.
 pub struct Kube {
+    version: NodeVersion,
     run: RunDir,
     containerd: Option<Containerd>,
     etcd: Option<Daemon>,
@@ -182,9 +207,14 @@ pub struct Kube {
 }
 
 impl Kube {
-    /// Sweeps stale runs, then starts etcd, kube-apiserver, containerd (with the image and the
-    /// CNI config) and the kubelet; returns once the Node is Ready.
+    /// Sweeps stale runs, then starts the 1.20 node: etcd, kube-apiserver, containerd (with the
+    /// image and the CNI config) and the kubelet; returns once the Node is Ready.
     pub fn start() -> Result<Self> {
+        Self::start_version(NodeVersion::V1_20)
+    }
+
+    /// [`Self::start`] for a node of `version`.
+    pub fn start_version(version: NodeVersion) -> Result<Self> {
         if LIVE.swap(true, Ordering::SeqCst) {
             bail!("this process already runs a kube node (one per machine at a time)");
         }
@@ -207,6 +237,7 @@ impl Kube {
         };
         let cgroup_root = format!("/lifecycle-kube-{}-{}", std::process::id(), run.sequence);
         let mut kube = Self {
+            version,
             kubeconfig: run.path.join("kubeconfig"),
             kubelet_kubeconfig: run.path.join("kubelet.kubeconfig"),
             run,
@@ -215,7 +246,7 @@ impl Kube {
             apiserver: None,
             apiserver_setup: None,
             kubelet: None,
-            bin: bin_dir(),
+            bin: version.bin_dir(),
             kubectl: which("kubectl").unwrap_or_else(|| PathBuf::from("kubectl")),
             api_url: String::new(),
             token: String::new(),
@@ -242,13 +273,13 @@ impl Kube {
         self.reader_token = pki.reader_token.clone();
 
         let began = Instant::now();
-        let (etcd, etcd_url) = control_plane::start_etcd(&run)?;
+        let (etcd, etcd_url) = control_plane::start_etcd(&run, &self.version.etcd())?;
         self.etcd = Some(etcd);
         self.timings.etcd = began.elapsed();
 
         let apiserver_began = Instant::now();
         let binary = self.bin.join("kube-apiserver");
-        let (apiserver, url) = control_plane::spawn_apiserver(&run, &binary, &etcd_url, &pki, None)?;
+        let (apiserver, url) = control_plane::spawn_apiserver(&run, &binary, self.version, &etcd_url, &pki, None)?;
         self.apiserver = Some(apiserver);
         self.apiserver_setup = Some((pki.clone(), etcd_url.clone()));
         self.api_url = url;
@@ -263,9 +294,9 @@ impl Kube {
 
         // containerd starts while the API server boots.
         let began = Instant::now();
-        let containerd = Containerd::start().context("start containerd")?;
+        let containerd = Containerd::start_flavour(self.version.containerd()).context("start containerd")?;
         let network = Network::choose(std::process::id(), self.run.sequence)?;
-        network.install(&run, containerd.run_dir())?;
+        network.install(&run, containerd.run_dir(), &self.version.cni_dir())?;
         self.containerd = Some(containerd);
         self.timings.containerd = began.elapsed();
 
@@ -328,6 +359,7 @@ impl Kube {
     fn kubelet_setup(&self) -> Result<KubeletSetup<'_>> {
         let containerd = self.containerd.as_ref().context("containerd is not running")?;
         Ok(KubeletSetup {
+            version: self.version,
             run: &self.run.path,
             bin_dir: &self.bin,
             node: NODE,
@@ -353,7 +385,8 @@ impl Kube {
         let (pki, etcd_url) = self.apiserver_setup.clone().context("the node was not started")?;
         let port = self.api_url.rsplit_once(':').and_then(|(_, port)| port.parse().ok());
         let binary = self.bin.join("kube-apiserver");
-        let (apiserver, url) = control_plane::spawn_apiserver(&self.run.path, &binary, &etcd_url, &pki, port)?;
+        let (apiserver, url) =
+            control_plane::spawn_apiserver(&self.run.path, &binary, self.version, &etcd_url, &pki, port)?;
         self.apiserver = Some(apiserver);
         anyhow::ensure!(url == self.api_url, "the API server came back at {url}, not {}", self.api_url);
         self.wait_apiserver_ready()?;
@@ -369,6 +402,11 @@ impl Kube {
         let began = Instant::now();
         self.spawn_kubelet()?;
         Ok(began.elapsed())
+    }
+
+    /// Which node this is.
+    pub fn version(&self) -> NodeVersion {
+        self.version
     }
 
     /// The node's name (what `spec.nodeName` says).

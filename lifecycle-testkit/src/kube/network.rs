@@ -1,11 +1,12 @@
-//! Pod networking through containerd's CNI with Debian's plugins: a bridge of the node's own
+//! Pod networking through containerd's CNI with the node's plugins (Debian's for the 1.20 node,
+//! the kubernetes-modern cache's for the current one): a bridge of the node's own
 //! (`lck<pid>-<n>`), host-local addresses from a /24 kept in the run directory, and a gateway
 //! address on the bridge so the host (the kubelet's HTTP probes) reaches pod IPs. No masquerade,
 //! no port mapping: nothing touches iptables.
 //!
-//! containerd reads the plugins from its run directory's `cni/bin` (links to Debian's
-//! `/usr/lib/cni`) and the config from `cni/conf`, which it watches, and puts the pods' network
-//! namespaces under its state directory. libcni caches results in `/var/lib/cni/results`
+//! containerd reads the plugins from its run directory's `cni/bin` (links to the plugin
+//! directory of the node's version) and the config from `cni/conf`, which it watches, and puts
+//! the pods' network namespaces under its state directory. libcni caches results in `/var/lib/cni/results`
 //! (`<network>-<sandbox>-eth0`, `cni-loopback-<sandbox>-lo`); pod teardown removes them, and
 //! [`clean`] removes what a crash left, then the bridge.
 
@@ -20,8 +21,6 @@ use anyhow::{bail, Context, Result};
 
 use crate::containerd::host::run as run_command;
 
-/// Debian's containernetworking-plugins.
-pub(super) const PLUGIN_DIR: &str = "/usr/lib/cni";
 const PLUGINS: &[&str] = &["bridge", "host-local", "loopback"];
 const CNI_RESULTS: &str = "/var/lib/cni/results";
 
@@ -53,7 +52,7 @@ impl Network {
 
     /// Records the names for the sweep, links the plugins into containerd's CNI bin directory
     /// and writes the config into its conf directory, which containerd watches.
-    pub(super) fn install(&self, run: &Path, containerd_run: &Path) -> Result<()> {
+    pub(super) fn install(&self, run: &Path, containerd_run: &Path, plugin_dir: &Path) -> Result<()> {
         fs::write(run.join("network"), format!("{}\n{}\n", self.name, self.bridge)).context("record the network")?;
         let bin = containerd_run.join("cni/bin");
         let conf = containerd_run.join("cni/conf");
@@ -61,9 +60,9 @@ impl Network {
             fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         }
         for plugin in PLUGINS {
-            let source = Path::new(PLUGIN_DIR).join(plugin);
+            let source = plugin_dir.join(plugin);
             if !source.is_file() {
-                bail!("{} missing (apt-get install containernetworking-plugins)", source.display());
+                bail!("{} missing", source.display());
             }
             let link = bin.join(plugin);
             if !link.exists() {

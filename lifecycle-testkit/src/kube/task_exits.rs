@@ -22,8 +22,11 @@ pub struct TaskExit {
     /// The exited process (the container's init for its own task; an exec's otherwise).
     pub pid: u32,
     pub exit_status: u32,
-    /// RFC 3339 with nanoseconds, as containerd wrote it.
+    /// RFC 3339 with nanoseconds, as containerd 1.6 wrote it (containerd 2.x writes a
+    /// `{"seconds":..,"nanos":..}` object, rendered here as `<seconds>.<nanos>`).
     pub exited_at: String,
+    /// The exit time in ns since the epoch (either form), for ordering exits.
+    pub exited_at_ns: Option<u128>,
     /// When this process read the event.
     pub seen: Instant,
 }
@@ -37,7 +40,7 @@ pub struct TaskExits {
 impl Kube {
     /// Starts collecting containerd's task exits from now on.
     pub fn watch_task_exits(&self) -> Result<TaskExits> {
-        let mut child = Command::new("ctr")
+        let mut child = Command::new(self.containerd().ctr())
             .arg("--address")
             .arg(self.containerd_socket())
             .args(["--namespace", "k8s.io", "events"])
@@ -112,9 +115,42 @@ fn parse_exit(line: &str) -> Option<TaskExit> {
         container_id,
         pid: u32::try_from(event["pid"].as_u64()?).ok()?,
         exit_status: u32::try_from(event["exit_status"].as_u64().unwrap_or(0)).ok()?,
-        exited_at: event["exited_at"].as_str().unwrap_or_default().to_owned(),
+        exited_at: match &event["exited_at"] {
+            serde_json::Value::String(text) => text.clone(),
+            object @ serde_json::Value::Object(_) => {
+                format!("{}.{:09}", object["seconds"].as_u64().unwrap_or(0), object["nanos"].as_u64().unwrap_or(0))
+            }
+            _ => String::new(),
+        },
+        exited_at_ns: exit_time_ns(&event["exited_at"]),
         seen: Instant::now(),
     })
+}
+
+/// `exited_at` in ns since the epoch: containerd 1.6's RFC 3339 UTC text
+/// (`2026-11-22T22:55:35.398877093Z`) or containerd 2.x's protobuf timestamp object.
+fn exit_time_ns(value: &serde_json::Value) -> Option<u128> {
+    if let Some(seconds) = value["seconds"].as_u64() {
+        return Some(u128::from(seconds) * 1_000_000_000 + u128::from(value["nanos"].as_u64().unwrap_or(0)));
+    }
+    let text = value.as_str()?.strip_suffix('Z')?;
+    let (date, time) = text.split_once('T')?;
+    let mut date = date.splitn(3, '-').map(|part| part.parse::<i64>().ok());
+    let (year, month, day) = (date.next()??, date.next()??, date.next()??);
+    let (clock, fraction) = time.split_once('.').unwrap_or((time, ""));
+    let mut clock = clock.splitn(3, ':').map(|part| part.parse::<i64>().ok());
+    let (hour, minute, second) = (clock.next()??, clock.next()??, clock.next()??);
+    // Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's days_from_civil).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let day_of_year = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = era * 146_097 + day_of_era - 719_468;
+    let seconds = u128::try_from(days * 86_400 + hour * 3_600 + minute * 60 + second).ok()?;
+    let digits: String = fraction.chars().take(9).collect();
+    let nanos = if digits.is_empty() { 0 } else { format!("{digits:0<9}").parse::<u128>().ok()? };
+    Some(seconds * 1_000_000_000 + nanos)
 }
 
 #[cfg(test)]
@@ -127,6 +163,13 @@ mod tests {
         let exit = parse_exit(line).expect("an exit");
         assert_eq!((exit.container_id.as_str(), exit.pid, exit.exit_status), ("abc", 4242, 143));
         assert_eq!(exit.exited_at, "2026-11-22T22:55:35.398877093Z");
+        // `date -u -d 2026-11-22T22:55:35Z +%s` = 1795388135.
+        assert_eq!(exit.exited_at_ns, Some(1_795_388_135_398_877_093));
+        // containerd 2.x: a protobuf timestamp object.
+        let modern = r#"x k8s.io /tasks/exit {"container_id":"abc","id":"abc","pid":9,"exit_status":143,"exited_at":{"seconds":1795388135,"nanos":398877093}}"#;
+        let exit = parse_exit(modern).expect("an exit");
+        assert_eq!((exit.exit_status, exit.exited_at_ns), (143, Some(1_795_388_135_398_877_093)));
+        assert_eq!(exit.exited_at, "1795388135.398877093");
         // exit_status 0 is omitted from the JSON.
         let clean = r#"x k8s.io /tasks/exit {"container_id":"abc","id":"abc","pid":7,"exited_at":"t"}"#;
         assert_eq!(parse_exit(clean).expect("an exit").exit_status, 0);
