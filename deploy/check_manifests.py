@@ -8,7 +8,8 @@
   custom resources it has no schema for (PodMonitor, PrometheusRule) are reported with a note and
   get apiVersion/kind/metadata checks instead;
 - the DaemonSet keeps the properties the agent depends on (hostPID, capabilities, mounts, probes,
-  --listen 0.0.0.0:9890, --health-listen 0.0.0.0:9892 and the probes on it, tolerations,
+  --listen 0.0.0.0:9890, --health-listen 0.0.0.0:9892 and the probes on it, --handoff-dir and a
+  surge update strategy, no container ports, tolerations,
   priority class);
 - every alert has summary, description and runbook_url annotations and a severity label;
 - deploy/alerts.rules.yaml equals the extraction of deploy/prometheusrule.yaml (extract_rules.py);
@@ -51,7 +52,15 @@ EXPECTED_RULES = {
 READER_RULES = {("lifecycle.dev", "containers"): {"list"}, ("lifecycle.dev", "probes"): {"get"}}
 CRD_GROUPS = {"monitoring.coreos.com"}
 EXPECTED_CAPABILITIES = {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"}
-EXPECTED_MOUNTS = {"/sys/fs/cgroup", "/sys/kernel/btf", "/sys/kernel/tracing", "/host/proc", "/run/containerd", "/var/run/crio"}
+EXPECTED_MOUNTS = {
+    "/sys/fs/cgroup",
+    "/sys/kernel/btf",
+    "/sys/kernel/tracing",
+    "/host/proc",
+    "/run/containerd",
+    "/var/run/crio",
+    "/run/lifecycle-agent",
+}
 # Runtime sockets are replaced on every runtime restart: mount their directories, never the file.
 RUNTIME_DIRECTORIES = {"/run/containerd", "/var/run/crio"}
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -132,8 +141,10 @@ def crd_problems(doc: dict) -> list[str]:
         if not endpoints:
             problems.append("PodMonitor without podMetricsEndpoints")
         for endpoint in endpoints:
-            if endpoint.get("port") != "metrics":
-                problems.append("endpoint port is not the container port name `metrics`")
+            # By number: the agent declares no container ports (they would be host ports, which
+            # rule out the DaemonSet's surge update).
+            if endpoint.get("targetPort") != 9890:
+                problems.append("endpoint targetPort is not the agent's --listen port 9890")
             if endpoint.get("honorLabels") is not True:
                 problems.append("honorLabels must be true (the agent's namespace/pod/container labels)")
     elif doc.get("kind") == "PrometheusRule":
@@ -178,19 +189,23 @@ def daemonset_problems(doc: dict) -> list[str]:
     # 0.0.0.0 with hostNetwork: every pod can reach the listener, so its API must ask who is asking.
     if "--api-auth" not in args or args[args.index("--api-auth") + 1:][:1] != ["kubernetes"]:
         problems.append("args must contain --api-auth kubernetes (the API is on every node address)")
-    ports = {p.get("name"): p.get("containerPort") for p in agent.get("ports", [])}
-    if ports.get("metrics") != 9890:
-        problems.append("container port `metrics` must be 9890")
+    if agent.get("ports"):
+        problems.append("the agent declares no container ports (with hostNetwork they are host ports, "
+                        "which rule out maxSurge)")
     # The kubelet's probes of the agent have a listener of their own, whose places no client of
     # --listen can take.
     if "--health-listen" not in args or args[args.index("--health-listen") + 1] != "0.0.0.0:9892":
         problems.append("args must contain --health-listen 0.0.0.0:9892")
-    if ports.get("health") != 9892:
-        problems.append("container port `health` must be 9892")
-    for probe in ("livenessProbe", "readinessProbe"):
+    if "--handoff-dir" not in args or args[args.index("--handoff-dir") + 1] != "/run/lifecycle-agent":
+        problems.append("args must contain --handoff-dir /run/lifecycle-agent")
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = (agent.get(probe) or {}).get("httpGet") or {}
-        if get.get("path") != "/healthz" or get.get("port") not in ("health", 9892):
-            problems.append(f"{probe} must be httpGet /healthz on the health port 9892")
+        if get.get("path") != path or get.get("port") != 9892:
+            problems.append(f"{probe} must be httpGet {path} on the health port 9892")
+    rolling = ((doc["spec"].get("updateStrategy") or {}).get("rollingUpdate")) or {}
+    if rolling.get("maxUnavailable") not in (0, "0", "0%") or not rolling.get("maxSurge"):
+        problems.append("updateStrategy must surge (maxSurge > 0, maxUnavailable 0): the next agent takes "
+                        "the pod probe listeners before this one stops")
     resources = agent.get("resources", {})
     if not resources.get("requests") or not resources.get("limits"):
         problems.append("resources.requests and resources.limits are required")

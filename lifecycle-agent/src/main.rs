@@ -75,6 +75,11 @@ struct RunArgs {
     /// same /healthz is served on --listen too.
     #[arg(long, default_value = "")]
     health_listen: String,
+    /// A directory (root only) where this agent hands its pod probe listeners to the next one
+    /// and takes them from the previous one, so a restart or a rolling update fails no probe
+    /// (the DaemonSet uses /run/lifecycle-agent, a hostPath). Default: none.
+    #[arg(long)]
+    handoff_dir: Option<PathBuf>,
     /// The container runtime's CRI socket (default: containerd's, then CRI-O's).
     #[arg(long)]
     cri_socket: Option<PathBuf>,
@@ -292,6 +297,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let config = AgentConfig {
         listen: args.listen,
+        handoff_dir: args.handoff_dir,
         health_listen: match args.health_listen.as_str() {
             "" => None,
             addr => Some(addr.parse().with_context(|| format!("--health-listen {addr:?} is not an address:port"))?),

@@ -36,6 +36,10 @@ impl Loop {
 /// Progress of each loop, shared by the loops (which beat) and the health endpoint (which reads).
 #[derive(Debug)]
 pub struct Heartbeats {
+    /// Set by the probe supervisor once the listeners taken from a previous agent are served
+    /// (or given up): until then `/readyz` says not ready, so a rolling update does not stop the
+    /// previous agent before this one answers for its pods.
+    pub settled: std::sync::Arc<std::sync::atomic::AtomicBool>,
     origin: Instant,
     /// Per [`Loop`]: milliseconds since `origin` at its last beat; `u64::MAX` for a loop not
     /// started (not judged: a plain host without probes has no supervisor).
@@ -48,6 +52,7 @@ impl Heartbeats {
     /// The reader may be silent `reader_allowance`, the supervisor `supervisor_allowance`.
     pub fn new(reader_allowance: Duration, supervisor_allowance: Duration) -> Self {
         Self {
+            settled: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
             origin: Instant::now(),
             last_ms: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
             allowance: [reader_allowance, supervisor_allowance],
@@ -63,6 +68,15 @@ impl Heartbeats {
     /// Ok, or the first loop silent past its allowance and for how long.
     pub fn check(&self) -> Result<(), String> {
         self.check_at(self.origin.elapsed())
+    }
+
+    /// Live, and serving what the previous agent handed over.
+    pub fn ready(&self) -> Result<(), String> {
+        self.check()?;
+        if !self.settled.load(Ordering::Acquire) {
+            return Err("probe listeners taken from the previous agent are not served yet".into());
+        }
+        Ok(())
     }
 
     fn check_at(&self, now: Duration) -> Result<(), String> {

@@ -81,9 +81,19 @@ pub enum HttpError {
     },
 }
 
-/// Binds `addr`; serving starts with [`serve`].
+/// Binds `addr` with `SO_REUSEPORT`; serving starts with [`serve`]. During a rolling update the
+/// next agent starts while this one still runs (see `probe/handoff.rs`): both bind the node's
+/// port and the kernel spreads connections over them until the old one exits. Only a process of
+/// the same user (root) can bind beside it.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
-    TcpListener::bind(addr).await.map_err(|source| HttpError::Bind { addr, source })
+    let bind = || -> std::io::Result<TcpListener> {
+        let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        socket.set_reuseport(true)?;
+        socket.bind(addr)?;
+        socket.listen(1024)
+    };
+    bind().map_err(|source| HttpError::Bind { addr, source })
 }
 
 /// Bounds on the connections of one listener.
@@ -274,22 +284,33 @@ fn route(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> 
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET is served\n");
     }
     let path = request.uri().path();
-    if routes.health_only && path != "/healthz" {
-        return text(StatusCode::NOT_FOUND, "this listener serves /healthz only\n");
+    if routes.health_only && path != "/healthz" && path != "/readyz" {
+        return text(StatusCode::NOT_FOUND, "this listener serves /healthz and /readyz only\n");
     }
     match path {
         "/metrics" => Response::builder()
             .header(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
             .body(Full::new(routes.metrics.render()))
             .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n")),
-        "/healthz" => match routes.health.as_ref().map_or(Ok(()), |health| health.check()) {
-            Ok(()) => text(StatusCode::OK, "ok\n"),
-            Err(why) => {
-                let mut response = Response::new(Full::new(Bytes::from(format!("unhealthy: {why}\n"))));
-                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-                response
+        "/healthz" | "/readyz" => {
+            match routes.health.as_ref().map_or(
+                Ok(()),
+                |health| {
+                    if path == "/readyz" {
+                        health.ready()
+                    } else {
+                        health.check()
+                    }
+                },
+            ) {
+                Ok(()) => text(StatusCode::OK, "ok\n"),
+                Err(why) => {
+                    let mut response = Response::new(Full::new(Bytes::from(format!("unhealthy: {why}\n"))));
+                    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    response
+                }
             }
-        },
+        }
         _ if path.starts_with("/api/") => {
             match routes.api.as_ref().and_then(|api| api.get(path, request.uri().query())) {
                 Some((status, body)) => Response::builder()

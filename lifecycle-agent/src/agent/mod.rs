@@ -12,6 +12,7 @@ mod routes;
 mod runtime;
 mod tasks;
 
+use crate::probe::handoff::{self, ListenerRegistry};
 use health::Heartbeats;
 use std::{
     net::SocketAddr,
@@ -76,6 +77,8 @@ pub struct AgentConfig {
     pub listen: SocketAddr,
     /// The kubelet's liveness probe of the agent: `/healthz` alone, on a listener of its own.
     pub health_listen: Option<SocketAddr>,
+    /// Where pod probe listeners are handed to the next agent (`probe/handoff.rs`); None: not.
+    pub handoff_dir: Option<PathBuf>,
     pub sensor: SensorConfig,
     /// How often the ring is drained when the kernel has not woken the agent.
     pub poll: Duration,
@@ -182,6 +185,25 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     // The reader passes at least every poll period, the supervisor every second: allowances
     // far above either, so only a loop that is stuck (not merely busy) fails liveness.
     let heartbeats = Arc::new(Heartbeats::new(Duration::from_secs(5).max(config.poll * 20), Duration::from_secs(10)));
+    let registry = Arc::new(ListenerRegistry::default());
+    let adopted = match &config.handoff_dir {
+        None => Default::default(),
+        Some(dir) => {
+            // First take what a running agent serves, then offer ours (never to ourselves).
+            let adopted = handoff::adopt(dir).unwrap_or_else(|err| {
+                log::warn!("no probe listeners taken from a previous agent: {}", crate::ErrorChain(&err));
+                Default::default()
+            });
+            if !adopted.is_empty() {
+                log::info!("took {} pod probe listener(s) from the running agent", adopted.len());
+            }
+            if let Err(err) = handoff::serve(dir, registry.clone()) {
+                log::warn!("probe listeners will not be handed to a successor: {}", crate::ErrorChain(&err));
+            }
+            adopted
+        }
+    };
+    let supervisor = supervisor.with_handoff(adopted, registry, heartbeats.settled.clone());
     tokio::spawn(supervisor.run(tracker.clone(), Duration::from_secs(1), heartbeats.clone()));
 
     let metadata_wanted = Arc::new(Notify::new());

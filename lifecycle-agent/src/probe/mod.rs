@@ -41,6 +41,7 @@
 
 pub mod check;
 pub mod declaration;
+pub mod handoff;
 pub mod listener;
 pub mod metrics;
 pub mod pod;

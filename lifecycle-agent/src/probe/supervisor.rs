@@ -17,12 +17,16 @@ use crate::ErrorChain;
 use std::{
     collections::{HashMap, HashSet},
     net::SocketAddr,
-    sync::{Arc, Mutex},
-    time::Duration,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
 };
 
 use tokio::sync::watch;
 
+use super::handoff::{Adopted, ListenerFacts, ListenerRegistry, Registration};
 use crate::agent::health::{Heartbeats, Loop};
 use crate::{
     discovery::netns,
@@ -43,6 +47,8 @@ use crate::{
 struct PodListener {
     netns: u32,
     _server: ProbeListener,
+    /// Offered to a successor agent while this listener serves (see `handoff.rs`).
+    _handoff: Option<Registration>,
 }
 
 /// A container with a probe.
@@ -113,9 +119,31 @@ pub struct ProbeSupervisor {
     running: HashMap<ProbeTarget, Probed>,
     declarations: HashMap<(String, String), PodDeclaration>,
     shutdown: watch::Receiver<bool>,
+    /// Listening sockets taken from the previous agent, by netns inode, until their pods claim
+    /// them (or [`ADOPTION_WINDOW`] passes).
+    adopted: Adopted,
+    adopted_until: Instant,
+    /// This agent's listeners, offered to its successor.
+    registry: Arc<ListenerRegistry>,
+    /// Set once adopted listeners are claimed or given up (`/readyz`).
+    settled: Arc<AtomicBool>,
 }
 
+/// How long sockets taken from the previous agent wait for their pods to be known again.
+pub const ADOPTION_WINDOW: Duration = Duration::from_secs(30);
+
 impl ProbeSupervisor {
+    /// Serves the listeners `adopted` from the previous agent (see `handoff.rs`) instead of
+    /// binding new ones, offers its own in `registry`, and sets `settled` once no adopted
+    /// listener waits any more.
+    pub fn with_handoff(mut self, adopted: Adopted, registry: Arc<ListenerRegistry>, settled: Arc<AtomicBool>) -> Self {
+        self.adopted = adopted;
+        self.adopted_until = Instant::now() + ADOPTION_WINDOW;
+        self.registry = registry;
+        self.settled = settled;
+        self
+    }
+
     pub fn new(
         probes: Arc<NodeProbes>,
         metrics: Arc<ProbeMetrics>,
@@ -135,6 +163,10 @@ impl ProbeSupervisor {
             running: HashMap::new(),
             declarations: HashMap::new(),
             shutdown,
+            adopted: Adopted::new(),
+            adopted_until: Instant::now(),
+            registry: Arc::default(),
+            settled: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -212,6 +244,13 @@ impl ProbeSupervisor {
         // Listeners of pods that are gone are dropped, which stops them.
         self.listeners.retain(|pod, _| pods_alive.contains(pod));
         self.declarations.retain(|pod, _| pods_alive.contains(pod) || pods_seen.contains(pod));
+        if !self.adopted.is_empty() && Instant::now() >= self.adopted_until {
+            log::info!("{} probe listener(s) taken from the previous agent matched no pod; closed", self.adopted.len());
+            self.adopted.clear();
+        }
+        if self.adopted.is_empty() {
+            self.settled.store(true, Ordering::Release);
+        }
     }
 
     /// The checks `target`'s pod declared for it, parsing (and reporting on) the pod's
@@ -265,17 +304,35 @@ impl ProbeSupervisor {
         if self.listeners.get(&key).is_some_and(|l| l.netns == netns) {
             return;
         }
-        let path = netns::of_pid(pid);
-        match bind_in_netns(&path, SocketAddr::from(([0, 0, 0, 0], port))) {
+        // The previous agent's socket for this netns, still listening (its backlog kept every
+        // connection made meanwhile); else a new one.
+        let adopted = self.adopted.remove(&netns).filter(|(facts, _)| facts.port == port).map(|(_, l)| l);
+        let was_adopted = adopted.is_some();
+        let bound = match adopted {
+            Some(listener) => Ok(listener),
+            None => bind_in_netns(&netns::of_pid(pid), SocketAddr::from(([0, 0, 0, 0], port))),
+        };
+        match bound {
             Ok(listener) => {
+                let facts = ListenerFacts { namespace: namespace.to_owned(), pod: pod.to_owned(), netns, port };
+                let handoff = match self.registry.register(facts, &listener) {
+                    Ok(registration) => Some(registration),
+                    Err(err) => {
+                        log::warn!("the probe listener of {namespace}/{pod} cannot be offered to a successor: {err}");
+                        None
+                    }
+                };
                 let answer: Arc<dyn ProbeAnswer> = Arc::new(PodRouter::new(self.probes.clone(), &key.0, &key.1));
                 let counters = self.metrics.connection_counters();
                 match ProbeListener::start(listener, answer, self.sources.clone(), counters, ListenerLimits::default())
                 {
                     Ok(server) => {
-                        log::info!("probe listener for {namespace}/{pod} on port {port} in its network namespace");
+                        let how = if was_adopted { "taken over from the previous agent" } else { "bound" };
+                        log::info!(
+                            "probe listener for {namespace}/{pod} on port {port} in its network namespace ({how})"
+                        );
                         // Replacing an old listener (the pod's sandbox changed) drops, and so stops, it.
-                        self.listeners.insert(key, PodListener { netns, _server: server });
+                        self.listeners.insert(key, PodListener { netns, _server: server, _handoff: handoff });
                     }
                     Err(err) => log::warn!("no probe listener for {namespace}/{pod}: {}", ErrorChain(&err)),
                 }

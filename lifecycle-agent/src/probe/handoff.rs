@@ -1,0 +1,384 @@
+//! Pod probe listeners that outlive the agent process: a running agent hands its listening
+//! sockets to its successor, so the kubelet's probes of every pod keep being answered through a
+//! DaemonSet rolling update, an OOM kill followed by a restart, or a crash.
+//!
+//! Each agent with `--handoff-dir` serves a Unix socket there (`handoff.sock`, root only). A new
+//! agent first connects to it: the running one sends one message per pod listener — which pod,
+//! which network namespace (inode) and port — with a duplicate of the listening socket attached
+//! (`SCM_RIGHTS`). From then on both serve the same socket (the kernel hands each queued
+//! connection to one of them), until the old one exits; connections that arrived while neither
+//! accepted wait in the socket's backlog, as they would for any busy server. The new agent
+//! serves an adopted socket as soon as it knows the pod again, and binds no new one for it.
+//! The DaemonSet's update strategy (`maxSurge: 1`, `maxUnavailable: 0`) starts the new pod
+//! before the old one stops, and its readiness (`/readyz`) waits for the adopted sockets.
+//!
+//! A listening socket is only ever received from a root process over the root-only socket, and
+//! is checked to be a listening TCP socket before it is used.
+
+use std::{
+    collections::HashMap,
+    io,
+    mem::size_of,
+    net::TcpListener,
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
+        unix::{fs::PermissionsExt as _, net::UnixListener},
+    },
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// The socket's name in the handoff directory.
+const SOCKET: &str = "handoff.sock";
+/// How long a new agent waits for the running one's answer.
+const RECEIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest message (one listener's description).
+const MAX_MESSAGE: usize = 1024;
+/// Listeners taken per handoff at most (a node runs a few hundred pods).
+pub const MAX_HANDED: usize = 4096;
+
+/// One pod listener as it is handed over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenerFacts {
+    pub namespace: String,
+    pub pod: String,
+    /// Inode of the pod's network namespace, where the socket was bound.
+    pub netns: u32,
+    pub port: u16,
+}
+
+/// The pod listeners of this agent, as the handoff server hands them over.
+#[derive(Default)]
+pub struct ListenerRegistry {
+    entries: Mutex<HashMap<(u32, u16), (ListenerFacts, Arc<OwnedFd>)>>,
+}
+
+/// A listener's place in the registry, given up when dropped (the listener stopped).
+pub struct Registration {
+    registry: Arc<ListenerRegistry>,
+    key: (u32, u16),
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.key);
+    }
+}
+
+impl ListenerRegistry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, u16), (ListenerFacts, Arc<OwnedFd>)>> {
+        self.entries.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Records `listener` (a duplicate of its socket is kept) until the registration is dropped.
+    pub fn register(self: &Arc<Self>, facts: ListenerFacts, listener: &TcpListener) -> io::Result<Registration> {
+        let fd = OwnedFd::from(listener.try_clone()?);
+        let key = (facts.netns, facts.port);
+        self.lock().insert(key, (facts, Arc::new(fd)));
+        Ok(Registration { registry: Arc::clone(self), key })
+    }
+
+    fn snapshot(&self) -> Vec<(ListenerFacts, Arc<OwnedFd>)> {
+        self.lock().values().cloned().collect()
+    }
+}
+
+/// Listeners taken from the previous agent, by network namespace inode.
+pub type Adopted = HashMap<u32, (ListenerFacts, TcpListener)>;
+
+/// Why a handoff did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoffError {
+    /// A socket call failed.
+    #[error("{call} on {path}")]
+    Socket {
+        call: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The peer is not root.
+    #[error("{path}: the peer runs as uid {uid}, not root; nothing taken from it")]
+    NotRoot { path: PathBuf, uid: u32 },
+}
+
+fn socket_error<'a>(call: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> HandoffError + 'a {
+    move |source| HandoffError::Socket { call, path: path.to_owned(), source }
+}
+
+/// Takes the pod listeners of the agent serving `dir`, if one does. No agent there (no socket,
+/// or nobody listening on it): nothing, at once.
+pub fn adopt(dir: &Path) -> Result<Adopted, HandoffError> {
+    let path = dir.join(SOCKET);
+    let fd = seqpacket_socket().map_err(socket_error("socket", &path))?;
+    match connect(&fd, &path) {
+        Ok(()) => {}
+        Err(err) if matches!(err.raw_os_error(), Some(libc::ENOENT | libc::ECONNREFUSED)) => return Ok(Adopted::new()),
+        Err(err) => return Err(socket_error("connect", &path)(err)),
+    }
+    let uid = peer_uid(&fd).map_err(socket_error("SO_PEERCRED", &path))?;
+    if uid != 0 {
+        return Err(HandoffError::NotRoot { path, uid });
+    }
+    set_receive_timeout(&fd, RECEIVE_TIMEOUT).map_err(socket_error("SO_RCVTIMEO", &path))?;
+    let mut adopted = Adopted::new();
+    for _ in 0..MAX_HANDED {
+        let Some((payload, listener)) = receive(&fd).map_err(socket_error("recvmsg", &path))? else { break };
+        let Some(listener) = listener else { continue };
+        let Ok(facts) = serde_json::from_slice::<ListenerFacts>(&payload) else { continue };
+        if is_tcp_listener(&listener) {
+            adopted.insert(facts.netns, (facts, TcpListener::from(listener)));
+        }
+    }
+    Ok(adopted)
+}
+
+/// Serves `dir`'s handoff socket on a thread of its own: every agent that connects gets every
+/// listener in `registry`. The socket is made anew (a previous agent's stays reachable to those
+/// who already connected, not by its name).
+pub fn serve(dir: &Path, registry: Arc<ListenerRegistry>) -> Result<(), HandoffError> {
+    std::fs::create_dir_all(dir).map_err(socket_error("mkdir", dir))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(socket_error("chmod", dir))?;
+    let path = dir.join(SOCKET);
+    let staging = dir.join(format!("{SOCKET}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&staging);
+    let fd = seqpacket_socket().map_err(socket_error("socket", &path))?;
+    bind_listen(&fd, &staging).map_err(socket_error("bind", &staging))?;
+    // Renamed over the old name at once: a successor never finds no socket.
+    std::fs::rename(&staging, &path).map_err(socket_error("rename", &path))?;
+    let listener = UnixListener::from(fd);
+    std::thread::Builder::new()
+        .name("probe-handoff".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let peer = OwnedFd::from(stream);
+                if peer_uid(&peer).ok() != Some(0) {
+                    continue;
+                }
+                let listeners = registry.snapshot();
+                let mut sent = 0;
+                for (facts, socket) in &listeners {
+                    let Ok(payload) = serde_json::to_vec(facts) else { continue };
+                    if send(&peer, &payload, socket.as_raw_fd()).is_ok() {
+                        sent += 1;
+                    }
+                }
+                log::info!("handed {sent} pod probe listener(s) to a new agent; both serve them until this one exits");
+            }
+        })
+        .map_err(socket_error("spawn", &path))?;
+    Ok(())
+}
+
+fn seqpacket_socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) has no memory-safety preconditions; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn unix_address(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain data; all-zero is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_encoded_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    for (to, from) in addr.sun_path.iter_mut().zip(bytes) {
+        *to = *from as libc::c_char;
+    }
+    Ok((addr, size_of::<libc::sockaddr_un>() as libc::socklen_t))
+}
+
+fn connect(fd: &OwnedFd, path: &Path) -> io::Result<()> {
+    let (addr, len) = unix_address(path)?;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes for the duration of the call.
+    let rc = unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn bind_listen(fd: &OwnedFd, path: &Path) -> io::Result<()> {
+    let (addr, len) = unix_address(path)?;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes for the duration of the call.
+    if unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    // SAFETY: listen(2) on an fd we own.
+    if unsafe { libc::listen(fd.as_raw_fd(), 8) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn peer_uid(fd: &OwnedFd) -> io::Result<u32> {
+    // SAFETY: ucred is plain data; all-zero is valid.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+fn set_receive_timeout(fd: &OwnedFd, timeout: Duration) -> io::Result<()> {
+    let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as _ };
+    // SAFETY: setsockopt reads a timeval of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `fd` is a TCP socket in the listening state.
+fn is_tcp_listener(fd: &OwnedFd) -> bool {
+    let option = |name: libc::c_int| -> Option<libc::c_int> {
+        let mut value: libc::c_int = 0;
+        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `value`.
+        let rc = unsafe {
+            libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, name, (&mut value as *mut libc::c_int).cast(), &mut len)
+        };
+        (rc == 0).then_some(value)
+    };
+    option(libc::SO_ACCEPTCONN) == Some(1)
+        && option(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+        && option(libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
+}
+
+/// Room for one fd in a control message.
+const CONTROL_LEN: usize = 64;
+
+/// Sends `payload` with `fd` attached.
+fn send(peer: &OwnedFd, payload: &[u8], fd: RawFd) -> io::Result<()> {
+    let mut iov = libc::iovec { iov_base: payload.as_ptr() as *mut libc::c_void, iov_len: payload.len() };
+    let mut control = [0u8; CONTROL_LEN];
+    // SAFETY: msghdr is plain data; all-zero is valid.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &mut iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE computes a size from a constant.
+    message.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as _;
+    // SAFETY: msg_control points at `control`, large enough for one header and one fd (checked
+    // by CMSG_FIRSTHDR returning non-null).
+    unsafe {
+        let header = libc::CMSG_FIRSTHDR(&message);
+        if header.is_null() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
+    }
+    // SAFETY: every pointer in `message` is valid for the call.
+    if unsafe { libc::sendmsg(peer.as_raw_fd(), &message, libc::MSG_NOSIGNAL) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives one message and the fd attached to it, if any; None at the end.
+fn receive(fd: &OwnedFd) -> io::Result<Option<(Vec<u8>, Option<OwnedFd>)>> {
+    let mut payload = vec![0u8; MAX_MESSAGE];
+    let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
+    let mut control = [0u8; CONTROL_LEN];
+    // SAFETY: msghdr is plain data; all-zero is valid.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &mut iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control.as_mut_ptr().cast();
+    message.msg_controllen = control.len() as _;
+    // SAFETY: every pointer in `message` is valid for the call; MSG_CMSG_CLOEXEC marks received
+    // fds close-on-exec.
+    let got = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut message, libc::MSG_CMSG_CLOEXEC) };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if got == 0 {
+        return Ok(None);
+    }
+    payload.truncate(got as usize);
+    let mut received = None;
+    // SAFETY: the kernel filled `control` up to msg_controllen; the CMSG_* walk stays inside it.
+    unsafe {
+        let mut header = libc::CMSG_FIRSTHDR(&message);
+        while !header.is_null() {
+            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>());
+                // Each received fd is ours to close; only the first is kept.
+                let owned = OwnedFd::from_raw_fd(raw);
+                if received.is_none() {
+                    received = Some(owned);
+                }
+            }
+            header = libc::CMSG_NXTHDR(&message, header);
+        }
+    }
+    if message.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+        return Ok(Some((Vec::new(), None)));
+    }
+    Ok(Some((payload, received)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_agent_takes_every_listener_of_the_running_one_and_both_serve_it() {
+        let dir = std::env::temp_dir().join(format!("lifecycle-handoff-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(adopt(&dir).expect("no agent there").is_empty(), "nothing to take where nobody serves");
+        let registry = Arc::new(ListenerRegistry::default());
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let facts = ListenerFacts { namespace: "shop".into(), pod: "web-1".into(), netns: 4026531999, port };
+        let registration = registry.register(facts.clone(), &listener).expect("register");
+        serve(&dir, Arc::clone(&registry)).expect("serve");
+        let adopted = adopt(&dir).expect("handoff");
+        let (got, taken) = adopted.get(&4026531999).expect("the listener was handed over");
+        assert_eq!(got, &facts);
+        // The same socket: a connection made now is accepted on the adopted copy.
+        let _client = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        drop(listener);
+        taken.set_nonblocking(false).expect("blocking");
+        let (_, from) = taken.accept().expect("accepted on the adopted socket");
+        assert!(from.ip().is_loopback());
+        // A stopped listener is handed over no more.
+        drop(registration);
+        assert!(adopt(&dir).expect("handoff").is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
