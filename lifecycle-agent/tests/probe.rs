@@ -614,7 +614,12 @@ fn four_hundred_held_connections_from_a_node_address_do_not_fail_a_declared_prob
         let asked = Instant::now();
         let answer = kubelet_get(addr, "/probe/process");
         let took = asked.elapsed();
-        assert_eq!(answer, Some((200, "ok\n".into())), "probe {i} after {took:?} beside {} held connections", held.len());
+        assert_eq!(
+            answer,
+            Some((200, "ok\n".into())),
+            "probe {i} after {took:?} beside {} held connections",
+            held.len()
+        );
         assert!(took < Duration::from_secs(1), "probe {i} took {took:?}: past the kubelet's timeout");
         worst = worst.max(took);
     }

@@ -73,6 +73,24 @@ struct PodState {
     checks: Vec<(Option<String>, CheckSpec)>,
     /// The files the declared checks read, refreshed with the rest.
     watched_files: HashSet<String>,
+    /// The ports the declared checks name: always tracked; others only while there is room.
+    declared_ports: HashSet<u16>,
+}
+
+/// Ports tracked per container beyond the declared ones. A pod can listen on every port there
+/// is; only a declared check reads a port's progress.
+pub const MAX_TRACKED_PORTS: usize = 64;
+
+impl PodState {
+    /// The progress of `port`, made with `new` if there is room for it (see
+    /// [`MAX_TRACKED_PORTS`]).
+    fn port_progress(&mut self, port: u16, new: impl FnOnce() -> AcceptProgress) -> Option<&mut AcceptProgress> {
+        let room = self.observed.tcp.len() < MAX_TRACKED_PORTS + self.declared_ports.len();
+        if !self.observed.tcp.contains_key(&port) && !self.declared_ports.contains(&port) && !room {
+            return None;
+        }
+        Some(self.observed.tcp.entry(port).or_insert_with(new))
+    }
 }
 
 impl PodProbe {
@@ -148,6 +166,18 @@ impl PodProbe {
         if t < self.created_ns {
             return false;
         }
+        // Decided before the lock: most events concern no probe.
+        let concerns_us = match &event.detail {
+            Detail::TcpListen(tcp)
+            | Detail::TcpListenClose(tcp)
+            | Detail::TcpEstablished(tcp)
+            | Detail::TcpAccept(tcp) => tcp.netns == self.netns,
+            Detail::Exit { group_dead: true, .. } => event.tgid == self.main_pid,
+            _ => false,
+        };
+        if !concerns_us {
+            return false;
+        }
         let mut state = self.lock();
         match &event.detail {
             Detail::TcpListen(tcp)
@@ -156,7 +186,9 @@ impl PodProbe {
             | Detail::TcpAccept(tcp)
                 if tcp.netns == self.netns =>
             {
-                let progress = state.observed.tcp.entry(tcp.local_port).or_default();
+                let Some(progress) = state.port_progress(tcp.local_port, AcceptProgress::default) else {
+                    return false;
+                };
                 match event.detail {
                     Detail::TcpListen(_) => progress.on_listen(t),
                     Detail::TcpListenClose(_) => progress.on_close(t),
@@ -197,9 +229,17 @@ impl PodProbe {
                 *entry = (entry.0 + 1, entry.1 + l.queue_depth, entry.2.zip(l.backlog).map(|(a, b)| a + b));
             }
             let sole_listener = by_port.len() == 1;
+            // Ports tracked but no longer listed by the kernel were closed unseen (a lost record).
+            for (port, progress) in state.observed.tcp.iter_mut() {
+                if !by_port.contains_key(port) {
+                    progress.reconcile_listeners(now, 0);
+                }
+            }
             for (port, (count, depth, backlog)) in by_port {
-                let progress =
-                    state.observed.tcp.entry(port).or_insert_with(|| AcceptProgress::already_listening(count));
+                let Some(progress) = state.port_progress(port, || AcceptProgress::already_listening(count)) else {
+                    continue;
+                };
+                progress.reconcile_listeners(now, count);
                 if progress.is_listening() {
                     progress.observe_queue(now, QueueSample { depth, backlog, netns_drops: drops, sole_listener });
                 }
@@ -293,6 +333,7 @@ impl PodProbe {
             state.observed.files.insert(path, facts);
         }
         state.watched_files = files;
+        state.declared_ports = labelled.iter().flat_map(|(_, spec)| tcp_ports(spec)).collect();
         state.checks = labelled;
         self.record_all(&state, boottime_ns());
     }
@@ -378,6 +419,14 @@ impl PodState {
         let state =
             if previous.as_ref().is_some_and(|p| p.state == ProcessState::Dead) { ProcessState::Dead } else { state };
         self.observed.process = Some(ProcessFacts::after_sample(previous.as_ref(), pid, state, now));
+    }
+}
+
+fn tcp_ports(spec: &CheckSpec) -> Vec<u16> {
+    match spec {
+        CheckSpec::Tcp { port, .. } => vec![*port],
+        CheckSpec::AllOf(checks) => checks.iter().flat_map(tcp_ports).collect(),
+        _ => Vec::new(),
     }
 }
 

@@ -11,7 +11,7 @@
 //! own threads never change namespace.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     io,
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{
     discovery::netns::{self, NetnsError},
-    model::event::Event,
+    model::event::{Detail, Event},
 };
 
 /// Port of the per-pod probe listener unless configured otherwise.
@@ -133,21 +133,55 @@ fn reason_phrase(status: u16) -> &'static str {
 #[derive(Default)]
 pub struct NodeProbes {
     pods: RwLock<BTreeMap<ProbeTarget, Arc<PodProbe>>>,
+    /// The probes a kernel event can concern, by the event's key: TCP events by network
+    /// namespace, exits by pid. An event costs a lookup, not a walk over every probe.
+    by_netns: RwLock<HashMap<u32, Vec<Arc<PodProbe>>>>,
+    by_pid: RwLock<HashMap<u32, Vec<Arc<PodProbe>>>>,
     metrics: Option<Arc<ProbeMetrics>>,
+}
+
+/// Adds `probe` under `key`, or takes the probe of `target` out of it.
+fn index_add(index: &RwLock<HashMap<u32, Vec<Arc<PodProbe>>>>, key: u32, probe: &Arc<PodProbe>) {
+    index.write().unwrap_or_else(|p| p.into_inner()).entry(key).or_default().push(Arc::clone(probe));
+}
+
+fn index_remove(index: &RwLock<HashMap<u32, Vec<Arc<PodProbe>>>>, key: u32, target: &ProbeTarget) {
+    let mut index = index.write().unwrap_or_else(|p| p.into_inner());
+    if let Some(probes) = index.get_mut(&key) {
+        probes.retain(|p| p.target() != target);
+        if probes.is_empty() {
+            index.remove(&key);
+        }
+    }
 }
 
 impl NodeProbes {
     /// An empty set whose refusals are counted in `metrics`.
     pub fn new(metrics: Option<Arc<ProbeMetrics>>) -> Self {
-        Self { pods: RwLock::default(), metrics }
+        Self { metrics, ..Self::default() }
     }
 
     pub fn insert(&self, probe: Arc<PodProbe>) {
-        self.pods.write().unwrap_or_else(|p| p.into_inner()).insert(probe.target().clone(), probe);
+        let replaced =
+            self.pods.write().unwrap_or_else(|p| p.into_inner()).insert(probe.target().clone(), Arc::clone(&probe));
+        if let Some(old) = replaced {
+            self.unindex(&old);
+        }
+        index_add(&self.by_netns, probe.netns(), &probe);
+        index_add(&self.by_pid, probe.main_pid(), &probe);
     }
 
     pub fn remove(&self, target: &ProbeTarget) -> Option<Arc<PodProbe>> {
-        self.pods.write().unwrap_or_else(|p| p.into_inner()).remove(target)
+        let removed = self.pods.write().unwrap_or_else(|p| p.into_inner()).remove(target);
+        if let Some(probe) = &removed {
+            self.unindex(probe);
+        }
+        removed
+    }
+
+    fn unindex(&self, probe: &PodProbe) {
+        index_remove(&self.by_netns, probe.netns(), probe.target());
+        index_remove(&self.by_pid, probe.main_pid(), probe.target());
     }
 
     pub fn get(&self, target: &ProbeTarget) -> Option<Arc<PodProbe>> {
@@ -165,9 +199,18 @@ impl NodeProbes {
             .collect()
     }
 
-    /// Hands a kernel event to every container it concerns.
+    /// Hands a kernel event to every container it concerns: O(1) in the number of probes.
     pub fn on_event(&self, event: &Event) {
-        for probe in self.pods.read().unwrap_or_else(|p| p.into_inner()).values() {
+        let (index, key) = match &event.detail {
+            Detail::TcpListen(tcp)
+            | Detail::TcpListenClose(tcp)
+            | Detail::TcpEstablished(tcp)
+            | Detail::TcpAccept(tcp) => (&self.by_netns, tcp.netns),
+            Detail::Exit { group_dead: true, .. } => (&self.by_pid, event.tgid),
+            _ => return,
+        };
+        let concerned = index.read().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+        for probe in concerned.into_iter().flatten() {
             probe.on_event(event);
         }
     }

@@ -50,6 +50,9 @@ pub struct AcceptProgress {
     /// Last drop count seen, and when and by how much it last went up while attributed to us.
     drops_seen: Option<u64>,
     overflow: Option<(u64, u64)>,
+    /// When a listen or close event last changed `open`: a /proc sample older than that does not
+    /// overrule it (see [`Self::reconcile_listeners`]).
+    changed_at: Option<u64>,
 }
 
 impl AcceptProgress {
@@ -59,16 +62,18 @@ impl AcceptProgress {
     }
 
     /// A socket started listening on the port.
-    pub fn on_listen(&mut self, _t: u64) {
+    pub fn on_listen(&mut self, t: u64) {
         if self.open == 0 {
             // A new listener after a close: start over.
             *self = Self { drops_seen: self.drops_seen, ..Self::default() };
         }
         self.open += 1;
+        self.changed_at = Some(t);
     }
 
     /// A listening socket closed; the port is closed when the last one goes.
     pub fn on_close(&mut self, t: u64) {
+        self.changed_at = Some(t);
         self.open = self.open.saturating_sub(1);
         if self.open == 0 {
             self.closed_at = Some(t);
@@ -89,6 +94,29 @@ impl AcceptProgress {
         self.waiting.pop_front();
         self.last_accept = Some(t);
         self.queued_since = None;
+    }
+
+    /// Reconciles the open listeners with the kernel's own count of them on the port, sampled at
+    /// `t` (sock_diag, else /proc). A listen or close record lost in the ring (counted in
+    /// `lifecycle_events_lost_total`), or a close whose port the kernel could not name, would
+    /// otherwise leave a dead server's port "listening" for ever. A listen or close event after
+    /// the sample wins over it.
+    pub fn reconcile_listeners(&mut self, t: u64, count: u32) {
+        if self.changed_at.is_some_and(|changed| changed > t) {
+            return;
+        }
+        match (self.open, count) {
+            (open, 0) if open > 0 => {
+                self.open = 1;
+                self.on_close(t);
+            }
+            (0, count) if count > 0 => {
+                *self = Self { drops_seen: self.drops_seen, ..Self::already_listening(count) };
+                self.changed_at = Some(t);
+            }
+            (_, count) if count > 0 => self.open = count,
+            _ => {}
+        }
     }
 
     /// Reconciles with the kernel's own view of the queue and the netns drop counter.
@@ -288,5 +316,24 @@ mod tests {
         // Sole listener: any rise is ours.
         p.observe_queue(9 * S, QueueSample { depth: 0, backlog: Some(4), netns_drops: 13, sole_listener: true });
         assert!(!p.verdict(80, 9 * S, 5 * S).pass);
+    }
+
+    #[test]
+    fn a_lost_close_record_is_repaired_by_the_next_sample_and_a_later_event_wins() {
+        // Issue 18: refresh never closed ports sock_diag no longer showed.
+        let mut p = AcceptProgress::default();
+        p.on_listen(10);
+        assert!(p.is_listening());
+        // The close record was lost; the kernel lists no listener at 20.
+        p.reconcile_listeners(20, 0);
+        assert!(!p.is_listening(), "closed by the sample");
+        // A listen at 30 is newer than a sample taken at 25 that did not see it.
+        p.on_listen(30);
+        p.reconcile_listeners(25, 0);
+        assert!(p.is_listening(), "the event after the sample wins");
+        // A lost listen record: the sample shows one.
+        let mut q = AcceptProgress::default();
+        q.reconcile_listeners(40, 2);
+        assert!(q.is_listening());
     }
 }
