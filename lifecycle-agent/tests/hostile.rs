@@ -17,6 +17,7 @@ use std::{
 use lifecycle_agent::discovery::cgroupfs::CgroupRoot;
 use lifecycle_testkit::{
     agent::{free_port, get, Agent},
+    cgroup::TestCgroup,
     containerd::{start_or_skip, KubeletAnnotations, Pod},
 };
 use serde_json::Value;
@@ -71,6 +72,16 @@ fn dropped(metrics: &str, kind: &str) -> f64 {
     metrics.lines().find_map(|l| l.strip_prefix(&line)?.parse().ok()).unwrap_or(0.0)
 }
 
+/// The value of the first sample whose line starts with `prefix` and contains every one of
+/// `parts`.
+fn sample(metrics: &str, prefix: &str, parts: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix) && parts.iter().all(|p| l.contains(p)))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 #[test]
 fn a_pid_1_flooded_with_ignored_sighups_leaves_the_agent_small_healthy_and_right() {
     let test = "a_pid_1_flooded_with_ignored_sighups_leaves_the_agent_small_healthy_and_right";
@@ -88,6 +99,14 @@ fn a_pid_1_flooded_with_ignored_sighups_leaves_the_agent_small_healthy_and_right
     let graceful = "trap 'exit 0' TERM; while true; do sleep 0.1; done";
     let quiet = h.run_container(&bystander, "app", &["sh", "-c", graceful], &annotations(30), None).expect("container");
     agent.wait(&bystander, "app", "running", |c| state(c) == "running");
+    agent.wait(&attacker, "app", "running", |c| state(c) == "running");
+    // The same flood from outside the container too, as a neighbour sharing its pid namespace
+    // would send it: two loops in a cgroup of their own.
+    let mut outside = TestCgroup::new("hup-flood");
+    let init = init_pid(&attacker, &flooder).to_string();
+    let _outside_loops: Vec<_> = (0..2)
+        .map(|_| outside.spawn(Command::new("/bin/sh").args(["-c", "while :; do kill -HUP \"$0\"; done", &init])))
+        .collect();
     let before = rss_kib(agent.pid());
     let began = Instant::now();
     let mut peak = before;
@@ -99,13 +118,27 @@ fn a_pid_1_flooded_with_ignored_sighups_leaves_the_agent_small_healthy_and_right
         peak = peak.max(rss_kib(agent.pid()));
         std::thread::sleep(Duration::from_millis(500));
     }
-    eprintln!("{test}: agent RSS {before} KiB before, peak {peak} KiB over 30 s; slowest /healthz {slowest:?}");
+    let metrics = agent.metrics();
+    let inside = sample(
+        &metrics,
+        "lifecycle_signals_received_total{",
+        &["pod=\"sighup-flood\"", "signal=\"1\"", "sender=\"same_container\""],
+    );
+    let limited = sample(&metrics, "lifecycle_events_rate_limited_total{kind=\"signal\"}", &[]);
+    let recorded = sample(&metrics, "lifecycle_events_total{kind=\"signal\"}", &[]);
+    eprintln!(
+        "{test}: agent RSS {before} KiB before, peak {peak} KiB over 30 s; slowest /healthz {slowest:?}; \
+         {inside} HUPs from inside counted, {recorded} signal records sent, {limited} rate-limited, {} dropped by the model",
+        dropped(&metrics, "signal")
+    );
     assert!(peak < RSS_BOUND_KIB, "the agent grew to {peak} KiB");
     assert!(slowest < Duration::from_secs(1), "/healthz took {slowest:?}");
-    let metrics = agent.metrics();
-    assert!(dropped(&metrics, "signal") > 0.0, "the flood's records beyond the bound are counted as dropped");
+    assert!(inside > 10_000.0, "the children's HUPs to their init are counted: {inside}");
+    assert!(limited > 0.0, "the outside flood past its cgroup's budget is counted, not sent");
+    assert!(dropped(&metrics, "signal") > 0.0, "the records within the budget past the model's bound are dropped");
+    drop(outside);
 
-    // Other containers' verdicts are still right while the flood goes on...
+    // Other containers' verdicts are still right...
     h.stop_container(&quiet, 30).expect("stop");
     let done = agent.wait(&bystander, "app", "judged", |c| !c["last_termination"].is_null());
     assert_eq!(outcome(&done), "exited_within_grace", "{done:#}");

@@ -306,15 +306,18 @@ pub const fn signal_default_ends_or_stops(signal: u32) -> bool {
 }
 
 /// Whether the kernel programs send a ring record for a signal (SIGCHLD aside: never recorded,
-/// the exit record says it all). Only these reach the agent's termination judge; the rest are
-/// counted per cgroup and number. Recorded: a signal from outside the target's cgroup (runtime,
-/// kubelet, another container or host process), another process's signal to a pid namespace's
-/// init (a container's PID 1), one of [`signal_always_recorded`], and one whose default action
-/// ends or stops the target while the target has no handler installed (it is about to die or
-/// stop of it). Left out: what a container does to itself without consequence (handled or
-/// ignored signals, timer and profiling ticks, Go's SIGURG preemption, also by a Go PID 1 of its
-/// own threads, a JVM's handled SIGSEGV), which the termination verdicts never use: they only
-/// weigh signals to the init from outside the container.
+/// the exit record says it all), budget permitting (a sending cgroup gets
+/// [`defaults::SIGNAL_RECORDS_PER_SECOND`]). Only these reach the agent's termination judge; the
+/// rest are counted per cgroup and number. Recorded: a signal from outside the target's cgroup
+/// (runtime, kubelet, another container or host process); inside it, one of
+/// [`signal_always_recorded`] and one whose default action ends or stops the target while the
+/// target has no handler installed (it is about to die or stop of it), except when it is another
+/// process's signal to a pid namespace's init (a container's PID 1). Left out: what a container
+/// does to itself without consequence (handled or ignored signals, a child flooding its init
+/// with SIGHUPs it ignores, timer and profiling ticks, Go's SIGURG preemption, also by a Go PID 1
+/// of its own threads, a JVM's handled SIGSEGV), which the termination verdicts never use: they
+/// only weigh signals to the init from outside the container (and the kernel ignores a signal
+/// without a handler that an init gets from inside its namespace).
 pub const fn signal_is_recorded(
     signal: u32,
     from_outside: bool,
@@ -322,9 +325,8 @@ pub const fn signal_is_recorded(
     default_handler: bool,
 ) -> bool {
     from_outside
-        || to_other_process_namespace_init
-        || signal_always_recorded(signal)
-        || (default_handler && signal_default_ends_or_stops(signal))
+        || (!to_other_process_namespace_init
+            && (signal_always_recorded(signal) || (default_handler && signal_default_ends_or_stops(signal))))
 }
 
 /// Per-CPU, per-kind delivery statistics (index = [`EventKind`] discriminant).
@@ -337,6 +339,13 @@ pub struct KindStats {
     pub lost: u64,
     /// Counter updates that failed because the per-cgroup map was full.
     pub counter_map_full: u64,
+    /// Records not sent because their cgroup had spent its budget (signals: see
+    /// [`defaults::SIGNAL_RECORDS_PER_SECOND`]); the counts stay exact.
+    pub rate_limited: u64,
+    /// Listening sockets whose port could not be remembered for their close record: the
+    /// listener map was full, or their cgroup had its quota of entries
+    /// ([`defaults::LISTENERS_PER_CGROUP`]).
+    pub listener_ports_full: u64,
 }
 
 /// Byte offsets of the kernel struct members the programs read, computed by the agent from
@@ -447,6 +456,16 @@ pub mod defaults {
     pub const COUNTER_ENTRIES: u32 = 4 * 1024;
     /// Entries in the listening-socket -> port map.
     pub const LISTENER_ENTRIES: u32 = 16 * 1024;
+    /// Entries of that map one cgroup may hold: a pod listening on every port fills its own
+    /// quota, not the node's map (past it, its closes carry no port; others' are untouched).
+    pub const LISTENERS_PER_CGROUP: u64 = 1024;
+    /// Signal records one sending cgroup may cause per second, on average, and in a burst: a
+    /// container flooding signals costs the ring this much and is counted beyond it
+    /// (`rate_limited`); the runtime's and the kubelet's cgroups have budgets of their own, so
+    /// a flood never pushes out the stop signals verdicts need. A stop storm of a whole node
+    /// (TERM and KILL to every container from the runtime's cgroup) fits in the burst.
+    pub const SIGNAL_RECORDS_PER_SECOND: u64 = 200;
+    pub const SIGNAL_RECORDS_BURST: u64 = 2048;
 }
 
 // Sizes are part of the ABI: the decoder checks record lengths against these.
@@ -458,7 +477,7 @@ const _: () = assert!(core::mem::size_of::<OomVictimEvent>() == 32 + 8 + 8 + 16)
 const _: () = assert!(core::mem::size_of::<TcpEvent>() == 32 + 8 + 4 + 8 + 4);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + 8 + 8 + CGROUP_PATH_LEN);
 const _: () = assert!(core::mem::size_of::<CgroupCounters>() == 9 * 8 + SIGNAL_SLOTS * 8);
-const _: () = assert!(core::mem::size_of::<KindStats>() == 3 * 8);
+const _: () = assert!(core::mem::size_of::<KindStats>() == 5 * 8);
 const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 41 * 4);
 const _: () = assert!(core::mem::size_of::<ProgramSettings>() == 16);
 // Every record starts with the header, so the kind can be read before the type is known.
@@ -515,10 +534,16 @@ mod tests {
         const SIGALRM: u32 = 14;
         const SIGTSTP: u32 = 20;
         const SIGPROF: u32 = 27;
-        // From outside the cgroup, or to a container's init: always.
+        // From outside the cgroup: always, to the init too.
         for signal in 1..=64 {
             assert!(signal_is_recorded(signal, true, false, false), "{signal} from outside");
-            assert!(signal_is_recorded(signal, false, true, false), "{signal} to an init");
+            assert!(signal_is_recorded(signal, true, true, true), "{signal} from outside to an init");
+        }
+        // Inside it, another process's signal to the container's init: never (issue 18: a child
+        // flooding its init with ignored SIGHUPs).
+        for signal in 1..=64 {
+            assert!(!signal_is_recorded(signal, false, true, false), "{signal} to an init from inside");
+            assert!(!signal_is_recorded(signal, false, true, true), "{signal} to an init from inside");
         }
         // Inside the container, to another process: stop requests and uncatchable ones always...
         for signal in [SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGSTOP, 32, 64] {

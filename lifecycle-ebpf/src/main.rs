@@ -28,7 +28,7 @@ use aya_ebpf::{
         bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
     },
     macros::{btf_tracepoint, map, tracepoint},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use lifecycle_common::{
@@ -101,6 +101,17 @@ static LISTENER_PORTS: HashMap<u64, u16> = HashMap::with_max_entries(defaults::L
 
 #[map]
 static KIND_STATS: PerCpuArray<KindStats> = PerCpuArray::with_max_entries(EVENT_KIND_COUNT as u32, 0);
+
+/// Listening sockets each cgroup has in LISTENER_PORTS now (entries exist while non-zero), for
+/// the per-cgroup quota.
+#[map]
+static LISTENERS_PER_CGROUP: HashMap<u64, u64> = HashMap::with_max_entries(defaults::LISTENER_ENTRIES, 0);
+
+/// Per sending cgroup, the signal-record budget as a GCRA "theoretical arrival time" (boot ns):
+/// one u64, no division on the hot path. LRU: a cgroup idle long enough to be evicted has its
+/// whole burst again anyway.
+#[map]
+static SIGNAL_BUDGET: LruHashMap<u64, u64> = LruHashMap::with_max_entries(defaults::COUNTER_ENTRIES, 0);
 
 const ZERO_COUNTERS: CgroupCounters = CgroupCounters {
     execs: 0,
@@ -268,6 +279,22 @@ fn send_waking<T: 'static>(kind: EventKind, cgroup: u64, record: T, urgent: bool
         }
         None => lost(kind, cgroup),
     }
+}
+
+/// Whether `cgroup` may send one more record of its budget at `now` (GCRA: a record every
+/// `1 s / SIGNAL_RECORDS_PER_SECOND` on average, `SIGNAL_RECORDS_BURST` at once). Two CPUs
+/// updating the same cgroup at once may each pass: the bound is approximate by a record or two.
+#[inline(always)]
+fn within_signal_budget(cgroup: u64, now: u64) -> bool {
+    const INTERVAL_NS: u64 = 1_000_000_000 / defaults::SIGNAL_RECORDS_PER_SECOND;
+    const TOLERANCE_NS: u64 = INTERVAL_NS * (defaults::SIGNAL_RECORDS_BURST - 1);
+    // SAFETY: the value is copied out at once.
+    let tat = unsafe { SIGNAL_BUDGET.get(&cgroup) }.copied().unwrap_or(0).max(now);
+    if tat - now > TOLERANCE_NS {
+        return false;
+    }
+    let _ = SIGNAL_BUDGET.insert(&cgroup, &(tat + INTERVAL_NS), 0);
+    true
 }
 
 #[inline(always)]

@@ -1,5 +1,7 @@
 //! Signals (`signal_generate`): every signal counted per target cgroup; recorded only when a
-//! verdict may use it (to a container's init, fatal or stop signals, from outside the cgroup).
+//! verdict or a timeline may use it (from outside the cgroup; inside it, stop requests and
+//! signals fatal to their target, but never another process's signal to the container's init
+//! that it handles or ignores), and within the sending cgroup's budget.
 
 use super::*;
 use crate::process::is_namespace_init;
@@ -55,16 +57,18 @@ fn try_signal(ctx: &BtfTracePointContext) -> Result<(), i64> {
     if signal == SIGCHLD {
         return Ok(());
     }
+    // SAFETY: helper without preconditions.
+    let time_ns = unsafe { bpf_ktime_get_boot_ns() };
+    // Each sending cgroup has a budget of records: a container flooding signals (at its own
+    // PID 1, at a neighbour in a shared pid namespace) is counted beyond it, not recorded, and
+    // cannot crowd out the runtime's or the kubelet's stop signals, which spend budgets of
+    // their own cgroups.
+    if !within_signal_budget(cgroup_id, time_ns) {
+        stat(EventKind::Signal, offset_of!(KindStats, rate_limited));
+        return Ok(());
+    }
     let record = SignalEvent {
-        header: EventHeader {
-            kind: EventKind::Signal as u32,
-            pid: pid_tgid as u32,
-            tgid,
-            _pad: 0,
-            // SAFETY: helper without preconditions.
-            time_ns: unsafe { bpf_ktime_get_boot_ns() },
-            cgroup_id,
-        },
+        header: EventHeader { kind: EventKind::Signal as u32, pid: pid_tgid as u32, tgid, _pad: 0, time_ns, cgroup_id },
         signal,
         result: ctx.arg::<u64>(4) as i32,
         target_pid: read::<u32>(target, off!(task_pid))?,
@@ -83,16 +87,18 @@ fn try_signal(ctx: &BtfTracePointContext) -> Result<(), i64> {
 /// test first. A field that cannot be read counts as "record it".
 #[inline(always)]
 fn recorded_inside_cgroup(signal: u32, target: *const u8, to_self: bool) -> bool {
+    // Another process's signal to the container's PID 1 (the process, so ask of the target's
+    // group leader): the container doing something to itself. The verdicts only weigh signals to
+    // the init from outside the container, and the kernel ignores a signal the init has no
+    // handler for when it comes from inside its namespace; a child flooding its init with
+    // SIGHUPs it ignores must cost a count, not a record (issue 18). Counted by number.
+    if !to_self && read_ptr(target, off!(task_group_leader)).is_ok_and(is_namespace_init) {
+        return false;
+    }
     if signal_always_recorded(signal) {
         return true;
     }
-    if signal_default_ends_or_stops(signal) && handler(target, signal).is_none_or(|handler| handler == SIG_DFL) {
-        return true;
-    }
-    // Another process's signal to a pid namespace's init (the process, so ask of the target's
-    // group leader). An init signalling itself (a Go runtime as PID 1 preempting its threads
-    // with SIGURG, timers) is no request to stop.
-    !to_self && read_ptr(target, off!(task_group_leader)).map_or(true, is_namespace_init)
+    signal_default_ends_or_stops(signal) && handler(target, signal).is_none_or(|handler| handler == SIG_DFL)
 }
 
 /// The target's handler for standard signal `signal` (1-31): `task->sighand->action[signal - 1]

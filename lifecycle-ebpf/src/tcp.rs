@@ -69,16 +69,15 @@ fn try_sock_state(ctx: &BtfTracePointContext) -> Result<(), i64> {
     let mut facts = socket_facts(sk)?;
     let key = sk as u64;
     match kind {
-        EventKind::TcpListen => {
-            // A full map only costs the port on the close record; the listen is still counted.
-            let _ = LISTENER_PORTS.insert(&key, &facts.local_port, 0);
-        }
+        EventKind::TcpListen => remember_port(key, facts.cgroup_id, facts.local_port),
         EventKind::TcpListenClose => {
             // SAFETY: the value is copied out immediately; the entry is removed right after.
             if let Some(port) = unsafe { LISTENER_PORTS.get(&key) } {
                 facts.local_port = *port;
+                if LISTENER_PORTS.remove(&key).is_ok() {
+                    count_listener(facts.cgroup_id, false);
+                }
             }
-            let _ = LISTENER_PORTS.remove(&key);
         }
         _ => {}
     }
@@ -87,6 +86,45 @@ fn try_sock_state(ctx: &BtfTracePointContext) -> Result<(), i64> {
     }
     send(kind, facts.cgroup_id, tcp_record(kind, &facts, -1));
     Ok(())
+}
+
+/// Remembers a listening socket's port for its close record, within the cgroup's quota of
+/// entries: a pod listening on every port fills its own quota, not the node's map. Past either
+/// bound only the port of the close record is missing (counted; the agent's refresh closes the
+/// port from the kernel's own list).
+#[inline(always)]
+fn remember_port(key: u64, cgroup: u64, port: u16) {
+    // SAFETY: the value is only tested for presence.
+    if unsafe { LISTENER_PORTS.get(&key) }.is_some() {
+        // listen(2) again on a listening socket: the same entry, counted once.
+        let _ = LISTENER_PORTS.insert(&key, &port, 0);
+        return;
+    }
+    // SAFETY: the value is copied out at once.
+    let held = unsafe { LISTENERS_PER_CGROUP.get(&cgroup) }.copied().unwrap_or(0);
+    if held >= defaults::LISTENERS_PER_CGROUP || LISTENER_PORTS.insert(&key, &port, 0).is_err() {
+        stat(EventKind::TcpListen, offset_of!(KindStats, listener_ports_full));
+        return;
+    }
+    count_listener(cgroup, true);
+}
+
+/// One more (or one fewer) entry of `cgroup` in LISTENER_PORTS; its count goes when it is zero.
+#[inline(always)]
+fn count_listener(cgroup: u64, added: bool) {
+    // SAFETY: the value is copied out at once.
+    let held = unsafe { LISTENERS_PER_CGROUP.get(&cgroup) }.copied().unwrap_or(0);
+    match (added, held) {
+        (true, held) => {
+            let _ = LISTENERS_PER_CGROUP.insert(&cgroup, &(held + 1), 0);
+        }
+        (false, 0 | 1) => {
+            let _ = LISTENERS_PER_CGROUP.remove(&cgroup);
+        }
+        (false, held) => {
+            let _ = LISTENERS_PER_CGROUP.insert(&cgroup, &(held - 1), 0);
+        }
+    }
 }
 
 /// `syscalls/sys_exit_accept4` and `sys_exit_accept`: `long ret` sits at offset 16 of the record

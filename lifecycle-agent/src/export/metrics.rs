@@ -217,6 +217,7 @@ struct KernelStatsCollector {
     agent: Arc<AgentCounters>,
     submitted: IntCounterVec,
     lost: IntCounterVec,
+    rate_limited: IntCounterVec,
     map_full: IntCounterVec,
     decode_errors: IntCounterVec,
     map_entries: IntGaugeVec,
@@ -233,6 +234,14 @@ impl KernelStatsCollector {
         let lost = IntCounterVec::new(
             Opts::new("events_lost_total", "Event records lost because the ring buffer was full, by kind. Counters stay exact; only the records are missing.")
                 .namespace(NAMESPACE),
+            &["kind"],
+        )?;
+        let rate_limited = IntCounterVec::new(
+            Opts::new(
+                "events_rate_limited_total",
+                "Event records not sent because the sending cgroup had spent its budget (signals: 200/s, bursts of 2,048), by kind. Counters stay exact.",
+            )
+            .namespace(NAMESPACE),
             &["kind"],
         )?;
         let map_full = IntCounterVec::new(
@@ -253,11 +262,18 @@ impl KernelStatsCollector {
             &["map", "measure"],
         )?;
         map_entries.with_label_values(&["cgroup_counters", "capacity"]).set(i64::from(capacity));
-        let descs = [&submitted.desc(), &lost.desc(), &map_full.desc(), &decode_errors.desc(), &map_entries.desc()]
-            .into_iter()
-            .flat_map(|d| d.iter().map(|desc| (*desc).clone()))
-            .collect();
-        Ok(Self { maps, agent, submitted, lost, map_full, decode_errors, map_entries, descs })
+        let descs = [
+            &submitted.desc(),
+            &lost.desc(),
+            &rate_limited.desc(),
+            &map_full.desc(),
+            &decode_errors.desc(),
+            &map_entries.desc(),
+        ]
+        .into_iter()
+        .flat_map(|d| d.iter().map(|desc| (*desc).clone()))
+        .collect();
+        Ok(Self { maps, agent, submitted, lost, rate_limited, map_full, decode_errors, map_entries, descs })
     }
 }
 
@@ -272,7 +288,11 @@ impl Collector for KernelStatsCollector {
             let s = stats[kind as usize];
             set_counter(&self.submitted.with_label_values(&[kind.name()]), s.submitted);
             set_counter(&self.lost.with_label_values(&[kind.name()]), s.lost);
+            set_counter(&self.rate_limited.with_label_values(&[kind.name()]), s.rate_limited);
             set_counter(&self.map_full.with_label_values(&["cgroup_counters", kind.name()]), s.counter_map_full);
+            if kind == EventKind::TcpListen {
+                set_counter(&self.map_full.with_label_values(&["listener_ports", kind.name()]), s.listener_ports_full);
+            }
         }
         set_counter(
             &self.decode_errors.with_label_values(&[] as &[&str]),
@@ -283,7 +303,7 @@ impl Collector for KernelStatsCollector {
             .with_label_values(&["cgroup_counters", "used"])
             .set(i64::try_from(entries).unwrap_or(i64::MAX));
         let mut out = Vec::new();
-        for c in [&self.submitted, &self.lost, &self.map_full, &self.decode_errors] {
+        for c in [&self.submitted, &self.lost, &self.rate_limited, &self.map_full, &self.decode_errors] {
             out.extend(c.collect());
         }
         out.extend(self.map_entries.collect());

@@ -294,6 +294,8 @@ impl SensorMaps {
                     slot.submitted += cpu.submitted;
                     slot.lost += cpu.lost;
                     slot.counter_map_full += cpu.counter_map_full;
+                    slot.rate_limited += cpu.rate_limited;
+                    slot.listener_ports_full += cpu.listener_ports_full;
                 }
             }
         }
