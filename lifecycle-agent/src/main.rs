@@ -53,6 +53,10 @@ struct StatusArgs {
     /// the pod's service-account token, when there is one).
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Send the token to a --server that is not a loopback address, over plain HTTP (anyone on
+    /// the path could read and reuse it). Without this, a token is only sent to loopback.
+    #[arg(long)]
+    insecure_send_token: bool,
 }
 
 /// Where a pod's service-account token is mounted.
@@ -377,6 +381,20 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
         None => std::fs::read_to_string(SERVICE_ACCOUNT_TOKEN).ok(),
     };
     let token = token.as_deref().map(str::trim);
+    // A bearer token crossing the network in clear is a credential given away: only with consent.
+    let token = match token {
+        Some(_) if !args.server.ip().is_loopback() && !args.insecure_send_token => {
+            if args.token_file.is_some() {
+                anyhow::bail!(
+                    "refusing to send the token to {} over plain HTTP (not a loopback address); pass \
+                     --insecure-send-token to send it anyway",
+                    args.server
+                );
+            }
+            None
+        }
+        token => token,
+    };
     loop {
         let body = lifecycle_agent::cli::status::fetch(args.server, token).await?;
         match args.output {

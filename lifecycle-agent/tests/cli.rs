@@ -192,3 +192,17 @@ fn unknown_cgroup_filter_is_refused() {
     require_privileges!();
     one_sentence_failure(&["events", "--cgroup", "/no/such/cgroup"], "is not a cgroup directory");
 }
+
+#[test]
+fn status_never_sends_a_token_in_clear_to_another_host_unless_told() {
+    // Issue 18: `status` sent the service-account token over plain HTTP to any --server.
+    let token = std::env::temp_dir().join(format!("lifecycle-cli-token-{}", std::process::id()));
+    std::fs::write(&token, "secret-token\n").expect("token file");
+    let token_path = token.to_string_lossy().into_owned();
+    // 192.0.2.1 (TEST-NET-1) is never reached: the refusal comes before any connection.
+    one_sentence_failure(
+        &["status", "--server", "192.0.2.1:9890", "--token-file", &token_path],
+        "refusing to send the token to 192.0.2.1:9890 over plain HTTP",
+    );
+    let _ = std::fs::remove_file(&token);
+}

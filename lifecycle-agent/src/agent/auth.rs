@@ -6,16 +6,20 @@
 //! `discovery::kube::review`). `/metrics` and `/healthz` stay open, as Prometheus and the
 //! kubelet's probes expect.
 //!
-//! Answers are cached per (token, access): allowed for [`ALLOWED_TTL`], refused for
-//! [`REFUSED_TTL`], at most [`CACHE_ENTRIES`]. Reviews run at most [`REVIEWS_IN_FLIGHT`] at a time,
-//! each within [`REVIEW_TIMEOUT`]: a client sending a new token on every request costs the API
-//! server a bounded rate and delays no cached client (each connection is its own task). A request
-//! without a token is refused at once, without asking anyone. When the API cannot answer, the
-//! gate fails closed (503), and no answer is cached.
+//! Answers are cached per (token, access), keyed by a keyed 128-bit digest of the token (the
+//! tokens themselves are not kept): allowed for [`ALLOWED_TTL`], refused for [`REFUSED_TTL`], in
+//! two tables of at most [`CACHE_ENTRIES`] each, so refusals — a client cycling forged tokens —
+//! can never push out an allowed reader's answer. Reviews run at most [`REVIEWS_IN_FLIGHT`] at a
+//! time, each within [`REVIEW_TIMEOUT`], plus [`TRUSTED_REVIEWS`] kept for tokens the API server
+//! allowed within [`TRUSTED_MEMORY`]: a flood of new tokens costs the API server a bounded rate
+//! and cannot make a reader already allowed wait for a slot. A request without a token is
+//! refused at once, without asking anyone. When the API cannot answer, the gate fails closed
+//! (503), and no answer is cached.
 
 use std::{
-    collections::HashMap,
+    collections::{hash_map::RandomState, HashMap},
     future::Future,
+    hash::BuildHasher as _,
     pin::Pin,
     sync::Mutex,
     time::{Duration, Instant},
@@ -34,10 +38,15 @@ use crate::{
 pub const ALLOWED_TTL: Duration = Duration::from_secs(60);
 /// How long a refusal is remembered (a new binding takes at most this long to work).
 pub const REFUSED_TTL: Duration = Duration::from_secs(10);
-/// Cached answers kept; when full, expired ones go, then all.
+/// Cached answers kept, allowed and refused each; when full, expired ones go, then those that
+/// expire soonest.
 pub const CACHE_ENTRIES: usize = 1024;
 /// Reviews the agent has in flight at once.
 pub const REVIEWS_IN_FLIGHT: usize = 8;
+/// Reviews kept for tokens allowed recently (see [`TRUSTED_MEMORY`]), beside the others.
+pub const TRUSTED_REVIEWS: usize = 2;
+/// How long a token the API server allowed keeps its place among [`TRUSTED_REVIEWS`].
+pub const TRUSTED_MEMORY: Duration = Duration::from_secs(600);
 /// The most one review (TokenReview + SubjectAccessReview), or the wait for a slot, may take.
 pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longer bearer tokens are refused unread (service-account tokens are ~1 KiB, OIDC ones a few).
@@ -75,12 +84,47 @@ pub enum Verdict {
     Unavailable,
 }
 
+/// A token's digest: two SipHash-1-3 outputs with keys random per process, so nobody outside can
+/// make two tokens collide, and the tokens themselves are not kept.
+type TokenDigest = u128;
+type Key = (TokenDigest, AccessRequest);
+
+/// The cached answers.
+#[derive(Default)]
+struct Cache {
+    allowed: HashMap<Key, (Access, Instant)>,
+    refused: HashMap<Key, (Access, Instant)>,
+    /// Tokens allowed lately, until when their reviews may use the trusted slots.
+    trusted: HashMap<TokenDigest, Instant>,
+}
+
+/// Makes room in `table` (at most [`CACHE_ENTRIES`]) for one more entry: expired ones go, then
+/// the one expiring soonest.
+fn make_room<K: Clone + Eq + std::hash::Hash, V>(
+    table: &mut HashMap<K, V>,
+    expires: impl Fn(&V) -> Instant,
+    now: Instant,
+) {
+    if table.len() < CACHE_ENTRIES {
+        return;
+    }
+    table.retain(|_, value| expires(value) > now);
+    while table.len() >= CACHE_ENTRIES {
+        let Some(soonest) = table.iter().min_by_key(|(_, value)| expires(value)).map(|(key, _)| key.clone()) else {
+            return;
+        };
+        table.remove(&soonest);
+    }
+}
+
 /// The gate in front of `/api/*`.
 pub struct ApiGate {
     /// None: authentication was asked for, but the agent has no Kubernetes API.
     reviewer: Option<Box<dyn Reviewer>>,
-    cache: Mutex<HashMap<(String, AccessRequest), (Access, Instant)>>,
+    cache: Mutex<Cache>,
+    digest_keys: (RandomState, RandomState),
     slots: Semaphore,
+    trusted_slots: Semaphore,
     reviews: IntCounterVec,
 }
 
@@ -102,19 +146,37 @@ impl ApiGate {
         if let Some(registry) = registry {
             registry.register(Box::new(reviews.clone()))?;
         }
-        Ok(Self { reviewer, cache: Mutex::new(HashMap::new()), slots: Semaphore::new(REVIEWS_IN_FLIGHT), reviews })
+        Ok(Self {
+            reviewer,
+            cache: Mutex::new(Cache::default()),
+            digest_keys: (RandomState::new(), RandomState::new()),
+            slots: Semaphore::new(REVIEWS_IN_FLIGHT),
+            trusted_slots: Semaphore::new(TRUSTED_REVIEWS),
+            reviews,
+        })
+    }
+
+    fn digest(&self, token: &str) -> TokenDigest {
+        let (a, b) = (self.digest_keys.0.hash_one(token), self.digest_keys.1.hash_one(token));
+        (u128::from(a) << 64) | u128::from(b)
     }
 
     /// Decides on a request for `path` with the `Authorization` header `authorization`.
     pub async fn check(&self, authorization: Option<&[u8]>, path: &str) -> Verdict {
+        self.check_at(authorization, path, Instant::now()).await
+    }
+
+    async fn check_at(&self, authorization: Option<&[u8]>, path: &str, now: Instant) -> Verdict {
         let Some(token) = authorization.and_then(bearer_token) else { return Verdict::Unauthenticated };
         let Some(reviewer) = self.reviewer.as_deref() else { return Verdict::Unavailable };
-        let key = (token.to_owned(), access_request(path));
-        if let Some(access) = self.cached(&key, Instant::now()) {
+        let key = (self.digest(token), access_request(path));
+        if let Some(access) = self.cached(&key, now) {
             return verdict(&access);
         }
+        let trusted = self.is_trusted(key.0, now);
         let asked = tokio::time::timeout(REVIEW_TIMEOUT, async {
-            let _slot = self.slots.acquire().await.ok()?;
+            let slots = if trusted { &self.trusted_slots } else { &self.slots };
+            let _slot = slots.acquire().await.ok()?;
             Some(reviewer.review(token, &key.1).await)
         })
         .await;
@@ -130,7 +192,7 @@ impl ApiGate {
                 };
                 self.reviews.with_label_values(&[result]).inc();
                 let verdict = verdict(&access);
-                self.remember(key, access, Instant::now());
+                self.remember(key, access, now);
                 verdict
             }
             Ok(Some(Err(err))) => {
@@ -145,27 +207,37 @@ impl ApiGate {
         }
     }
 
-    fn cached(&self, key: &(String, AccessRequest), now: Instant) -> Option<Access> {
+    fn cached(&self, key: &Key, now: Instant) -> Option<Access> {
         let cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
-        cache.get(key).filter(|(_, expires)| *expires > now).map(|(access, _)| access.clone())
+        let live =
+            |entry: Option<&(Access, Instant)>| entry.filter(|(_, expires)| *expires > now).map(|(a, _)| a.clone());
+        live(cache.allowed.get(key)).or_else(|| live(cache.refused.get(key)))
     }
 
-    fn remember(&self, key: (String, AccessRequest), access: Access, now: Instant) {
-        let ttl = if matches!(access, Access::Allowed { .. }) { ALLOWED_TTL } else { REFUSED_TTL };
+    fn is_trusted(&self, token: TokenDigest, now: Instant) -> bool {
+        let cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        cache.trusted.get(&token).is_some_and(|until| *until > now)
+    }
+
+    fn remember(&self, key: Key, access: Access, now: Instant) {
         let mut cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
-        if cache.len() >= CACHE_ENTRIES {
-            cache.retain(|_, (_, expires)| *expires > now);
+        if matches!(access, Access::Allowed { .. }) {
+            make_room(&mut cache.trusted, |until| *until, now);
+            cache.trusted.insert(key.0, now + TRUSTED_MEMORY);
+            make_room(&mut cache.allowed, |(_, expires)| *expires, now);
+            cache.refused.remove(&key);
+            cache.allowed.insert(key, (access, now + ALLOWED_TTL));
+        } else {
+            make_room(&mut cache.refused, |(_, expires)| *expires, now);
+            cache.allowed.remove(&key);
+            cache.refused.insert(key, (access, now + REFUSED_TTL));
         }
-        if cache.len() >= CACHE_ENTRIES {
-            // Full of live answers (a client cycling tokens): start over rather than grow.
-            cache.clear();
-        }
-        cache.insert(key, (access, now + ttl));
     }
 
     #[cfg(test)]
     fn cached_entries(&self) -> usize {
-        self.cache.lock().unwrap_or_else(|poison| poison.into_inner()).len()
+        let cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        cache.allowed.len() + cache.refused.len()
     }
 }
 
@@ -297,12 +369,71 @@ mod tests {
         let (gate, _) = gate();
         let now = Instant::now();
         for n in 0..CACHE_ENTRIES * 3 {
-            gate.remember((format!("t{n}"), AccessRequest::ListContainers), Access::Unauthenticated, now);
+            gate.remember((gate.digest(&format!("t{n}")), AccessRequest::ListContainers), Access::Unauthenticated, now);
             assert!(gate.cached_entries() <= CACHE_ENTRIES);
         }
-        let key = ("t".to_owned(), AccessRequest::ListContainers);
+        let key = (gate.digest("t"), AccessRequest::ListContainers);
         gate.remember(key.clone(), Access::Allowed { user: "u".into() }, now);
         assert!(gate.cached(&key, now + ALLOWED_TTL - Duration::from_secs(1)).is_some());
         assert!(gate.cached(&key, now + ALLOWED_TTL).is_none(), "expired");
+    }
+
+    /// Allows "good"; leaves every "slow-*" token's review pending for ever; the rest are unknown.
+    struct Stalling {
+        calls: Arc<AtomicUsize>,
+    }
+
+    impl Reviewer for Stalling {
+        fn review<'a>(&'a self, token: &'a str, _: &'a AccessRequest) -> ReviewFuture<'a> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                match token {
+                    "good" => Ok(Access::Allowed { user: "sre".into() }),
+                    slow if slow.starts_with("slow-") => std::future::pending().await,
+                    _ => Ok(Access::Unauthenticated),
+                }
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_forged_tokens_neither_evicts_nor_delays_a_reader_already_allowed() {
+        // Issue 18: forged tokens flushed the review cache (real readers locked out).
+        let calls = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(ApiGate::new(Some(Box::new(Stalling { calls: calls.clone() })), None).expect("gate"));
+        let good = Some(&b"Bearer good"[..]);
+        let t0 = Instant::now();
+        assert_eq!(gate.check_at(good, "/api/v1/containers", t0).await, Verdict::Pass);
+        for n in 0..CACHE_ENTRIES * 4 {
+            let forged = format!("Bearer forged-{n}");
+            assert_eq!(
+                gate.check_at(Some(forged.as_bytes()), "/api/v1/containers", t0).await,
+                Verdict::Unauthenticated
+            );
+        }
+        let reviews = calls.load(Ordering::SeqCst);
+        assert_eq!(gate.check_at(good, "/api/v1/containers", t0).await, Verdict::Pass);
+        assert_eq!(calls.load(Ordering::SeqCst), reviews, "the reader's answer is still cached");
+        // Every ordinary review slot held by reviews that never end...
+        let stuck: Vec<_> = (0..REVIEWS_IN_FLIGHT)
+            .map(|n| {
+                let gate = Arc::clone(&gate);
+                tokio::spawn(async move {
+                    let token = format!("Bearer slow-{n}");
+                    gate.check_at(Some(token.as_bytes()), "/api/v1/containers", t0).await
+                })
+            })
+            .collect();
+        while calls.load(Ordering::SeqCst) < reviews + REVIEWS_IN_FLIGHT {
+            tokio::task::yield_now().await;
+        }
+        // ...the reader, its answer expired, is reviewed at once in a slot kept for it.
+        let later = t0 + ALLOWED_TTL + Duration::from_secs(1);
+        let asked = Instant::now();
+        assert_eq!(gate.check_at(good, "/api/v1/containers", later).await, Verdict::Pass);
+        assert!(asked.elapsed() < Duration::from_secs(1), "waited {:?}", asked.elapsed());
+        for task in stuck {
+            task.abort();
+        }
     }
 }

@@ -58,6 +58,10 @@ pub struct Routes {
     pub gate: Option<ApiGate>,
     /// What `/healthz` answers from; None: always ok (tests of the other routes).
     pub health: Option<Arc<Heartbeats>>,
+    /// Sources whose `/api/v1/probe/...` requests the gate lets through without a token: the
+    /// kubelet probes host-network pods from the node's own addresses and sends no token. The
+    /// same rule as the pod probe listeners (`--probe-allow-from`); only declared checks answer.
+    pub probe_sources: Option<crate::probe::source::SourceFilter>,
     /// Serve `/healthz` alone (the health listener).
     pub health_only: bool,
 }
@@ -65,7 +69,14 @@ pub struct Routes {
 impl Routes {
     /// The health listener's routes: `/healthz` from `health`, nothing else.
     pub fn health_only(health: Arc<Heartbeats>) -> Self {
-        Self { metrics: Metrics::bare(), api: None, gate: None, health: Some(health), health_only: true }
+        Self {
+            metrics: Metrics::bare(),
+            api: None,
+            gate: None,
+            health: Some(health),
+            probe_sources: None,
+            health_only: true,
+        }
     }
 }
 
@@ -213,7 +224,7 @@ pub async fn serve_within(
             let service = service_fn(move |request| {
                 let routes = Arc::clone(&routes);
                 async move {
-                    if let Some(refusal) = check_access(&routes, &request).await {
+                    if let Some(refusal) = check_access(&routes, &request, peer.ip()).await {
                         return Ok::<_, Infallible>(refusal);
                     }
                     let response = route(&routes, &request);
@@ -258,10 +269,13 @@ fn release_free_memory() {
 }
 
 /// The refusal for an `/api/*` request the gate does not let through; None to serve it.
-async fn check_access(routes: &Routes, request: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+async fn check_access(routes: &Routes, request: &Request<Incoming>, peer: IpAddr) -> Option<Response<Full<Bytes>>> {
     let gate = routes.gate.as_ref()?;
     let path = request.uri().path();
     if !path.starts_with("/api/") {
+        return None;
+    }
+    if path.starts_with("/api/v1/probe/") && routes.probe_sources.as_ref().is_some_and(|s| s.allows(peer)) {
         return None;
     }
     let authorization = request.headers().get(header::AUTHORIZATION).map(|value| value.as_bytes());
@@ -339,8 +353,14 @@ mod tests {
     async fn listener_with(limits: Limits) -> (SocketAddr, watch::Sender<bool>) {
         let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let routes =
-            Arc::new(Routes { metrics: Metrics::bare(), api: None, gate: None, health: None, health_only: false });
+        let routes = Arc::new(Routes {
+            metrics: Metrics::bare(),
+            api: None,
+            gate: None,
+            health: None,
+            probe_sources: None,
+            health_only: false,
+        });
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(serve_within(listener, routes, stopped, limits));
         (addr, stop)
@@ -462,5 +482,42 @@ mod tests {
         let mut answer = String::new();
         let _ = stream.read_to_string(&mut answer).await;
         assert!(answer.starts_with("HTTP/1.0 404"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn the_kubelets_probes_of_host_network_pods_need_no_token_from_a_node_address() {
+        // Issue 18: with --api-auth kubernetes, host-network pods' probes through /api/v1/probe
+        // could not work (the kubelet sends no token).
+        let serve_with = |sources: Option<crate::probe::source::SourceFilter>| async move {
+            let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let routes = Arc::new(Routes {
+                metrics: Metrics::bare(),
+                api: None,
+                // No Kubernetes API: every request that needs a token fails closed (503).
+                gate: Some(ApiGate::new(None, None).expect("gate")),
+                health: None,
+                probe_sources: sources,
+                health_only: false,
+            });
+            let (stop, stopped) = watch::channel(false);
+            tokio::spawn(serve_within(listener, routes, stopped, Limits::default()));
+            (addr, stop)
+        };
+        let get = |addr: SocketAddr, path: &'static str| async move {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            stream.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).await.expect("write");
+            let mut answer = String::new();
+            let _ = stream.read_to_string(&mut answer).await;
+            answer
+        };
+        let loopback = crate::probe::source::SourceFilter::new(&["127.0.0.0/8".parse().expect("cidr")]);
+        let (addr, _stop) = serve_with(Some(loopback)).await;
+        // From an allowed source the probe path passes the gate (and, with no API here, is 404).
+        assert!(get(addr, "/api/v1/probe/ns/pod/app?check=process").await.starts_with("HTTP/1.0 404"));
+        // Everything else still needs a token.
+        assert!(get(addr, "/api/v1/containers").await.starts_with("HTTP/1.0 401"));
+        let (addr, _stop) = serve_with(None).await;
+        assert!(get(addr, "/api/v1/probe/ns/pod/app?check=process").await.starts_with("HTTP/1.0 401"));
     }
 }

@@ -175,6 +175,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let probe_metrics = ProbeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let node_probes = Arc::new(NodeProbes::new(Some(probe_metrics.clone())));
     let sources = SourceFilter::new(&config.probe_allow_from);
+    let probe_sources = sources.clone();
     let supervisor = ProbeSupervisor::new(
         node_probes.clone(),
         probe_metrics.clone(),
@@ -243,6 +244,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         api: Some(Arc::new(api)),
         gate,
         health: Some(heartbeats.clone()),
+        probe_sources: Some(probe_sources),
         health_only: false,
     });
     let server = tokio::spawn(http::serve(listener, routes, shutdown.clone()));
