@@ -121,7 +121,8 @@ impl Declaration {
             (Some(owner), Some(named)) if owner != named => {
                 return Err(refuse(
                     RefusalReason::Unparsable,
-                    format!("container={named} in the path of a probe of container {owner}"),
+                    // Escaped: these are the pod's words, on their way to the agent's log.
+                    format!("container={named:?} in the path of a probe of container {owner:?}"),
                 ))
             }
             (Some(owner), _) => Some(owner.to_owned()),
@@ -130,7 +131,7 @@ impl Declaration {
         if let Some(path) = forbidden_file(&spec) {
             return Err(refuse(
                 RefusalReason::ForbiddenPath,
-                format!("file checks may not look under /proc, /sys or /dev ({path})"),
+                format!("file checks may not look under /proc, /sys or /dev ({path:?})"),
             ));
         }
         let check = DeclaredCheck { container, spec };

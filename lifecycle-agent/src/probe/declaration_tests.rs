@@ -111,3 +111,19 @@ fn long_entries_are_shortened_in_refusals() {
     let (_, refusals) = Declaration::from_annotation(&entry);
     assert_eq!(refusals[0].entry.chars().count(), EXCERPT_CHARS + 3);
 }
+
+#[test]
+fn refusals_quote_the_pods_words_so_they_cannot_forge_log_lines() {
+    // Issue 18: declaration values reached the logs unescaped.
+    let mut declaration = Declaration::default();
+    let refusal = declaration
+        .add(None, "/probe/file?path=/proc/1/environ%0Alevel=INFO%20msg=forged")
+        .expect_err("a file under /proc is refused");
+    let line = refusal.to_string();
+    assert!(!line.contains('\n'), "{line}");
+    assert!(line.contains("\\n"), "the newline is shown escaped: {line}");
+    let refusal = declaration
+        .add(Some("app"), "/probe/process?container=other%0Aforged")
+        .expect_err("another container's name is refused");
+    assert!(!refusal.to_string().contains('\n'), "{refusal}");
+}
