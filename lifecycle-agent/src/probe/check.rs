@@ -217,10 +217,29 @@ impl CheckSpec {
     }
 
     /// Canonical text of the check (stable; used as the `check` label of per-pod metrics).
+    ///
+    /// At most [`MAX_CHECK_LABEL`] bytes: a longer one (a long file path) keeps its start and ends
+    /// in a digest of the whole, so distinct checks keep distinct labels and the same check gets
+    /// the same label after a restart.
     pub fn label(&self) -> String {
-        self.to_string()
+        let full = self.to_string();
+        if full.len() <= MAX_CHECK_LABEL {
+            return full;
+        }
+        // FNV-1a, 64 bits: stable across runs (series continue over restarts).
+        let digest =
+            full.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        let mut cut = MAX_CHECK_LABEL - 18;
+        while !full.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        format!("{}~{digest:016x}", &full[..cut])
     }
 }
+
+/// Longest `check` label value (Prometheus handles long ones, but every byte is repeated in each
+/// of a check's series and scrape).
+pub const MAX_CHECK_LABEL: usize = 128;
 
 impl fmt::Display for CheckSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -148,3 +148,18 @@ fn all_of_reports_the_first_failure_and_the_earliest_deadline() {
     let missing = parse("/tcp", "port=9").expect("parses");
     assert_eq!(missing.evaluate(&observed, 0), Verdict::fail("no listener on port 9"));
 }
+
+#[test]
+fn check_labels_are_bounded_and_stay_distinct() {
+    // Issue 18: a long declared path became a `check` label of any length.
+    let long = |tail: &str| CheckSpec::File {
+        path: format!("/{}{tail}", "d/".repeat(1000)),
+        max_age_ns: None,
+        contains: None,
+    };
+    let (a, b) = (long("a"), long("b"));
+    assert!(a.label().len() <= MAX_CHECK_LABEL, "{}", a.label().len());
+    assert_ne!(a.label(), b.label(), "distinct checks keep distinct labels");
+    assert_eq!(a.label(), long("a").label(), "the same check, the same label");
+    assert_eq!(CheckSpec::Tcp { port: 8080, stall_ns: 1 }.label(), "tcp:8080");
+}
