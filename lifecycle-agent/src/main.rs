@@ -103,9 +103,14 @@ struct RunArgs {
     /// (TokenReview) whose user may `list containers` or `get probes` (of the pod's namespace)
     /// in API group lifecycle.dev (SubjectAccessReview; deploy/rbac.yaml's lifecycle-api-reader
     /// role grants both); refused 401/403, and 503 while the API cannot answer. /metrics and
-    /// /healthz stay open.
+    /// /healthz stay open unless --metrics-auth says otherwise.
     #[arg(long, value_enum, default_value = "none")]
     api_auth: ApiAuthArg,
+    /// Who may read /metrics: `none` (anyone who reaches --listen), or `kubernetes`: a bearer
+    /// token whose user may `get` the non-resource URL /metrics (the RBAC Prometheus already has
+    /// for the kubelet's metrics), as kube-rbac-proxy does. Needs --api-auth kubernetes.
+    #[arg(long, value_enum, default_value = "none")]
+    metrics_auth: ApiAuthArg,
     /// How long a departed container's status and series are kept (e.g. 10m, 90s).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     series_retention: Duration,
@@ -313,6 +318,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         node_name: args.node_name,
         events: args.events,
         api_auth: args.api_auth == ApiAuthArg::Kubernetes,
+        metrics_auth: args.metrics_auth == ApiAuthArg::Kubernetes,
         cri_refresh: Duration::from_secs(10),
         series_retention: args.series_retention,
         pod_probe_port: (args.pod_probe_port != 0).then_some(args.pod_probe_port),

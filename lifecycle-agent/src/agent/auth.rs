@@ -121,6 +121,8 @@ fn make_room<K: Clone + Eq + std::hash::Hash, V>(
 pub struct ApiGate {
     /// None: authentication was asked for, but the agent has no Kubernetes API.
     reviewer: Option<Box<dyn Reviewer>>,
+    /// `/metrics` needs a token too (`--metrics-auth kubernetes`).
+    metrics: bool,
     cache: Mutex<Cache>,
     digest_keys: (RandomState, RandomState),
     slots: Semaphore,
@@ -148,12 +150,24 @@ impl ApiGate {
         }
         Ok(Self {
             reviewer,
+            metrics: false,
             cache: Mutex::new(Cache::default()),
             digest_keys: (RandomState::new(), RandomState::new()),
             slots: Semaphore::new(REVIEWS_IN_FLIGHT),
             trusted_slots: Semaphore::new(TRUSTED_REVIEWS),
             reviews,
         })
+    }
+
+    /// Puts `/metrics` behind the gate too: `get` on the non-resource URL `/metrics`.
+    pub fn with_metrics(mut self) -> Self {
+        self.metrics = true;
+        self
+    }
+
+    /// Whether `/metrics` is behind the gate.
+    pub fn covers_metrics(&self) -> bool {
+        self.metrics
     }
 
     fn digest(&self, token: &str) -> TokenDigest {
@@ -244,6 +258,9 @@ impl ApiGate {
 /// What reading `path` needs: the probe of one pod, or (for the container list and for anything
 /// else, which answers 404 to whoever may list containers) the list of the node's containers.
 pub fn access_request(path: &str) -> AccessRequest {
+    if path == "/metrics" {
+        return AccessRequest::GetMetrics;
+    }
     let probe = path.strip_prefix("/api/v1/probe/").and_then(|rest| {
         let mut parts = rest.split('/');
         let (namespace, pod) = (parts.next()?, parts.next()?);
@@ -312,6 +329,7 @@ mod tests {
         assert_eq!(access_request("/api/v1/containers"), AccessRequest::ListContainers);
         assert_eq!(access_request("/api/v1/probe/team-a/web-0/app"), probe("team-a", "web-0"));
         assert_eq!(access_request("/api/v1/probe/team-a/web-0"), probe("team-a", "web-0"));
+        assert_eq!(access_request("/metrics"), AccessRequest::GetMetrics);
         for other in ["/api/v1/probe/", "/api/v1/probe/ns", "/api/v1/probe//pod/c", "/api/v2/x", "/api/"] {
             assert_eq!(access_request(other), AccessRequest::ListContainers, "{other}");
         }

@@ -67,6 +67,13 @@ pub struct Routes {
 }
 
 impl Routes {
+    /// Whether `/metrics` goes through the gate too (`--metrics-auth kubernetes`).
+    fn metrics_gated(&self) -> bool {
+        self.gate.as_ref().is_some_and(ApiGate::covers_metrics)
+    }
+}
+
+impl Routes {
     /// The health listener's routes: `/healthz` from `health`, nothing else.
     pub fn health_only(health: Arc<Heartbeats>) -> Self {
         Self {
@@ -272,7 +279,7 @@ fn release_free_memory() {
 async fn check_access(routes: &Routes, request: &Request<Incoming>, peer: IpAddr) -> Option<Response<Full<Bytes>>> {
     let gate = routes.gate.as_ref()?;
     let path = request.uri().path();
-    if !path.starts_with("/api/") {
+    if !path.starts_with("/api/") && !(path == "/metrics" && routes.metrics_gated()) {
         return None;
     }
     if path.starts_with("/api/v1/probe/") && routes.probe_sources.as_ref().is_some_and(|s| s.allows(peer)) {
@@ -519,5 +526,33 @@ mod tests {
         assert!(get(addr, "/api/v1/containers").await.starts_with("HTTP/1.0 401"));
         let (addr, _stop) = serve_with(None).await;
         assert!(get(addr, "/api/v1/probe/ns/pod/app?check=process").await.starts_with("HTTP/1.0 401"));
+    }
+
+    #[tokio::test]
+    async fn metrics_auth_puts_metrics_behind_the_gate_and_leaves_health_open() {
+        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let routes = Arc::new(Routes {
+            metrics: Metrics::bare(),
+            api: None,
+            gate: Some(ApiGate::new(None, None).expect("gate").with_metrics()),
+            health: None,
+            probe_sources: None,
+            health_only: false,
+        });
+        let (_stop, stopped) = watch::channel(false);
+        tokio::spawn(serve_within(listener, routes, stopped, Limits::default()));
+        let get = |request: &'static str| async move {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            stream.write_all(request.as_bytes()).await.expect("write");
+            let mut answer = String::new();
+            let _ = stream.read_to_string(&mut answer).await;
+            answer
+        };
+        assert!(get("GET /metrics HTTP/1.0\r\n\r\n").await.starts_with("HTTP/1.0 401"));
+        // A token, but no API server to ask here: fails closed.
+        let with_token = get("GET /metrics HTTP/1.0\r\nAuthorization: Bearer t\r\n\r\n").await;
+        assert!(with_token.starts_with("HTTP/1.0 503"), "{with_token}");
+        assert!(get("GET /healthz HTTP/1.0\r\n\r\n").await.starts_with("HTTP/1.0 200"));
     }
 }

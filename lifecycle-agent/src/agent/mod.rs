@@ -102,6 +102,8 @@ pub struct AgentConfig {
     pub events: bool,
     /// Require a bearer token allowed by the API server for `/api/*` (`--api-auth kubernetes`).
     pub api_auth: bool,
+    /// The same for `/metrics` (`--metrics-auth kubernetes`; needs `api_auth`).
+    pub metrics_auth: bool,
 }
 
 /// Why the agent stopped.
@@ -233,9 +235,13 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
             if reviewer.is_none() {
                 log::warn!("--api-auth kubernetes without a Kubernetes API: every /api/* request is refused (503)");
             }
-            Some(auth::ApiGate::new(reviewer, Some(metrics.registry())).map_err(MetricsError::from)?)
+            let gate = auth::ApiGate::new(reviewer, Some(metrics.registry())).map_err(MetricsError::from)?;
+            Some(if config.metrics_auth { gate.with_metrics() } else { gate })
         }
     };
+    if config.metrics_auth && !config.api_auth {
+        log::warn!("--metrics-auth kubernetes needs --api-auth kubernetes: /metrics stays open");
+    }
     let listener = http::bind(config.listen).await?;
     log::info!("serving /metrics, /healthz and /api/v1/containers on http://{}", config.listen);
     let api = ContainersApi { tracker: tracker.clone(), probes: node_probes.clone() };

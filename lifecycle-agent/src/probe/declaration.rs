@@ -123,7 +123,7 @@ impl Declaration {
                     RefusalReason::Unparsable,
                     // Escaped: these are the pod's words, on their way to the agent's log.
                     format!("container={named:?} in the path of a probe of container {owner:?}"),
-                ))
+                ));
             }
             (Some(owner), _) => Some(owner.to_owned()),
             (None, named) => named,

@@ -16,7 +16,7 @@
 
 use k8s_openapi::api::{
     authentication::v1::{TokenReview, TokenReviewSpec},
-    authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+    authorization::v1::{NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
 };
 use kube::{
     api::{Api, PostParams},
@@ -35,22 +35,32 @@ pub enum AccessRequest {
     /// One pod's probe answers (`/api/v1/probe/<namespace>/<pod>/...`): `get` on `probes`, named
     /// after the pod, in its namespace.
     GetProbe { namespace: String, pod: String },
+    /// `/metrics` with `--metrics-auth kubernetes`: `get` on the non-resource URL `/metrics`, the
+    /// permission Prometheus' service accounts already have for the kubelet's and the API
+    /// server's own metrics (as kube-rbac-proxy asks).
+    GetMetrics,
 }
 
 impl AccessRequest {
-    fn attributes(&self) -> ResourceAttributes {
+    fn resource_attributes(&self) -> Option<ResourceAttributes> {
         let (verb, resource, namespace, name) = match self {
             Self::ListContainers => ("list", "containers", None, None),
             Self::GetProbe { namespace, pod } => ("get", "probes", Some(namespace.clone()), Some(pod.clone())),
+            Self::GetMetrics => return None,
         };
-        ResourceAttributes {
+        Some(ResourceAttributes {
             group: Some(GROUP.to_owned()),
             resource: Some(resource.to_owned()),
             verb: Some(verb.to_owned()),
             namespace,
             name,
             ..ResourceAttributes::default()
-        }
+        })
+    }
+
+    fn non_resource_attributes(&self) -> Option<NonResourceAttributes> {
+        matches!(self, Self::GetMetrics)
+            .then(|| NonResourceAttributes { path: Some("/metrics".to_owned()), verb: Some("get".to_owned()) })
     }
 }
 
@@ -84,8 +94,8 @@ pub async fn review(client: &Client, token: &str, request: &AccessRequest) -> Re
             groups: user.groups,
             uid: user.uid,
             extra: user.extra,
-            non_resource_attributes: None,
-            resource_attributes: Some(wanted.attributes()),
+            non_resource_attributes: wanted.non_resource_attributes(),
+            resource_attributes: wanted.resource_attributes(),
         },
         ..SubjectAccessReview::default()
     };

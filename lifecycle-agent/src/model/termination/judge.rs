@@ -243,7 +243,7 @@ impl TerminationTracker {
     pub fn on_listener_accept(&mut self, time: u64) -> Retention {
         // Only accepts after the stop signal are judged; a busy server must not grow this list:
         // they are counted, and the first ones' times kept.
-        if !self.signals.first_stop.as_ref().is_some_and(|stop| time > stop.time) {
+        if self.signals.first_stop.as_ref().is_none_or(|stop| time <= stop.time) {
             return Retention::Kept;
         }
         self.accepts_after_stop += 1;
