@@ -279,7 +279,8 @@ fn release_free_memory() {
 async fn check_access(routes: &Routes, request: &Request<Incoming>, peer: IpAddr) -> Option<Response<Full<Bytes>>> {
     let gate = routes.gate.as_ref()?;
     let path = request.uri().path();
-    if !path.starts_with("/api/") && !(path == "/metrics" && routes.metrics_gated()) {
+    let gated = path.starts_with("/api/") || (path == "/metrics" && routes.metrics_gated());
+    if !gated {
         return None;
     }
     if path.starts_with("/api/v1/probe/") && routes.probe_sources.as_ref().is_some_and(|s| s.allows(peer)) {

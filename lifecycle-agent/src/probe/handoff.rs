@@ -50,10 +50,13 @@ pub struct ListenerFacts {
     pub port: u16,
 }
 
+/// Registered listeners by (netns inode, port).
+type Entries = HashMap<(u32, u16), (ListenerFacts, Arc<OwnedFd>)>;
+
 /// The pod listeners of this agent, as the handoff server hands them over.
 #[derive(Default)]
 pub struct ListenerRegistry {
-    entries: Mutex<HashMap<(u32, u16), (ListenerFacts, Arc<OwnedFd>)>>,
+    entries: Mutex<Entries>,
 }
 
 /// A listener's place in the registry, given up when dropped (the listener stopped).
@@ -69,7 +72,7 @@ impl Drop for Registration {
 }
 
 impl ListenerRegistry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, u16), (ListenerFacts, Arc<OwnedFd>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
