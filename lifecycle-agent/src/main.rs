@@ -31,7 +31,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Load the kernel programs and serve /metrics and /healthz until SIGINT or SIGTERM.
-    Run(RunArgs),
+    // Boxed: the run flags are many; the other commands' are few.
+    Run(Box<RunArgs>),
     /// Print decoded kernel events as JSON lines (the debugging view).
     Events(EventsArgs),
     /// Show containers as a running agent sees them (kubectl-like table).
@@ -54,9 +55,14 @@ struct StatusArgs {
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// Send the token to a --server that is not a loopback address, over plain HTTP (anyone on
-    /// the path could read and reuse it). Without this, a token is only sent to loopback.
+    /// the path could read and reuse it). Without this, a token is only sent to loopback or
+    /// over TLS.
     #[arg(long)]
     insecure_send_token: bool,
+    /// Speak HTTPS to --server (an agent run with --tls-cert-file), trusting the CA certificates
+    /// in this PEM file; the agent's certificate must name --server's address.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
 }
 
 /// Where a pod's service-account token is mounted.
@@ -111,6 +117,14 @@ struct RunArgs {
     /// for the kubelet's metrics), as kube-rbac-proxy does. Needs --api-auth kubernetes.
     #[arg(long, value_enum, default_value = "none")]
     metrics_auth: ApiAuthArg,
+    /// Serve --listen over HTTPS with this PEM certificate chain (and --tls-key-file): with
+    /// --api-auth kubernetes, clients send bearer tokens, which must not cross the network in
+    /// clear. The health and pod probe listeners stay plain HTTP.
+    #[arg(long, requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of --tls-cert-file.
+    #[arg(long, requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
     /// How long a departed container's status and series are kept (e.g. 10m, 90s).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     series_retention: Duration,
@@ -261,7 +275,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run(args).await,
+            Command::Run(args) => run(*args).await,
             Command::Events(args) => events(args).await,
             Command::Status(args) => status(args).await,
         }
@@ -319,6 +333,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         events: args.events,
         api_auth: args.api_auth == ApiAuthArg::Kubernetes,
         metrics_auth: args.metrics_auth == ApiAuthArg::Kubernetes,
+        tls: args.tls_cert_file.zip(args.tls_key_file),
         cri_refresh: Duration::from_secs(10),
         series_retention: args.series_retention,
         pod_probe_port: (args.pod_probe_port != 0).then_some(args.pod_probe_port),
@@ -387,13 +402,17 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
         None => std::fs::read_to_string(SERVICE_ACCOUNT_TOKEN).ok(),
     };
     let token = token.as_deref().map(str::trim);
+    let transport = match &args.ca_file {
+        Some(ca_file) => lifecycle_agent::cli::status::Transport::Tls { ca_file: ca_file.clone() },
+        None => lifecycle_agent::cli::status::Transport::Plain,
+    };
     // A bearer token crossing the network in clear is a credential given away: only with consent.
     let token = match token {
-        Some(_) if !args.server.ip().is_loopback() && !args.insecure_send_token => {
+        Some(_) if !args.server.ip().is_loopback() && !transport.is_encrypted() && !args.insecure_send_token => {
             if args.token_file.is_some() {
                 anyhow::bail!(
-                    "refusing to send the token to {} over plain HTTP (not a loopback address); pass \
-                     --insecure-send-token to send it anyway",
+                    "refusing to send the token to {} over plain HTTP (not a loopback address); serve \
+                     --listen over TLS and pass --ca-file, or --insecure-send-token to send it anyway",
                     args.server
                 );
             }
@@ -402,7 +421,7 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
         token => token,
     };
     loop {
-        let body = lifecycle_agent::cli::status::fetch(args.server, token).await?;
+        let body = lifecycle_agent::cli::status::fetch(args.server, token, &transport).await?;
         match args.output {
             OutputFormat::Json => println!("{body}"),
             OutputFormat::Table => {

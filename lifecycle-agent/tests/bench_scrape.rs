@@ -164,7 +164,15 @@ fn serve(runtime: &tokio::runtime::Runtime, metrics: Metrics, stop: tokio::sync:
     let addr = listener.local_addr().expect("addr").to_string();
     runtime.spawn(http::serve(
         listener,
-        Arc::new(Routes { metrics, api: None, gate: None, health: None, probe_sources: None, health_only: false }),
+        Arc::new(Routes {
+            metrics,
+            api: None,
+            gate: None,
+            health: None,
+            probe_sources: None,
+            health_only: false,
+            tls: None,
+        }),
         stop,
     ));
     addr

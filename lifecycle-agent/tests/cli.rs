@@ -206,3 +206,65 @@ fn status_never_sends_a_token_in_clear_to_another_host_unless_told() {
     );
     let _ = std::fs::remove_file(&token);
 }
+
+/// A self-signed certificate for 127.0.0.1 and its key, made with openssl in `dir`.
+fn self_signed(dir: &std::path::Path, name: &str) -> (String, String) {
+    let (cert, key) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=lifecycle-test", "-addext", "subjectAltName=IP:127.0.0.1"])
+        // An end-entity certificate that is its own trust anchor (webpki refuses a CA as the
+        // server's certificate).
+        .args(["-addext", "basicConstraints=critical,CA:FALSE", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl");
+    assert!(made.status.success(), "{made:?}");
+    (cert.to_string_lossy().into_owned(), key.to_string_lossy().into_owned())
+}
+
+#[test]
+fn status_reads_an_agent_serving_tls_and_trusts_only_its_ca() {
+    // Issue 18: with --api-auth kubernetes, bearer tokens crossed the node network in clear.
+    require_privileges!();
+    let dir = std::env::temp_dir().join(format!("lifecycle-cli-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (cert, key) = self_signed(&dir, "agent");
+    let (other, _) = self_signed(&dir, "other");
+    let (addr, health) = ("127.0.0.1:19894", "127.0.0.1:19895");
+    let mut agent = KillOnDrop(
+        Command::new(AGENT)
+            .args([
+                "run",
+                "--listen",
+                addr,
+                "--health-listen",
+                health,
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+            ])
+            .spawn()
+            .expect("start agent"),
+    );
+    wait_healthy(health, &mut agent.0);
+    let status =
+        |ca: &str| Command::new(AGENT).args(["status", "--server", addr, "--ca-file", ca, "-o", "json"]).output();
+    let read = status(&cert).expect("status");
+    assert!(read.status.success(), "{read:?}");
+    assert!(String::from_utf8_lossy(&read.stdout).contains("\"containers\""), "{read:?}");
+    // Not the agent's CA: refused, nothing sent.
+    let refused = status(&other).expect("status");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("TLS with the agent at 127.0.0.1:19894 failed"),
+        "{refused:?}"
+    );
+    // Plain HTTP gets no HTTP answer from the TLS listener.
+    assert!(http_get(addr, "/metrics").is_none_or(|answer| !answer.starts_with("HTTP/1.")));
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -64,6 +64,8 @@ pub struct Routes {
     pub probe_sources: Option<crate::probe::source::SourceFilter>,
     /// Serve `/healthz` alone (the health listener).
     pub health_only: bool,
+    /// Serve HTTPS with this (`--tls-cert-file`); None: plain HTTP.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Routes {
@@ -83,6 +85,7 @@ impl Routes {
             health: Some(health),
             probe_sources: None,
             health_only: true,
+            tls: None,
         }
     }
 }
@@ -226,6 +229,7 @@ pub async fn serve_within(
             continue;
         };
         let routes = Arc::clone(&routes);
+        let tls = routes.tls.clone();
         tokio::spawn(async move {
             let _slot = (slot, place);
             let service = service_fn(move |request| {
@@ -245,11 +249,29 @@ pub async fn serve_within(
                     Ok::<_, Infallible>(response)
                 }
             });
-            let connection = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.head_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(limits.lifetime, connection).await {
+            let builder = {
+                let mut builder = http1::Builder::new();
+                builder.timer(TokioTimer::new()).header_read_timeout(limits.head_timeout);
+                builder
+            };
+            let served = async {
+                match tls {
+                    None => builder.serve_connection(TokioIo::new(stream), service).await,
+                    // The handshake counts against the connection's life like the request head.
+                    Some(acceptor) => match tokio::time::timeout(limits.head_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => builder.serve_connection(TokioIo::new(stream), service).await,
+                        Ok(Err(err)) => {
+                            log::debug!("TLS handshake with {peer} failed: {err}");
+                            Ok(())
+                        }
+                        Err(_) => {
+                            log::debug!("TLS handshake with {peer} not done within {:?}", limits.head_timeout);
+                            Ok(())
+                        }
+                    },
+                }
+            };
+            match tokio::time::timeout(limits.lifetime, served).await {
                 Ok(Err(err)) => log::debug!("HTTP connection from {peer} ended with an error: {err}"),
                 Err(_) => log::debug!("HTTP connection from {peer} cut after {:?}", limits.lifetime),
                 Ok(Ok(())) => {}
@@ -368,6 +390,7 @@ mod tests {
             health: None,
             probe_sources: None,
             health_only: false,
+            tls: None,
         });
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(serve_within(listener, routes, stopped, limits));
@@ -507,6 +530,7 @@ mod tests {
                 health: None,
                 probe_sources: sources,
                 health_only: false,
+                tls: None,
             });
             let (stop, stopped) = watch::channel(false);
             tokio::spawn(serve_within(listener, routes, stopped, Limits::default()));
@@ -540,6 +564,7 @@ mod tests {
             health: None,
             probe_sources: None,
             health_only: false,
+            tls: None,
         });
         let (_stop, stopped) = watch::channel(false);
         tokio::spawn(serve_within(listener, routes, stopped, Limits::default()));

@@ -11,6 +11,7 @@ mod reader;
 mod routes;
 mod runtime;
 mod tasks;
+pub mod tls;
 
 use crate::probe::handoff::{self, ListenerRegistry};
 use health::Heartbeats;
@@ -104,6 +105,8 @@ pub struct AgentConfig {
     pub api_auth: bool,
     /// The same for `/metrics` (`--metrics-auth kubernetes`; needs `api_auth`).
     pub metrics_auth: bool,
+    /// Serve `--listen` over TLS with this (certificate chain, key) PEM pair.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// Why the agent stopped.
@@ -121,6 +124,9 @@ pub enum AgentError {
     /// The HTTP listener could not be bound.
     #[error(transparent)]
     Http(#[from] HttpError),
+    /// `--tls-cert-file`/`--tls-key-file` could not be used.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     /// Reading the event ring failed.
     #[error(transparent)]
     Stream(#[from] StreamError),
@@ -242,8 +248,21 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     if config.metrics_auth && !config.api_auth {
         log::warn!("--metrics-auth kubernetes needs --api-auth kubernetes: /metrics stays open");
     }
+    let tls = match &config.tls {
+        Some((cert, key)) => Some(tls::acceptor(cert, key)?),
+        None => {
+            if config.api_auth && !config.listen.ip().is_loopback() {
+                log::warn!(
+                    "--api-auth kubernetes on {} without --tls-cert-file: bearer tokens cross the network in clear",
+                    config.listen
+                );
+            }
+            None
+        }
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let listener = http::bind(config.listen).await?;
-    log::info!("serving /metrics, /healthz and /api/v1/containers on http://{}", config.listen);
+    log::info!("serving /metrics, /healthz and /api/v1/containers on {scheme}://{}", config.listen);
     let api = ContainersApi { tracker: tracker.clone(), probes: node_probes.clone() };
     let routes = Arc::new(Routes {
         metrics,
@@ -252,6 +271,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         health: Some(heartbeats.clone()),
         probe_sources: Some(probe_sources),
         health_only: false,
+        tls,
     });
     let server = tokio::spawn(http::serve(listener, routes, shutdown.clone()));
     if let Some(addr) = config.health_listen {

@@ -1,10 +1,12 @@
 //! `lifecycle-agent status`: asks a running agent for its containers and prints them the way
 //! `kubectl get pods` users read things — one row per container, newest facts first.
 
-use std::{fmt::Write as _, net::SocketAddr};
+use std::{fmt::Write as _, net::SocketAddr, path::PathBuf, sync::Arc};
 
+use rustls_pki_types::{pem::PemObject as _, CertificateDer, ServerName};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio_rustls::{rustls, TlsConnector};
 
 /// Why the agent could not be asked.
 #[derive(Debug, thiserror::Error)]
@@ -19,18 +21,69 @@ pub enum StatusError {
     /// The agent answered something other than 200.
     #[error("the agent at {addr} answered: {status_line}")]
     Status { addr: SocketAddr, status_line: String },
+    /// The CA file could not be read.
+    #[error("cannot read the CA certificates in {path}")]
+    Ca {
+        path: PathBuf,
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    /// The TLS setup or handshake failed (an untrusted or mismatched certificate).
+    #[error("TLS with the agent at {addr} failed")]
+    Tls {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How to reach the agent: plain HTTP, or HTTPS trusting the CA certificates in a PEM file (an
+/// agent run with `--tls-cert-file`), for a certificate naming the server's address.
+#[derive(Clone, Debug, Default)]
+pub enum Transport {
+    #[default]
+    Plain,
+    Tls {
+        ca_file: PathBuf,
+    },
+}
+
+impl Transport {
+    /// Whether what is sent is encrypted.
+    pub fn is_encrypted(&self) -> bool {
+        matches!(self, Transport::Tls { .. })
+    }
 }
 
 /// The JSON body of `GET /api/v1/containers`, sending `token` as a bearer token when given (an
 /// agent run with `--api-auth kubernetes` asks for one).
-pub async fn fetch(addr: SocketAddr, token: Option<&str>) -> Result<String, StatusError> {
+pub async fn fetch(addr: SocketAddr, token: Option<&str>, transport: &Transport) -> Result<String, StatusError> {
     let connect = |source| StatusError::Connect { addr, source };
-    let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(connect)?;
+    let stream = tokio::net::TcpStream::connect(addr).await.map_err(connect)?;
     let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
     let request = format!("GET /api/v1/containers HTTP/1.0\r\nHost: lifecycle\r\n{authorization}\r\n");
-    stream.write_all(request.as_bytes()).await.map_err(connect)?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.map_err(connect)?;
+    let response = match transport {
+        Transport::Plain => exchange(stream, &request).await.map_err(connect)?,
+        Transport::Tls { ca_file } => {
+            let mut roots = rustls::RootCertStore::empty();
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca_file)
+                .and_then(|certs| certs.collect())
+                .map_err(|source| StatusError::Ca { path: ca_file.clone(), source })?;
+            let tls = |source| StatusError::Tls { addr, source };
+            for cert in certs {
+                roots.add(cert).map_err(|err| tls(std::io::Error::other(err)))?;
+            }
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|err| tls(std::io::Error::other(err)))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let name = ServerName::IpAddress(addr.ip().into());
+            let stream = TlsConnector::from(Arc::new(config)).connect(name, stream).await.map_err(tls)?;
+            exchange(stream, &request).await.map_err(connect)?
+        }
+    };
     let response = String::from_utf8_lossy(&response);
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
     let status_line = head.lines().next().unwrap_or_default().to_owned();
@@ -38,6 +91,18 @@ pub async fn fetch(addr: SocketAddr, token: Option<&str>) -> Result<String, Stat
         return Err(StatusError::Status { addr, status_line });
     }
     Ok(body.to_owned())
+}
+
+/// Sends `request` and reads the whole answer (HTTP/1.0: the server closes when done).
+async fn exchange(mut stream: impl AsyncRead + AsyncWrite + Unpin, request: &str) -> std::io::Result<Vec<u8>> {
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    // A TLS peer that closes without close_notify still sent everything before: keep it.
+    match stream.read_to_end(&mut response).await {
+        Ok(_) => Ok(response),
+        Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof && !response.is_empty() => Ok(response),
+        Err(err) => Err(err),
+    }
 }
 
 const HEADERS: [&str; 8] =
