@@ -46,6 +46,10 @@ const HOST_DEB822: &str = "/etc/apt/sources.list.d/debian.sources";
 const HOST_ONE_LINE: &str = "/etc/apt/sources.list";
 /// The environment variable the kubelet tier's tests read the binaries' directory from.
 pub const BIN_ENV: &str = "LIFECYCLE_KUBE_BIN";
+/// The environment variables the modern tier's tests read the current node's binaries and CNI
+/// plugins from (lifecycle-testkit's `kube::NodeVersion::V1_37`).
+pub const MODERN_BIN_ENV: &str = "LIFECYCLE_KUBE_MODERN_BIN";
+pub const MODERN_CNI_ENV: &str = "LIFECYCLE_KUBE_MODERN_CNI";
 
 /// `target/kubernetes`.
 fn cache_dir() -> PathBuf {

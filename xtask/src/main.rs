@@ -33,9 +33,9 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Bootstrap and run every test tier (unit, privileged kernel, runtime end-to-end, checks).
+    /// Bootstrap and run every test tier (unit, checks, kernel, runtime, hostile, kubelet, modern).
     Test {
-        /// Run only these tiers (repeatable): unit, kernel, runtime, checks.
+        /// Run only these tiers (repeatable): unit, checks, kernel, runtime, hostile, kubelet, modern.
         #[arg(long = "tier", value_enum)]
         tiers: Vec<tiers::Tier>,
     },

@@ -17,6 +17,10 @@ pub const FUZZ: &[&str] = &["g++"];
 /// API server's service-account key, and the runtime the other tiers use too.
 pub const KUBELET: &[&str] =
     &["etcd-server", "containernetworking-plugins", "openssl", "containerd", "runc", "busybox-static", "iproute2"];
+/// The modern tier's node takes etcd, containerd, runc and the CNI plugins from
+/// `kubernetes_modern`'s cache; from Debian: openssl (service-account key), busybox-static (the
+/// image), iproute2.
+pub const MODERN: &[&str] = &["openssl", "busybox-static", "iproute2"];
 /// Building kube-apiserver and kubelet from Debian's source package (`kubernetes.rs`).
 pub const KUBERNETES_BUILD: &[&str] = &["golang-go", "dpkg-dev", "rsync", "make"];
 /// Building runc for the current node (`kubernetes_modern.rs`): cgo (its nsenter is C) linked

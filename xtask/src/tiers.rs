@@ -3,14 +3,16 @@
 //! validates dashboards, manifests and rules with real tools, and smoke-runs the fuzz targets.
 //! `hostile` runs real containers doing what a hostile pod can do to the agent (floods, port
 //! sprays, silent clients) and asserts its memory, series and health. `kubelet` runs a real node
-//! (kube-apiserver and kubelet built once from Debian's source package).
+//! (kube-apiserver and kubelet built once from Debian's source package). `modern` runs a current
+//! node (kubelet and kube-apiserver 1.37, containerd 2.x, runc 1.3, provided once per machine by
+//! `kubernetes_modern`) and judges the agent's verdicts against it.
 //! Tiers that need root say so and are skipped when not root.
 
 use std::{path::PathBuf, process::Command};
 
 use anyhow::{bail, Result};
 
-use crate::{cargo, fuzz, kubernetes, packages, shell, toolchain, workspace_root};
+use crate::{cargo, fuzz, kubernetes, kubernetes_modern, packages, shell, toolchain, workspace_root};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Tier {
@@ -20,14 +22,16 @@ pub enum Tier {
     Hostile,
     Checks,
     Kubelet,
+    Modern,
 }
 
 impl Tier {
     // Checks before Kernel and Runtime: formatting and lint errors show before the long tiers run.
-    const ALL: [Tier; 6] = [Tier::Unit, Tier::Checks, Tier::Kernel, Tier::Runtime, Tier::Hostile, Tier::Kubelet];
+    const ALL: [Tier; 7] =
+        [Tier::Unit, Tier::Checks, Tier::Kernel, Tier::Runtime, Tier::Hostile, Tier::Kubelet, Tier::Modern];
 
     fn needs_root(self) -> bool {
-        matches!(self, Tier::Kernel | Tier::Runtime | Tier::Hostile | Tier::Kubelet)
+        matches!(self, Tier::Kernel | Tier::Runtime | Tier::Hostile | Tier::Kubelet | Tier::Modern)
     }
 }
 
@@ -45,7 +49,7 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
     for tier in tiers {
         if tier.needs_root() && !is_root() {
             let what = match tier {
-                Tier::Kubelet => "it runs a kubelet, containerd and pods",
+                Tier::Kubelet | Tier::Modern => "it runs a kubelet, containerd and pods",
                 _ => "it loads eBPF programs and creates cgroups",
             };
             eprintln!("xtask: skipped tier {tier:?}: {what}, which needs root");
@@ -99,6 +103,7 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
             ])),
             Tier::Checks => checks(),
             Tier::Kubelet => kubelet(),
+            Tier::Modern => modern(),
         };
         if let Err(err) = result {
             eprintln!("xtask: tier {tier:?} failed: {err:#}");
@@ -127,6 +132,24 @@ fn kubelet() -> Result<()> {
             .args(["--test", "kubelet_daemonset"])
             .args(["--", "--test-threads=1", "--nocapture"])
             .env(kubernetes::BIN_ENV, bin),
+    )
+}
+
+/// A current node (etcd 3.5, kube-apiserver and kubelet 1.37, containerd 2.x, runc 1.3, the CNI
+/// bridge) driven with kubectl: provides its binaries once per machine (`kubernetes_modern`), then
+/// runs the tests one at a time (each owns the node while it runs).
+fn modern() -> Result<()> {
+    packages::ensure(packages::MODERN)?;
+    if which("kubectl").is_none() {
+        packages::ensure(packages::KUBECTL)?;
+    }
+    let node = kubernetes_modern::ensure()?;
+    shell::run(
+        cargo()
+            .args(["test", "-p", "lifecycle-agent", "--test", "kubelet_modern"])
+            .args(["--", "--test-threads=1", "--nocapture"])
+            .env(kubernetes::MODERN_BIN_ENV, &node.bin)
+            .env(kubernetes::MODERN_CNI_ENV, &node.cni),
     )
 }
 

@@ -1,0 +1,350 @@
+//! Modern tier: the agent's verdicts against a current kubelet. A real node of Kubernetes 1.37
+//! (etcd 3.5, kube-apiserver and kubelet v1.37 with ContainerRestartRules,
+//! KubeletCrashLoopBackOffMax, RestartAllContainersOnContainerExits and ContainerStopSignals on,
+//! `crashLoopBackOff.maxContainerRestartPeriod: 20s`; containerd 2.x and runc 1.3; the CNI
+//! bridge) runs pods created with kubectl, and the agent beside it — told the node's 20 s
+//! maximum, watching the node's pods through the API — must judge each stop, exit and restart the
+//! way this kubelet did it. The runtime's own record (containerd's `/tasks/exit` events, with
+//! nanosecond exit times) is the ground truth where order matters.
+//!
+//! Each test owns a node of its own and checks at the end that the machine is as it was.
+//!
+//! Run: `xtask/x.sh test --tier modern` (provides the node's binaries once per machine and sets
+//! `LIFECYCLE_KUBE_MODERN_BIN` / `LIFECYCLE_KUBE_MODERN_CNI`).
+
+use std::time::{Duration, Instant};
+
+use lifecycle_testkit::{
+    agent::Agent,
+    kube::{self, container_status, Kube, NodeVersion, MODERN_MAX_CONTAINER_RESTART_PERIOD},
+};
+use serde_json::Value;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
+const SECOND: f64 = 1e9;
+const TRAP_EXIT: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
+
+/// Starts a 1.37 node and the agent beside it; `None` (printed) when the tier cannot run here.
+fn start(test: &str) -> Option<(Kube, Agent)> {
+    if let Some(reason) = kube::skip_reason_for(NodeVersion::V1_37) {
+        eprintln!("SKIP {test}: {reason}");
+        return None;
+    }
+    let kube = kube::start_or_skip_version(test, NodeVersion::V1_37)?;
+    let t = kube.timings;
+    eprintln!(
+        "{test}: 1.37 node Ready in {:.1?} (etcd {:.1?}; containerd + image {:.1?}; kube-apiserver ready {:.1?}; \
+         kubelet registered {:.1?}, Ready {:.1?})",
+        t.total, t.etcd, t.containerd, t.apiserver, t.kubelet_registered, t.node_ready,
+    );
+    let kubeconfig = kube.kubeconfig().to_string_lossy().into_owned();
+    let agent = Agent::start_with_socket(
+        AGENT,
+        kube.containerd_socket(),
+        &[
+            "--kubeconfig",
+            &kubeconfig,
+            "--node-name",
+            kube.node_name(),
+            // The node's kubelet config; the DaemonSet's flag on such a node.
+            "--max-container-restart-period",
+            MODERN_MAX_CONTAINER_RESTART_PERIOD,
+        ],
+    );
+    assert!(
+        agent.metrics().contains("lifecycle_feature_enabled{feature=\"kubernetes_api\"} 1"),
+        "the agent reaches the node's API server"
+    );
+    Some((kube, agent))
+}
+
+/// Stops the agent and the node, and asserts the machine is as it was before the node started.
+fn stop_and_check_machine(kube: Kube, agent: Agent) {
+    drop(agent);
+    let before = kube.machine_before_start().clone();
+    let began = Instant::now();
+    let after = kube.stop();
+    eprintln!("teardown {:.1?}", began.elapsed());
+    assert_eq!(after, before, "the node left the machine changed");
+}
+
+fn apply(kube: &Kube, name: &str, script: &str, edit: impl FnOnce(&mut Value)) {
+    let mut pod = kube.pod_manifest(name, &["sh", "-c", script]);
+    edit(&mut pod);
+    kube.apply(&pod.to_string()).unwrap_or_else(|e| panic!("apply {name}: {e:#}"));
+}
+
+/// The agent's view of `container` of pod `pod`, once `done` holds (within `within`).
+fn wait_agent(
+    agent: &Agent,
+    pod: &str,
+    container: &str,
+    what: &str,
+    within: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let began = Instant::now();
+    loop {
+        let found = agent.containers().into_iter().find(|c| c["pod"] == pod && c["container"] == container);
+        if let Some(c) = found.as_ref().filter(|c| done(c)) {
+            return c.clone();
+        }
+        assert!(began.elapsed() < within, "{pod}/{container}: not {what} within {within:?}; last seen: {found:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn running(c: &Value) -> bool {
+    c["state"]["state"] == "running"
+}
+
+fn judged(c: &Value) -> bool {
+    !c["last_termination"].is_null()
+}
+
+fn outcome(c: &Value) -> &str {
+    c["last_termination"]["outcome"]["kind"].as_str().unwrap_or_default()
+}
+
+fn grace_s(c: &Value) -> f64 {
+    c["last_termination"]["grace_ns"].as_f64().unwrap_or(-1.0) / SECOND
+}
+
+#[test]
+fn a_pod_runs_and_kubectl_delete_removes_it_judged_within_grace() {
+    let Some((kube, agent)) = start("a_pod_runs_and_kubectl_delete_removes_it_judged_within_grace") else { return };
+    apply(&kube, "sleeper", TRAP_EXIT, |p| p["spec"]["terminationGracePeriodSeconds"] = 5.into());
+    let applied = Instant::now();
+    let running_pod = kube
+        .wait_pod("default", "sleeper", "Running with its container running", Duration::from_secs(60), |pod| {
+            pod["status"]["phase"] == "Running"
+                && container_status(pod, "app").is_some_and(|c| c["state"]["running"].is_object())
+        })
+        .expect("pod runs");
+    eprintln!("apply -> Running in {:.1?}", applied.elapsed());
+    let ip = running_pod["status"]["podIP"].as_str().unwrap_or_default();
+    assert!(ip.starts_with("10.244."), "pod IP {ip:?}");
+    // A 1.33+ kubelet reports the effective stop signal (the image has none: SIGTERM).
+    eprintln!("container status: {}", container_status(&running_pod, "app").expect("status"));
+    wait_agent(&agent, "sleeper", "app", "running", Duration::from_secs(30), running);
+
+    let container =
+        container_status(&running_pod, "app").and_then(|c| c["containerID"].as_str()).unwrap_or_default().to_owned();
+    let exits = kube.watch_task_exits().expect("ctr events");
+    let deleted = Instant::now();
+    kube.kubectl(&["delete", "pod", "sleeper", "--wait=false"]).expect("kubectl delete");
+    let exit = exits.wait_for(&container, Duration::from_secs(20)).expect("the container exits");
+    eprintln!("kubectl delete -> container exit (containerd) in {:.1?}: {exit:?}", exit.seen.duration_since(deleted));
+    assert_eq!(exit.exit_status, 0, "the shell exited through its TERM trap: {exit:?}");
+
+    let judged = wait_agent(&agent, "sleeper", "app", "judged", Duration::from_secs(30), judged);
+    assert_eq!(outcome(&judged), "exited_within_grace", "{judged:#}");
+    assert_eq!(judged["last_termination"]["cause"], "deleted", "{judged:#}");
+    assert_eq!(judged["last_termination"]["spec"], "api", "{judged:#}");
+    assert_eq!(grace_s(&judged), 5.0, "{judged:#}");
+    assert_eq!(judged["state"]["reason"], "Completed", "{judged:#}");
+    let gone = kube.wait_pod_gone("default", "sleeper", Duration::from_secs(60)).expect("pod is removed");
+    eprintln!("kubectl delete -> pod gone from the API in {gone:.1?}");
+
+    stop_and_check_machine(kube, agent);
+}
+
+#[test]
+fn a_crash_loop_backs_off_to_the_nodes_20s_maximum() {
+    let Some((kube, agent)) = start("a_crash_loop_backs_off_to_the_nodes_20s_maximum") else { return };
+    apply(&kube, "crasher", "sleep 0.5; exit 3", |_| {});
+    let applied = Instant::now();
+    // The kubelet's own record of the back-off: its BackOff event. (The API's container state
+    // shows waiting/CrashLoopBackOff only when a pod sync happens to run during a back-off: a
+    // 1.37 pod worker re-queues a backing-off pod for when the back-off ends, so the state often
+    // goes from terminated straight to running. See docs/kubelet-behaviour.md.)
+    let backoff_event = || {
+        kube.kubectl(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=crasher,reason=BackOff",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+        .unwrap_or_default()
+    };
+    kube.wait_pod("default", "crasher", "backing off (a BackOff event)", Duration::from_secs(90), |_| {
+        !backoff_event().trim().is_empty()
+    })
+    .expect("BackOff event");
+    let message = backoff_event();
+    eprintln!("apply -> BackOff event in {:.1?}: {message}", applied.elapsed());
+    assert!(message.starts_with("Back-off restarting failed container app in pod crasher_default"), "{message}");
+    let crashing = kube.pod("default", "crasher").expect("get").expect("exists");
+    let status = container_status(&crashing, "app").expect("container status");
+    eprintln!("container status: {status}");
+    assert!(status["restartCount"].as_u64().unwrap_or_default() >= 1, "{status}");
+    let last = &status["lastState"]["terminated"];
+    assert_eq!((&last["exitCode"], &last["reason"]), (&3.into(), &"Error".into()), "{status}");
+    assert_eq!(crashing["status"]["phase"], "Running", "a restarting pod stays Running");
+    // The agent, which sees the exit and knows the back-off, says so at once.
+    wait_agent(&agent, "crasher", "app", "in CrashLoopBackOff", Duration::from_secs(60), |c| {
+        c["state"]["reason"] == "CrashLoopBackOff"
+    });
+
+    // Restarts: at once, then 10 s, then 20 s, then 20 s again (the node's cap; the default cap
+    // would make it 40 s). The fourth restart's verdict tells the agent modelled the node's cap.
+    let mut verdicts = Vec::new();
+    for restart in 1..=4u64 {
+        let c =
+            wait_agent(&agent, "crasher", "app", &format!("restart {restart} judged"), Duration::from_secs(60), |c| {
+                c["last_backoff"]["restart_number"].as_u64().is_some_and(|n| n >= restart)
+            });
+        let backoff = c["last_backoff"].clone();
+        eprintln!("restart {restart} at {:.1?}: {backoff}", applied.elapsed());
+        assert_eq!(backoff["restart_number"], restart, "each restart is judged: {c:#}");
+        verdicts.push(backoff);
+    }
+    let expected: Vec<f64> =
+        verdicts.iter().map(|b| b["expected_delay_ns"].as_f64().unwrap_or(-1.0) / SECOND).collect();
+    assert_eq!(expected, [0.0, 10.0, 20.0, 20.0], "the node's 20 s cap: {verdicts:#?}");
+    for backoff in &verdicts {
+        assert_eq!(backoff["verdict"], "within_tolerance", "{backoff:#}");
+    }
+    let pod = kube.pod("default", "crasher").expect("get").expect("exists");
+    let reported = container_status(&pod, "app").expect("status")["restartCount"].as_u64().expect("count");
+    assert!(reported >= 4, "the kubelet counts its restarts too ({reported})");
+
+    stop_and_check_machine(kube, agent);
+}
+
+/// The containerd id (without `containerd://`) the API reports for `container` of `pod`.
+fn container_id(pod: &Value, container: &str) -> String {
+    let id = container_status(pod, container).and_then(|c| c["containerID"].as_str()).unwrap_or_default();
+    id.trim_start_matches("containerd://").to_owned()
+}
+
+#[test]
+fn native_sidecars_start_in_order_and_stop_after_the_main_container_in_reverse() {
+    let Some((kube, agent)) = start("native_sidecars_start_in_order_and_stop_after_the_main_container_in_reverse")
+    else {
+        return;
+    };
+    let sidecar = |name: &str| {
+        serde_json::json!({
+            "name": name, "image": kube::IMAGE, "imagePullPolicy": "Never",
+            "restartPolicy": "Always", "command": ["sh", "-c", TRAP_EXIT],
+        })
+    };
+    apply(&kube, "sidecars", TRAP_EXIT, |p| {
+        p["spec"]["terminationGracePeriodSeconds"] = 10.into();
+        p["spec"]["initContainers"] = serde_json::json!([sidecar("first"), sidecar("second")]);
+    });
+    let pod = kube
+        .wait_pod("default", "sidecars", "Running with every container running", Duration::from_secs(60), |pod| {
+            ["first", "second", "app"]
+                .iter()
+                .all(|c| container_status(pod, c).is_some_and(|s| s["state"]["running"].is_object()))
+        })
+        .expect("pod runs");
+    assert!(kube::condition_is_true(&pod, "Initialized"), "sidecars started count as initialised: {:#}", pod["status"]);
+    // Start order, from the agent's kernel clock (the API's startedAt has 1 s resolution): the
+    // kubelet starts each sidecar only once the previous one has started, the main container last.
+    let started: Vec<u64> = ["first", "second", "app"]
+        .iter()
+        .map(|c| {
+            let view = wait_agent(&agent, "sidecars", c, "running", Duration::from_secs(30), running);
+            assert_eq!(view["sidecar"], *c != "app", "{view:#}");
+            view["state"]["started_at_boot_ns"].as_u64().expect("started_at_boot_ns")
+        })
+        .collect();
+    eprintln!(
+        "started (boottime ns): first {}, second +{:.3} s, app +{:.3} s",
+        started[0],
+        (started[1] - started[0]) as f64 / SECOND,
+        (started[2] - started[0]) as f64 / SECOND
+    );
+    assert!(started[0] < started[1] && started[1] < started[2], "start order first, second, app: {started:?}");
+
+    let ids: Vec<String> = ["first", "second", "app"].iter().map(|c| container_id(&pod, c)).collect();
+    let exits = kube.watch_task_exits().expect("ctr events");
+    kube.kubectl(&["delete", "pod", "sidecars", "--wait=false"]).expect("kubectl delete");
+    let exited: Vec<u128> = ids
+        .iter()
+        .map(|id| {
+            let exit = exits.wait_for(id, Duration::from_secs(30)).expect("the container exits");
+            assert_eq!(exit.exit_status, 0, "each exits through its TERM trap: {exit:?}");
+            exit.exited_at_ns.expect("exit time")
+        })
+        .collect();
+    eprintln!(
+        "exits after app's: second +{:.3} s, first +{:.3} s",
+        (exited[1] as f64 - exited[2] as f64) / SECOND,
+        (exited[0] as f64 - exited[2] as f64) / SECOND
+    );
+    // The runtime's truth: the main container first, then the sidecars in reverse order.
+    assert!(exited[2] < exited[1] && exited[1] < exited[0], "stop order app, second, first: {exited:?}");
+
+    let app = wait_agent(&agent, "sidecars", "app", "judged", Duration::from_secs(30), judged);
+    assert_eq!(outcome(&app), "exited_within_grace", "{app:#}");
+    assert_eq!(app["last_termination"]["cause"], "deleted", "{app:#}");
+    assert_eq!(grace_s(&app), 10.0, "{app:#}");
+    for name in ["second", "first"] {
+        let c = wait_agent(&agent, "sidecars", name, "judged in its turn", Duration::from_secs(30), |c| {
+            judged(c) && !c["sidecar_order"].is_null()
+        });
+        eprintln!("{name}: {} grace {:.1} s, order {}", outcome(&c), grace_s(&c), c["sidecar_order"]["verdict"]);
+        assert_eq!(outcome(&c), "exited_within_grace", "{c:#}");
+        assert_eq!(c["last_termination"]["cause"], "deleted", "{c:#}");
+        assert_eq!(c["sidecar_order"]["verdict"]["kind"], "in_order", "{c:#}");
+        let grace = grace_s(&c);
+        assert!(grace > 0.0 && grace <= 10.0, "what was left of the pod's 10 s: {c:#}");
+    }
+    kube.wait_pod_gone("default", "sidecars", Duration::from_secs(60)).expect("pod is removed");
+
+    stop_and_check_machine(kube, agent);
+}
+
+#[test]
+fn restart_rules_restart_a_never_pods_container_on_exit_42_and_not_on_1() {
+    let Some((kube, agent)) = start("restart_rules_restart_a_never_pods_container_on_exit_42_and_not_on_1") else {
+        return;
+    };
+    // The first run exits 42 (a rule says restart), the second exits 1 (no rule: the container's
+    // own restartPolicy Never holds). An emptyDir keeps the marker across the restart.
+    let script = "sleep 1; if [ -e /state/ran ]; then exit 1; fi; touch /state/ran; exit 42";
+    apply(&kube, "rules", script, |p| {
+        p["spec"]["restartPolicy"] = "Never".into();
+        p["spec"]["volumes"] = serde_json::json!([{"name": "state", "emptyDir": {}}]);
+        let app = &mut p["spec"]["containers"][0];
+        app["volumeMounts"] = serde_json::json!([{"name": "state", "mountPath": "/state"}]);
+        app["restartPolicy"] = "Never".into();
+        app["restartPolicyRules"] =
+            serde_json::json!([{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]);
+    });
+    let failed = kube.wait_pod_phase("default", "rules", "Failed", Duration::from_secs(60)).expect("Failed");
+    let status = container_status(&failed, "app").expect("status");
+    eprintln!("container status: {status}");
+    assert_eq!(status["restartCount"], 1, "restarted once, after the 42: {status}");
+    assert_eq!(status["lastState"]["terminated"]["exitCode"], 42, "{status}");
+    assert_eq!(status["state"]["terminated"]["exitCode"], 1, "{status}");
+
+    let c = wait_agent(&agent, "rules", "app", "ended after its restart", Duration::from_secs(30), |c| {
+        c["restart_count"] == 1 && c["state"]["state"] == "terminated"
+    });
+    eprintln!("agent: restart {} state {} backoff {}", c["restart_count"], c["state"], c["last_backoff"]);
+    // The restart after 42 was expected, at once (no back-off before a first restart).
+    let backoff = &c["last_backoff"];
+    assert_eq!(backoff["restart_number"], 1, "{c:#}");
+    assert_eq!(backoff["verdict"], "within_tolerance", "{c:#}");
+    assert_eq!(backoff["expected_delay_ns"], 0, "{c:#}");
+    // After 1 nothing restarts it, and the agent does not wait for a restart.
+    assert_eq!((&c["state"]["exit_code"], &c["state"]["reason"]), (&1.into(), &"Error".into()), "{c:#}");
+    assert_eq!(c["restart_expected"], false, "exit 1 matches no rule: {c:#}");
+    let pods = agent_pods(&agent);
+    assert_eq!(pods.iter().find(|p| p["pod"] == "rules").map(|p| &p["phase"]), Some(&"Failed".into()), "{pods:#?}");
+
+    stop_and_check_machine(kube, agent);
+}
+
+fn agent_pods(agent: &Agent) -> Vec<Value> {
+    let (_, body) = lifecycle_testkit::agent::get(&agent.addr, "/api/v1/containers").expect("api");
+    let value: Value = serde_json::from_str(&body).expect("JSON");
+    value["pods"].as_array().cloned().unwrap_or_default()
+}
