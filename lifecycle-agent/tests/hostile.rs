@@ -336,3 +336,67 @@ fn a_declared_file_on_a_stalled_mount_fails_only_its_own_pods_check() {
     h.stop_container(&ok, 2).expect("stop");
     h.stop_container(&id, 2).expect("stop");
 }
+
+/// Starts `nsenter -t <inside> -m -- sleep 60` so that it gets pid `wanted` (freed by the test),
+/// through the kernel's `ns_last_pid`: a process with `wanted`'s number whose root is the mount
+/// namespace of `inside`. Retries when another process takes the number first.
+fn process_with_pid(wanted: u32, inside: u32) -> std::process::Child {
+    for _ in 0..50 {
+        fs::write("/proc/sys/kernel/ns_last_pid", (wanted - 1).to_string()).expect("ns_last_pid");
+        let child = Command::new("/usr/bin/nsenter")
+            .args(["-t", &inside.to_string(), "-m", "--", "/bin/sleep", "60"])
+            .spawn()
+            .expect("nsenter");
+        if child.id() == wanted {
+            return child;
+        }
+        let mut child = child;
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("pid {wanted} could not be had");
+}
+
+#[test]
+fn a_reused_pid_never_leads_a_file_check_into_another_containers_files() {
+    // Issue 18: after a container's main process exited, its file check kept reading
+    // /proc/<old pid>/root, so whatever got that pid next answered for it.
+    let test = "a_reused_pid_never_leads_a_file_check_into_another_containers_files";
+    let Some(mut h) = start_or_skip(test) else { return };
+    let agent = Agent::start(AGENT, &h, &[]);
+    let declaration = lifecycle_agent::model::metadata::keys::PROBE_DECLARATION;
+    // The victim's check passes only on the other tenant's secret.
+    let check = "check=file&path=/tmp/secret&contains=tenant-b";
+    let victim =
+        h.new_pod_annotated("victim", &[(declaration, "/probe/file?path=/tmp/secret&contains=tenant-b")]).expect("pod");
+    let app = "echo tenant-a > /tmp/secret; trap 'exit 0' TERM; while true; do sleep 0.1; done";
+    let victim_id = h.run_container(&victim, "app", &["sh", "-c", app], &annotations(2), None).expect("container");
+    let other = h.new_pod("other").expect("pod");
+    let tenant_b = "echo tenant-b > /tmp/secret; while true; do sleep 0.1; done";
+    let other_id = h.run_container(&other, "app", &["sh", "-c", tenant_b], &annotations(2), None).expect("container");
+    agent.wait(&other, "app", "running", |c| state(c) == "running");
+    agent.probe_until(&victim, "app", check, 503);
+    let old_pid = init_pid(&victim, &victim_id);
+    let other_init = init_pid(&other, &other_id);
+    // The victim's main process ends; its number goes to a process in the other tenant's root.
+    h.stop_container(&victim_id, 2).expect("stop");
+    agent.wait(&victim, "app", "terminated", |c| state(c) == "terminated");
+    let mut squatter = process_with_pid(old_pid, other_init);
+    // nsenter enters the other tenant's mount namespace right after it starts.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fs::read_to_string(format!("/proc/{old_pid}/root/tmp/secret")).ok().as_deref() != Some("tenant-b\n") {
+        assert!(squatter.try_wait().expect("try_wait").is_none(), "the squatter runs");
+        assert!(Instant::now() < deadline, "pid {old_pid} never showed the other tenant's root");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Refreshes come every 2 s: watch three of them.
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_secs(6) {
+        let (code, body) = agent.probe(&victim, "app", check);
+        assert_ne!(code, 200, "the victim's check answered from the other tenant's files: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = squatter.kill();
+    let _ = squatter.wait();
+    h.stop_container(&other_id, 2).expect("stop");
+}
