@@ -380,30 +380,36 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-    async fn listener_with(limits: Limits) -> (SocketAddr, watch::Sender<bool>) {
+    /// Plain routes (no API, no gate) with `gate` and `probe_sources` as given.
+    fn routes(gate: Option<ApiGate>, probe_sources: Option<crate::probe::source::SourceFilter>) -> Routes {
+        Routes { metrics: Metrics::bare(), api: None, gate, health: None, probe_sources, health_only: false, tls: None }
+    }
+
+    /// Serves `routes` on a loopback port within `limits` until the sender is dropped.
+    async fn serving(routes: Routes, limits: Limits) -> (SocketAddr, watch::Sender<bool>) {
         let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let routes = Arc::new(Routes {
-            metrics: Metrics::bare(),
-            api: None,
-            gate: None,
-            health: None,
-            probe_sources: None,
-            health_only: false,
-            tls: None,
-        });
         let (stop, stopped) = watch::channel(false);
-        tokio::spawn(serve_within(listener, routes, stopped, limits));
+        tokio::spawn(serve_within(listener, Arc::new(routes), stopped, limits));
         (addr, stop)
+    }
+
+    async fn listener_with(limits: Limits) -> (SocketAddr, watch::Sender<bool>) {
+        serving(routes(None, None), limits).await
+    }
+
+    /// The whole answer to the raw `request` on a fresh connection, or what came before the close.
+    async fn exchange(addr: SocketAddr, request: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let _ = stream.write_all(request.as_bytes()).await;
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer).await;
+        answer
     }
 
     /// The whole answer to `GET /healthz` on a fresh connection, or what came before the close.
     async fn healthz(addr: SocketAddr) -> String {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let _ = stream.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").await;
-        let mut answer = String::new();
-        let _ = stream.read_to_string(&mut answer).await;
-        answer
+        exchange(addr, "GET /healthz HTTP/1.0\r\n\r\n").await
     }
 
     /// Reads until the server closes the connection (failing, not hanging, if it does not); the
@@ -496,11 +502,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_health_listener_answers_from_the_heartbeats_and_serves_nothing_else() {
-        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let beats = Arc::new(Heartbeats::new(Duration::from_millis(50), Duration::from_secs(10)));
-        let (_stop, stopped) = watch::channel(false);
-        tokio::spawn(serve_within(listener, Arc::new(Routes::health_only(beats.clone())), stopped, Limits::health()));
+        let (addr, _stop) = serving(Routes::health_only(beats.clone()), Limits::health()).await;
         beats.beat(super::super::health::Loop::RingReader);
         assert!(healthz(addr).await.starts_with("HTTP/1.0 200"));
         // The reader stops beating: the kubelet is told, with the reason.
@@ -508,10 +511,7 @@ mod tests {
         let answer = healthz(addr).await;
         assert!(answer.starts_with("HTTP/1.0 503"), "{answer}");
         assert!(answer.contains("ring reader made no progress"), "{answer}");
-        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.expect("write");
-        let mut answer = String::new();
-        let _ = stream.read_to_string(&mut answer).await;
+        let answer = exchange(addr, "GET /metrics HTTP/1.0\r\n\r\n").await;
         assert!(answer.starts_with("HTTP/1.0 404"), "{answer}");
     }
 
@@ -519,29 +519,12 @@ mod tests {
     async fn the_kubelets_probes_of_host_network_pods_need_no_token_from_a_node_address() {
         // Issue 18: with --api-auth kubernetes, host-network pods' probes through /api/v1/probe
         // could not work (the kubelet sends no token).
-        let serve_with = |sources: Option<crate::probe::source::SourceFilter>| async move {
-            let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
-            let addr = listener.local_addr().expect("addr");
-            let routes = Arc::new(Routes {
-                metrics: Metrics::bare(),
-                api: None,
-                // No Kubernetes API: every request that needs a token fails closed (503).
-                gate: Some(ApiGate::new(None, None).expect("gate")),
-                health: None,
-                probe_sources: sources,
-                health_only: false,
-                tls: None,
-            });
-            let (stop, stopped) = watch::channel(false);
-            tokio::spawn(serve_within(listener, routes, stopped, Limits::default()));
-            (addr, stop)
-        };
-        let get = |addr: SocketAddr, path: &'static str| async move {
-            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-            stream.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).await.expect("write");
-            let mut answer = String::new();
-            let _ = stream.read_to_string(&mut answer).await;
-            answer
+        // No Kubernetes API: every request that needs a token fails closed.
+        let serve_with =
+            |sources| serving(routes(Some(ApiGate::new(None, None).expect("gate")), sources), Limits::default());
+        let get = |addr, path: &str| {
+            let request = format!("GET {path} HTTP/1.0\r\n\r\n");
+            async move { exchange(addr, &request).await }
         };
         let loopback = crate::probe::source::SourceFilter::new(&["127.0.0.0/8".parse().expect("cidr")]);
         let (addr, _stop) = serve_with(Some(loopback)).await;
@@ -555,26 +538,9 @@ mod tests {
 
     #[tokio::test]
     async fn metrics_auth_puts_metrics_behind_the_gate_and_leaves_health_open() {
-        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let routes = Arc::new(Routes {
-            metrics: Metrics::bare(),
-            api: None,
-            gate: Some(ApiGate::new(None, None).expect("gate").with_metrics()),
-            health: None,
-            probe_sources: None,
-            health_only: false,
-            tls: None,
-        });
-        let (_stop, stopped) = watch::channel(false);
-        tokio::spawn(serve_within(listener, routes, stopped, Limits::default()));
-        let get = |request: &'static str| async move {
-            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-            stream.write_all(request.as_bytes()).await.expect("write");
-            let mut answer = String::new();
-            let _ = stream.read_to_string(&mut answer).await;
-            answer
-        };
+        let gate = ApiGate::new(None, None).expect("gate").with_metrics();
+        let (addr, _stop) = serving(routes(Some(gate), None), Limits::default()).await;
+        let get = |request: &'static str| exchange(addr, request);
         assert!(get("GET /metrics HTTP/1.0\r\n\r\n").await.starts_with("HTTP/1.0 401"));
         // A token, but no API server to ask here: fails closed.
         let with_token = get("GET /metrics HTTP/1.0\r\nAuthorization: Bearer t\r\n\r\n").await;
