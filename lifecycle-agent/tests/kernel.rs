@@ -230,7 +230,8 @@ fn signals_a_process_handles_inside_its_cgroup_are_counted_by_number_not_recorde
     let hub = Hub::get();
     let mut cg = TestCgroup::new("sigquiet");
     // Handled SIGUSR1 (a signal-driven loop), SIGWINCH whose default is to ignore it, and a
-    // handled SIGTERM last: a stop request, recorded whatever the target does with it.
+    // handled SIGTERM last: a stop request the process sends itself and handles is no request
+    // to stop anything, and floods the ring if recorded (issue 18): counted too.
     let script = "import os, signal\n\
                   signal.signal(signal.SIGUSR1, lambda *a: None)\n\
                   signal.signal(signal.SIGTERM, lambda *a: None)\n\
@@ -241,16 +242,18 @@ fn signals_a_process_handles_inside_its_cgroup_are_counted_by_number_not_recorde
     let mut child = cg.spawn(Command::new(PYTHON).args(["-c", script]));
     let pid = child.id();
     assert!(child.wait().expect("wait").success());
+    // Its exit follows every signal into the ring: once it is read, a signal record would have been.
     hub.wait_for(
-        "the handled SIGTERM",
-        |e| e.tgid == pid && matches!(e.detail, Detail::Signal { signal: 15, .. }),
+        "the exit of the signalling process",
+        |e| e.tgid == pid && matches!(e.detail, Detail::Exit { group_dead: true, .. }),
         |m| !m.is_empty(),
     );
-    assert_eq!(signal_records(hub, &cg), vec![(15, pid)], "only the stop request is recorded");
+    assert_eq!(signal_records(hub, &cg), vec![], "nothing recorded");
     let counters = hub.maps.counters_of(cg.id).expect("counters");
     assert_eq!(counters.signals_received, 52, "every signal counted: {counters:?}");
     let mut unrecorded = [0u64; lifecycle_common::SIGNAL_SLOTS];
     unrecorded[10] = 50;
+    unrecorded[15] = 1;
     unrecorded[28] = 1;
     assert_eq!(counters.unrecorded_signals, unrecorded);
 }
@@ -283,6 +286,46 @@ fn handled_signals_to_a_pid_namespace_init_from_inside_are_counted_not_recorded(
     );
     assert_eq!(signal_records(hub, &cg), vec![]);
     assert_eq!(hub.maps.counters_of(cg.id).expect("counters").unrecorded_signals[12], 3);
+}
+
+#[test]
+fn a_stop_request_the_namespace_init_passes_on_is_recorded_even_when_handled() {
+    require_privileges!();
+    let hub = Hub::get();
+    let mut cg = TestCgroup::new("sigforward");
+    // A shell as PID 1 passes SIGTERM on to its child, which handles it, then SIGKILLs it: both
+    // recorded (did the app get the SIGTERM? is the question of every shell entrypoint).
+    let script = "sh -c 'trap : TERM; while :; do sleep 0.05; done' & child=$!; sleep 0.2; \
+                  kill -TERM $child; kill -KILL $child; wait; exit 0";
+    let mut child = cg.spawn(Command::new("/usr/bin/unshare").args(["--pid", "--fork", "/bin/sh", "-c", script]));
+    assert!(child.wait().expect("wait").success());
+    let init = hub.wait_for(
+        "the exec of the namespace's init",
+        |e| e.cgroup_id == cg.id && matches!(e.detail, Detail::Exec { namespace_init: true, .. }),
+        |m| !m.is_empty(),
+    )[0]
+    .tgid;
+    let records = hub.wait_for(
+        "the TERM and the KILL the init sent",
+        |e| e.cgroup_id == cg.id && e.tgid == init && matches!(e.detail, Detail::Signal { .. }),
+        |m| m.len() >= 2,
+    );
+    // To the child shell (the init's exit then SIGKILLs what is left of its namespace, `sleep`).
+    let to_child = |e: &Event| match e.detail {
+        Detail::Signal { target_tgid, target_comm: ref comm, .. } if target_tgid != init && comm == "sh" => {
+            Some(target_tgid)
+        }
+        _ => None,
+    };
+    let child_tgid = records.iter().find_map(to_child).expect("a signal to the child shell");
+    let signals: Vec<u32> = records
+        .iter()
+        .filter_map(|e| match e.detail {
+            Detail::Signal { signal, target_tgid, .. } if target_tgid == child_tgid => Some(signal),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(signals, vec![15, 9], "{records:?}");
 }
 
 /// A Python listener in the cgroup: prints its port, then accepts `accepts` connections (or, with

@@ -309,24 +309,29 @@ pub const fn signal_default_ends_or_stops(signal: u32) -> bool {
 /// the exit record says it all), budget permitting (a sending cgroup gets
 /// [`defaults::SIGNAL_RECORDS_PER_SECOND`]). Only these reach the agent's termination judge; the
 /// rest are counted per cgroup and number. Recorded: a signal from outside the target's cgroup
-/// (runtime, kubelet, another container or host process); inside it, one of
-/// [`signal_always_recorded`] and one whose default action ends or stops the target while the
-/// target has no handler installed (it is about to die or stop of it), except when it is another
-/// process's signal to a pid namespace's init (a container's PID 1). Left out: what a container
-/// does to itself without consequence (handled or ignored signals, a child flooding its init
-/// with SIGHUPs it ignores, timer and profiling ticks, Go's SIGURG preemption, also by a Go PID 1
-/// of its own threads, a JVM's handled SIGSEGV), which the termination verdicts never use: they
-/// only weigh signals to the init from outside the container (and the kernel ignores a signal
-/// without a handler that an init gets from inside its namespace).
+/// (runtime, kubelet, another container or host process); inside it, one whose default action
+/// ends or stops the target while the target has no handler installed (it is about to die or
+/// stop of it), every real-time signal (no slot to count it in), and one of
+/// [`signal_always_recorded`] that a pid namespace's init sends to
+/// another process (a shell entrypoint passing the stop on, or not: the question "did my app
+/// get the SIGTERM?"). Never recorded inside: another process's signal to the container's PID 1,
+/// and what a container does to itself without consequence (handled or ignored signals, stop
+/// requests included, a child flooding its init with SIGHUPs it ignores, timer and profiling
+/// ticks, Go's SIGURG preemption, a JVM's handled SIGSEGV): the termination verdicts only weigh
+/// signals to the init from outside the container, and the kernel ignores a signal without a
+/// handler that an init gets from inside its namespace.
 pub const fn signal_is_recorded(
     signal: u32,
     from_outside: bool,
     to_other_process_namespace_init: bool,
     default_handler: bool,
+    from_namespace_init: bool,
 ) -> bool {
     from_outside
         || (!to_other_process_namespace_init
-            && (signal_always_recorded(signal) || (default_handler && signal_default_ends_or_stops(signal))))
+            && ((default_handler && signal_default_ends_or_stops(signal))
+                || signal as usize >= SIGNAL_SLOTS
+                || (from_namespace_init && signal_always_recorded(signal))))
 }
 
 /// Per-CPU, per-kind delivery statistics (index = [`EventKind`] discriminant).
@@ -536,27 +541,35 @@ mod tests {
         const SIGPROF: u32 = 27;
         // From outside the cgroup: always, to the init too.
         for signal in 1..=64 {
-            assert!(signal_is_recorded(signal, true, false, false), "{signal} from outside");
-            assert!(signal_is_recorded(signal, true, true, true), "{signal} from outside to an init");
+            assert!(signal_is_recorded(signal, true, false, false, false), "{signal} from outside");
+            assert!(signal_is_recorded(signal, true, true, true, false), "{signal} from outside to an init");
         }
         // Inside it, another process's signal to the container's init: never (issue 18: a child
         // flooding its init with ignored SIGHUPs).
         for signal in 1..=64 {
-            assert!(!signal_is_recorded(signal, false, true, false), "{signal} to an init from inside");
-            assert!(!signal_is_recorded(signal, false, true, true), "{signal} to an init from inside");
+            assert!(!signal_is_recorded(signal, false, true, false, false), "{signal} to an init from inside");
+            assert!(!signal_is_recorded(signal, false, true, true, false), "{signal} to an init from inside");
         }
-        // Inside the container, to another process: stop requests and uncatchable ones always...
-        for signal in [SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGSTOP, 32, 64] {
-            assert!(signal_is_recorded(signal, false, false, false), "{signal} handled");
+        // Inside, stop requests the init passes on to another process, handled or not...
+        for signal in [SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM, SIGSTOP] {
+            assert!(signal_is_recorded(signal, false, false, false, true), "{signal} from the init, handled");
+            // ...but a handled one from anyone else (issue 18: self-sent stop signals flooded the ring).
+            assert!(!signal_is_recorded(signal, false, false, false, false), "{signal} handled");
+        }
+        // Real-time signals have no slot to be counted in: recorded (rare).
+        for signal in [32, 64] {
+            assert!(signal_is_recorded(signal, false, false, false, false), "{signal}");
         }
         // ... the rest when the target would die or stop of it ...
+        for signal in [SIGUSR1, SIGSEGV, SIGPIPE, SIGALRM, SIGTSTP, SIGPROF, SIGTERM, SIGKILL] {
+            assert!(signal_is_recorded(signal, false, false, true, false), "{signal} unhandled");
+        }
         for signal in [SIGUSR1, SIGSEGV, SIGPIPE, SIGALRM, SIGTSTP, SIGPROF] {
-            assert!(signal_is_recorded(signal, false, false, true), "{signal} unhandled");
-            assert!(!signal_is_recorded(signal, false, false, false), "{signal} handled");
+            assert!(!signal_is_recorded(signal, false, false, false, true), "{signal} handled, from the init");
         }
         // ... and never when the default is harmless.
         for signal in [SIGCHLD, SIGCONT, SIGURG, SIGWINCH] {
-            assert!(!signal_is_recorded(signal, false, false, true), "{signal} by default");
+            assert!(!signal_is_recorded(signal, false, false, true, false), "{signal} by default");
         }
         assert_eq!((1..SIGNAL_SLOTS as u32).filter(|&s| signal_default_ends_or_stops(s)).count(), 27);
     }

@@ -95,10 +95,16 @@ fn recorded_inside_cgroup(signal: u32, target: *const u8, to_self: bool) -> bool
     if !to_self && read_ptr(target, off!(task_group_leader)).is_ok_and(is_namespace_init) {
         return false;
     }
-    if signal_always_recorded(signal) {
+    // The target dies or stops of it: the record says by whom.
+    if signal_default_ends_or_stops(signal) && handler(target, signal).is_none_or(|handler| handler == SIG_DFL) {
         return true;
     }
-    signal_default_ends_or_stops(signal) && handler(target, signal).is_none_or(|handler| handler == SIG_DFL)
+    // Handled or ignored: counted, except a stop request the container's PID 1 passes on to
+    // another process (whether a shell entrypoint forwards SIGTERM to the app is what people
+    // ask). A process's own handled stop signals are no request to stop anything (issue 18).
+    // SAFETY: helper without preconditions; the pointer is only read through `read_ptr`.
+    let sender = unsafe { bpf_get_current_task() } as *const u8;
+    signal_always_recorded(signal) && !to_self && read_ptr(sender, off!(task_group_leader)).is_ok_and(is_namespace_init)
 }
 
 /// The target's handler for standard signal `signal` (1-31): `task->sighand->action[signal - 1]
