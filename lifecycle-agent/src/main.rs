@@ -117,6 +117,12 @@ struct RunArgs {
     /// for the kubelet's metrics), as kube-rbac-proxy does. Needs --api-auth kubernetes.
     #[arg(long, value_enum, default_value = "none")]
     metrics_auth: ApiAuthArg,
+    /// With --api-auth kubernetes: accept only tokens issued for this audience (repeatable),
+    /// e.g. `kubectl create token <account> --audience lifecycle-agent`. A token minted for the
+    /// agent is then useless against the API server if it leaks, and an API server token is
+    /// refused here. Default: any token the API server accepts.
+    #[arg(long = "api-auth-audience")]
+    api_auth_audiences: Vec<String>,
     /// Serve --listen over HTTPS with this PEM certificate chain (and --tls-key-file): with
     /// --api-auth kubernetes, clients send bearer tokens, which must not cross the network in
     /// clear. The health and pod probe listeners stay plain HTTP.
@@ -333,6 +339,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         events: args.events,
         api_auth: args.api_auth == ApiAuthArg::Kubernetes,
         metrics_auth: args.metrics_auth == ApiAuthArg::Kubernetes,
+        api_auth_audiences: args.api_auth_audiences,
         tls: args.tls_cert_file.zip(args.tls_key_file),
         cri_refresh: Duration::from_secs(10),
         series_retention: args.series_retention,

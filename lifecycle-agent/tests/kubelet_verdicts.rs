@@ -419,3 +419,46 @@ fn an_agent_killed_during_a_termination_says_what_it_did_not_see() {
         "counted as such, not as killed_without_grace"
     );
 }
+
+/// Issue 18: tokens were not audience-bound. With `--api-auth-audience`, the agent takes only
+/// tokens the API server says were issued for that audience.
+#[test]
+fn with_an_audience_the_agent_refuses_tokens_issued_for_the_api_server() {
+    let test = "with_an_audience_the_agent_refuses_tokens_issued_for_the_api_server";
+    if let Some(reason) = kube::skip_reason() {
+        eprintln!("SKIP {test}: {reason}");
+        return;
+    }
+    kube::sweep_stale();
+    let Some(kube) = kube::start_or_skip(test) else { return };
+    let kubeconfig = kube.kubeconfig().to_string_lossy().into_owned();
+    let agent = Agent::start_with_socket(
+        AGENT,
+        kube.containerd_socket(),
+        &[
+            "--kubeconfig",
+            &kubeconfig,
+            "--node-name",
+            kube.node_name(),
+            "--api-auth",
+            "kubernetes",
+            "--api-auth-audience",
+            "lifecycle-agent",
+        ],
+    );
+    // No controller-manager on the test node: the account is made by hand.
+    kube.kubectl(&["create", "serviceaccount", "reader"]).expect("service account");
+    let token = |audience: Option<&str>| {
+        let mut args = vec!["create", "token", "reader"];
+        args.extend(audience.map(|a| ["--audience", a]).into_iter().flatten());
+        kube.kubectl(&args).expect("kubectl create token").trim().to_owned()
+    };
+    let containers = |token: &str| {
+        lifecycle_testkit::agent::get_with_token(&agent.addr, "/api/v1/containers", Some(token)).map(|(code, _)| code)
+    };
+    // For the agent: authenticated, then refused by RBAC (the account has no role).
+    assert_eq!(containers(&token(Some("lifecycle-agent"))), Some(403), "a token for the agent's audience");
+    // For the API server (the default audience), or another: not a token for the agent.
+    assert_eq!(containers(&token(None)), Some(401), "a token for the API server");
+    assert_eq!(containers(&token(Some("another"))), Some(401), "a token for another audience");
+}

@@ -61,10 +61,17 @@ pub trait Reviewer: Send + Sync + 'static {
     fn review<'a>(&'a self, token: &'a str, request: &'a AccessRequest) -> ReviewFuture<'a>;
 }
 
-impl Reviewer for kube::Client {
+/// The API server as the reviewer, with the audiences a token must be for (`--api-auth-audience`;
+/// empty: the API server's own, so any token it accepts).
+pub struct ApiServerReviewer {
+    pub client: kube::Client,
+    pub audiences: Vec<String>,
+}
+
+impl Reviewer for ApiServerReviewer {
     fn review<'a>(&'a self, token: &'a str, request: &'a AccessRequest) -> ReviewFuture<'a> {
         Box::pin(async move {
-            crate::discovery::kube::review::review(self, token, request)
+            crate::discovery::kube::review::review(&self.client, token, &self.audiences, request)
                 .await
                 .map_err(|err| crate::ErrorChain(&err).to_string())
         })

@@ -105,6 +105,9 @@ pub struct AgentConfig {
     pub api_auth: bool,
     /// The same for `/metrics` (`--metrics-auth kubernetes`; needs `api_auth`).
     pub metrics_auth: bool,
+    /// Audiences a bearer token must be issued for (`--api-auth-audience`); empty: any the API
+    /// server accepts.
+    pub api_auth_audiences: Vec<String>,
     /// Serve `--listen` over TLS with this (certificate chain, key) PEM pair.
     pub tls: Option<(PathBuf, PathBuf)>,
 }
@@ -237,7 +240,9 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let gate = match config.api_auth {
         false => None,
         true => {
-            let reviewer = review_client.map(|client| Box::new(client) as Box<dyn auth::Reviewer>);
+            let audiences = config.api_auth_audiences.clone();
+            let reviewer = review_client
+                .map(|client| Box::new(auth::ApiServerReviewer { client, audiences }) as Box<dyn auth::Reviewer>);
             if reviewer.is_none() {
                 log::warn!("--api-auth kubernetes without a Kubernetes API: every /api/* request is refused (503)");
             }

@@ -75,17 +75,33 @@ pub enum Access {
     Allowed { user: String },
 }
 
-/// Checks `token` and then whether its user may do `request`.
-pub async fn review(client: &Client, token: &str, request: &AccessRequest) -> Result<Access, kube::Error> {
+/// Checks `token` — issued for one of `audiences`, when any are given: a token minted for the
+/// agent (`kubectl create token --audience`) is then useless against the API server if it leaks,
+/// and an API server token is refused here — and then whether its user may do `request`.
+pub async fn review(
+    client: &Client,
+    token: &str,
+    audiences: &[String],
+    request: &AccessRequest,
+) -> Result<Access, kube::Error> {
     let wanted = request;
     let reviews: Api<TokenReview> = Api::all(client.clone());
+    let audiences = (!audiences.is_empty()).then(|| audiences.to_vec());
     let request =
-        TokenReview { spec: TokenReviewSpec { token: token.to_owned(), audiences: None }, ..TokenReview::default() };
+        TokenReview { spec: TokenReviewSpec { token: token.to_owned(), audiences }, ..TokenReview::default() };
     let answer = reviews.create(&PostParams::default(), &request).await?;
     let status = answer.status.unwrap_or_default();
     let Some(user) = status.user.filter(|_| status.authenticated == Some(true)) else {
         return Ok(Access::Unauthenticated);
     };
+    // The API server names the audiences the token is good for among those asked: none of ours,
+    // no entry (an authenticator that ignores audiences answers with the token's own).
+    if let Some(wanted_audiences) = &request.spec.audiences {
+        let granted = status.audiences.unwrap_or_default();
+        if !granted.iter().any(|a| wanted_audiences.contains(a)) {
+            return Ok(Access::Unauthenticated);
+        }
+    }
     let name = user.username.clone().unwrap_or_default();
     let access: Api<SubjectAccessReview> = Api::all(client.clone());
     let request = SubjectAccessReview {
