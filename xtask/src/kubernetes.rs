@@ -20,7 +20,7 @@
 
 use std::{
     fs,
-    os::unix::{fs::symlink, io::AsRawFd as _},
+    os::unix::fs::symlink,
     path::{Path, PathBuf},
     process::Command,
     time::Instant,
@@ -29,6 +29,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 
 use crate::{
+    lock::Lock,
     packages,
     shell::{capture, run},
     toolchain, workspace_root,
@@ -113,27 +114,6 @@ fn cached() -> Option<String> {
         return None;
     }
     Some(stamp.lines().filter(|l| !l.starts_with("kubernetes=")).collect::<Vec<_>>().join(", "))
-}
-
-/// An exclusive flock(2) on a file, released when the file is closed (dropped, or the process dies).
-struct Lock {
-    _file: fs::File,
-}
-
-impl Lock {
-    fn acquire(path: &Path) -> Result<Self> {
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        // SAFETY: flock on a descriptor this function owns; no memory is involved.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(std::io::Error::last_os_error()).with_context(|| format!("locking {}", path.display()));
-        }
-        Ok(Self { _file: file })
-    }
 }
 
 /// apt with its own source list, lists and cache under `dir`: only deb-src entries, derived from

@@ -6,6 +6,7 @@ mod bench_probes;
 mod fuzz;
 mod kubernetes;
 mod kubernetes_modern;
+mod lock;
 mod packages;
 mod shell;
 mod tiers;

@@ -23,7 +23,7 @@ pub const KUBELET: &[&str] =
 pub const MODERN: &[&str] = &["openssl", "busybox-static", "iproute2"];
 /// Building kube-apiserver and kubelet from Debian's source package (`kubernetes.rs`).
 pub const KUBERNETES_BUILD: &[&str] = &["golang-go", "dpkg-dev", "rsync", "make"];
-/// Building runc for the current node (`kubernetes_modern.rs`): cgo (its nsenter is C) linked
+/// Building runc for the current node (`kubernetes_modern/`): cgo (its nsenter is C) linked
 /// against the machine's libseccomp, as Debian's own runc is.
 pub const KUBERNETES_MODERN_BUILD: &[&str] = &["gcc", "libc6-dev", "libseccomp-dev", "pkg-config"];
 /// kubectl, when the machine has none on PATH (Debian's build of the same Kubernetes release).
