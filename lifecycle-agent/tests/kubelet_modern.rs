@@ -15,7 +15,10 @@
 use std::time::{Duration, Instant};
 
 use lifecycle_testkit::{
-    agent::Agent,
+    agent::{
+        view::{grace_s, judged, outcome, running},
+        Agent,
+    },
     kube::{self, container_status, Kube, NodeVersion, MODERN_MAX_CONTAINER_RESTART_PERIOD},
 };
 use serde_json::Value;
@@ -74,42 +77,6 @@ fn apply(kube: &Kube, name: &str, script: &str, edit: impl FnOnce(&mut Value)) {
     kube.apply(&pod.to_string()).unwrap_or_else(|e| panic!("apply {name}: {e:#}"));
 }
 
-/// The agent's view of `container` of pod `pod`, once `done` holds (within `within`).
-fn wait_agent(
-    agent: &Agent,
-    pod: &str,
-    container: &str,
-    what: &str,
-    within: Duration,
-    done: impl Fn(&Value) -> bool,
-) -> Value {
-    let began = Instant::now();
-    loop {
-        let found = agent.containers().into_iter().find(|c| c["pod"] == pod && c["container"] == container);
-        if let Some(c) = found.as_ref().filter(|c| done(c)) {
-            return c.clone();
-        }
-        assert!(began.elapsed() < within, "{pod}/{container}: not {what} within {within:?}; last seen: {found:#?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn running(c: &Value) -> bool {
-    c["state"]["state"] == "running"
-}
-
-fn judged(c: &Value) -> bool {
-    !c["last_termination"].is_null()
-}
-
-fn outcome(c: &Value) -> &str {
-    c["last_termination"]["outcome"]["kind"].as_str().unwrap_or_default()
-}
-
-fn grace_s(c: &Value) -> f64 {
-    c["last_termination"]["grace_ns"].as_f64().unwrap_or(-1.0) / SECOND
-}
-
 #[test]
 fn a_pod_runs_and_kubectl_delete_removes_it_judged_within_grace() {
     let Some((kube, agent)) = start("a_pod_runs_and_kubectl_delete_removes_it_judged_within_grace") else { return };
@@ -126,7 +93,7 @@ fn a_pod_runs_and_kubectl_delete_removes_it_judged_within_grace() {
     assert!(ip.starts_with("10.244."), "pod IP {ip:?}");
     // A 1.33+ kubelet reports the effective stop signal (the image has none: SIGTERM).
     eprintln!("container status: {}", container_status(&running_pod, "app").expect("status"));
-    wait_agent(&agent, "sleeper", "app", "running", Duration::from_secs(30), running);
+    agent.wait_named("sleeper", "app", "running", Duration::from_secs(30), running);
 
     let container =
         container_status(&running_pod, "app").and_then(|c| c["containerID"].as_str()).unwrap_or_default().to_owned();
@@ -137,7 +104,7 @@ fn a_pod_runs_and_kubectl_delete_removes_it_judged_within_grace() {
     eprintln!("kubectl delete -> container exit (containerd) in {:.1?}: {exit:?}", exit.seen.duration_since(deleted));
     assert_eq!(exit.exit_status, 0, "the shell exited through its TERM trap: {exit:?}");
 
-    let judged = wait_agent(&agent, "sleeper", "app", "judged", Duration::from_secs(30), judged);
+    let judged = agent.wait_named("sleeper", "app", "judged", Duration::from_secs(30), judged);
     assert_eq!(outcome(&judged), "exited_within_grace", "{judged:#}");
     assert_eq!(judged["last_termination"]["cause"], "deleted", "{judged:#}");
     assert_eq!(judged["last_termination"]["spec"], "api", "{judged:#}");
@@ -184,7 +151,7 @@ fn a_crash_loop_backs_off_to_the_nodes_20s_maximum() {
     assert_eq!((&last["exitCode"], &last["reason"]), (&3.into(), &"Error".into()), "{status}");
     assert_eq!(crashing["status"]["phase"], "Running", "a restarting pod stays Running");
     // The agent, which sees the exit and knows the back-off, says so at once.
-    wait_agent(&agent, "crasher", "app", "in CrashLoopBackOff", Duration::from_secs(60), |c| {
+    agent.wait_named("crasher", "app", "in CrashLoopBackOff", Duration::from_secs(60), |c| {
         c["state"]["reason"] == "CrashLoopBackOff"
     });
 
@@ -193,7 +160,7 @@ fn a_crash_loop_backs_off_to_the_nodes_20s_maximum() {
     let mut verdicts = Vec::new();
     for restart in 1..=4u64 {
         let c =
-            wait_agent(&agent, "crasher", "app", &format!("restart {restart} judged"), Duration::from_secs(60), |c| {
+            agent.wait_named("crasher", "app", &format!("restart {restart} judged"), Duration::from_secs(60), |c| {
                 c["last_backoff"]["restart_number"].as_u64().is_some_and(|n| n >= restart)
             });
         let backoff = c["last_backoff"].clone();
@@ -249,7 +216,7 @@ fn native_sidecars_start_in_order_and_stop_after_the_main_container_in_reverse()
     let started: Vec<u64> = ["first", "second", "app"]
         .iter()
         .map(|c| {
-            let view = wait_agent(&agent, "sidecars", c, "running", Duration::from_secs(30), running);
+            let view = agent.wait_named("sidecars", c, "running", Duration::from_secs(30), running);
             assert_eq!(view["sidecar"], *c != "app", "{view:#}");
             view["state"]["started_at_boot_ns"].as_u64().expect("started_at_boot_ns")
         })
@@ -281,12 +248,12 @@ fn native_sidecars_start_in_order_and_stop_after_the_main_container_in_reverse()
     // The runtime's truth: the main container first, then the sidecars in reverse order.
     assert!(exited[2] < exited[1] && exited[1] < exited[0], "stop order app, second, first: {exited:?}");
 
-    let app = wait_agent(&agent, "sidecars", "app", "judged", Duration::from_secs(30), judged);
+    let app = agent.wait_named("sidecars", "app", "judged", Duration::from_secs(30), judged);
     assert_eq!(outcome(&app), "exited_within_grace", "{app:#}");
     assert_eq!(app["last_termination"]["cause"], "deleted", "{app:#}");
     assert_eq!(grace_s(&app), 10.0, "{app:#}");
     for name in ["second", "first"] {
-        let c = wait_agent(&agent, "sidecars", name, "judged in its turn", Duration::from_secs(30), |c| {
+        let c = agent.wait_named("sidecars", name, "judged in its turn", Duration::from_secs(30), |c| {
             judged(c) && !c["sidecar_order"].is_null()
         });
         eprintln!("{name}: {} grace {:.1} s, order {}", outcome(&c), grace_s(&c), c["sidecar_order"]["verdict"]);
@@ -325,7 +292,7 @@ fn restart_rules_restart_a_never_pods_container_on_exit_42_and_not_on_1() {
     assert_eq!(status["lastState"]["terminated"]["exitCode"], 42, "{status}");
     assert_eq!(status["state"]["terminated"]["exitCode"], 1, "{status}");
 
-    let c = wait_agent(&agent, "rules", "app", "ended after its restart", Duration::from_secs(30), |c| {
+    let c = agent.wait_named("rules", "app", "ended after its restart", Duration::from_secs(30), |c| {
         c["restart_count"] == 1 && c["state"]["state"] == "terminated"
     });
     eprintln!("agent: restart {} state {} backoff {}", c["restart_count"], c["state"], c["last_backoff"]);

@@ -9,7 +9,11 @@
 use std::time::{Duration, Instant};
 
 use lifecycle_testkit::{
-    agent::{get, Agent},
+    agent::{
+        get,
+        view::{grace_s, judged, outcome, running},
+        Agent,
+    },
     kube::{self, container_status, Kube},
 };
 use serde_json::Value;
@@ -47,31 +51,7 @@ fn apply(kube: &Kube, name: &str, script: &str, edit: impl FnOnce(&mut Value)) {
 
 /// The agent's view of container `app` of pod `name`, once `done` holds (within `within`).
 fn wait_agent(agent: &Agent, name: &str, what: &str, within: Duration, done: impl Fn(&Value) -> bool) -> Value {
-    let began = Instant::now();
-    loop {
-        let found = agent.containers().into_iter().find(|c| c["pod"] == name && c["container"] == "app");
-        if let Some(c) = found.as_ref().filter(|c| done(c)) {
-            return c.clone();
-        }
-        assert!(began.elapsed() < within, "{name}: not {what} within {within:?}; last seen: {found:#?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn running(c: &Value) -> bool {
-    c["state"]["state"] == "running"
-}
-
-fn judged(c: &Value) -> bool {
-    !c["last_termination"].is_null()
-}
-
-fn outcome(c: &Value) -> &str {
-    c["last_termination"]["outcome"]["kind"].as_str().unwrap_or_default()
-}
-
-fn grace_s(c: &Value) -> f64 {
-    c["last_termination"]["grace_ns"].as_f64().unwrap_or(-1.0) / SECOND
+    agent.wait_named(name, "app", what, within, done)
 }
 
 #[test]

@@ -100,6 +100,27 @@ impl Agent {
 }
 
 impl Agent {
+    /// The agent's view of `container` of the pod named `pod`, once `done` holds, polled for at
+    /// most `within` (`what` names the wait in the failure).
+    pub fn wait_named(
+        &self,
+        pod: &str,
+        container: &str,
+        what: &str,
+        within: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let began = Instant::now();
+        loop {
+            let found = self.containers().into_iter().find(|c| c["pod"] == pod && c["container"] == container);
+            if let Some(c) = found.as_ref().filter(|c| done(c)) {
+                return c.clone();
+            }
+            assert!(began.elapsed() < within, "{pod}/{container}: not {what} within {within:?}; last seen: {found:#?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The agent's pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -149,4 +170,27 @@ pub fn metric_sum(text: &str, family: &str) -> f64 {
         .filter(|line| line.strip_prefix(family).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
         .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum()
+}
+
+/// Reading one container of the agent's `/api/v1/containers` answer.
+pub mod view {
+    use serde_json::Value;
+
+    pub fn running(c: &Value) -> bool {
+        c["state"]["state"] == "running"
+    }
+
+    pub fn judged(c: &Value) -> bool {
+        !c["last_termination"].is_null()
+    }
+
+    /// The last termination's outcome kind (empty when not judged).
+    pub fn outcome(c: &Value) -> &str {
+        c["last_termination"]["outcome"]["kind"].as_str().unwrap_or_default()
+    }
+
+    /// The grace period of the last termination in seconds (-1 when not judged).
+    pub fn grace_s(c: &Value) -> f64 {
+        c["last_termination"]["grace_ns"].as_f64().unwrap_or(-1.0) / 1e9
+    }
 }
