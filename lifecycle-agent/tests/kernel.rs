@@ -258,6 +258,16 @@ fn signals_a_process_handles_inside_its_cgroup_are_counted_by_number_not_recorde
     assert_eq!(counters.unrecorded_signals, unrecorded);
 }
 
+/// The pid of the process that began a new pid namespace in `cg` (`unshare --pid --fork`'s child).
+fn namespace_init(hub: &Hub, cg: &TestCgroup) -> u32 {
+    hub.wait_for(
+        "the exec of the namespace's init",
+        |e| e.cgroup_id == cg.id && matches!(e.detail, Detail::Exec { namespace_init: true, .. }),
+        |m| !m.is_empty(),
+    )[0]
+    .tgid
+}
+
 #[test]
 fn handled_signals_to_a_pid_namespace_init_from_inside_are_counted_not_recorded() {
     require_privileges!();
@@ -271,12 +281,7 @@ fn handled_signals_to_a_pid_namespace_init_from_inside_are_counted_not_recorded(
     let script = "trap : USR2; kill -USR2 $$; sh -c 'trap : USR2; kill -USR2 $$; kill -USR2 1'; exit 0";
     let mut child = cg.spawn(Command::new("/usr/bin/unshare").args(["--pid", "--fork", "/bin/sh", "-c", script]));
     assert!(child.wait().expect("wait").success());
-    let init = hub.wait_for(
-        "the exec of the namespace's init",
-        |e| e.cgroup_id == cg.id && matches!(e.detail, Detail::Exec { namespace_init: true, .. }),
-        |m| !m.is_empty(),
-    )[0]
-    .tgid;
+    let init = namespace_init(hub, &cg);
     // The init's exit follows every signal into the ring: once it is read, a signal record
     // would have been too.
     hub.wait_for(
@@ -299,12 +304,7 @@ fn a_stop_request_the_namespace_init_passes_on_is_recorded_even_when_handled() {
                   kill -TERM $child; kill -KILL $child; wait; exit 0";
     let mut child = cg.spawn(Command::new("/usr/bin/unshare").args(["--pid", "--fork", "/bin/sh", "-c", script]));
     assert!(child.wait().expect("wait").success());
-    let init = hub.wait_for(
-        "the exec of the namespace's init",
-        |e| e.cgroup_id == cg.id && matches!(e.detail, Detail::Exec { namespace_init: true, .. }),
-        |m| !m.is_empty(),
-    )[0]
-    .tgid;
+    let init = namespace_init(hub, &cg);
     let records = hub.wait_for(
         "the TERM and the KILL the init sent",
         |e| e.cgroup_id == cg.id && e.tgid == init && matches!(e.detail, Detail::Signal { .. }),
