@@ -88,6 +88,7 @@ pub struct ProbeMetrics {
     connections: ConnectionCounters,
     forbidden: IntCounter,
     series_dropped: IntCounter,
+    ports_untracked: IntCounter,
     /// Last result per exported (target, check label), to count transitions.
     last: Mutex<HashMap<(ProbeTarget, String), bool>>,
     /// (target, check label) left out by the per-pod cap, so each is counted once.
@@ -182,7 +183,15 @@ impl ProbeMetrics {
         registry.register(Box::new(declarations_refused.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(forbidden.clone()))?;
+        let ports_untracked = IntCounter::with_opts(
+            Opts::new(
+                "probe_ports_untracked_total",
+                "Listener events and samples of undeclared ports not tracked because a container's probe already tracks 64 (declared ports always are).",
+            )
+            .namespace(NAMESPACE),
+        )?;
         registry.register(Box::new(series_dropped.clone()))?;
+        registry.register(Box::new(ports_untracked.clone()))?;
         Ok(Arc::new(Self {
             stalls: Mutex::new(Vec::new()),
             result,
@@ -193,6 +202,7 @@ impl ProbeMetrics {
             connections: ConnectionCounters::from_family(&connections),
             forbidden,
             series_dropped,
+            ports_untracked,
             last: Mutex::new(HashMap::new()),
             dropped: Mutex::new(HashSet::new()),
         }))
@@ -265,6 +275,11 @@ impl ProbeMetrics {
     }
 
     /// Counts one refused declaration entry.
+    /// A port a container's probe did not track (see `pod::MAX_TRACKED_PORTS`).
+    pub fn record_untracked_port(&self) {
+        self.ports_untracked.inc();
+    }
+
     pub fn record_refusal(&self, reason: RefusalReason) {
         self.declarations_refused.with_label_values(&[reason.label()]).inc();
     }

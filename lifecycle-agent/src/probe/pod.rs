@@ -85,9 +85,12 @@ impl PodState {
     /// The progress of `port`, made with `new` if there is room for it (see
     /// [`MAX_TRACKED_PORTS`]).
     fn port_progress(&mut self, port: u16, new: impl FnOnce() -> AcceptProgress) -> Option<&mut AcceptProgress> {
-        let room = self.observed.tcp.len() < MAX_TRACKED_PORTS + self.declared_ports.len();
-        if !self.observed.tcp.contains_key(&port) && !self.declared_ports.contains(&port) && !room {
-            return None;
+        if !self.observed.tcp.contains_key(&port) && !self.declared_ports.contains(&port) {
+            // Only undeclared ports count against the cap (at most 64 + 16 entries to look at).
+            let undeclared = self.observed.tcp.keys().filter(|p| !self.declared_ports.contains(p)).count();
+            if undeclared >= MAX_TRACKED_PORTS {
+                return None;
+            }
         }
         Some(self.observed.tcp.entry(port).or_insert_with(new))
     }
@@ -187,6 +190,7 @@ impl PodProbe {
                 if tcp.netns == self.netns =>
             {
                 let Some(progress) = state.port_progress(tcp.local_port, AcceptProgress::default) else {
+                    self.count_untracked_port();
                     return false;
                 };
                 match event.detail {
@@ -237,6 +241,7 @@ impl PodProbe {
             }
             for (port, (count, depth, backlog)) in by_port {
                 let Some(progress) = state.port_progress(port, || AcceptProgress::already_listening(count)) else {
+                    self.count_untracked_port();
                     continue;
                 };
                 progress.reconcile_listeners(now, count);
@@ -253,6 +258,12 @@ impl PodProbe {
         }
         self.record_all(&state, now);
         Ok(())
+    }
+
+    fn count_untracked_port(&self) {
+        if let Some(metrics) = &self.metrics {
+            metrics.record_untracked_port();
+        }
     }
 
     fn read_file(root: Option<&std::fs::File>, pid: u32, path: &str) -> FileFacts {
@@ -482,5 +493,22 @@ impl ProbeAnswer for PodProbe {
                 forbidden()
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_container_listening_on_every_port_keeps_a_bounded_probe_state_and_its_declared_ports() {
+        // Issue 18: a pod listening on every port grew the probe's per-port state without bound.
+        let mut state = PodState { declared_ports: [8080, 9090].into_iter().collect(), ..PodState::default() };
+        let tracked =
+            (1..=20_000u16).filter(|&port| state.port_progress(port, AcceptProgress::default).is_some()).count();
+        assert_eq!(tracked, MAX_TRACKED_PORTS + 2, "the declared ports are tracked beyond the 64 others");
+        assert!(state.observed.tcp.contains_key(&8080) && state.observed.tcp.contains_key(&9090));
+        assert!(state.observed.tcp.len() <= MAX_TRACKED_PORTS + 2);
+        assert!(state.port_progress(30_000, AcceptProgress::default).is_none(), "full: an undeclared port is left out");
     }
 }
