@@ -543,14 +543,18 @@ fn probe_answers_survive_two_agent_restarts() {
 
     for (old, new) in [(0, 1), (1, 2)] {
         start_agent(&guard.names[new]);
-        // Ready means it serves the listener it took over; the log says it took it.
-        let log = agent_log(&kube, &guard.names[new]);
-        assert!(
-            log.contains("probe listener for default/probed") && log.contains("taken over from the previous agent"),
-            "{} took the probed pod's listener from {}:\n{log}",
-            guard.names[new],
-            guard.names[old]
-        );
+        // Ready means it serves the listener it took over; the log says it took it (the runtime
+        // copies the agent's stderr into the log file a moment later: read until it is there).
+        let took = |log: &str| {
+            log.contains("probe listener for default/probed") && log.contains("taken over from the previous agent")
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut log = agent_log(&kube, &guard.names[new]);
+        while !took(&log) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            log = agent_log(&kube, &guard.names[new]);
+        }
+        assert!(took(&log), "{} took the probed pod's listener from {}:\n{log}", guard.names[new], guard.names[old]);
         delete_agent_pod_named(&kube, &guard.names[old]);
         // A few probe periods served by the new agent alone.
         let settle = Instant::now();
