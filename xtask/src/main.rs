@@ -4,6 +4,7 @@
 mod bench;
 mod bench_probes;
 mod fuzz;
+mod image;
 mod kubernetes;
 mod kubernetes_modern;
 mod lock;
@@ -34,6 +35,9 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Bootstrap, build the agent in release mode and pack its OCI image archive (no registry,
+    /// no container engine): target/image/lifecycle-agent-<version>-<arch>.tar.
+    Image(image::ImageArgs),
     /// Bootstrap and run every test tier (unit, checks, kernel, runtime, hostile, kubelet, modern).
     Test {
         /// Run only these tiers (repeatable): unit, checks, kernel, runtime, hostile, kubelet, modern.
@@ -93,6 +97,10 @@ fn main() -> Result<()> {
             eprintln!("xtask: starting {} run {}", binary.display(), args.join(" "));
             let err = Command::new(&binary).arg("run").args(&args).exec();
             Err(err).with_context(|| format!("starting {}", binary.display()))
+        }
+        Task::Image(args) => {
+            bootstrap()?;
+            image::run(&args)
         }
         Task::Test { tiers } => {
             bootstrap()?;

@@ -1,12 +1,11 @@
 //! An image of the agent itself, for running deploy/daemonset.yaml's pod template on the node:
-//! the test's agent binary (dynamically linked: the shared libraries `ldd` lists and the dynamic
-//! loader go in at the same paths) plus busybox-static with its applet links for debugging
-//! (`kubectl exec`), packed as an OCI image-layout tarball and imported into the node's
-//! containerd with `ctr -n k8s.io images import`. No registry is involved: pods run it with
-//! `imagePullPolicy: Never`.
+//! the test's agent binary packed by the release image's builder (`lifecycle_image::agent`, the
+//! one `xtask/x.sh image` uses: the binary, its shared libraries and loader, no shell), imported
+//! into the node's containerd with `ctr -n k8s.io images import`. No registry is involved: pods
+//! run it with `imagePullPolicy: Never`. The tests need no shell in it: `kubectl exec` cannot
+//! reach this node's kubelet (it listens on loopback), and they read the agent over HTTP.
 
 use std::{
-    fs,
     path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
@@ -16,12 +15,11 @@ use anyhow::{bail, Context, Result};
 use k8s_cri::v1 as cri;
 
 use super::Kube;
-use crate::containerd::image::{busybox_rootfs, pack_oci};
 
 /// The agent image's name (never pulled).
 pub const AGENT_IMAGE: &str = "docker.io/library/lifecycle-agent:local";
-/// Where the binary is in the image (as in deploy/Containerfile).
-pub const AGENT_PATH: &str = "/usr/local/bin/lifecycle-agent";
+/// Where the binary is in the image.
+pub const AGENT_PATH: &str = lifecycle_image::agent::AGENT_PATH;
 
 impl Kube {
     /// Builds the agent image from `binary` (`env!("CARGO_BIN_EXE_lifecycle-agent")`) in the run
@@ -63,45 +61,12 @@ impl Kube {
     }
 }
 
-/// The rootfs and its OCI image-layout tarball, under `dir`.
+/// The image's archive, under `dir`.
 fn build(dir: &Path, binary: &Path) -> Result<PathBuf> {
-    let rootfs = dir.join("rootfs");
-    busybox_rootfs(&rootfs, &["usr/local/bin"])?;
-    fs::copy(binary, rootfs.join(AGENT_PATH.trim_start_matches('/')))
-        .with_context(|| format!("copy {}", binary.display()))?;
-    for library in shared_libraries(binary)? {
-        let target = rootfs.join(library.strip_prefix("/").unwrap_or(&library));
-        if let Some(parent) = target.parent() {
-            fs::create_dir_all(parent).with_context(|| format!("create dir for {}", library.display()))?;
-        }
-        // fs::copy follows symlinks: the file lands under the name the loader asks for.
-        fs::copy(&library, &target).with_context(|| format!("copy {}", library.display()))?;
-    }
-    let config = serde_json::json!({
-        "Env": ["PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-        "Entrypoint": [AGENT_PATH],
-        "Cmd": ["run", "--listen", "0.0.0.0:9890"],
-        "WorkingDir": "/",
-    });
-    pack_oci(dir, &rootfs, AGENT_IMAGE, config)
-}
-
-/// The absolute paths `ldd` prints for `binary`: each `name => /path (addr)` and the loader's
-/// `/path (addr)` line (the vDSO has no path).
-fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
-    let output = Command::new("ldd").arg(binary).output().context("run ldd")?;
-    if !output.status.success() {
-        bail!("ldd {}: {}", binary.display(), String::from_utf8_lossy(&output.stderr).trim());
-    }
-    let libraries: Vec<PathBuf> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| {
-            let path = line.split_once("=>").map_or(line, |(_, path)| path).split_whitespace().next()?;
-            path.starts_with('/').then(|| PathBuf::from(path))
-        })
-        .collect();
-    if libraries.is_empty() {
-        bail!("ldd lists no libraries for {}", binary.display());
-    }
-    Ok(libraries)
+    let archive = dir.join("image.tar");
+    let revision = lifecycle_image::agent::git_revision(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .unwrap_or_else(|| "unknown".to_owned());
+    let image = lifecycle_image::agent::AgentImage { binary, name: AGENT_IMAGE, revision: &revision };
+    lifecycle_image::agent::build(&image, &dir.join("staging"), &archive).context("build the agent image")?;
+    Ok(archive)
 }
