@@ -59,11 +59,17 @@ struct StatusArgs {
     /// over TLS.
     #[arg(long)]
     insecure_send_token: bool,
-    /// Speak HTTPS to --server (an agent run with --tls-cert-file), trusting the CA certificates
-    /// in this PEM file; the agent's certificate must name --server's address.
+    /// Speak HTTPS to --server, trusting the CA certificates in this PEM file; the agent's
+    /// certificate must name --server's address. Default for a --server that is not a loopback
+    /// address: the CA of the certificate the agent made at start
+    /// (/run/lifecycle-agent/serving-ca.crt, as the DaemonSet runs it), when that file exists.
     #[arg(long)]
     ca_file: Option<PathBuf>,
 }
+
+/// Where the DaemonSet's agent (`--handoff-dir /run/lifecycle-agent`) writes the CA of the
+/// certificate it made at start.
+const DEFAULT_AGENT_CA: &str = "/run/lifecycle-agent/serving-ca.crt";
 
 /// Where a pod's service-account token is mounted.
 const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
@@ -409,8 +415,12 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
         None => std::fs::read_to_string(SERVICE_ACCOUNT_TOKEN).ok(),
     };
     let token = token.as_deref().map(str::trim);
-    let transport = match &args.ca_file {
-        Some(ca_file) => lifecycle_agent::cli::status::Transport::Tls { ca_file: ca_file.clone() },
+    let ca_file = args.ca_file.clone().or_else(|| {
+        let made_at_start = PathBuf::from(DEFAULT_AGENT_CA);
+        (!args.server.ip().is_loopback() && made_at_start.is_file()).then_some(made_at_start)
+    });
+    let transport = match ca_file {
+        Some(ca_file) => lifecycle_agent::cli::status::Transport::Tls { ca_file },
         None => lifecycle_agent::cli::status::Transport::Plain,
     };
     // A bearer token crossing the network in clear is a credential given away: only with consent.

@@ -232,10 +232,22 @@ pub async fn serve_within(
         let tls = routes.tls.clone();
         tokio::spawn(async move {
             let _slot = (slot, place);
+            // With TLS on, the first byte tells a handshake from a plain request, so one port
+            // serves HTTPS to clients with credentials and plain HTTP to Prometheus and
+            // host-network pods' probes. The wait counts against the request head's time.
+            let tls = match tls {
+                None => None,
+                Some(acceptor) => match tokio::time::timeout(limits.head_timeout, opens_tls(&stream)).await {
+                    Ok(Ok(true)) => Some(acceptor),
+                    Ok(Ok(false)) => None,
+                    Ok(Err(_)) | Err(_) => return,
+                },
+            };
+            let encrypted = tls.is_some();
             let service = service_fn(move |request| {
                 let routes = Arc::clone(&routes);
                 async move {
-                    if let Some(refusal) = check_access(&routes, &request, peer.ip()).await {
+                    if let Some(refusal) = check_access(&routes, &request, peer.ip(), encrypted).await {
                         return Ok::<_, Infallible>(refusal);
                     }
                     let response = route(&routes, &request);
@@ -297,8 +309,25 @@ fn release_free_memory() {
     }
 }
 
+/// Whether a connection opens with a TLS handshake record (content type 22), read without
+/// taking the byte; an error when the client closed before sending anything.
+async fn opens_tls(stream: &tokio::net::TcpStream) -> std::io::Result<bool> {
+    const HANDSHAKE: u8 = 0x16;
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first).await? {
+        0 => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        _ => Ok(first[0] == HANDSHAKE),
+    }
+}
+
 /// The refusal for an `/api/*` request the gate does not let through; None to serve it.
-async fn check_access(routes: &Routes, request: &Request<Incoming>, peer: IpAddr) -> Option<Response<Full<Bytes>>> {
+/// `encrypted`: the request came over TLS.
+async fn check_access(
+    routes: &Routes,
+    request: &Request<Incoming>,
+    peer: IpAddr,
+    encrypted: bool,
+) -> Option<Response<Full<Bytes>>> {
     let gate = routes.gate.as_ref()?;
     let path = request.uri().path();
     let gated = path.starts_with("/api/") || (path == "/metrics" && routes.metrics_gated());
@@ -307,6 +336,12 @@ async fn check_access(routes: &Routes, request: &Request<Incoming>, peer: IpAddr
     }
     if path.starts_with("/api/v1/probe/") && routes.probe_sources.as_ref().is_some_and(|s| s.allows(peer)) {
         return None;
+    }
+    // A credential in clear across the network is given away whatever the answer: with TLS
+    // served, one from off this host is not even looked at, so no client can come to rely on
+    // sending it that way (`status` and the kubectl plugin never do).
+    if !encrypted && routes.tls.is_some() && !peer.to_canonical().is_loopback() {
+        return Some(text(StatusCode::FORBIDDEN, "this agent takes credentials over HTTPS only (same port)\n"));
     }
     let authorization = request.headers().get(header::AUTHORIZATION).map(|value| value.as_bytes());
     match gate.check(authorization, path).await {
@@ -546,5 +581,58 @@ mod tests {
         let with_token = get("GET /metrics HTTP/1.0\r\nAuthorization: Bearer t\r\n\r\n").await;
         assert!(with_token.starts_with("HTTP/1.0 503"), "{with_token}");
         assert!(get("GET /healthz HTTP/1.0\r\n\r\n").await.starts_with("HTTP/1.0 200"));
+    }
+
+    #[tokio::test]
+    async fn with_tls_one_port_takes_credentials_over_https_only_and_serves_the_rest_plain() {
+        // Issue 18: with --api-auth kubernetes the agent served /api/* in clear unless given a
+        // certificate. Now it makes one, and a credential in clear from off the host is refused.
+        use rustls_pki_types::{pem::PemObject as _, CertificateDer, ServerName};
+        let node_address = if_addrs::get_if_addrs()
+            .expect("interfaces")
+            .into_iter()
+            .map(|i| i.ip())
+            .find(|ip| ip.is_ipv4() && !ip.is_loopback())
+            .expect("this host has a non-loopback IPv4 address");
+        let generated =
+            crate::agent::tls::generate(crate::agent::tls::serving_names("0.0.0.0".parse().expect("ip"), None))
+                .expect("a certificate");
+        let mut routes = routes(Some(ApiGate::new(None, None).expect("gate")), None);
+        routes.tls = Some(generated.acceptor);
+        let listener = bind("0.0.0.0:0".parse().expect("addr")).await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let (_stop, stopped) = watch::channel(false);
+        tokio::spawn(serve_within(listener, Arc::new(routes), stopped, Limits::default()));
+        let off_host = SocketAddr::new(node_address, port);
+        let on_host = SocketAddr::from(([127, 0, 0, 1], port));
+        const WITH_TOKEN: &str = "GET /api/v1/containers HTTP/1.0\r\nAuthorization: Bearer t\r\n\r\n";
+
+        // Plain HTTP still serves what needs no credential, to anyone.
+        assert!(exchange(off_host, "GET /metrics HTTP/1.0\r\n\r\n").await.starts_with("HTTP/1.0 200"));
+        // A token in clear from off the host is refused before the gate sees it.
+        let refused = exchange(off_host, WITH_TOKEN).await;
+        assert!(refused.starts_with("HTTP/1.0 403") && refused.contains("HTTPS only"), "{refused}");
+        // From this host it reaches the gate (no API server here: unavailable).
+        assert!(exchange(on_host, WITH_TOKEN).await.starts_with("HTTP/1.0 503"));
+
+        // Over TLS, trusting only the CA the agent wrote out, at the node's address: the
+        // certificate names it, and the request reaches the gate.
+        let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_slice_iter(generated.ca_pem.as_bytes()) {
+            roots.add(ca.expect("CA certificate")).expect("a usable CA");
+        }
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocols")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = tokio::net::TcpStream::connect(off_host).await.expect("connect");
+        let mut tls = connector.connect(ServerName::IpAddress(node_address.into()), tcp).await.expect("TLS handshake");
+        tls.write_all(WITH_TOKEN.as_bytes()).await.expect("send");
+        let mut answer = String::new();
+        let _ = tls.read_to_string(&mut answer).await;
+        assert!(answer.starts_with("HTTP/1.0 503"), "{answer}");
     }
 }

@@ -74,6 +74,7 @@ pub(super) async fn pod_loop(
     source: KubeSource,
     tracker: Arc<Mutex<NodeTracker>>,
     metrics: KubeMetrics,
+    probes_wanted: Arc<tokio::sync::Notify>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let stream = source.pods();
@@ -99,6 +100,9 @@ pub(super) async fn pod_loop(
                         seen.insert(facts.uid.clone());
                     }
                     lock().apply_pod(facts);
+                    // A new pod, or a changed declaration: its probe listener now, not at the
+                    // supervisor's next tick (the kubelet's first probe may come first).
+                    probes_wanted.notify_one();
                 }
             }
             PodChange::Listed => {

@@ -216,17 +216,31 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         }
     };
     let supervisor = supervisor.with_handoff(adopted, registry, heartbeats.settled.clone());
-    tokio::spawn(supervisor.run(tracker.clone(), Duration::from_secs(1), heartbeats.clone()));
+    let probes_wanted = Arc::new(Notify::new());
+    tokio::spawn(supervisor.run(tracker.clone(), Duration::from_secs(1), probes_wanted.clone(), heartbeats.clone()));
 
     let metadata_wanted = Arc::new(Notify::new());
     let runtime_metrics = RuntimeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let mut runtime = RuntimeLink::new(config.cri_socket.clone(), runtime_metrics);
     runtime.refresh(&tracker).await;
-    tokio::spawn(runtime_loop(runtime, tracker.clone(), metadata_wanted.clone(), config.cri_refresh, shutdown.clone()));
+    tokio::spawn(runtime_loop(
+        runtime,
+        tracker.clone(),
+        metadata_wanted.clone(),
+        probes_wanted.clone(),
+        config.cri_refresh,
+        shutdown.clone(),
+    ));
     let review_client = kube.as_ref().filter(|_| config.api_auth).map(|source| source.client());
     if let Some(source) = kube {
         let kube_metrics = kube::KubeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
-        tokio::spawn(kube::pod_loop(source.clone(), tracker.clone(), kube_metrics.clone(), shutdown.clone()));
+        tokio::spawn(kube::pod_loop(
+            source.clone(),
+            tracker.clone(),
+            kube_metrics.clone(),
+            probes_wanted.clone(),
+            shutdown.clone(),
+        ));
         tokio::spawn(kube::kill_loop(source.clone(), tracker.clone(), kube_metrics, shutdown.clone()));
         if config.events {
             let counts = events::register(metrics.registry()).map_err(MetricsError::from)?;
@@ -255,19 +269,30 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     }
     let tls = match &config.tls {
         Some((cert, key)) => Some(tls::acceptor(cert, key)?),
-        None => {
-            if config.api_auth && !config.listen.ip().is_loopback() {
-                log::warn!(
-                    "--api-auth kubernetes on {} without --tls-cert-file: bearer tokens cross the network in clear",
-                    config.listen
-                );
-            }
-            None
+        // Bearer tokens must not cross the network in clear: with auth on, TLS is on too, with
+        // a certificate of the agent's own when the operator gave none.
+        None if config.api_auth => {
+            let names = tls::serving_names(config.listen.ip(), config.node_name.as_deref());
+            let generated = tls::generate(names)?;
+            let written = config.handoff_dir.as_ref().map(|dir| {
+                let path = dir.join(tls::GENERATED_CA_FILE);
+                match write_public_file(&path, generated.ca_pem.as_bytes()) {
+                    Ok(()) => format!("; its CA is in {}", path.display()),
+                    Err(err) => format!("; its CA could not be written to {}: {err}", path.display()),
+                }
+            });
+            log::info!(
+                "--api-auth kubernetes without --tls-cert-file: serving a certificate made at start for {}{}",
+                generated.names.join(", "),
+                written.unwrap_or_default()
+            );
+            Some(generated.acceptor)
         }
+        None => None,
     };
-    let scheme = if tls.is_some() { "https" } else { "http" };
+    let scheme = if tls.is_some() { "https (and http without credentials)" } else { "http" };
     let listener = http::bind(config.listen).await?;
-    log::info!("serving /metrics, /healthz and /api/v1/containers on {scheme}://{}", config.listen);
+    log::info!("serving /metrics, /healthz and /api/v1/containers on {}, {scheme}", config.listen);
     let api = ContainersApi { tracker: tracker.clone(), probes: node_probes.clone() };
     let routes = Arc::new(Routes {
         metrics,
@@ -314,4 +339,17 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     drop(sensor);
     let _ = server.await;
     Ok(())
+}
+
+/// Writes `bytes` to `path` (readable by all: a certificate, nothing secret) by a rename, so a
+/// reader never sees half of it.
+fn write_public_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let staging = path.with_extension(format!("{}.tmp", std::process::id()));
+    std::fs::write(&staging, bytes)?;
+    std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o644))?;
+    std::fs::rename(&staging, path)
 }

@@ -112,11 +112,12 @@ impl RuntimeLink {
 }
 
 /// Refreshes every `period`, when a container asks for a name (`wanted`), and while the runtime
-/// is away, with back-off from [`MIN_RETRY`] to [`MAX_RETRY`], until shutdown.
+/// is away (waking the probe supervisor, `probes_wanted`, after each answer), with back-off from [`MIN_RETRY`] to [`MAX_RETRY`], until shutdown.
 pub(super) async fn runtime_loop(
     mut link: RuntimeLink,
     tracker: Arc<Mutex<NodeTracker>>,
     wanted: Arc<Notify>,
+    probes_wanted: Arc<Notify>,
     period: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -142,6 +143,10 @@ pub(super) async fn runtime_loop(
         }
         last_attempt = Instant::now();
         up = link.refresh(&tracker).await;
+        if up {
+            // Containers just named may declare probes: the supervisor looks now.
+            probes_wanted.notify_one();
+        }
         retry = if up { MIN_RETRY } else { (retry * 2).min(MAX_RETRY) };
     }
 }

@@ -131,6 +131,9 @@ pub struct ProbeSupervisor {
 
 /// How long sockets taken from the previous agent wait for their pods to be known again.
 pub const ADOPTION_WINDOW: Duration = Duration::from_secs(30);
+/// Least time between passes made on notice (`run`'s `wanted`): a node starting, or a burst of
+/// pod updates, costs a pass per this, not one per update.
+pub const MIN_PASS_GAP: Duration = Duration::from_millis(100);
 
 impl ProbeSupervisor {
     /// Serves the listeners `adopted` from the previous agent (see `handoff.rs`) instead of
@@ -341,37 +344,53 @@ impl ProbeSupervisor {
         }
     }
 
-    /// Runs reconciliation every `period` until shutdown.
+    /// Runs reconciliation every `period`, and soon after `wanted` is notified (a pod or a
+    /// container became known: its listener must be there before the kubelet's first probe),
+    /// until shutdown. Passes on notice are at least [`MIN_PASS_GAP`] apart, so a burst of pod
+    /// updates costs a few passes, not one each.
     /// Beats `heartbeats` after each pass, so `/healthz` tells a stuck supervisor.
     ///
     /// Each pass runs on the blocking pool: it reads /proc, opens netlink sockets in pods'
     /// namespaces and reads declared files (each read bounded by
     /// [`super::pod::FILE_READ_TIMEOUT`]), none of which belongs on the workers that answer
     /// requests.
-    pub async fn run(self, tracker: Arc<Mutex<NodeTracker>>, period: Duration, heartbeats: Arc<Heartbeats>) {
+    pub async fn run(
+        self,
+        tracker: Arc<Mutex<NodeTracker>>,
+        period: Duration,
+        wanted: Arc<tokio::sync::Notify>,
+        heartbeats: Arc<Heartbeats>,
+    ) {
         let mut ticker = tokio::time::interval(period);
         let mut shutdown = self.shutdown.clone();
         let mut supervisor = self;
+        let mut last_pass = Instant::now();
         loop {
+            let woken = async {
+                wanted.notified().await;
+                tokio::time::sleep(MIN_PASS_GAP.saturating_sub(last_pass.elapsed())).await;
+            };
             tokio::select! {
-                _ = ticker.tick() => {
-                    let tracker = Arc::clone(&tracker);
-                    let pass = tokio::task::spawn_blocking(move || {
-                        supervisor.reconcile(&tracker);
-                        supervisor
-                    });
-                    supervisor = match pass.await {
-                        Ok(supervisor) => supervisor,
-                        Err(err) => {
-                            // Its heartbeat stops: /healthz fails and the kubelet restarts the agent.
-                            log::error!("the probe supervisor failed: {err}; pod probe listeners are no longer kept");
-                            return;
-                        }
-                    };
-                    heartbeats.beat(Loop::ProbeSupervisor);
-                }
+                _ = ticker.tick() => {}
+                _ = woken => {}
                 _ = shutdown.changed() => return,
             }
+            last_pass = Instant::now();
+            let tracker = Arc::clone(&tracker);
+            let pass = tokio::task::spawn_blocking(move || {
+                supervisor.reconcile(&tracker);
+                supervisor
+            });
+            supervisor = match pass.await {
+                Ok(supervisor) => supervisor,
+                Err(err) => {
+                    // Its heartbeat stops: /healthz fails and the kubelet restarts the agent.
+                    log::error!("the probe supervisor failed: {err}; pod probe listeners are no longer kept");
+                    return;
+                }
+            };
+            heartbeats.beat(Loop::ProbeSupervisor);
+            ticker.reset();
         }
     }
 }
