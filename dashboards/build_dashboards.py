@@ -462,7 +462,7 @@ def overview() -> dict:
 
 def termination() -> dict:
     to_self = link_to(TERMINATION_UID, "termination-and-grace", "Show only this pod")
-    killed = f'{S}, outcome=~"sigkilled_after_grace|killed_without_grace"'
+    killed = f'{S}, outcome=~"sigkilled_after_grace|sigkilled_early|killed_without_grace"'
     oom = f'{S}, outcome="oom_killed"'
     panels = [
         row("From the alert to the pod"),

@@ -106,7 +106,7 @@ def render() -> str:
         e.sample("lifecycle_container_last_grace_used_ratio", 0.5, **l)
     e.family("lifecycle_terminations_total", "counter", "Terminations by outcome.")
     for l in short:
-        for outcome in ("exited_within_grace", "sigkilled_after_grace", "killed_without_grace", "stop_signal_not_observed", "oom_killed", "exited_without_stop_signal"):
+        for outcome in ("exited_within_grace", "sigkilled_after_grace", "sigkilled_early", "killed_without_grace", "stop_signal_not_observed", "oom_killed", "exited_without_stop_signal"):
             e.sample("lifecycle_terminations_total", tick if outcome == "exited_within_grace" else tick // 3, **l, outcome=outcome)
     e.family("lifecycle_grace_period_violations_total", "counter", "SIGKILLs after the grace period.")
     for l in per:

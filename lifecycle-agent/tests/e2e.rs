@@ -80,7 +80,7 @@ fn app_ignoring_sigterm_is_sigkilled_at_the_timeout_as_a_violation() {
     let o = &done["last_termination"]["outcome"];
     assert_eq!(o["grace_ns"].as_f64(), Some(2.0 * SECOND));
     assert_eq!(o["expected_kill_after_ns"].as_f64(), Some(2.0 * SECOND));
-    assert_eq!(o["killed_early"], false);
+    assert_eq!(o["sender"]["kind"], "runtime", "the runtime killed it, at the grace period");
     // containerd arms its timer after sending TERM and kills when it fires: 2 s plus the
     // runtime's own latency (measured 0.05-0.15 s here), never less than 2 s.
     let stop_to_kill = o["stop_to_kill_ns"].as_f64().expect("stop_to_kill") / SECOND;

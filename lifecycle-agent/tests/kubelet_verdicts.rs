@@ -85,14 +85,14 @@ fn stops_are_judged_with_the_grace_and_the_cause_the_kubelet_used() {
     let stubborn = wait_agent(&agent, "stubborn", "judged", Duration::from_secs(40), judged);
     assert_eq!(outcome(&stubborn), "sigkilled_after_grace", "{stubborn:#}");
     assert_eq!(grace_s(&stubborn), 2.0);
-    assert_eq!(stubborn["last_termination"]["outcome"]["killed_early"], false);
+    assert_eq!(stubborn["last_termination"]["outcome"]["sender"]["kind"], "runtime");
     assert_eq!((&stubborn["state"]["reason"], &stubborn["state"]["exit_code"]), (&"Error".into(), &137.into()));
     assert_eq!(stubborn["state"]["signal"], 9);
 
     let shortened = wait_agent(&agent, "shortened", "judged", Duration::from_secs(40), judged);
     assert_eq!(outcome(&shortened), "sigkilled_after_grace", "{shortened:#}");
     assert_eq!(grace_s(&shortened), 3.0, "the deletion's grace, not the spec's 30 s");
-    assert_eq!(shortened["last_termination"]["outcome"]["killed_early"], false, "no false alarm");
+    assert_eq!(shortened["last_termination"]["outcome"]["sender"]["kind"], "runtime");
     assert_eq!(shortened["last_termination"]["cause"], "deleted");
 
     let prestop = wait_agent(&agent, "prestop", "judged", Duration::from_secs(40), judged);

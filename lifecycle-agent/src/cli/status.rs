@@ -194,6 +194,11 @@ fn row(c: &Value, now: u64) -> [String; 8] {
                     let after = o.get("stop_to_kill_ns").and_then(Value::as_u64).map(age).unwrap_or_default();
                     format!("SIGKILLED after {after} (grace violated)")
                 }
+                "sigkilled_early" => {
+                    let after = o.get("stop_to_kill_ns").and_then(Value::as_u64).map(age).unwrap_or_default();
+                    let grace = o.get("grace_ns").and_then(Value::as_u64).map(age).unwrap_or_default();
+                    format!("SIGKILLED early, after {after} of {grace} grace (not the app's overrun)")
+                }
                 "exited_within_grace" => {
                     let ratio = o.get("grace_used_ratio").and_then(Value::as_f64).unwrap_or(0.0);
                     format!("exited within grace ({:.0}% used)", ratio * 100.0)

@@ -24,6 +24,7 @@ pub fn outcome(outcome: OutcomeKind) -> &'static str {
     match outcome {
         OutcomeKind::ExitedWithinGrace => "exited_within_grace",
         OutcomeKind::SigkilledAfterGrace => "sigkilled_after_grace",
+        OutcomeKind::SigkilledEarly => "sigkilled_early",
         OutcomeKind::KilledWithoutGrace => "killed_without_grace",
         OutcomeKind::StopSignalNotObserved => "stop_signal_not_observed",
         OutcomeKind::OomKilled => "oom_killed",
@@ -91,6 +92,7 @@ mod tests {
         assert_eq!(terminated_reason(TerminatedReason::OomKilled), "OOMKilled");
         assert_eq!(waiting_reason(WaitingReason::CrashLoopBackOff), "CrashLoopBackOff");
         assert_eq!(outcome(OutcomeKind::SigkilledAfterGrace), "sigkilled_after_grace");
+        assert_eq!(outcome(OutcomeKind::SigkilledEarly), "sigkilled_early");
         assert_eq!(sender_kind(SenderKind::SameContainer), "same_container");
         assert_eq!(verdict(Verdict::TooEarly), "too_early");
     }

@@ -169,7 +169,10 @@ impl NodeTracker {
     /// runtime's own doing. None when nothing stopped it (it exited, or was OOM-killed).
     pub(super) fn stop_cause(&mut self, key: &UnitKey, report: &TerminationReport) -> Option<StopCause> {
         let stopped = report.stop_signal.is_some()
-            || matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { .. })
+            || matches!(
+                report.outcome,
+                TerminationOutcome::SigkilledAfterGrace { .. } | TerminationOutcome::SigkilledEarly { .. }
+            )
             || matches!(
                 &report.outcome,
                 TerminationOutcome::KilledWithoutGrace { sender: Some(sender) }

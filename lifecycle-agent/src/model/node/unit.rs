@@ -20,7 +20,8 @@ use crate::model::{
     metadata::ContainerMeta,
     spec::{ContainerKind, StopCause},
     termination::{
-        OutcomeKind, PreStopHandler, SenderKind, TerminationOutcome, TerminationReport, TerminationSettings,
+        OutcomeKind, PreStopHandler, SenderKind, SignalSender, TerminationOutcome, TerminationReport,
+        TerminationSettings,
     },
 };
 
@@ -416,6 +417,21 @@ impl NodeTracker {
                     *grace_ns as f64 / 1e9
                 );
                 unit.warn(WarningReason::GracePeriodExceeded, note);
+            }
+            // The same story as the API's `sigkilled_early`: the app was cut short, and by whom.
+            TerminationOutcome::SigkilledEarly {
+                grace_ns, stop_to_kill_ns, expected_kill_after_ns, sender, ..
+            } => {
+                // Counted in `terminations` by its outcome; not a grace violation.
+                let by = sender.as_ref().map_or_else(|| "an unseen sender".to_owned(), SignalSender::describe);
+                let note = format!(
+                    "SIGKILLed by {by} {:.1}s after the stop signal, {:.1}s before its {:.0}s grace period \
+                     ran out: killed early, not an overrun by the app",
+                    *stop_to_kill_ns as f64 / 1e9,
+                    expected_kill_after_ns.saturating_sub(*stop_to_kill_ns) as f64 / 1e9,
+                    *grace_ns as f64 / 1e9
+                );
+                unit.warn(WarningReason::KilledBeforeGracePeriod, note);
             }
             TerminationOutcome::ExitedWithinGrace { grace_used_ratio, .. } => {
                 judgement.grace_used_ratio = Some(*grace_used_ratio);

@@ -15,6 +15,8 @@ const MAX_PENDING: usize = 8;
 pub enum WarningReason {
     /// The container was SIGKILLed after its grace period.
     GracePeriodExceeded,
+    /// The container was SIGKILLed before its grace period ran out: not the app's doing.
+    KilledBeforeGracePeriod,
     /// A restart came earlier or later than the kubelet's back-off allows.
     BackOffDeviation,
     /// The kubelet's reported status disagrees with what the kernel saw.
@@ -29,6 +31,7 @@ impl WarningReason {
     pub fn as_str(self) -> &'static str {
         match self {
             WarningReason::GracePeriodExceeded => "GracePeriodExceeded",
+            WarningReason::KilledBeforeGracePeriod => "KilledBeforeGracePeriod",
             WarningReason::BackOffDeviation => "BackOffDeviation",
             WarningReason::StatusDisagreement => "StatusDisagreement",
             WarningReason::AcceptStall => "AcceptStall",

@@ -316,14 +316,26 @@ impl TerminationTracker {
                 (Some(stop), kill) if kill.is_none_or(|k| k.time >= stop.time) => {
                     let kill_time = kill.map_or(exit_time, |k| k.time);
                     let stop_to_kill_ns = kill_time.saturating_sub(stop.time);
-                    TerminationOutcome::SigkilledAfterGrace {
-                        grace_ns,
-                        stop_to_kill_ns,
-                        expected_kill_after_ns,
-                        killed_early: stop_to_kill_ns.saturating_add(self.settings.kill_tolerance_ns)
-                            < expected_kill_after_ns,
-                        accepts_after_stop: self.accepts_after_stop,
-                        still_listening: self.listening_at(kill_time),
+                    let sender = kill.map(|k| k.sender.clone());
+                    let (accepts_after_stop, still_listening) = (self.accepts_after_stop, self.listening_at(kill_time));
+                    if stop_to_kill_ns.saturating_add(self.settings.kill_tolerance_ns) < expected_kill_after_ns {
+                        TerminationOutcome::SigkilledEarly {
+                            grace_ns,
+                            stop_to_kill_ns,
+                            expected_kill_after_ns,
+                            sender,
+                            accepts_after_stop,
+                            still_listening,
+                        }
+                    } else {
+                        TerminationOutcome::SigkilledAfterGrace {
+                            grace_ns,
+                            stop_to_kill_ns,
+                            expected_kill_after_ns,
+                            sender,
+                            accepts_after_stop,
+                            still_listening,
+                        }
                     }
                 }
                 (_, kill) => {

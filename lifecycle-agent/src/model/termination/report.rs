@@ -48,6 +48,17 @@ impl SignalSender {
         }
     }
 
+    /// The sender in words, for one-line notes ("the container runtime", "`kill` (pid
+    /// unknown)", ...).
+    pub fn describe(&self) -> String {
+        match self {
+            SignalSender::Runtime => "the container runtime".to_owned(),
+            SignalSender::Kubelet => "the kubelet".to_owned(),
+            SignalSender::SameContainer => "a process of the container itself".to_owned(),
+            SignalSender::OtherProcess { comm } => format!("`{}`", comm.escape_debug()),
+        }
+    }
+
     /// The runtime or the kubelet, the only senders a kubelet-driven stop comes from.
     pub fn is_kubelet_side(&self) -> bool {
         matches!(self, SignalSender::Runtime | SignalSender::Kubelet)
@@ -111,9 +122,27 @@ pub enum TerminationOutcome {
         stop_to_kill_ns: u64,
         /// When the model says the SIGKILL was due after the stop signal.
         expected_kill_after_ns: u64,
-        /// The SIGKILL came earlier than the model allows (minus the tolerance).
-        killed_early: bool,
+        /// The SIGKILL's sender, when it was seen.
+        sender: Option<SignalSender>,
         /// Connections the app accepted after the stop signal: it kept serving.
+        accepts_after_stop: u64,
+        /// The app still had a listening socket when it was killed.
+        still_listening: bool,
+    },
+    /// Not the app's doing: the stop signal came, and the SIGKILL came before the grace the
+    /// app was given had run out (minus the tolerance). Seen when the kubelet stops a
+    /// container twice (a forced deletion, an active deadline) and the runtime kills at the
+    /// second call's shorter timeout.
+    SigkilledEarly {
+        /// The effective grace period.
+        grace_ns: u64,
+        /// Stop signal to SIGKILL (to the exit when the SIGKILL itself was not seen).
+        stop_to_kill_ns: u64,
+        /// When the model says the SIGKILL was due after the stop signal.
+        expected_kill_after_ns: u64,
+        /// The SIGKILL's sender, when it was seen.
+        sender: Option<SignalSender>,
+        /// Connections the app accepted after the stop signal.
         accepts_after_stop: u64,
         /// The app still had a listening socket when it was killed.
         still_listening: bool,
@@ -144,6 +173,8 @@ pub enum OutcomeKind {
     ExitedWithinGrace,
     /// See [`TerminationOutcome::SigkilledAfterGrace`].
     SigkilledAfterGrace,
+    /// See [`TerminationOutcome::SigkilledEarly`].
+    SigkilledEarly,
     /// See [`TerminationOutcome::KilledWithoutGrace`].
     KilledWithoutGrace,
     /// See [`TerminationOutcome::StopSignalNotObserved`].
@@ -160,6 +191,7 @@ impl TerminationOutcome {
         match self {
             TerminationOutcome::ExitedWithinGrace { .. } => OutcomeKind::ExitedWithinGrace,
             TerminationOutcome::SigkilledAfterGrace { .. } => OutcomeKind::SigkilledAfterGrace,
+            TerminationOutcome::SigkilledEarly { .. } => OutcomeKind::SigkilledEarly,
             TerminationOutcome::KilledWithoutGrace { .. } => OutcomeKind::KilledWithoutGrace,
             TerminationOutcome::StopSignalNotObserved { .. } => OutcomeKind::StopSignalNotObserved,
             TerminationOutcome::OomKilled => OutcomeKind::OomKilled,

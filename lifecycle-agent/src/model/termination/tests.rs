@@ -129,7 +129,7 @@ fn sigkill_at_grace_is_a_violation() {
             grace_ns: 30 * S,
             stop_to_kill_ns: 30 * S + 90 * MS,
             expected_kill_after_ns: 30 * S,
-            killed_early: false,
+            sender: Some(SignalSender::Runtime),
             accepts_after_stop: 2,
             still_listening: true,
         }
@@ -147,9 +147,12 @@ fn deletion_grace_wins_and_early_kills_are_flagged() {
     let report = t.on_init_exit(105 * S, None, Some(SIGKILL));
     assert_eq!(report.grace_ns, 10 * S);
     match &report.outcome {
-        TerminationOutcome::SigkilledAfterGrace { killed_early, still_listening, expected_kill_after_ns, .. } => {
+        TerminationOutcome::SigkilledEarly {
+            still_listening, expected_kill_after_ns, stop_to_kill_ns, sender, ..
+        } => {
             assert_eq!(*expected_kill_after_ns, 10 * S);
-            assert!(*killed_early);
+            assert_eq!(*stop_to_kill_ns, 5 * S);
+            assert_eq!(sender, &Some(SignalSender::Runtime), "who killed it early");
             assert!(!*still_listening);
         }
         other => panic!("{other:?}"),
@@ -173,7 +176,7 @@ fn pre_stop_elapsed_whole_seconds_are_subtracted() {
     assert!(!pre_stop.overran_grace);
     // 5.9 s elapsed counts as 5 s: 30 - 5 = 25 s.
     assert_eq!(report.expected_kill_after_ns, 25 * S);
-    assert!(matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { killed_early: false, .. }));
+    assert!(matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { .. }));
 }
 
 #[test]
@@ -207,8 +210,7 @@ fn pre_stop_overrun_leaves_the_two_second_floor() {
     assert_eq!(report.expected_kill_after_ns, MINIMUM_GRACE_NS);
     assert!(report.pre_stop.as_ref().is_some_and(|p| p.overran_grace));
     match &report.outcome {
-        TerminationOutcome::SigkilledAfterGrace { killed_early, stop_to_kill_ns, .. } => {
-            assert!(!killed_early);
+        TerminationOutcome::SigkilledAfterGrace { stop_to_kill_ns, .. } => {
             assert_eq!(*stop_to_kill_ns, 2 * S + 5 * MS);
         }
         other => panic!("{other:?}"),
@@ -225,7 +227,7 @@ fn pre_stop_that_ate_most_of_the_grace_gets_the_floor() {
     let report = t.on_init_exit(131 * S + 520 * MS, None, Some(SIGKILL));
     // 29 whole seconds elapsed: 30 - 29 = 1 s, raised to the 2 s floor.
     assert_eq!(report.expected_kill_after_ns, 2 * S);
-    assert!(matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { killed_early: false, .. }));
+    assert!(matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { .. }));
 }
 
 #[test]
@@ -429,9 +431,8 @@ fn a_flood_of_ignored_signals_to_the_init_is_bounded_and_the_verdict_still_right
     assert_eq!(dropped, 100_000 - MAX_KEPT_RECORDS as u64);
     let report = t.on_init_exit(210 * S + 6 * MS, None, Some(SIGKILL));
     match &report.outcome {
-        TerminationOutcome::SigkilledAfterGrace { stop_to_kill_ns, killed_early, accepts_after_stop, .. } => {
+        TerminationOutcome::SigkilledAfterGrace { stop_to_kill_ns, accepts_after_stop, .. } => {
             assert_eq!(*stop_to_kill_ns, 10 * S + 5 * MS, "the pinned stop and kill are the first ones");
-            assert!(!*killed_early);
             assert_eq!(*accepts_after_stop, 10_000, "accepts past the kept times are still counted");
         }
         other => panic!("{other:?}"),

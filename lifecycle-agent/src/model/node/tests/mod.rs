@@ -186,7 +186,7 @@ fn late_metadata_links_the_instance_and_judges_with_its_grace_period() {
     let report = view.last_termination.expect("judged on linking");
     assert_eq!(report.grace_ns, 3 * SECOND, "the annotation's grace period, not the 30 s default");
     assert!(
-        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { stop_to_kill_ns, killed_early: false, .. } if stop_to_kill_ns == 3 * SECOND)
+        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { stop_to_kill_ns, .. } if stop_to_kill_ns == 3 * SECOND)
     );
     let unit = tracker.units().next().expect("unit");
     assert_eq!(unit.counters().grace_violations, 1);
@@ -371,7 +371,7 @@ fn containers_the_runtime_cannot_name_are_listed_by_id_and_named_when_it_answers
     tracker.apply(&signal(12 * SECOND, shim, (100, cg), 9));
     tracker.apply(&exit(12 * SECOND + 1000, 100, cg, None, Some(9)));
     let early = only_view(&tracker, 13 * SECOND).last_termination.expect("judged while unnamed");
-    assert!(matches!(early.outcome, TerminationOutcome::SigkilledAfterGrace { killed_early: true, .. }));
+    assert!(matches!(early.outcome, TerminationOutcome::SigkilledEarly { .. }));
     assert!(tracker.take_judgements().is_empty(), "no namespace yet: not in the distributions");
 
     let mut known = meta(1, 2);
@@ -386,7 +386,7 @@ fn containers_the_runtime_cannot_name_are_listed_by_id_and_named_when_it_answers
     assert_eq!(view.container_id, Some(container_id(1)));
     let report = view.last_termination.expect("judged again under its name");
     assert!(
-        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { grace_ns, killed_early: false, .. } if grace_ns == 2 * SECOND),
+        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { grace_ns, .. } if grace_ns == 2 * SECOND),
         "{report:?}"
     );
     let unit = tracker.units().next().expect("one unit");

@@ -64,7 +64,7 @@ fn a_deletion_shorter_than_the_spec_is_judged_with_the_deletions_grace() {
     let view = only_view(&tracker, 14 * SECOND);
     let report = view.last_termination.expect("judged");
     assert!(
-        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { grace_ns, killed_early: false, .. } if grace_ns == 3 * SECOND),
+        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { grace_ns, .. } if grace_ns == 3 * SECOND),
         "the runtime's SIGKILL at 3 s is right, not early: {report:?}"
     );
     assert_eq!((report.cause, report.spec), (Some(StopCause::Deleted), SpecSource::Api));
@@ -104,7 +104,7 @@ fn a_liveness_kill_uses_the_probes_grace_and_names_the_cause() {
     let report = only_view(&tracker, 16 * SECOND).last_termination.expect("judged");
     assert_eq!(report.cause, Some(StopCause::LivenessProbe));
     assert!(
-        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { grace_ns, killed_early: false, .. } if grace_ns == 5 * SECOND),
+        matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { grace_ns, .. } if grace_ns == 5 * SECOND),
         "{report:?}"
     );
     let unit = tracker.units().next().expect("unit");
@@ -190,6 +190,38 @@ fn a_sigkill_after_grace_is_a_warning_for_the_pod() {
     );
     assert!(warning.note.contains("2s grace period"), "{}", warning.note);
     assert!(tracker.take_warnings().is_empty(), "taken once");
+}
+
+#[test]
+fn a_sigkill_before_the_grace_ran_out_is_told_as_early_everywhere() {
+    // Issue 19: a forced deletion's SIGKILL 1 s after TERM (the kubelet's second StopContainer)
+    // was judged `killed_early` in the API while the Event blamed the app for its grace.
+    use crate::model::container_state::RestartPolicy;
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(3, RestartPolicy::Always));
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(11 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(11 * SECOND + 1000, 100, cg, None, Some(9)));
+    let view = only_view(&tracker, 12 * SECOND);
+    let report = view.last_termination.expect("judged");
+    assert!(
+        matches!(&report.outcome, TerminationOutcome::SigkilledEarly { stop_to_kill_ns, sender: Some(SignalSender::Runtime), .. }
+            if *stop_to_kill_ns == SECOND),
+        "{:?}",
+        report.outcome
+    );
+    let unit = tracker.units().next().expect("unit");
+    assert_eq!(unit.counters().grace_violations, 0, "not the app's overrun");
+    let warnings = tracker.take_warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].reason, WarningReason::KilledBeforeGracePeriod);
+    let note = &warnings[0].note;
+    for said in
+        ["the container runtime", "1.0s after the stop signal", "2.0s before its 3s grace period", "killed early"]
+    {
+        assert!(note.contains(said), "{said:?} in {note}");
+    }
+    assert!(!note.contains("did not exit within"), "{note}");
 }
 
 #[test]
