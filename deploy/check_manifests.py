@@ -147,6 +147,16 @@ def crd_problems(doc: dict) -> list[str]:
                 problems.append("endpoint targetPort is not the agent's --listen port 9890")
             if endpoint.get("honorLabels") is not True:
                 problems.append("honorLabels must be true (the agent's namespace/pod/container labels)")
+    elif doc.get("kind") == "ServiceMonitor":
+        # The Helm chart's (serviceMonitor.enabled): the same scrape through a headless Service.
+        endpoints = spec.get("endpoints") or []
+        if not spec.get("selector", {}).get("matchLabels"):
+            problems.append("ServiceMonitor without spec.selector.matchLabels")
+        if not endpoints:
+            problems.append("ServiceMonitor without endpoints")
+        for endpoint in endpoints:
+            if endpoint.get("honorLabels") is not True:
+                problems.append("honorLabels must be true (the agent's namespace/pod/container labels)")
     elif doc.get("kind") == "PrometheusRule":
         if not spec.get("groups"):
             problems.append("PrometheusRule without spec.groups")

@@ -4,6 +4,7 @@
 mod bench;
 mod bench_probes;
 mod fuzz;
+mod helm;
 mod image;
 mod kubernetes;
 mod kubernetes_modern;
@@ -53,6 +54,9 @@ enum Task {
     /// built with Go, runc, containerd 2, etcd and the CNI plugins from Debian unstable) in
     /// /var/cache/lifecycle/kubernetes-modern (once per machine: later runs find them cached).
     KubernetesModern,
+    /// Provide helm (built with Go from xtask/helm/go.mod, cached per machine in
+    /// /var/cache/lifecycle/helm) and print its path; the checks tier does this itself.
+    Helm,
     /// Benchmarks; results are printed and appended to BENCHMARKS.md by hand.
     Bench {
         #[command(subcommand)]
@@ -114,6 +118,10 @@ fn main() -> Result<()> {
         Task::KubernetesModern => {
             let node = kubernetes_modern::ensure()?;
             println!("bin={}\ncni={}", node.bin.display(), node.cni.display());
+            Ok(())
+        }
+        Task::Helm => {
+            println!("{}", helm::ensure()?.display());
             Ok(())
         }
         Task::Bench { which } => {

@@ -12,7 +12,7 @@ use std::{path::PathBuf, process::Command};
 
 use anyhow::{bail, Result};
 
-use crate::{cargo, fuzz, kubernetes, kubernetes_modern, packages, shell, toolchain, workspace_root};
+use crate::{cargo, fuzz, helm, kubernetes, kubernetes_modern, packages, shell, toolchain, workspace_root};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Tier {
@@ -160,12 +160,25 @@ fn which(binary: &str) -> Option<PathBuf> {
 }
 
 /// Formatting and clippy first (they fail fast, with what to run to fix them), then the
-/// Python-side checks: dashboards' structure and the deploy manifests and alert rules; last, a
-/// short run of every fuzz target (the first one on a machine also builds them, a few minutes).
+/// Python-side checks: dashboards' structure and the deploy manifests and alert rules; the Helm
+/// chart against the kustomize base (helm built once per machine); last, a short run of every
+/// fuzz target (the first one on a machine also builds them, a few minutes).
 fn checks() -> Result<()> {
     rust_lints()?;
     python_checks()?;
+    chart_checks()?;
     fuzz::smoke()
+}
+
+/// `helm lint` and `helm template` of deploy/helm/lifecycle-agent, compared with deploy/
+/// (deploy/check_chart.py).
+fn chart_checks() -> Result<()> {
+    let helm = helm::ensure()?;
+    let python = python_env()?;
+    let root = workspace_root();
+    shell::run(
+        Command::new(&python).arg(root.join("deploy/check_chart.py")).arg("--helm").arg(&helm).current_dir(&root),
+    )
 }
 
 /// `cargo fmt --check` over every workspace member (rustfmt.toml at the root) and clippy with

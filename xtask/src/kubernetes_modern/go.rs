@@ -1,7 +1,7 @@
 //! The Go side of the modern node: our go.mod's agreement with the pin (the `k8s.io/kubernetes`
 //! release and each staging module's replace), the version ldflags Kubernetes' own build sets,
 //! and the `go build` of kubelet, kube-apiserver and runc with caches under the version's
-//! directory.
+//! directory. [`Go`] and [`required_version`] also build helm (`crate::helm`).
 
 use super::*;
 
@@ -33,7 +33,7 @@ pub(super) fn check_go_mod(go_mod: &str, version: &str) -> Result<()> {
 }
 
 /// The version `go_mod` requires of `module` (in a `require` block or a one-line `require`).
-pub(super) fn required_version(go_mod: &str, module: &str) -> Option<String> {
+pub(crate) fn required_version(go_mod: &str, module: &str) -> Option<String> {
     go_mod.lines().find_map(|line| {
         let line = line.split("//").next().unwrap_or_default().trim();
         let line = line.strip_prefix("require ").unwrap_or(line);
@@ -74,19 +74,19 @@ pub(super) fn version_ldflags(version: &str) -> Option<String> {
 /// The Go toolchain and the build environment: the machine's `go` (the module's `go` line needs
 /// 1.26; `GOTOOLCHAIN=local` makes an older one fail with that message rather than download
 /// another), with module and build caches under `dir`.
-pub(super) struct Go {
+pub(crate) struct Go {
     /// `$GOROOT/bin/go`.
     path: PathBuf,
     /// `go version`'s answer, for the stamp.
-    pub(super) version: String,
+    pub(crate) version: String,
     /// The variables of every go command (the rest of the environment is cleared).
     env: Vec<(String, String)>,
 }
 
 impl Go {
-    pub(super) fn new(dir: &Path) -> Result<Self> {
+    pub(crate) fn new(dir: &Path) -> Result<Self> {
         let goroot = capture(Command::new("go").args(["env", "GOROOT"]))
-            .context("finding Go (`go` on PATH); the kubernetes-modern build needs Go 1.26 or newer")?;
+            .context("finding Go (`go` on PATH); the kubernetes-modern and helm builds need Go 1.26 or newer")?;
         let path = PathBuf::from(goroot.trim()).join("bin/go");
         let mut asked = Command::new(&path);
         asked.arg("env");
@@ -130,7 +130,7 @@ impl Go {
     }
 
     /// `nice -n 19 go ...` in `dir`: the builds share the machine with other work.
-    pub(super) fn command(&self, dir: &Path) -> Command {
+    pub(crate) fn command(&self, dir: &Path) -> Command {
         let mut command = Command::new("nice");
         command.args(["-n", "19"]).arg(&self.path).current_dir(dir).env_clear();
         command.envs(self.env.iter().map(|(k, v)| (k, v)));

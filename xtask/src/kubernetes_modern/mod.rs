@@ -37,7 +37,7 @@ use std::{
 use anyhow::{ensure, Context as _, Result};
 
 mod apt;
-mod go;
+pub(crate) mod go;
 
 use apt::{unpack, Deb, PrivateApt};
 use go::{check_go_mod, required_version, Go};
