@@ -181,6 +181,70 @@ fn a_crash_loop_backs_off_to_the_nodes_20s_maximum() {
     stop_and_check_machine(kube, agent);
 }
 
+/// Issue 19: stops the kubelet starts itself, named with the grace it used. A forced deletion
+/// (`--grace-period=0 --force`: the object is gone at once, the kubelet still stops the
+/// container with its 2 s floor) is `deleted`; a pod past `activeDeadlineSeconds` is
+/// `deadline_exceeded` with the pod's grace. Both apps ignore TERM, so the SIGKILL decides the
+/// outcome: after the grace (`sigkilled_after_grace`), or before it ran out (`sigkilled_early`,
+/// the runtime's doing, with its sender).
+#[test]
+fn a_forced_deletion_and_an_active_deadline_are_named_with_the_grace_used() {
+    let Some((kube, agent)) = start("a_forced_deletion_and_an_active_deadline_are_named_with_the_grace_used") else {
+        return;
+    };
+    const IGNORE_TERM: &str = "trap '' TERM; while true; do sleep 0.2; done";
+    apply(&kube, "forced", IGNORE_TERM, |p| p["spec"]["terminationGracePeriodSeconds"] = 30.into());
+    apply(&kube, "deadline", IGNORE_TERM, |p| {
+        p["spec"]["terminationGracePeriodSeconds"] = 3.into();
+        p["spec"]["activeDeadlineSeconds"] = 8.into();
+    });
+    for name in ["forced", "deadline"] {
+        agent.wait_named(name, "app", "running", Duration::from_secs(60), running);
+    }
+
+    kube.kubectl(&["delete", "pod", "forced", "--grace-period=0", "--force", "--wait=false"]).expect("delete --force");
+    let forced = agent.wait_named("forced", "app", "judged", Duration::from_secs(30), judged);
+    let termination = &forced["last_termination"];
+    eprintln!("forced deletion on 1.37: {termination}");
+    assert_eq!(termination["cause"], "deleted", "{forced:#}");
+    assert_eq!(termination["spec"], "api", "the deleted pod's spec, kept past its object: {forced:#}");
+    assert_eq!(grace_s(&forced), 0.0, "the deletion's grace: {forced:#}");
+    assert_eq!(termination["expected_kill_after_ns"].as_f64(), Some(2.0 * SECOND), "the kubelet's floor: {forced:#}");
+    check_sigkill_story(&forced);
+
+    let failed = kube
+        .wait_pod("default", "deadline", "failed past its deadline", Duration::from_secs(60), |pod| {
+            pod["status"]["reason"] == "DeadlineExceeded"
+        })
+        .expect("DeadlineExceeded");
+    assert_eq!(failed["status"]["phase"], "Failed");
+    let deadline = agent.wait_named("deadline", "app", "judged", Duration::from_secs(30), |c| {
+        judged(c) && c["last_termination"]["cause"] != "runtime_or_unknown"
+    });
+    let termination = &deadline["last_termination"];
+    eprintln!("active deadline on 1.37: {termination}");
+    assert_eq!(termination["cause"], "deadline_exceeded", "{deadline:#}");
+    assert_eq!(grace_s(&deadline), 3.0, "the pod's grace: {deadline:#}");
+    check_sigkill_story(&deadline);
+
+    stop_and_check_machine(kube, agent);
+}
+
+/// A TERM-ignoring app's stop ends in a SIGKILL from the runtime; whether it came after the
+/// grace or before it ran out, the outcome says which and agrees with its own numbers.
+fn check_sigkill_story(c: &Value) {
+    let outcome = &c["last_termination"]["outcome"];
+    assert_eq!(outcome["sender"]["kind"], "runtime", "{c:#}");
+    let stop_to_kill = outcome["stop_to_kill_ns"].as_f64().expect("stop_to_kill_ns");
+    let due = outcome["expected_kill_after_ns"].as_f64().expect("expected_kill_after_ns");
+    match outcome["kind"].as_str() {
+        Some("sigkilled_early") => assert!(stop_to_kill < due, "{c:#}"),
+        Some("sigkilled_after_grace") => assert!(stop_to_kill >= due - 0.5 * SECOND, "{c:#}"),
+        other => panic!("a SIGKILL outcome, not {other:?}: {c:#}"),
+    }
+    assert_eq!(c["state"]["signal"], 9, "{c:#}");
+}
+
 /// The containerd id (without `containerd://`) the API reports for `container` of `pod`.
 fn container_id(pod: &Value, container: &str) -> String {
     let id = container_status(pod, container).and_then(|c| c["containerID"].as_str()).unwrap_or_default();

@@ -99,7 +99,7 @@ pub(super) async fn pod_loop(
                     if let Some(seen) = relisted.as_mut() {
                         seen.insert(facts.uid.clone());
                     }
-                    lock().apply_pod(facts);
+                    lock().apply_pod(facts, boottime_ns());
                     // A new pod, or a changed declaration: its probe listener now, not at the
                     // supervisor's next tick (the kubelet's first probe may come first).
                     probes_wanted.notify_one();
@@ -120,8 +120,14 @@ pub(super) async fn pod_loop(
                 up = true;
             }
             PodChange::Gone(pod) => {
-                if let Some(uid) = pod.metadata.uid.as_deref() {
-                    lock().forget_pod(uid);
+                let mut problems = Vec::new();
+                match pod_facts(&pod, &mut problems) {
+                    Some(facts) => lock().pod_gone(facts, boottime_ns()),
+                    None => {
+                        if let Some(uid) = pod.metadata.uid.as_deref() {
+                            lock().forget_pod(uid);
+                        }
+                    }
                 }
             }
             PodChange::Unreachable(why) => {

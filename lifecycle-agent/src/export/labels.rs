@@ -42,6 +42,7 @@ pub fn stop_cause(cause: StopCause) -> &'static str {
         StopCause::Preempted => "preempted",
         StopCause::NodeShutdown => "node_shutdown",
         StopCause::RestartAllContainers => "restart_all_containers",
+        StopCause::DeadlineExceeded => "deadline_exceeded",
         StopCause::RuntimeOrUnknown => "runtime_or_unknown",
     }
 }

@@ -93,6 +93,9 @@ pub enum Disruption {
     Preempted,
     /// Node shutdown: `status.reason: Terminated` with the kubelet's shutdown message.
     NodeShutdown,
+    /// The pod ran past `spec.activeDeadlineSeconds`: `status.reason: DeadlineExceeded` (phase
+    /// Failed), and the kubelet stops every container with the pod's grace.
+    DeadlineExceeded,
 }
 
 /// One pod as the API shows it.
@@ -145,6 +148,8 @@ pub enum StopCause {
     NodeShutdown,
     /// A RestartAllContainers rule fired.
     RestartAllContainers,
+    /// The pod ran past its `activeDeadlineSeconds` (status reason `DeadlineExceeded`).
+    DeadlineExceeded,
     /// The runtime stopped it, and neither the Pod nor its Events say why (or the API is not
     /// available).
     RuntimeOrUnknown,
@@ -208,6 +213,7 @@ pub fn pod_level_cause(pod: &PodFacts) -> Option<StopCause> {
         Some(Disruption::Evicted) => Some(StopCause::Evicted),
         Some(Disruption::Preempted) => Some(StopCause::Preempted),
         Some(Disruption::NodeShutdown) => Some(StopCause::NodeShutdown),
+        Some(Disruption::DeadlineExceeded) => Some(StopCause::DeadlineExceeded),
         None if pod.restarting_all_containers => Some(StopCause::RestartAllContainers),
         None if pod.deletion_grace_ns.is_some() => Some(StopCause::Deleted),
         None => None,

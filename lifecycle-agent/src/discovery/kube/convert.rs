@@ -69,6 +69,7 @@ pub fn pod_facts(pod: &Pod, problems: &mut Vec<SpecProblem>) -> Option<PodFacts>
     let disruption = match (status.and_then(|s| s.reason.as_deref()), condition_true("DisruptionTarget")) {
         (Some("Evicted"), _) => Some(Disruption::Evicted),
         (Some("Terminated"), _) => Some(Disruption::NodeShutdown),
+        (Some("DeadlineExceeded"), _) => Some(Disruption::DeadlineExceeded),
         (_, Some(target)) => match target.reason.as_deref() {
             Some("PreemptionByScheduler") | Some("PreemptionByKubeScheduler") => Some(Disruption::Preempted),
             Some("EvictionByEvictionAPI") | Some("TerminationByKubelet") => Some(Disruption::Evicted),

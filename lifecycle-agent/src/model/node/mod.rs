@@ -125,6 +125,8 @@ pub struct NodeTracker {
     runtime_reachable: bool,
     /// Pods from the API by uid (see `pods.rs`).
     pods: HashMap<String, PodFacts>,
+    /// Deleted pods kept past their object's removal, oldest first (`pods.rs`, `pod_gone`).
+    pods_gone: std::collections::VecDeque<(u64, String)>,
     /// When the last scan of cgroupfs and /proc (start-up, or a rescan) was made: instances it
     /// found were running, unseen, before it.
     watching_since: u64,
@@ -150,6 +152,7 @@ impl NodeTracker {
             instances_ended: 0,
             runtime_reachable,
             pods: HashMap::new(),
+            pods_gone: std::collections::VecDeque::new(),
             watching_since: 0,
             kill_notices: BTreeMap::new(),
             api: pods::ApiState::default(),
@@ -405,6 +408,7 @@ impl NodeTracker {
     /// Forgets units that have not run for `retention_ns` and have no live instance.
     /// Closed ports idle as long expire too (a port's four series must not outlive its use).
     pub fn expire(&mut self, now: u64, retention_ns: u64) {
+        self.expire_gone_pods(now);
         let live: HashSet<UnitKey> =
             self.instances.values().filter(|i| i.exit.is_none()).filter_map(|i| i.unit.clone()).collect();
         self.units.retain(|key, unit| live.contains(key) || now.saturating_sub(unit.last_change_ns) < retention_ns);

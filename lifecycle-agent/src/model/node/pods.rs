@@ -4,7 +4,7 @@
 //! annotations stand in, and verdicts say so (`SpecSource`).
 
 use super::bounds::DroppedKind;
-use super::{unit::termination_settings, InstanceKind, NodeTracker, UnitKey};
+use super::{unit::termination_settings, InstanceKind, NodeTracker, Unit, UnitKey};
 use crate::model::{
     container_state::RestartSpec,
     metadata::{ContainerMeta, ContainerType},
@@ -16,6 +16,30 @@ use crate::model::{
 
 /// How long after a stop a late kill notice still names its cause.
 const LATE_NOTICE_NS: u64 = 10_000_000_000;
+/// How long a deleted pod's facts outlive its object (see `pod_gone`): the kubelet's stops after
+/// a forced deletion take at most its 2 s floor and a second StopContainer call.
+const GONE_POD_KEPT_NS: u64 = 60_000_000_000;
+
+/// Gives `unit`'s last stop `cause` when it was judged without one (`RuntimeOrUnknown`) in the
+/// last [`LATE_NOTICE_NS`] before `now`, moving its count; whether it did.
+fn name_a_recent_unknown_stop(unit: &mut Unit, cause: StopCause, now: u64) -> bool {
+    let Some(report) = unit.last_termination.as_mut() else { return false };
+    let recent = now.saturating_sub(report.exit_time) <= LATE_NOTICE_NS;
+    if !recent || report.cause != Some(StopCause::RuntimeOrUnknown) {
+        return false;
+    }
+    let outcome = report.outcome.kind();
+    report.cause = Some(cause);
+    let counts = &mut unit.counters.terminations;
+    if let Some(n) = counts.get_mut(&(outcome, Some(StopCause::RuntimeOrUnknown))) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            counts.remove(&(outcome, Some(StopCause::RuntimeOrUnknown)));
+        }
+    }
+    *counts.entry((outcome, Some(cause))).or_default() += 1;
+    true
+}
 
 /// Pods kept per node at most (a node runs at most a few hundred).
 const MAX_PODS: usize = 4096;
@@ -33,21 +57,70 @@ impl NodeTracker {
     }
 
     /// The API's current view of a pod on this node.
-    pub fn apply_pod(&mut self, pod: PodFacts) {
+    /// The pod as the API shows it at `now` (boot ns). A cause the Pod shows only after its
+    /// containers stopped (the kubelet writes `DeadlineExceeded` or `Evicted` into the status
+    /// while it stops them) names the stops judged in the last [`LATE_NOTICE_NS`] without one.
+    pub fn apply_pod(&mut self, pod: PodFacts, now: u64) {
         let uid = pod.uid.clone();
         if !self.pods.contains_key(&uid) && self.pods.len() >= MAX_PODS {
             self.dropped.add(DroppedKind::Pod, 1);
             return;
         }
         self.check_reported_status(&pod);
+        // Only causes the kubelet writes while it stops the containers; a deletion (forced too)
+        // is in the API before the kubelet acts on it.
+        let late_cause = pod_level_cause(&pod).filter(|cause| {
+            matches!(cause, StopCause::DeadlineExceeded | StopCause::Evicted | StopCause::NodeShutdown)
+        });
         self.pods.insert(uid.clone(), pod);
         self.apply_spec(&uid);
+        if let Some(cause) = late_cause {
+            let keys: Vec<UnitKey> = self
+                .units
+                .keys()
+                .filter(|k| matches!(k, UnitKey::Container { pod_uid, .. } if *pod_uid == uid))
+                .cloned()
+                .collect();
+            for key in keys {
+                if let Some(unit) = self.units.get_mut(&key) {
+                    name_a_recent_unknown_stop(unit, cause, now);
+                }
+            }
+        }
+    }
+
+    /// A pod left the API: `last` is its final object. A pod leaves this node's watch only by
+    /// its deletion (`spec.nodeName` never changes), and its facts are kept
+    /// [`GONE_POD_KEPT_NS`]: after a forced deletion (`--grace-period=0 --force`) the object is
+    /// gone at once while the kubelet still stops the containers, and those stops are the
+    /// deletion's, with its grace (0 when the final object carries none).
+    pub fn pod_gone(&mut self, mut last: PodFacts, now: u64) {
+        last.deletion_grace_ns.get_or_insert(0);
+        let uid = last.uid.clone();
+        self.apply_pod(last, now);
+        if self.pods.contains_key(&uid) {
+            self.pods_gone.retain(|(_, gone)| *gone != uid);
+            self.pods_gone.push_back((now, uid));
+        }
     }
 
     /// A pod left the API (deleted, or no longer on this node).
     pub fn forget_pod(&mut self, uid: &str) {
         self.pods.remove(uid);
+        self.pods_gone.retain(|(_, gone)| gone != uid);
         self.kill_notices.retain(|(pod, _), _| pod != uid);
+    }
+
+    /// Forgets the pods gone from the API more than [`GONE_POD_KEPT_NS`] before `now`.
+    pub(super) fn expire_gone_pods(&mut self, now: u64) {
+        while let Some((gone_at, uid)) = self.pods_gone.front().cloned() {
+            if now.saturating_sub(gone_at) < GONE_POD_KEPT_NS {
+                break;
+            }
+            self.pods_gone.pop_front();
+            self.pods.remove(&uid);
+            self.kill_notices.retain(|(pod, _), _| *pod != uid);
+        }
     }
 
     /// Whether the API told about pod `uid` (a pod of this node).
@@ -67,21 +140,8 @@ impl NodeTracker {
     pub fn apply_kill_notice(&mut self, notice: KillNotice, now: u64) {
         let unit_key = UnitKey::Container { pod_uid: notice.pod_uid.clone(), container: notice.container.clone() };
         if let Some(unit) = self.units.get_mut(&unit_key) {
-            if let Some(report) = unit.last_termination.as_mut() {
-                let recent = now.saturating_sub(report.exit_time) <= LATE_NOTICE_NS;
-                if recent && report.cause == Some(StopCause::RuntimeOrUnknown) {
-                    let outcome = report.outcome.kind();
-                    report.cause = Some(notice.cause);
-                    let counts = &mut unit.counters.terminations;
-                    if let Some(n) = counts.get_mut(&(outcome, Some(StopCause::RuntimeOrUnknown))) {
-                        *n = n.saturating_sub(1);
-                        if *n == 0 {
-                            counts.remove(&(outcome, Some(StopCause::RuntimeOrUnknown)));
-                        }
-                    }
-                    *counts.entry((outcome, Some(notice.cause))).or_default() += 1;
-                    return;
-                }
+            if name_a_recent_unknown_stop(unit, notice.cause, now) {
+                return;
             }
         }
         let key = (notice.pod_uid.clone(), notice.container.clone());

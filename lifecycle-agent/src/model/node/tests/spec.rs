@@ -40,7 +40,7 @@ fn tracker_with_pod(pod: crate::model::spec::PodFacts) -> (NodeTracker, u64) {
     let mut tracker = tracker_with_cri();
     tracker.set_api_configured();
     tracker.set_api_reachable(true);
-    tracker.apply_pod(pod);
+    tracker.apply_pod(pod, 0);
     tracker.set_metadata(vec![meta(1, 30)]);
     let cg = container_cgroup(&mut tracker, 0, 1);
     tracker.apply(&exec(SECOND, 100, cg, SHIM_CGROUP, "app"));
@@ -56,7 +56,7 @@ fn a_deletion_shorter_than_the_spec_is_judged_with_the_deletions_grace() {
     let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Always));
     let mut deleted = pod_facts(30, RestartPolicy::Always);
     deleted.deletion_grace_ns = Some(3 * SECOND);
-    tracker.apply_pod(deleted);
+    tracker.apply_pod(deleted, 9 * SECOND);
     let shim = (50, SHIM_CGROUP, "containerd-shim");
     tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
     tracker.apply(&signal(13 * SECOND, shim, (100, cg), 9));
@@ -69,6 +69,75 @@ fn a_deletion_shorter_than_the_spec_is_judged_with_the_deletions_grace() {
     );
     assert_eq!((report.cause, report.spec), (Some(StopCause::Deleted), SpecSource::Api));
     assert!(!view.status.restart_expected, "a deleted pod expects no restart");
+}
+
+#[test]
+fn a_forced_deletion_is_the_deletions_stop_with_the_kubelets_two_second_floor() {
+    // Issue 19: after `kubectl delete --force --grace-period=0` the object is gone at once, the
+    // kubelet still sends TERM and kills (its 2 s floor; the runtime ~1.3 s after TERM here).
+    // The verdict was `runtime_or_unknown` with the spec's grace.
+    use crate::model::{
+        container_state::RestartPolicy,
+        spec::{SpecSource, StopCause},
+    };
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Always));
+    let mut last = pod_facts(30, RestartPolicy::Always);
+    last.deletion_grace_ns = Some(0);
+    tracker.pod_gone(last, 10 * SECOND);
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(11 * SECOND + 300_000_000, shim, (100, cg), 9));
+    tracker.apply(&exit(11 * SECOND + 301_000_000, 100, cg, None, Some(9)));
+    let report = only_view(&tracker, 12 * SECOND).last_termination.expect("judged");
+    assert_eq!((report.cause, report.spec), (Some(StopCause::Deleted), SpecSource::Api));
+    match &report.outcome {
+        TerminationOutcome::SigkilledEarly { grace_ns, expected_kill_after_ns, .. } => {
+            assert_eq!((*grace_ns, *expected_kill_after_ns), (0, 2 * SECOND), "the kubelet's floor, not 30 s");
+        }
+        other => panic!("killed 1.3 s into a 2 s floor is early: {other:?}"),
+    }
+    // Kept a minute past the object's removal, then forgotten.
+    tracker.expire(10 * SECOND + 59 * SECOND, u64::MAX);
+    assert!(tracker.knows_pod(POD_UID));
+    tracker.expire(10 * SECOND + 61 * SECOND, u64::MAX);
+    assert!(!tracker.knows_pod(POD_UID));
+}
+
+#[test]
+fn a_pod_past_its_active_deadline_names_the_stops_judged_before_the_status_came() {
+    // Issue 19: a pod past `activeDeadlineSeconds` was `runtime_or_unknown`. The kubelet writes
+    // `status.reason: DeadlineExceeded` while it stops the containers, so the status may come
+    // after the stop was judged.
+    use crate::model::{
+        container_state::RestartPolicy,
+        spec::{Disruption, StopCause},
+    };
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(3, RestartPolicy::Always));
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(11 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(11 * SECOND + 1000, 100, cg, None, Some(9)));
+    let before = only_view(&tracker, 11 * SECOND + 2000).last_termination.expect("judged");
+    assert_eq!(before.cause, Some(StopCause::RuntimeOrUnknown), "nothing says why yet");
+    let mut failed = pod_facts(3, RestartPolicy::Always);
+    failed.disruption = Some(Disruption::DeadlineExceeded);
+    tracker.apply_pod(failed, 12 * SECOND);
+    let after = only_view(&tracker, 12 * SECOND).last_termination.expect("judged");
+    assert_eq!(after.cause, Some(StopCause::DeadlineExceeded));
+    assert!(matches!(after.outcome, TerminationOutcome::SigkilledEarly { .. }), "{:?}", after.outcome);
+    let unit = tracker.units().next().expect("unit");
+    let causes: Vec<_> = unit.counters().terminations.keys().map(|(_, cause)| *cause).collect();
+    assert_eq!(causes, vec![Some(StopCause::DeadlineExceeded)], "the count moved with the cause");
+    // A stop older than the late-notice window keeps what it was judged.
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(3, RestartPolicy::Always));
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(11 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(11 * SECOND + 1000, 100, cg, None, Some(9)));
+    let mut failed = pod_facts(3, RestartPolicy::Always);
+    failed.disruption = Some(Disruption::DeadlineExceeded);
+    tracker.apply_pod(failed, 60 * SECOND);
+    let old = only_view(&tracker, 60 * SECOND).last_termination.expect("judged");
+    assert_eq!(old.cause, Some(StopCause::RuntimeOrUnknown));
 }
 
 #[test]
@@ -163,8 +232,8 @@ fn a_pid_1_oom_kill_the_kubelet_reports_as_error_is_a_disagreement() {
         }),
         ..ReportedContainer::default()
     }];
-    tracker.apply_pod(reported.clone());
-    tracker.apply_pod(reported);
+    tracker.apply_pod(reported.clone(), 6 * SECOND);
+    tracker.apply_pod(reported, 6 * SECOND);
     let view = only_view(&tracker, 6 * SECOND);
     assert!(matches!(view.status.state, ContainerState::Terminated { reason: TerminatedReason::OomKilled, .. }));
     let kinds: Vec<_> = view.disagreements.iter().map(|d| (d.kind, d.kubelet.as_str(), d.kernel.as_str())).collect();
