@@ -56,9 +56,11 @@ def run(command: list[str]) -> tuple[int, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
-def render(helm: str, *settings: str) -> tuple[list[dict], str]:
+def render(helm: str, *settings: str, kube_version: str = "") -> tuple[list[dict], str]:
     """The chart's objects with `settings` (--set a=b each), or ([], why) when it fails."""
     command = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    if kube_version:
+        command += ["--kube-version", kube_version]
     for setting in settings:
         command += ["--set", setting]
     code, out, err = run(command)
@@ -260,6 +262,14 @@ def main() -> int:
     report.check("privileged=true, apiAuth=none, events=false, podProbePort: the container and args follow", problems)
     if not failure:
         validate_all(report, "privileged", objects)
+
+    for kube_version, want in (("1.20.2", {"maxUnavailable": 1}), ("1.21.0", {"maxUnavailable": 1}),
+                               ("1.22.0", {"maxSurge": "10%", "maxUnavailable": 0})):
+        objects, failure = render(helm, kube_version=kube_version)
+        daemonset = next((o for o in objects if o.get("kind") == "DaemonSet"), {})
+        got = ((daemonset.get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate")
+        report.check(f"Kubernetes {kube_version}: rollingUpdate {want} (DaemonSet maxSurge is served from 1.22)",
+                     [failure] if failure else ([] if got == want else [f"rollingUpdate {got}"]))
 
     for settings, why in ((["criSocket.runtime=docker"], "an unknown runtime"),
                           (["criSocket.runtime=custom"], "custom without a path"),

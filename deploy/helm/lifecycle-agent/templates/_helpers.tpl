@@ -63,3 +63,22 @@ The CRI socket of criSocket.runtime: a preset's path, criSocket.path for custom,
 {{- fail (printf "criSocket.runtime %q: one of auto, containerd, crio, k3s, microk8s, custom" $runtime) }}
 {{- end }}
 {{- end }}
+
+{{/*
+updateStrategy, except on a cluster before 1.22, whose API server does not serve DaemonSet
+maxSurge (unknown before 1.21, behind a gate that is off in 1.21; helm and kubectl refuse the
+field where it is unknown): there a surging rolling update becomes maxUnavailable: 1, the old
+agent stopping before the new one starts (deploy/README.md, "Upgrades").
+*/}}
+{{- define "lifecycle-agent.surgeUnsupported" -}}
+{{- $rolling := .Values.updateStrategy.rollingUpdate | default dict }}
+{{- if and (hasKey $rolling "maxSurge") (semverCompare "<1.22-0" .Capabilities.KubeVersion.Version) }}true{{ end }}
+{{- end }}
+
+{{- define "lifecycle-agent.updateStrategy" -}}
+{{- $strategy := deepCopy .Values.updateStrategy }}
+{{- if include "lifecycle-agent.surgeUnsupported" . }}
+{{- $_ := set $strategy "rollingUpdate" (dict "maxUnavailable" 1) }}
+{{- end }}
+{{- toYaml $strategy }}
+{{- end }}
