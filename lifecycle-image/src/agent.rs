@@ -37,7 +37,13 @@ pub struct AgentImage<'a> {
     pub name: &'a str,
     /// The source revision (`git rev-parse HEAD`) for `org.opencontainers.image.revision`.
     pub revision: &'a str,
+    /// The layer's gzip level ([`ImageConfig::gzip_level`]): [`RELEASE_GZIP_LEVEL`] for images
+    /// that travel, 1 for the test build's, which is large and never leaves the machine.
+    pub gzip_level: u8,
 }
+
+/// gzip's default: the release image is ~10% smaller than at level 1, for under a second.
+pub const RELEASE_GZIP_LEVEL: u8 = 6;
 
 /// Failures building the agent's image.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +100,7 @@ pub fn build(image: &AgentImage<'_>, work: &Path, archive: &Path) -> Result<Pack
         env: vec!["PATH=/usr/local/bin:/usr/bin:/bin".to_owned()],
         user: Some("0:0".to_owned()),
         labels: labels(image.revision),
+        gzip_level: image.gzip_level,
     };
     let packed = layout::pack(&rootfs, image.name, &config, &work.join("layout"), archive)?;
     fs::remove_dir_all(work).map_err(|source| BuildError::Cleanup { path: work.to_owned(), source })?;

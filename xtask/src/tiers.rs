@@ -12,6 +12,9 @@ use std::{path::PathBuf, process::Command};
 
 use anyhow::{bail, Result};
 
+/// Where the kubelet tier's helm test finds helm (lifecycle-testkit's `kube::HELM_ENV`).
+const HELM_ENV: &str = "LIFECYCLE_HELM";
+
 use crate::{cargo, fuzz, helm, kubernetes, kubernetes_modern, packages, shell, toolchain, workspace_root};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -125,13 +128,16 @@ fn kubelet() -> Result<()> {
         packages::ensure(packages::KUBECTL)?;
     }
     let bin = kubernetes::ensure()?;
+    // kubelet_helm installs the chart with it.
+    let helm = helm::ensure()?;
     shell::run(
         cargo()
             // --nocapture: the tests print what the node's starts and the pods' steps took.
             .args(["test", "-p", "lifecycle-agent", "--test", "kubelet", "--test", "kubelet_verdicts"])
-            .args(["--test", "kubelet_daemonset"])
+            .args(["--test", "kubelet_daemonset", "--test", "kubelet_helm"])
             .args(["--", "--test-threads=1", "--nocapture"])
-            .env(kubernetes::BIN_ENV, bin),
+            .env(kubernetes::BIN_ENV, bin)
+            .env(HELM_ENV, helm),
     )
 }
 

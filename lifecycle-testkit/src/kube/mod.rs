@@ -32,9 +32,12 @@
 //! `network` (CNI), `machine` (sysctls, host paths, the cgroup root), `process` (daemons by pid),
 //! `run_dir` (the directory, its sweep, the machine lock), `api` (kubectl and waits on pods),
 //! `task_exits` (containerd's exit events: the runtime's truth), `agent_image` (the agent as a
-//! local image, for deploy/daemonset.yaml's pod), `version` (what differs between the two nodes).
+//! local image, for deploy/daemonset.yaml's pod), `agent_pod` (a DaemonSet's pod as its
+//! controller would make it, the agent's credentials, helm against the node), `version` (what
+//! differs between the two nodes).
 
 mod agent_image;
+mod agent_pod;
 mod api;
 mod control_plane;
 mod kubelet;
@@ -55,6 +58,7 @@ use anyhow::{bail, Context, Result};
 
 pub use self::{
     agent_image::{AGENT_IMAGE, AGENT_PATH},
+    agent_pod::{drop_unpropagated_mount_propagation, helm_binary, mount_propagates, HELM_ENV},
     api::{condition_is_true, container_status},
     control_plane::READER,
     machine::MachineState,
