@@ -37,19 +37,52 @@ enum Command {
     Events(EventsArgs),
     /// Show containers as a running agent sees them (kubectl-like table).
     Status(StatusArgs),
+    /// Why a pod's containers stopped: a verdict and a timeline per container, from a running
+    /// agent.
+    Explain(ExplainArgs),
 }
 
 #[derive(Args)]
 struct StatusArgs {
-    /// The agent's listener.
-    #[arg(long, default_value = "127.0.0.1:9890")]
-    server: SocketAddr,
+    #[command(flatten)]
+    connection: Connection,
     /// Redraw every second until interrupted.
     #[arg(long, short)]
     watch: bool,
     /// Output format.
     #[arg(long, short, value_enum, default_value = "table")]
     output: OutputFormat,
+}
+
+#[derive(Args)]
+struct ExplainArgs {
+    /// The pod: NAMESPACE/POD, or POD with --namespace.
+    pod: String,
+    /// The pod's namespace, when POD has none.
+    #[arg(long, short, default_value = "default")]
+    namespace: String,
+    /// Only this container.
+    #[arg(long, short)]
+    container: Option<String>,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value = "text")]
+    output: ExplainFormat,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ExplainFormat {
+    Text,
+    Json,
+}
+
+/// How a client command reaches a running agent.
+#[derive(Args)]
+struct Connection {
+    /// The agent's listener.
+    #[arg(long, default_value = "127.0.0.1:9890")]
+    server: SocketAddr,
     /// A file holding the bearer token for an agent run with `--api-auth kubernetes` (default:
     /// the pod's service-account token, when there is one).
     #[arg(long)]
@@ -290,6 +323,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run(*args).await,
             Command::Events(args) => events(args).await,
             Command::Status(args) => status(args).await,
+            Command::Explain(args) => explain(args).await,
         }
     });
     match result {
@@ -409,15 +443,17 @@ fn cgroup_filter(values: &[String]) -> anyhow::Result<Vec<u64>> {
         .collect()
 }
 
-async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let token = match &args.token_file {
+/// The token and transport a client command uses for `connection`: a token is read from
+/// `--token-file` or the pod's service account, and sent in clear only to loopback.
+fn reach(connection: &Connection) -> anyhow::Result<(Option<String>, lifecycle_agent::cli::status::Transport)> {
+    let token = match &connection.token_file {
         Some(path) => Some(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?),
         None => std::fs::read_to_string(SERVICE_ACCOUNT_TOKEN).ok(),
     };
-    let token = token.as_deref().map(str::trim);
-    let ca_file = args.ca_file.clone().or_else(|| {
+    let token = token.as_deref().map(str::trim).map(str::to_owned);
+    let ca_file = connection.ca_file.clone().or_else(|| {
         let made_at_start = PathBuf::from(DEFAULT_AGENT_CA);
-        (!args.server.ip().is_loopback() && made_at_start.is_file()).then_some(made_at_start)
+        (!connection.server.ip().is_loopback() && made_at_start.is_file()).then_some(made_at_start)
     });
     let transport = match ca_file {
         Some(ca_file) => lifecycle_agent::cli::status::Transport::Tls { ca_file },
@@ -425,20 +461,74 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
     };
     // A bearer token crossing the network in clear is a credential given away: only with consent.
     let token = match token {
-        Some(_) if !args.server.ip().is_loopback() && !transport.is_encrypted() && !args.insecure_send_token => {
-            if args.token_file.is_some() {
+        Some(_)
+            if !connection.server.ip().is_loopback()
+                && !transport.is_encrypted()
+                && !connection.insecure_send_token =>
+        {
+            if connection.token_file.is_some() {
                 anyhow::bail!(
                     "refusing to send the token to {} over plain HTTP (not a loopback address); serve \
                      --listen over TLS and pass --ca-file, or --insecure-send-token to send it anyway",
-                    args.server
+                    connection.server
                 );
             }
             None
         }
         token => token,
     };
+    Ok((token, transport))
+}
+
+async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
+    let (namespace, pod) = match args.pod.split_once('/') {
+        Some((namespace, pod)) => (namespace.to_owned(), pod.to_owned()),
+        None => (args.namespace.clone(), args.pod.clone()),
+    };
+    let (token, transport) = reach(&args.connection)?;
+    let query: String = url_query(&[("namespace", &namespace), ("pod", &pod)]);
+    let body = lifecycle_agent::cli::status::fetch_path(
+        args.connection.server,
+        &format!("/api/v1/containers?{query}"),
+        token.as_deref(),
+        &transport,
+    )
+    .await?;
+    let answer: serde_json::Value = serde_json::from_str(&body).context("the agent's answer is not JSON")?;
+    let stories = lifecycle_agent::cli::explain::explain(&answer, &namespace, &pod, args.container.as_deref());
+    if stories.is_empty() {
+        anyhow::bail!("the agent at {} knows no container of pod {namespace}/{pod}", args.connection.server);
+    }
+    match args.output {
+        ExplainFormat::Json => println!("{}", serde_json::to_string_pretty(&stories)?),
+        ExplainFormat::Text => print!("{}", lifecycle_agent::cli::explain::render_text(&stories)),
+    }
+    Ok(())
+}
+
+/// `key=value&...` with each value percent-encoded (names may hold any byte a client types).
+fn url_query(pairs: &[(&str, &str)]) -> String {
+    pairs
+        .iter()
+        .map(|(key, value)| {
+            let encoded: String = value
+                .bytes()
+                .map(|b| match b {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+                    _ => format!("%{b:02X}"),
+                })
+                .collect();
+            format!("{key}={encoded}")
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let (token, transport) = reach(&args.connection)?;
+    let token = token.as_deref();
     loop {
-        let body = lifecycle_agent::cli::status::fetch(args.server, token, &transport).await?;
+        let body = lifecycle_agent::cli::status::fetch(args.connection.server, token, &transport).await?;
         match args.output {
             OutputFormat::Json => println!("{body}"),
             OutputFormat::Table => {

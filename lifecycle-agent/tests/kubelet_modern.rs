@@ -230,6 +230,73 @@ fn a_forced_deletion_and_an_active_deadline_are_named_with_the_grace_used() {
     stop_and_check_machine(kube, agent);
 }
 
+/// Issue 20: "why did my pod die?" in one command. A shell entrypoint that runs its app as a
+/// child (kubernetes#119884, #67126): PID 1 `sh` gets the TERM (and, as a namespace's init
+/// without a handler, ignores it), `sleep` never gets it, and both are SIGKILLed at the grace.
+/// `lifecycle-agent explain` says so, with the sender, the grace, the cause and who was alive.
+#[test]
+fn explain_tells_a_shell_entrypoint_kept_sigterm_from_its_child() {
+    let Some((kube, agent)) = start("explain_tells_a_shell_entrypoint_kept_sigterm_from_its_child") else {
+        return;
+    };
+    apply(&kube, "shell", "sleep 100000; true", |p| p["spec"]["terminationGracePeriodSeconds"] = 2.into());
+    agent.wait_named("shell", "app", "running", Duration::from_secs(60), running);
+    // The shell's child must be running before the stop: find it (its host pid) by name.
+    let pod = kube.pod("default", "shell").expect("get").expect("exists");
+    let id = container_id(&pod, "app");
+    let began = Instant::now();
+    let sleep_pid = loop {
+        let found = std::fs::read_dir("/proc").expect("/proc").flatten().find_map(|entry| {
+            let dir = entry.path();
+            let is_sleep = std::fs::read_to_string(dir.join("comm")).is_ok_and(|comm| comm.trim() == "sleep")
+                && std::fs::read_to_string(dir.join("cgroup")).is_ok_and(|cgroup| cgroup.contains(&id));
+            is_sleep.then(|| entry.file_name().to_string_lossy().into_owned())
+        });
+        if let Some(pid) = found {
+            break pid;
+        }
+        assert!(began.elapsed() < Duration::from_secs(20), "the shell's sleep runs");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    kube.kubectl(&["delete", "pod", "shell", "--wait=false"]).expect("delete");
+    agent.wait_named("shell", "app", "judged", Duration::from_secs(30), judged);
+
+    let explain = |format: &str| {
+        let output = std::process::Command::new(AGENT)
+            .args(["explain", "default/shell", "--server", &agent.addr, "-o", format])
+            .output()
+            .expect("run explain");
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let text = explain("text");
+    eprintln!("{text}");
+    let stories: Value = serde_json::from_str(&explain("json")).expect("explain -o json");
+    let story = &stories[0];
+    assert_eq!(story["container"], "app", "{stories:#}");
+    assert_eq!(story["cause"], "deleted", "{stories:#}");
+    let verdict = story["verdict"].as_str().unwrap_or_default();
+    assert!(verdict.starts_with("SIGKILLed 2.0s after SIGTERM: it did not exit within its 2.0s grace"), "{verdict}");
+    // The child is named as it was exec'ed: busybox runs its applets again through
+    // /proc/self/exe (`exe`) and renames itself after (`sleep` in /proc), which the kernel's exec
+    // record does not see. Its pid is what identifies it.
+    let child = format!("(pid {sleep_pid}) never got it");
+    assert!(
+        verdict.contains("PID 1 `sh` got SIGTERM and did not pass it on: `") && verdict.ends_with(&child),
+        "{verdict}"
+    );
+    let lines: Vec<&str> =
+        story["timeline"].as_array().expect("timeline").iter().filter_map(|l| l["text"].as_str()).collect();
+    let kill = lines.iter().find(|l| l.starts_with("SIGKILL from")).expect("a SIGKILL line");
+    assert!(kill.starts_with("SIGKILL from the container runtime; alive: PID 1 `sh`"), "{kill}");
+    assert!(kill.contains(&format!("(pid {sleep_pid}), up ")), "{kill}");
+    assert!(lines.contains(&"SIGTERM to PID 1 from the container runtime"), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.starts_with("stopped because: deleted; grace 2.0s")), "{lines:#?}");
+    assert!(text.contains(&format!("never got it: `exe` (pid {sleep_pid})")), "{text}");
+
+    stop_and_check_machine(kube, agent);
+}
+
 /// A TERM-ignoring app's stop ends in a SIGKILL from the runtime; whether it came after the
 /// grace or before it ran out, the outcome says which and agrees with its own numbers.
 fn check_sigkill_story(c: &Value) {

@@ -58,10 +58,21 @@ impl Transport {
 /// The JSON body of `GET /api/v1/containers`, sending `token` as a bearer token when given (an
 /// agent run with `--api-auth kubernetes` asks for one).
 pub async fn fetch(addr: SocketAddr, token: Option<&str>, transport: &Transport) -> Result<String, StatusError> {
+    fetch_path(addr, "/api/v1/containers", token, transport).await
+}
+
+/// The body of `GET <path_and_query>` (an `/api/v1/...` path the caller built from escaped
+/// parts), as [`fetch`].
+pub async fn fetch_path(
+    addr: SocketAddr,
+    path_and_query: &str,
+    token: Option<&str>,
+    transport: &Transport,
+) -> Result<String, StatusError> {
     let connect = |source| StatusError::Connect { addr, source };
     let stream = tokio::net::TcpStream::connect(addr).await.map_err(connect)?;
     let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let request = format!("GET /api/v1/containers HTTP/1.0\r\nHost: lifecycle\r\n{authorization}\r\n");
+    let request = format!("GET {path_and_query} HTTP/1.0\r\nHost: lifecycle\r\n{authorization}\r\n");
     let response = match transport {
         Transport::Plain => exchange(stream, &request).await.map_err(connect)?,
         Transport::Tls { ca_file } => {

@@ -39,7 +39,7 @@ use crate::model::{
     identity::{classify, CgroupIdentity},
     metadata::ContainerMeta,
     spec::{PodFacts, StopCause},
-    termination::{Retention, SignalSender},
+    termination::{ProcessAtStop, Retention, SignalSender},
 };
 
 pub use bounds::{DroppedCounts, DroppedKind};
@@ -301,6 +301,21 @@ impl NodeTracker {
         report
     }
 
+    /// The processes running in cgroup `cgroup_id` now, as a stop's scene lists them.
+    fn processes_of(&self, cgroup_id: u64, init: Option<u32>) -> Vec<ProcessAtStop> {
+        self.processes
+            .iter()
+            .filter(|(_, p)| p.cgroup_id == cgroup_id)
+            .map(|(pid, p)| ProcessAtStop {
+                pid: *pid,
+                init: Some(*pid) == init,
+                comm: p.comm.clone(),
+                started_at: p.start_time_ns,
+                got_stop_signal: false,
+            })
+            .collect()
+    }
+
     /// Applies one kernel event.
     pub fn apply(&mut self, event: &Event) {
         match &event.detail {
@@ -351,6 +366,17 @@ impl NodeTracker {
                     let to_init = instance.init.is_some_and(|i| i.tgid == *target_tgid);
                     let kept = instance.termination.on_signal(event.time_ns, *signal as u8, sender, to_init);
                     self.dropped.note(DroppedKind::Signal, kept);
+                    let init = instance.init.map(|i| i.tgid);
+                    // The stop signal or the SIGKILL just came: who runs now (once each).
+                    if let Some(moment) = instance.termination.scene_wanted() {
+                        let processes = self.processes_of(*target_cgroup_id, init);
+                        if let Some(instance) = self.instances.get_mut(target_cgroup_id) {
+                            instance.termination.on_scene(moment, processes);
+                        }
+                    }
+                    if let Some(instance) = self.instances.get_mut(target_cgroup_id) {
+                        instance.termination.on_signal_to(*target_tgid, *signal as u8);
+                    }
                 }
                 if let Some((counters, _)) = self.counters_of(*target_cgroup_id) {
                     *counters.signals.entry((*signal, kind)).or_default() += 1;

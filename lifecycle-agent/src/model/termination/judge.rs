@@ -12,8 +12,8 @@ use std::collections::VecDeque;
 use crate::model::spec::SpecSource;
 
 use super::{
-    report::OomVictim, PreStopHandler, PreStopSeen, SignalSender, StopSignalSeen, TerminationOutcome,
-    TerminationReport, TerminationSettings, MINIMUM_GRACE_NS, SECOND_NS, SIGKILL,
+    report::OomVictim, PreStopHandler, PreStopSeen, ProcessAtStop, SignalSender, StopScene, StopSignalSeen,
+    TerminationOutcome, TerminationReport, TerminationSettings, MINIMUM_GRACE_NS, SECOND_NS, SIGKILL,
 };
 
 #[derive(Clone, Debug)]
@@ -137,7 +137,20 @@ pub struct TerminationTracker {
     listeners_before_stop: i64,
     /// When watching began, if after the instance started (see [`Self::watched_since`]).
     watched_since: Option<u64>,
+    /// Who ran at the stop signal and at the SIGKILL (filled by the node, which knows the
+    /// processes: see [`Self::scene_wanted`]).
+    scene: StopScene,
+    scene_taken: (bool, bool),
     report: Option<TerminationReport>,
+}
+
+/// Which moment of a stop the node should list the container's processes for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SceneMoment {
+    /// The stop signal just came to the init.
+    Stop,
+    /// The SIGKILL just came to the init.
+    Kill,
 }
 
 impl TerminationTracker {
@@ -152,7 +165,48 @@ impl TerminationTracker {
             listener_changes: VecDeque::new(),
             listeners_before_stop: 0,
             watched_since: None,
+            scene: StopScene::default(),
+            scene_taken: (false, false),
             report: None,
+        }
+    }
+
+    /// After a signal: the moment whose processes the node should now list with
+    /// [`Self::on_scene`], once each (the first stop signal, the first SIGKILL), while the init
+    /// runs.
+    pub fn scene_wanted(&self) -> Option<SceneMoment> {
+        if self.report.is_some() {
+            return None;
+        }
+        if self.signals.first_kill.is_some() && !self.scene_taken.1 {
+            return Some(SceneMoment::Kill);
+        }
+        if self.signals.first_stop.is_some() && !self.scene_taken.0 {
+            return Some(SceneMoment::Stop);
+        }
+        None
+    }
+
+    /// The container's processes at `moment`.
+    pub fn on_scene(&mut self, moment: SceneMoment, processes: Vec<ProcessAtStop>) {
+        match moment {
+            SceneMoment::Stop => {
+                self.scene_taken.0 = true;
+                self.scene.at_stop(processes);
+            }
+            SceneMoment::Kill => {
+                // A SIGKILL with no stop signal first (grace 0) lists its processes once too.
+                self.scene_taken = (true, true);
+                self.scene.at_kill(processes);
+            }
+        }
+    }
+
+    /// `signal` went to process `pid` of this container: when it is the stop signal, that
+    /// process got it (from the runtime, or passed on by another process).
+    pub fn on_signal_to(&mut self, pid: u32, signal: u8) {
+        if self.signals.first_stop.as_ref().is_some_and(|stop| stop.signal == signal) {
+            self.scene.got_stop_signal(pid);
         }
     }
 
@@ -384,6 +438,7 @@ impl TerminationTracker {
             cause: None,
             spec: SpecSource::default(),
             watched_since: self.watched_since,
+            scene: self.scene.clone(),
         }
     }
 

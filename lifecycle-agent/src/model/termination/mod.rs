@@ -22,10 +22,10 @@ mod sidecar;
 #[cfg(test)]
 mod tests;
 
-pub use judge::{Retention, TerminationTracker, MAX_KEPT_RECORDS};
+pub use judge::{Retention, SceneMoment, TerminationTracker, MAX_KEPT_RECORDS};
 pub use report::{
-    OomVictim, OutcomeKind, PreStopSeen, SenderKind, SignalSender, StopSignalSeen, TerminationOutcome,
-    TerminationReport,
+    OomVictim, OutcomeKind, PreStopSeen, ProcessAtStop, SenderKind, SignalSender, StopScene, StopSignalSeen,
+    TerminationOutcome, TerminationReport, MAX_SCENE_PROCESSES,
 };
 pub use settings::{
     PreStopHandler, TerminationError, TerminationSettings, COMM_VISIBLE_LEN, DEFAULT_GRACE_NS, MINIMUM_GRACE_NS,

@@ -240,4 +240,77 @@ pub struct TerminationReport {
     /// started, or rescanned after lost records): evidence before it (a stop signal, a preStop
     /// hook) was not seen.
     pub watched_since: Option<u64>,
+    /// The container's processes when the stop signal came and when the SIGKILL came.
+    pub scene: StopScene,
+}
+
+/// Processes of a container listed at one moment of its stop, at most this many (the init
+/// first, then the oldest); the rest are counted in [`StopScene::left_out`].
+pub const MAX_SCENE_PROCESSES: usize = 32;
+
+/// A process of the container at a moment of its stop.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProcessAtStop {
+    /// The process id as the host sees it.
+    pub pid: u32,
+    /// The container's PID 1.
+    pub init: bool,
+    pub comm: String,
+    /// When it started (CLOCK_BOOTTIME ns).
+    pub started_at: u64,
+    /// The stop signal reached it (sent to it by the runtime, the kubelet, or passed on by
+    /// another process of the container). False for a process behind a shell that does not
+    /// pass signals on: the shell-entrypoint bug.
+    pub got_stop_signal: bool,
+}
+
+/// Who was running when a container was stopped: what `explain` needs to say "PID 1 `sh` got
+/// SIGTERM; `java` never did" and which processes a SIGKILL cut short.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StopScene {
+    /// Processes running when the stop signal came to the init.
+    pub running_at_stop: Vec<ProcessAtStop>,
+    /// Processes still alive when the SIGKILL came to the init.
+    pub alive_at_kill: Vec<ProcessAtStop>,
+    /// Processes left out of either list past [`MAX_SCENE_PROCESSES`].
+    pub left_out: u32,
+}
+
+impl StopScene {
+    /// The listed processes, the init first, then by start; at most [`MAX_SCENE_PROCESSES`].
+    /// Returns how many were left out.
+    fn bounded(mut processes: Vec<ProcessAtStop>) -> (Vec<ProcessAtStop>, u32) {
+        processes.sort_by_key(|p| (!p.init, p.started_at, p.pid));
+        let left_out = processes.len().saturating_sub(MAX_SCENE_PROCESSES) as u32;
+        processes.truncate(MAX_SCENE_PROCESSES);
+        (processes, left_out)
+    }
+
+    /// Sets the processes running at the stop signal (once).
+    pub fn at_stop(&mut self, processes: Vec<ProcessAtStop>) {
+        let (listed, left_out) = Self::bounded(processes);
+        self.running_at_stop = listed;
+        self.left_out += left_out;
+    }
+
+    /// Sets the processes alive at the SIGKILL (once), carrying over who got the stop signal.
+    pub fn at_kill(&mut self, processes: Vec<ProcessAtStop>) {
+        let (mut listed, left_out) = Self::bounded(processes);
+        for process in &mut listed {
+            process.got_stop_signal |= self
+                .running_at_stop
+                .iter()
+                .any(|p| p.pid == process.pid && p.started_at == process.started_at && p.got_stop_signal);
+        }
+        self.alive_at_kill = listed;
+        self.left_out += left_out;
+    }
+
+    /// `pid` received `signal`, which is the stop signal: mark it among those running at the
+    /// stop.
+    pub fn got_stop_signal(&mut self, pid: u32) {
+        if let Some(process) = self.running_at_stop.iter_mut().find(|p| p.pid == pid) {
+            process.got_stop_signal = true;
+        }
+    }
 }

@@ -141,6 +141,54 @@ fn a_pod_past_its_active_deadline_names_the_stops_judged_before_the_status_came(
 }
 
 #[test]
+fn a_shell_entrypoint_that_keeps_the_stop_signal_from_its_child_shows_in_the_scene() {
+    // Issue 20 (kubernetes#119884, #67126): PID 1 `sh` got SIGTERM and did not pass it on;
+    // `java` never got it and was SIGKILLed with it after the grace.
+    use crate::model::container_state::RestartPolicy;
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(2, RestartPolicy::Always));
+    // pid 100 is the init (`app`, started at 1 s); `java` (pid 107) and `logger` (pid 108) run
+    // beside it, and the init passes TERM on to `logger` only.
+    tracker.apply(&exec(2 * SECOND, 107, cg, cg, "java"));
+    tracker.apply(&exec(3 * SECOND, 108, cg, cg, "logger"));
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(10 * SECOND + 1000, (100, cg, "sh"), (108, cg), 15));
+    tracker.apply(&exit(10 * SECOND + 2000, 108, cg, Some(0), None));
+    tracker.apply(&signal(12 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(12 * SECOND + 1000, 107, cg, None, Some(9)));
+    tracker.apply(&exit(12 * SECOND + 2000, 100, cg, None, Some(9)));
+    let report = only_view(&tracker, 13 * SECOND).last_termination.expect("judged");
+    let listed = |processes: &[crate::model::termination::ProcessAtStop]| -> Vec<(u32, bool, bool)> {
+        processes.iter().map(|p| (p.pid, p.init, p.got_stop_signal)).collect()
+    };
+    assert_eq!(
+        listed(&report.scene.running_at_stop),
+        vec![(100, true, true), (107, false, false), (108, false, true)],
+        "the init got TERM and passed it to 108 only"
+    );
+    assert_eq!(listed(&report.scene.alive_at_kill), vec![(100, true, true), (107, false, false)], "108 had exited");
+    assert_eq!(report.scene.alive_at_kill[1].comm, "java");
+    assert_eq!(report.scene.left_out, 0);
+}
+
+#[test]
+fn a_scene_lists_at_most_its_bound_the_init_first() {
+    use crate::model::{container_state::RestartPolicy, termination::MAX_SCENE_PROCESSES};
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(2, RestartPolicy::Always));
+    for pid in 200..300u32 {
+        tracker.apply(&exec(2 * SECOND + u64::from(pid), pid, cg, cg, "worker"));
+    }
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(12 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(12 * SECOND + 2000, 100, cg, None, Some(9)));
+    let report = only_view(&tracker, 13 * SECOND).last_termination.expect("judged");
+    assert_eq!(report.scene.running_at_stop.len(), MAX_SCENE_PROCESSES);
+    assert!(report.scene.running_at_stop[0].init && report.scene.alive_at_kill[0].init, "the init is never left out");
+    assert_eq!(report.scene.left_out, 2 * (101 - MAX_SCENE_PROCESSES as u32));
+}
+
+#[test]
 fn a_never_pod_that_exited_is_final() {
     use crate::model::container_state::RestartPolicy;
     let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Never));
