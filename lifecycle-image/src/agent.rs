@@ -37,6 +37,9 @@ pub struct AgentImage<'a> {
     pub name: &'a str,
     /// The source revision (`git rev-parse HEAD`) for `org.opencontainers.image.revision`.
     pub revision: &'a str,
+    /// The image's creation time, RFC 3339: the commit's ([`git_commit_time`]) for the release
+    /// image, so the same revision gives the same image; [`layout::EPOCH`] when nothing better.
+    pub created: &'a str,
     /// The layer's gzip level ([`ImageConfig::gzip_level`]): [`RELEASE_GZIP_LEVEL`] for images
     /// that travel, 1 for the test build's, which is large and never leaves the machine.
     pub gzip_level: u8,
@@ -100,6 +103,7 @@ pub fn build(image: &AgentImage<'_>, work: &Path, archive: &Path) -> Result<Pack
         env: vec!["PATH=/usr/local/bin:/usr/bin:/bin".to_owned()],
         user: Some("0:0".to_owned()),
         labels: labels(image.revision),
+        created: image.created.to_owned(),
         gzip_level: image.gzip_level,
     };
     let packed = layout::pack(&rootfs, image.name, &config, &work.join("layout"), archive)?;
@@ -112,6 +116,15 @@ pub fn git_revision(repository: &Path) -> Option<String> {
     let output = Command::new("git").arg("-C").arg(repository).args(["rev-parse", "HEAD"]).output().ok()?;
     let revision = String::from_utf8(output.stdout).ok()?.trim().to_owned();
     (output.status.success() && !revision.is_empty()).then_some(revision)
+}
+
+/// The committer time of the commit checked out in `repository`, RFC 3339 (`git show -s
+/// --format=%cI HEAD`), if git can tell.
+pub fn git_commit_time(repository: &Path) -> Option<String> {
+    let output =
+        Command::new("git").arg("-C").arg(repository).args(["show", "-s", "--format=%cI", "HEAD"]).output().ok()?;
+    let time = String::from_utf8(output.stdout).ok()?.trim().to_owned();
+    (output.status.success() && !time.is_empty()).then_some(time)
 }
 
 /// The architecture an ELF executable is for, from its header (`e_machine`).

@@ -5,7 +5,8 @@
 //! Reproducible by construction: the layer and the archive are GNU tar with entries sorted by
 //! name, mtime 0, owner and group 0 and no access times; the layer is gzip'd without a name or
 //! time; JSON objects are written with sorted keys whatever serde_json's features are; the image
-//! config's `created` is the epoch. The same root filesystem and config give the same digests.
+//! config's `created` is given (the commit's time for the release image). The same root
+//! filesystem and config give the same digests.
 
 use std::{
     collections::BTreeMap,
@@ -62,10 +63,16 @@ pub struct ImageConfig {
     pub user: Option<String>,
     /// `Labels`: `org.opencontainers.image.*` and the like.
     pub labels: BTreeMap<String, String>,
+    /// The image's creation time (RFC 3339), as `docker images` shows it: a fixed time for a
+    /// reproducible image, e.g. the commit's ([`crate::agent::git_commit_time`]) or [`EPOCH`].
+    pub created: String,
     /// How hard the layer is gzip'd: 1 (fast: a 230 MB debug binary in 3 s) to 9 (small);
     /// the release image uses 6 (gzip's default), the test images 1.
     pub gzip_level: u8,
 }
+
+/// The Unix epoch in RFC 3339, for images whose creation time means nothing.
+pub const EPOCH: &str = "1970-01-01T00:00:00Z";
 
 /// An archive written by [`pack`].
 #[derive(Clone, Debug)]
@@ -150,7 +157,7 @@ pub fn pack(rootfs: &Path, name: &str, config: &ImageConfig, work: &Path, archiv
     let image_config = json!({
         "architecture": config.architecture.oci_name(),
         "os": "linux",
-        "created": "1970-01-01T00:00:00Z",
+        "created": config.created,
         "config": {
             "Entrypoint": config.entrypoint,
             "Cmd": config.cmd,
@@ -160,7 +167,7 @@ pub fn pack(rootfs: &Path, name: &str, config: &ImageConfig, work: &Path, archiv
             "Labels": config.labels,
         },
         "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{diff_id}")] },
-        "history": [{ "created": "1970-01-01T00:00:00Z", "created_by": "lifecycle-image" }],
+        "history": [{ "created": config.created, "created_by": "lifecycle-image" }],
     });
     let (config_digest, config_size) = add_json(&blobs, &image_config)?;
     let manifest = json!({
@@ -327,6 +334,7 @@ mod tests {
             env: vec!["PATH=/bin".into()],
             user: Some("0:0".into()),
             labels: BTreeMap::from([("org.opencontainers.image.version".into(), "1.2.3".into())]),
+            created: EPOCH.to_owned(),
             gzip_level: 6,
         }
     }

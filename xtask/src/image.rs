@@ -63,7 +63,14 @@ pub fn run(args: &ImageArgs) -> Result<()> {
     });
     let out = if out.is_absolute() { out } else { std::env::current_dir().context("current dir")?.join(out) };
     let packing = Instant::now();
-    let image = AgentImage { binary: &binary, name: &name, revision: &revision, gzip_level: agent::RELEASE_GZIP_LEVEL };
+    let created = agent::git_commit_time(&root).unwrap_or_else(|| lifecycle_image::layout::EPOCH.to_owned());
+    let image = AgentImage {
+        binary: &binary,
+        name: &name,
+        revision: &revision,
+        created: &created,
+        gzip_level: agent::RELEASE_GZIP_LEVEL,
+    };
     let work = root.join("target/image").join(format!("staging-{}", arch.oci_name()));
     let packed = agent::build(&image, &work, &out).context("building the agent image")?;
     eprintln!(

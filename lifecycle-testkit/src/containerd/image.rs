@@ -27,6 +27,7 @@ pub(super) fn build_image(dir: &Path) -> Result<PathBuf> {
         env: vec!["PATH=/usr/sbin:/usr/bin:/sbin:/bin".to_owned()],
         user: None,
         labels: BTreeMap::new(),
+        created: lifecycle_image::layout::EPOCH.to_owned(),
         gzip_level: 1,
     };
     let archive = dir.join("image.tar");
