@@ -40,6 +40,9 @@ enum Command {
     /// Why a pod's containers stopped: a verdict and a timeline per container, from a running
     /// agent.
     Explain(ExplainArgs),
+    /// Check whether this node can run the agent: one line per requirement, what is missing and
+    /// what to do; exits non-zero when something is missing.
+    Doctor(lifecycle_agent::cli::doctor::DoctorArgs),
 }
 
 #[derive(Args)]
@@ -64,11 +67,21 @@ struct ExplainArgs {
     /// Only this container.
     #[arg(long, short)]
     container: Option<String>,
+    /// Every stop the node kept of the pod's containers, newest first, not only each
+    /// container's last (a pod that is gone is explained from this history anyway).
+    #[arg(long)]
+    all_instances: bool,
     /// Output format.
     #[arg(long, short, value_enum, default_value = "text")]
     output: ExplainFormat,
     #[command(flatten)]
     connection: Connection,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -124,6 +137,10 @@ struct RunArgs {
     /// same /healthz is served on --listen too.
     #[arg(long, default_value = "")]
     health_listen: String,
+    /// The format of the agent's own log lines on stderr. Verdicts are JSON lines on stdout
+    /// either way (one per judged stop, the API's fields plus the verdict in words).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
     /// A directory (root only) where this agent hands its pod probe listeners to the next one
     /// and takes them from the previous one, so a restart or a rolling update fails no probe
     /// (the DaemonSet uses /run/lifecycle-agent, a hostPath). Default: none.
@@ -309,8 +326,24 @@ impl SensorArgs {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
+    let json_logs = matches!(&cli.command, Command::Run(args) if args.log_format == LogFormat::Json);
+    let mut logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    if json_logs {
+        // One JSON object per line, for log pipelines; the verdict lines on stdout are JSON
+        // whatever the format.
+        logger.format(|out, record| {
+            use std::io::Write as _;
+            let line = serde_json::json!({
+                "time": jiff::Timestamp::now().to_string(),
+                "level": record.level().as_str(),
+                "target": record.target(),
+                "msg": record.args().to_string(),
+            });
+            writeln!(out, "{line}")
+        });
+    }
+    logger.init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -324,6 +357,7 @@ fn main() -> ExitCode {
             Command::Events(args) => events(args).await,
             Command::Status(args) => status(args).await,
             Command::Explain(args) => explain(args).await,
+            Command::Doctor(args) => lifecycle_agent::cli::doctor::run(args).await.map_err(anyhow::Error::from),
         }
     });
     match result {
@@ -487,21 +521,32 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     };
     let (token, transport) = reach(&args.connection)?;
     let query: String = url_query(&[("namespace", &namespace), ("pod", &pod)]);
-    let body = lifecycle_agent::cli::status::fetch_path(
-        args.connection.server,
-        &format!("/api/v1/containers?{query}"),
-        token.as_deref(),
-        &transport,
-    )
-    .await?;
-    let answer: serde_json::Value = serde_json::from_str(&body).context("the agent's answer is not JSON")?;
-    let stories = lifecycle_agent::cli::explain::explain(&answer, &namespace, &pod, args.container.as_deref());
+    let get = |path: String| {
+        let (token, transport) = (token.clone(), transport.clone());
+        async move {
+            let body =
+                lifecycle_agent::cli::status::fetch_path(args.connection.server, &path, token.as_deref(), &transport)
+                    .await?;
+            serde_json::from_str::<serde_json::Value>(&body).context("the agent's answer is not JSON")
+        }
+    };
+    use lifecycle_agent::export::explain;
+    let mut stories = Vec::new();
+    if !args.all_instances {
+        let answer = get(format!("/api/v1/containers?{query}")).await?;
+        stories = explain::explain(&answer, &namespace, &pod, args.container.as_deref());
+    }
     if stories.is_empty() {
-        anyhow::bail!("the agent at {} knows no container of pod {namespace}/{pod}", args.connection.server);
+        // Every kept stop, or a pod whose containers are gone: from the node's history.
+        let answer = get(format!("/api/v1/history?{query}")).await?;
+        stories = explain::explain_history(&answer, args.container.as_deref());
+    }
+    if stories.is_empty() {
+        anyhow::bail!("the agent at {} knows no container or stop of pod {namespace}/{pod}", args.connection.server);
     }
     match args.output {
         ExplainFormat::Json => println!("{}", serde_json::to_string_pretty(&stories)?),
-        ExplainFormat::Text => print!("{}", lifecycle_agent::cli::explain::render_text(&stories)),
+        ExplainFormat::Text => print!("{}", explain::render_text(&stories)),
     }
     Ok(())
 }

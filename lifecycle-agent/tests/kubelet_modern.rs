@@ -294,6 +294,36 @@ fn explain_tells_a_shell_entrypoint_kept_sigterm_from_its_child() {
     assert!(lines.iter().any(|l| l.starts_with("stopped because: deleted; grace 2.0s")), "{lines:#?}");
     assert!(text.contains(&format!("never got it: `exe` (pid {sleep_pid})")), "{text}");
 
+    // Once the pod is gone, the node's history still answers, with the same verdict.
+    kube.wait_pod_gone("default", "shell", Duration::from_secs(60)).expect("the pod is removed");
+    let output = std::process::Command::new(AGENT)
+        .args(["explain", "default/shell", "--all-instances", "--server", &agent.addr, "-o", "json"])
+        .output()
+        .expect("run explain --all-instances");
+    assert!(output.status.success(), "{output:?}");
+    let past: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(past[0]["verdict"], story["verdict"], "{past:#}");
+    // And the verdict log wrote the stop once, with the API's facts and the same words.
+    let began = Instant::now();
+    let logged = loop {
+        let lines: Vec<Value> =
+            agent.verdict_lines().into_iter().filter(|l| l["pod"] == "shell" && l["container"] == "app").collect();
+        if !lines.is_empty() {
+            break lines;
+        }
+        assert!(began.elapsed() < Duration::from_secs(20), "the verdict is logged");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(logged.len(), 1, "once: {logged:#?}");
+    let line = &logged[0];
+    assert_eq!((&line["msg"], &line["verdict"]), (&"verdict".into(), &story["verdict"]), "{line:#}");
+    assert_eq!(line["last_termination"]["cause"], "deleted", "{line:#}");
+    assert_eq!(line["last_termination"]["outcome"]["kind"], "sigkilled_after_grace", "{line:#}");
+    let alive: Vec<&Value> =
+        line["last_termination"]["scene"]["alive_at_kill"].as_array().expect("alive_at_kill").iter().collect();
+    assert_eq!(alive.len(), 2, "{line:#}");
+    assert_eq!(alive[1]["pid"].to_string(), sleep_pid, "{line:#}");
+
     stop_and_check_machine(kube, agent);
 }
 

@@ -20,6 +20,8 @@ use crate::containerd::{Containerd, Pod};
 pub struct Agent {
     child: Child,
     pub addr: String,
+    /// Where the agent's stdout (its verdict log, one JSON line per judged stop) goes.
+    verdict_log: std::path::PathBuf,
 }
 
 impl Agent {
@@ -32,15 +34,19 @@ impl Agent {
     /// Like [`Self::start`], with the CRI socket at `socket` (a path that reaches the harness's
     /// socket some other way, as a mounted directory does).
     pub fn start_with_socket(binary: impl AsRef<Path>, socket: &Path, extra: &[&str]) -> Self {
-        let addr = format!("127.0.0.1:{}", free_port());
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
         let socket = socket.to_string_lossy().into_owned();
+        let verdict_log = std::env::temp_dir().join(format!("lifecycle-verdicts-{}-{port}.jsonl", std::process::id()));
+        let stdout = std::fs::File::create(&verdict_log).expect("create the verdict log file");
         let child = Command::new(binary.as_ref())
             .args(["run", "--listen", &addr, "--cri-socket", &socket])
             .args(extra)
             .env("RUST_LOG", "warn")
+            .stdout(stdout)
             .spawn()
             .expect("start agent");
-        let agent = Self { child, addr };
+        let agent = Self { child, addr, verdict_log };
         let deadline = Instant::now() + Duration::from_secs(30);
         while get(&agent.addr, "/healthz").is_none_or(|(code, _)| code != 200) {
             assert!(Instant::now() < deadline, "agent not healthy in 30 s");
@@ -67,6 +73,17 @@ impl Agent {
             assert!(Instant::now() < deadline, "timed out waiting for {what}; last seen: {found:#?}");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The verdict log's lines so far, parsed (each a judged stop).
+    pub fn verdict_lines(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.verdict_log)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| {
+                serde_json::from_str(line).unwrap_or_else(|err| panic!("a verdict line is JSON ({err}): {line}"))
+            })
+            .collect()
     }
 
     /// The body of /metrics.
@@ -139,6 +156,7 @@ impl Drop for Agent {
         // SAFETY: kill has no memory-safety preconditions; the pid is the agent we started.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.verdict_log);
     }
 }
 

@@ -12,6 +12,7 @@ mod routes;
 mod runtime;
 mod tasks;
 pub mod tls;
+mod verdicts;
 
 use crate::probe::handoff::{self, ListenerRegistry};
 use health::Heartbeats;
@@ -248,6 +249,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         }
     }
     tokio::spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));
+    tokio::spawn(verdicts::verdict_log_loop(tracker.clone(), shutdown.clone()));
     let repairs = tasks::register_repairs(metrics.registry()).map_err(MetricsError::from)?;
     tokio::spawn(tasks::resync_loop(tracker.clone(), maps.clone(), root.clone(), repairs.clone(), shutdown.clone()));
 

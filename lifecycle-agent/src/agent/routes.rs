@@ -1,5 +1,6 @@
 //! The agent's JSON API on `--listen`: `/api/v1/containers` (every unit's view, or those a
-//! `namespace`, `pod` or `container_id` parameter selects) and
+//! `namespace`, `pod` or `container_id` parameter selects), `/api/v1/history` (a pod's past
+//! stops, kept after it is gone) and
 //! `/api/v1/probe/<namespace>/<pod>/<container>` (the probe answer for people, scripts and
 //! host-network pods: declared checks only, 403 otherwise). `/metrics` and `/healthz` are served
 //! by `http.rs`.
@@ -37,6 +38,9 @@ impl ApiHandler for ContainersApi {
     fn get(&self, path: &str, query: Option<&str>) -> Option<(StatusCode, String)> {
         if let Some(target) = path.strip_prefix("/api/v1/probe/") {
             return Some(self.probe(target, query));
+        }
+        if path == "/api/v1/history" {
+            return Some(self.history(query));
         }
         if path != "/api/v1/containers" {
             return None;
@@ -121,7 +125,7 @@ const TIME_FIELDS: [&str; 6] =
 /// Points in time as RFC 3339 (UTC, nanoseconds), as the Kubernetes API writes them; the exact
 /// boot-clock value stays beside each as `<field>_boot_ns` (for differences with the kernel's
 /// other times).
-fn rfc3339_times(value: &mut serde_json::Value, boot_to_unix: f64) {
+pub(super) fn rfc3339_times(value: &mut serde_json::Value, boot_to_unix: f64) {
     match value {
         serde_json::Value::Object(map) => {
             for field in TIME_FIELDS {
@@ -144,7 +148,42 @@ fn rfc3339(boot_ns: u64, boot_to_unix: f64) -> String {
     jiff::Timestamp::from_nanosecond(unix_ns).map(|t| t.to_string()).unwrap_or_default()
 }
 
+/// The body of `GET /api/v1/history?namespace=...&pod=...`.
+#[derive(Serialize)]
+pub struct HistoryResponse {
+    /// As in [`ContainersResponse`].
+    pub boot_to_unix_seconds: f64,
+    /// The pod's judged stops the node kept (its containers and the pod may be gone), newest
+    /// first.
+    pub stops: Vec<crate::model::node::PastStop>,
+}
+
 impl ContainersApi {
+    /// `GET /api/v1/history?namespace=<ns>&pod=<name>`: every stop of the pod's containers the
+    /// node kept, for a pod deleted long ago too. Both parameters are needed (the history of a
+    /// whole node is what the verdict log is for).
+    fn history(&self, query: Option<&str>) -> (StatusCode, String) {
+        let bad = |reason: &str| (StatusCode::BAD_REQUEST, serde_json::json!({ "error": reason }).to_string());
+        let selection = match Selection::parse(query) {
+            Ok(selection) => selection,
+            Err(reason) => return bad(&reason),
+        };
+        let (Some(namespace), Some(pod), None) = (&selection.namespace, &selection.pod, &selection.container_id) else {
+            return bad("history needs namespace and pod (and no container_id)");
+        };
+        let stops = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner()).history_of_pod(namespace, pod);
+        let boot_to_unix = unix_minus_boot_seconds();
+        match serde_json::to_value(HistoryResponse { boot_to_unix_seconds: boot_to_unix, stops }) {
+            Ok(mut json) => {
+                rfc3339_times(&mut json, boot_to_unix);
+                (StatusCode::OK, json.to_string())
+            }
+            Err(err) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, serde_json::json!({ "error": err.to_string() }).to_string())
+            }
+        }
+    }
+
     /// `GET /api/v1/probe/<namespace>/<pod>/<container>?check=<tcp|process|file|all>&...`: the same
     /// answer the pod's own probe listener gives, for people, scripts and host-network pods.
     fn probe(&self, target: &str, query: Option<&str>) -> (StatusCode, String) {

@@ -1,4 +1,6 @@
-//! The client side of the subcommands that talk to a running agent.
+//! The client side of the subcommands that talk to a running agent, and `doctor`, the preflight
+//! that checks a node before the agent runs there.
 
+pub mod doctor;
 pub mod explain;
 pub mod status;

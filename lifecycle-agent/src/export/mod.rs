@@ -1,6 +1,8 @@
-//! Export: the model's read-only view turned into Prometheus series and JSON. Label spellings,
-//! histograms and bucket bounds live here, not in the model.
+//! Export: the model's read-only view turned into Prometheus series, JSON and words (`explain`'s
+//! verdicts and timelines, also written as the verdict log). Label spellings, histograms and
+//! bucket bounds live here, not in the model.
 
+pub mod explain;
 pub mod histogram;
 pub mod labels;
 pub mod metrics;

@@ -36,11 +36,13 @@ pub enum DroppedKind {
     Pod,
     /// A kill notice (the cause of a stop announced by the kubelet) past the cap.
     KillNotice,
+    /// A past stop kept for `explain` past the history's bounds (`history.rs`).
+    History,
 }
 
 impl DroppedKind {
     /// Every kind, in label order.
-    pub const ALL: [DroppedKind; 11] = [
+    pub const ALL: [DroppedKind; 12] = [
         DroppedKind::Signal,
         DroppedKind::OomKill,
         DroppedKind::ExecSession,
@@ -52,6 +54,7 @@ impl DroppedKind {
         DroppedKind::Judgement,
         DroppedKind::Pod,
         DroppedKind::KillNotice,
+        DroppedKind::History,
     ];
 
     /// The `kind` label's value (the same spelling serde uses).
@@ -68,6 +71,7 @@ impl DroppedKind {
             DroppedKind::Judgement => "judgement",
             DroppedKind::Pod => "pod",
             DroppedKind::KillNotice => "kill_notice",
+            DroppedKind::History => "history",
         }
     }
 }

@@ -17,6 +17,7 @@
 
 mod bounds;
 mod disagree;
+mod history;
 mod instance;
 mod naming;
 mod phase;
@@ -44,6 +45,7 @@ use crate::model::{
 
 pub use bounds::{DroppedCounts, DroppedKind};
 pub use disagree::{Disagreement, DisagreementKind};
+pub use history::{PastStop, MAX_BYTES as MAX_HISTORY_BYTES, MAX_STOPS as MAX_HISTORY_STOPS};
 pub use instance::SeedProcess;
 use instance::{ExecFacts, Instance, InstanceKind, ProcessEntry};
 pub use phase::{PodConditions, PodPhase, PodView};
@@ -125,6 +127,8 @@ pub struct NodeTracker {
     runtime_reachable: bool,
     /// Pods from the API by uid (see `pods.rs`).
     pods: HashMap<String, PodFacts>,
+    /// Judged stops, kept after their containers and pods are gone (`history.rs`).
+    history: history::History,
     /// Deleted pods kept past their object's removal, oldest first (`pods.rs`, `pod_gone`).
     pods_gone: std::collections::VecDeque<(u64, String)>,
     /// When the last scan of cgroupfs and /proc (start-up, or a rescan) was made: instances it
@@ -153,6 +157,7 @@ impl NodeTracker {
             runtime_reachable,
             pods: HashMap::new(),
             pods_gone: std::collections::VecDeque::new(),
+            history: history::History::default(),
             watching_since: 0,
             kill_notices: BTreeMap::new(),
             api: pods::ApiState::default(),
@@ -457,6 +462,18 @@ impl NodeTracker {
             }
             self.dropped.add(DroppedKind::DepartedUnit, excess as u64);
         }
+    }
+
+    /// The stops kept of pod `pod` in `namespace`, newest first (its containers may be gone).
+    pub fn history_of_pod(&self, namespace: &str, pod: &str) -> Vec<PastStop> {
+        self.history.of_pod(namespace, pod)
+    }
+
+    /// Stops from `seq` on that have settled by `now` (their cause known, or
+    /// `settle_ns` passed since the exit), oldest first, at most `limit`: what a verdict log
+    /// writes once each.
+    pub fn settled_stops_since(&self, seq: u64, now: u64, settle_ns: u64, limit: usize) -> Vec<PastStop> {
+        self.history.settled_since(seq, now, settle_ns, limit)
     }
 
     /// Terminations judged since the last call, for the exporters' distributions.

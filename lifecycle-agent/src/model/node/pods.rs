@@ -83,7 +83,10 @@ impl NodeTracker {
                 .collect();
             for key in keys {
                 if let Some(unit) = self.units.get_mut(&key) {
-                    name_a_recent_unknown_stop(unit, cause, now);
+                    if name_a_recent_unknown_stop(unit, cause, now) {
+                        let exit_time = unit.last_termination.as_ref().map(|r| r.exit_time).unwrap_or_default();
+                        self.history.name_cause(&unit.labels.uid, &unit.labels.container, exit_time, cause);
+                    }
                 }
             }
         }
@@ -141,6 +144,8 @@ impl NodeTracker {
         let unit_key = UnitKey::Container { pod_uid: notice.pod_uid.clone(), container: notice.container.clone() };
         if let Some(unit) = self.units.get_mut(&unit_key) {
             if name_a_recent_unknown_stop(unit, notice.cause, now) {
+                let exit_time = unit.last_termination.as_ref().map(|r| r.exit_time).unwrap_or_default();
+                self.history.name_cause(&notice.pod_uid, &notice.container, exit_time, notice.cause);
                 return;
             }
         }

@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::{
     bounds::DroppedKind,
     disagree::{DisagreementKind, InstanceEnd, StatusCheck},
+    history::PastStop,
     instance::InstanceKind,
     warning::WarningReason,
     NodeTracker, Notice,
@@ -437,6 +438,19 @@ impl NodeTracker {
                 judgement.grace_used_ratio = Some(*grace_used_ratio);
             }
             _ => {}
+        }
+        if !unit.named_by_id && !host {
+            let stop = PastStop {
+                seq: 0,
+                namespace: unit.labels.namespace.clone(),
+                pod: unit.labels.pod.clone(),
+                uid: unit.labels.uid.clone(),
+                container: unit.labels.container.clone(),
+                container_id: unit.container_id.clone(),
+                restart_count: unit.status.restart_count(),
+                last_termination: report.clone(),
+            };
+            self.history.record(stop, &mut self.dropped);
         }
         unit.last_termination = Some(report);
         unit.last_change_ns = exit.time;

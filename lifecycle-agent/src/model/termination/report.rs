@@ -314,3 +314,28 @@ impl StopScene {
         }
     }
 }
+
+#[cfg(test)]
+impl TerminationReport {
+    /// A plain report (exited on its own with `n` as its code at `n` s), for tests elsewhere.
+    pub fn for_tests(n: u64) -> Self {
+        TerminationReport {
+            stop_signal: None,
+            pre_stop: None,
+            exit_time: n * 1_000_000_000,
+            exit_status: Some(n as u8),
+            exit_signal: None,
+            grace_ns: 30_000_000_000,
+            expected_kill_after_ns: 30_000_000_000,
+            expected_kill_exact: true,
+            oom_kills: 0,
+            is_sidecar: false,
+            outcome: TerminationOutcome::ExitedWithoutStopSignal { exit_status: Some(n as u8), signal: None },
+            oom_victim: None,
+            cause: None,
+            spec: SpecSource::default(),
+            watched_since: None,
+            scene: StopScene::default(),
+        }
+    }
+}

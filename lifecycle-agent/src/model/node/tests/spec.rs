@@ -172,6 +172,30 @@ fn a_shell_entrypoint_that_keeps_the_stop_signal_from_its_child_shows_in_the_sce
 }
 
 #[test]
+fn a_stop_outlives_its_unit_and_pod_in_the_history() {
+    // Issue 20: "explain" answers for a pod deleted 20 minutes earlier: units expire with their
+    // series, the history does not.
+    use crate::model::container_state::RestartPolicy;
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(2, RestartPolicy::Always));
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&exit(11 * SECOND, 100, cg, Some(0), None));
+    tracker.apply(&event(
+        12 * SECOND,
+        0,
+        0,
+        Detail::CgroupRmdir(CgroupDetail { id: cg, path: String::new(), truncated: false }),
+    ));
+    tracker.forget_pod(POD_UID);
+    tracker.expire(20 * 60 * SECOND, 60 * SECOND);
+    assert!(tracker.containers(20 * 60 * SECOND).is_empty(), "the unit expired");
+    let kept = tracker.history_of_pod("shop", "web-1");
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].container, "app");
+    assert!(matches!(kept[0].last_termination.outcome, TerminationOutcome::ExitedWithinGrace { .. }));
+}
+
+#[test]
 fn a_scene_lists_at_most_its_bound_the_init_first() {
     use crate::model::{container_state::RestartPolicy, termination::MAX_SCENE_PROCESSES};
     let (mut tracker, cg) = tracker_with_pod(pod_facts(2, RestartPolicy::Always));

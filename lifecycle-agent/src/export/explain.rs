@@ -1,10 +1,11 @@
-//! `lifecycle-agent explain NAMESPACE/POD`: why a pod's containers stopped, told as one verdict
-//! line per container and a timeline with millisecond offsets and the source of each line.
+//! Why a pod's containers stopped, told as one verdict line per stop and a timeline with
+//! millisecond offsets and the source of each line: what `lifecycle-agent explain` prints and
+//! what the verdict log writes.
 //!
-//! Pure: it reads the agent's `/api/v1/containers` answer for the pod (the same JSON every other
-//! surface is made from, so the story cannot differ from the API's) and builds the text. Every
-//! string that comes from a pod (process names) is escaped: a process can name itself with
-//! terminal control sequences.
+//! Pure: it reads the API's JSON of a container (`/api/v1/containers`) or of a past stop
+//! (`/api/v1/history`), the same JSON every other surface is made from, so the story cannot
+//! differ from the API's. Every string that comes from a pod (process names) is escaped: a
+//! process can name itself with terminal control sequences.
 
 use std::fmt::Write as _;
 
@@ -104,7 +105,20 @@ fn process(p: &Value) -> String {
     }
 }
 
-fn story(c: &Value) -> ContainerStory {
+/// The stories of the past stops in `answer` (a `/api/v1/history` body), newest first, only
+/// `container`'s when given.
+pub fn explain_history(answer: &Value, container: Option<&str>) -> Vec<ContainerStory> {
+    answer["stops"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| container.is_none_or(|name| s["container"] == name))
+        .map(story)
+        .collect()
+}
+
+/// The story of one container view, or one past stop (the same fields).
+pub fn story(c: &Value) -> ContainerStory {
     let mut story = ContainerStory {
         namespace: text(&c["namespace"]),
         pod: text(&c["pod"]),

@@ -1,0 +1,60 @@
+//! The verdict log: every judged stop, once it has settled, as one JSON line on stdout, so log
+//! pipelines (`kubectl logs`, Loki, Elasticsearch) keep the history for as long as they keep
+//! logs. The line holds the same fields as the API's past stop (`/api/v1/history`) plus the
+//! verdict in words, as `explain` says it.
+//!
+//! A stop settles when its cause is known, or [`SETTLE`] after its exit (a cause the kubelet
+//! writes while it stops the containers can come that late; see `model/node/pods.rs`).
+
+use std::{
+    io::Write as _,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::sync::watch;
+
+use super::routes::rfc3339_times;
+use crate::{
+    discovery::clock::{boottime_ns, unix_minus_boot_seconds},
+    export::explain,
+    model::node::NodeTracker,
+};
+
+/// How long after its exit a stop without a cause waits for one before it is written.
+const SETTLE: Duration = Duration::from_secs(11);
+/// Lines written per pass at most (a burst of stops is written over a few seconds).
+const PER_PASS: usize = 256;
+
+/// Writes every settled stop once, each pass a second apart, until shutdown.
+pub(super) async fn verdict_log_loop(tracker: Arc<Mutex<NodeTracker>>, mut shutdown: watch::Receiver<bool>) {
+    let mut next = 0u64;
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let stops = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).settled_stops_since(
+            next,
+            boottime_ns(),
+            SETTLE.as_nanos() as u64,
+            PER_PASS,
+        );
+        let Some(last) = stops.last() else { continue };
+        next = last.seq + 1;
+        let boot_to_unix = unix_minus_boot_seconds();
+        let mut out = std::io::stdout().lock();
+        for stop in stops {
+            let Ok(mut line) = serde_json::to_value(&stop) else { continue };
+            rfc3339_times(&mut line, boot_to_unix);
+            let verdict = explain::story(&line).verdict;
+            if let Some(fields) = line.as_object_mut() {
+                fields.insert("msg".into(), "verdict".into());
+                fields.insert("verdict".into(), verdict.into());
+            }
+            // A closed stdout must not stop the agent: the verdicts stay in the API.
+            let _ = writeln!(out, "{line}");
+        }
+    }
+}
