@@ -52,6 +52,8 @@ fn start(test: &str) -> Option<(Kube, Agent)> {
             // The node's kubelet config; the DaemonSet's flag on such a node.
             "--max-container-restart-period",
             MODERN_MAX_CONTAINER_RESTART_PERIOD,
+            // Warnings as Events on the pods, as the DaemonSet runs it.
+            "--events",
         ],
     );
     assert!(
@@ -293,6 +295,33 @@ fn explain_tells_a_shell_entrypoint_kept_sigterm_from_its_child() {
     assert!(lines.contains(&"SIGTERM to PID 1 from the container runtime"), "{lines:#?}");
     assert!(lines.iter().any(|l| l.starts_with("stopped because: deleted; grace 2.0s")), "{lines:#?}");
     assert!(text.contains(&format!("never got it: `exe` (pid {sleep_pid})")), "{text}");
+
+    // The Event on the pod says the same, and where the timeline is.
+    let began = Instant::now();
+    let event = loop {
+        let message = kube
+            .kubectl(&[
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=shell,reason=GracePeriodExceeded",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ])
+            .unwrap_or_default();
+        if !message.trim().is_empty() {
+            break message;
+        }
+        assert!(began.elapsed() < Duration::from_secs(20), "a GracePeriodExceeded Event on the pod");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        event.contains(&format!(
+            "PID 1 `sh` got the stop signal and did not pass it on: `exe` (pid {sleep_pid}) never got it"
+        )) && event.contains("stopped because: deleted")
+            && event.ends_with("(timeline: lifecycle-agent explain default/shell)"),
+        "{event}"
+    );
 
     // Once the pod is gone, the node's history still answers, with the same verdict.
     kube.wait_pod_gone("default", "shell", Duration::from_secs(60)).expect("the pod is removed");

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use crate::{
     discovery::kube::watch::KubeSource,
     export::metrics::NAMESPACE,
-    model::node::{NodeTracker, PodWarning},
+    model::node::{NodeTracker, PodWarning, WarningReason},
     probe::metrics::ProbeMetrics,
     ErrorChain,
 };
@@ -114,11 +114,36 @@ fn event_for(warning: &PodWarning) -> (Event, ObjectReference) {
     let event = Event {
         type_: EventType::Warning,
         reason: warning.reason.as_str().to_owned(),
-        note: Some(format!("container {}: {}", warning.container, warning.note)),
+        note: Some(note_for(warning)),
         action: "Judging".into(),
         secondary: None,
     };
     (event, reference)
+}
+
+/// Longest note the API server takes on an Event (events.k8s.io/v1 `note`).
+const MAX_NOTE_BYTES: usize = 1024;
+
+/// The Event's note: the container, the model's one line, and where the rest is. Cut to what
+/// the API server takes (a note comes partly from a pod: its process names).
+fn note_for(warning: &PodWarning) -> String {
+    let hint = match warning.reason {
+        WarningReason::GracePeriodExceeded | WarningReason::KilledBeforeGracePeriod => {
+            format!(" (timeline: lifecycle-agent explain {}/{})", warning.namespace, warning.pod)
+        }
+        _ => String::new(),
+    };
+    let mut note = format!("container {}: {}", warning.container, warning.note);
+    let room = MAX_NOTE_BYTES.saturating_sub(hint.len());
+    if note.len() > room {
+        let mut cut = room.saturating_sub(3);
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+        note.push_str("...");
+    }
+    note + &hint
 }
 
 #[cfg(test)]
@@ -134,5 +159,24 @@ mod tests {
         assert!(!limit.allow("u", start + Duration::from_secs(30)));
         assert!(limit.allow("u", start + Duration::from_secs(61)));
         assert!(limit.allow("other", start), "pods are limited apart");
+    }
+
+    #[test]
+    fn a_termination_note_says_where_the_timeline_is_and_fits_the_api() {
+        let warning = |note: String| PodWarning {
+            namespace: "shop".into(),
+            pod: "web-1".into(),
+            pod_uid: "u".into(),
+            container: "app".into(),
+            reason: WarningReason::GracePeriodExceeded,
+            note,
+        };
+        let note = note_for(&warning("SIGKILLed 30.0s after the stop signal".into()));
+        assert_eq!(
+            note,
+            "container app: SIGKILLed 30.0s after the stop signal (timeline: lifecycle-agent explain shop/web-1)"
+        );
+        let long = note_for(&warning("é".repeat(2000)));
+        assert!(long.len() <= MAX_NOTE_BYTES && long.ends_with("(timeline: lifecycle-agent explain shop/web-1)"));
     }
 }

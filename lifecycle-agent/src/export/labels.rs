@@ -32,19 +32,10 @@ pub fn outcome(outcome: OutcomeKind) -> &'static str {
     }
 }
 
-/// `cause` label of a stop (empty when nothing stopped the container: it exited by itself).
+/// `cause` label of a stop (empty when nothing stopped the container: it exited by itself): the
+/// model's one spelling, which serde uses too.
 pub fn stop_cause(cause: StopCause) -> &'static str {
-    match cause {
-        StopCause::Deleted => "deleted",
-        StopCause::LivenessProbe => "liveness_probe",
-        StopCause::StartupProbe => "startup_probe",
-        StopCause::Evicted => "evicted",
-        StopCause::Preempted => "preempted",
-        StopCause::NodeShutdown => "node_shutdown",
-        StopCause::RestartAllContainers => "restart_all_containers",
-        StopCause::DeadlineExceeded => "deadline_exceeded",
-        StopCause::RuntimeOrUnknown => "runtime_or_unknown",
-    }
+    cause.as_str()
 }
 
 /// `kind` label of a status disagreement.

@@ -155,6 +155,23 @@ pub enum StopCause {
     RuntimeOrUnknown,
 }
 
+impl StopCause {
+    /// The cause as one word, as serde writes it (the `cause` label and the API).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopCause::Deleted => "deleted",
+            StopCause::LivenessProbe => "liveness_probe",
+            StopCause::StartupProbe => "startup_probe",
+            StopCause::Evicted => "evicted",
+            StopCause::Preempted => "preempted",
+            StopCause::NodeShutdown => "node_shutdown",
+            StopCause::RestartAllContainers => "restart_all_containers",
+            StopCause::DeadlineExceeded => "deadline_exceeded",
+            StopCause::RuntimeOrUnknown => "runtime_or_unknown",
+        }
+    }
+}
+
 /// A container-level kill the kubelet announced in an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KillNotice {

@@ -412,11 +412,23 @@ impl NodeTracker {
         match &report.outcome {
             TerminationOutcome::SigkilledAfterGrace { grace_ns, stop_to_kill_ns, .. } => {
                 unit.counters.grace_violations += 1;
-                let note = format!(
+                let mut note = format!(
                     "SIGKILLed {:.1}s after the stop signal: it did not exit within its {:.0}s grace period",
                     *stop_to_kill_ns as f64 / 1e9,
                     *grace_ns as f64 / 1e9
                 );
+                // What the app's owner must fix, when the kernel saw it: a shell as PID 1 that
+                // keeps the stop signal from the app.
+                if let Some((init, app, pid)) = report.scene.stop_signal_kept_from() {
+                    note.push_str(&format!(
+                        "; PID 1 `{}` got the stop signal and did not pass it on: `{}` (pid {pid}) never got it",
+                        init.escape_debug(),
+                        app.escape_debug()
+                    ));
+                }
+                if let Some(cause) = report.cause {
+                    note.push_str(&format!("; stopped because: {}", cause.as_str()));
+                }
                 unit.warn(WarningReason::GracePeriodExceeded, note);
             }
             // The same story as the API's `sigkilled_early`: the app was cut short, and by whom.

@@ -306,6 +306,14 @@ impl StopScene {
         self.left_out += left_out;
     }
 
+    /// The shell-entrypoint bug, when this stop shows it: the init got the stop signal and a
+    /// process that ran beside it never did. (init comm, that process's comm and pid.)
+    pub fn stop_signal_kept_from(&self) -> Option<(&str, &str, u32)> {
+        let init = self.running_at_stop.iter().find(|p| p.init && p.got_stop_signal)?;
+        let missed = self.running_at_stop.iter().find(|p| !p.init && !p.got_stop_signal)?;
+        Some((&init.comm, &missed.comm, missed.pid))
+    }
+
     /// `pid` received `signal`, which is the stop signal: mark it among those running at the
     /// stop.
     pub fn got_stop_signal(&mut self, pid: u32) {

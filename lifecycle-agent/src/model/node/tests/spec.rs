@@ -169,6 +169,16 @@ fn a_shell_entrypoint_that_keeps_the_stop_signal_from_its_child_shows_in_the_sce
     assert_eq!(listed(&report.scene.alive_at_kill), vec![(100, true, true), (107, false, false)], "108 had exited");
     assert_eq!(report.scene.alive_at_kill[1].comm, "java");
     assert_eq!(report.scene.left_out, 0);
+    // The Event tells the owner what to fix, with the cause.
+    let warnings = tracker.take_warnings();
+    let note = &warnings.iter().find(|w| w.reason == WarningReason::GracePeriodExceeded).expect("a warning").note;
+    assert!(
+        note.ends_with(
+            "; PID 1 `app` got the stop signal and did not pass it on: `java` (pid 107) never got it; stopped \
+             because: runtime_or_unknown"
+        ),
+        "{note}"
+    );
 }
 
 #[test]
