@@ -73,6 +73,8 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
                 "probe",
                 "--test",
                 "faults",
+                "--test",
+                "doctor",
             ])),
             Tier::Runtime => {
                 // The dashboards test runs its checker with the venv's Python when it exists, so

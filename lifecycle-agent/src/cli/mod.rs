@@ -2,5 +2,4 @@
 //! that checks a node before the agent runs there.
 
 pub mod doctor;
-pub mod explain;
 pub mod status;
