@@ -448,7 +448,7 @@ def overview() -> dict:
         timeseries("Lost events / s by kind", "Event records lost to a full ring buffer, by kind.",
                    targets((f"sum by (kind) (rate(lifecycle_events_lost_total{{{N}}}[$__rate_interval]))", "{{kind}}")), unit="ops", w=8),
         timeseries("Kernel map fill", "Used entries over capacity, per agent and map. At 100% new containers lose their counters.",
-                   targets((f'lifecycle_kernel_map_entries{{{N}, measure="used"}} / ignoring (measure) lifecycle_kernel_map_entries{{{N}, measure="capacity"}}',
+                   targets((f'lifecycle_kernel_map_entries{{{N}}} / lifecycle_kernel_map_capacity{{{N}}}',
                             "{{node}} {{map}}")), unit="percentunit", w=8),
         timeseries("Event to state latency", "Time from a kernel event to the state being visible, quantiles over all agents.",
                    targets((f"histogram_quantile(0.5, sum by (le) (rate(lifecycle_event_to_state_seconds_bucket{{{N}}}[$__rate_interval])))", "p50"),

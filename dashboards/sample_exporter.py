@@ -172,9 +172,10 @@ def render() -> str:
     e.family("lifecycle_feature_enabled", "gauge", "1 when a kernel feature is attached.")
     for feature in FEATURES:
         e.sample("lifecycle_feature_enabled", 1, feature=feature)
-    e.family("lifecycle_kernel_map_entries", "gauge", "Entries in a kernel map, and its capacity.")
-    e.sample("lifecycle_kernel_map_entries", 42, map="cgroup_counters", measure="used")
-    e.sample("lifecycle_kernel_map_entries", 16384, map="cgroup_counters", measure="capacity")
+    e.family("lifecycle_kernel_map_entries", "gauge", "Entries in use in a kernel map.")
+    e.sample("lifecycle_kernel_map_entries", 42, map="cgroup_counters")
+    e.family("lifecycle_kernel_map_capacity", "gauge", "Entries a kernel map can hold.")
+    e.sample("lifecycle_kernel_map_capacity", 16384, map="cgroup_counters")
     e.family("lifecycle_ring_buffer_bytes", "gauge", "Ring buffer size.")
     e.sample("lifecycle_ring_buffer_bytes", 4194304)
     e.family("lifecycle_build_info", "gauge", "Always 1.")

@@ -79,6 +79,13 @@ struct ExplainArgs {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum HostCgroups {
+    Auto,
+    On,
+    Off,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum LogFormat {
     Text,
     Json,
@@ -137,6 +144,18 @@ struct RunArgs {
     /// same /healthz is served on --listen too.
     #[arg(long, default_value = "")]
     health_listen: String,
+    /// Serve only these metric families on /metrics (comma-separated names, or `prefix*`);
+    /// default: all. As kube-state-metrics' allow list.
+    #[arg(long, value_delimiter = ',')]
+    metric_allowlist: Vec<String>,
+    /// Never serve these metric families (names or `prefix*`; wins over the allow list).
+    #[arg(long, value_delimiter = ',')]
+    metric_denylist: Vec<String>,
+    /// Series for host cgroups (system.slice and the like, not containers): `auto` serves them
+    /// on a plain host and not on a Kubernetes node (where only containers matter and host
+    /// units would add series kube-state-metrics users do not expect).
+    #[arg(long, value_enum, default_value = "auto")]
+    host_cgroups: HostCgroups,
     /// The format of the agent's own log lines on stderr. Verdicts are JSON lines on stdout
     /// either way (one per judged stop, the API's fields plus the verdict in words).
     #[arg(long, value_enum, default_value = "text")]
@@ -401,6 +420,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = AgentConfig {
         listen: args.listen,
         handoff_dir: args.handoff_dir,
+        host_cgroups: match args.host_cgroups {
+            HostCgroups::Auto => None,
+            HostCgroups::On => Some(true),
+            HostCgroups::Off => Some(false),
+        },
+        metric_families: lifecycle_agent::export::metrics::FamilyFilter::new(
+            args.metric_allowlist,
+            args.metric_denylist,
+        ),
         health_listen: match args.health_listen.as_str() {
             "" => None,
             addr => Some(addr.parse().with_context(|| format!("--health-listen {addr:?} is not an address:port"))?),

@@ -125,11 +125,10 @@ fn cgroup_churn_of_a_thousand_a_second_loses_nothing_and_leaves_nothing_behind()
     let _machine = MACHINE.lock().unwrap_or_else(|poison| poison.into_inner());
     let agent = Agent::start_with_socket(AGENT, Path::new(NO_RUNTIME), &[]);
     let used = || {
-        agent.metrics().lines().find_map(|l| {
-            l.strip_prefix("lifecycle_kernel_map_entries{map=\"cgroup_counters\",measure=\"used\"} ")?
-                .parse::<f64>()
-                .ok()
-        })
+        agent
+            .metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix("lifecycle_kernel_map_entries{map=\"cgroup_counters\"} ")?.parse::<f64>().ok())
     };
     let lost_before = metric_sum(&agent.metrics(), "lifecycle_events_lost_total");
     let used_before = used().expect("counter map entries exported");

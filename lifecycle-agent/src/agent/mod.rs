@@ -81,6 +81,10 @@ pub struct AgentConfig {
     pub health_listen: Option<SocketAddr>,
     /// Where pod probe listeners are handed to the next agent (`probe/handoff.rs`); None: not.
     pub handoff_dir: Option<PathBuf>,
+    /// Series for host cgroups: Some(on/off), or None for "unless the Kubernetes API is there".
+    pub host_cgroups: Option<bool>,
+    /// Which metric families /metrics serves.
+    pub metric_families: crate::export::metrics::FamilyFilter,
     pub sensor: SensorConfig,
     /// How often the ring is drained when the kernel has not woken the agent.
     pub poll: Duration,
@@ -175,12 +179,14 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     )
     .map_err(MetricsError::from)?;
     metrics.registry().register(Box::new(latency.clone())).map_err(MetricsError::from)?;
-    let units = Arc::new(UnitMetrics::new(
-        tracker.clone(),
-        maps.clone(),
-        Box::new(boottime_ns),
-        Box::new(unix_minus_boot_seconds),
-    ));
+    metrics.set_family_filter(config.metric_families.clone());
+    let units =
+        UnitMetrics::new(tracker.clone(), maps.clone(), Box::new(boottime_ns), Box::new(unix_minus_boot_seconds));
+    let host_units = config.host_cgroups.unwrap_or(kube.is_none());
+    if !host_units {
+        log::info!("no series for host cgroups (--host-cgroups on to have them)");
+    }
+    let units = Arc::new(if host_units { units } else { units.without_host_units() });
     let scraped_units = units.clone();
     metrics.add_text_source(Box::new(move |out| scraped_units.render(out)));
 

@@ -102,6 +102,8 @@ pub type TextSource = Box<dyn Fn(&mut String) + Send + Sync>;
 pub struct Metrics {
     registry: Registry,
     text_sources: Vec<TextSource>,
+    /// Which families are served (`--metric-allowlist`, `--metric-denylist`).
+    families: FamilyFilter,
     /// The buffer of the last answer, back once it was sent (see [`PooledBody`]).
     spare: Arc<Mutex<Option<Vec<u8>>>>,
 }
@@ -176,18 +178,28 @@ impl Metrics {
         registry.register(Box::new(ring))?;
 
         registry.register(Box::new(KernelStatsCollector::new(maps, counter_capacity, agent)?))?;
-        Ok(Self { registry, text_sources: Vec::new(), spare: Default::default() })
+        Ok(Self { registry, text_sources: Vec::new(), families: FamilyFilter::default(), spare: Default::default() })
     }
 
     /// A registry with nothing registered, for collectors that do not need the sensor (benches,
     /// tests of the per-container metrics).
     pub fn bare() -> Self {
-        Self { registry: Registry::new(), text_sources: Vec::new(), spare: Default::default() }
+        Self {
+            registry: Registry::new(),
+            text_sources: Vec::new(),
+            families: FamilyFilter::default(),
+            spare: Default::default(),
+        }
     }
 
     /// The registry, for modules that add their own collectors.
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// Serves only the families `filter` lets through.
+    pub fn set_family_filter(&mut self, filter: FamilyFilter) {
+        self.families = filter;
     }
 
     /// Adds families written directly as text after the registry's.
@@ -207,7 +219,53 @@ impl Metrics {
         for source in &self.text_sources {
             source(&mut text);
         }
+        if !self.families.is_everything() {
+            text = self.families.apply(&text);
+        }
         Bytes::from_owner(PooledBody { bytes: text.into_bytes(), home: self.spare.clone() })
+    }
+}
+
+/// Which metric families a scrape gets, by name: `name` or a `prefix*`. Empty allow list: all.
+/// The deny list wins. Applied to the finished text (families are contiguous in it, each
+/// opened by its `# HELP`), so every family is covered, registered or written as text: one
+/// pass, only when a list is given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FamilyFilter {
+    allow: Vec<String>,
+    deny: Vec<String>,
+}
+
+impl FamilyFilter {
+    pub fn new(allow: Vec<String>, deny: Vec<String>) -> Self {
+        Self { allow, deny }
+    }
+
+    fn is_everything(&self) -> bool {
+        self.allow.is_empty() && self.deny.is_empty()
+    }
+
+    /// Whether family `name` is served.
+    pub fn serves(&self, name: &str) -> bool {
+        let matches = |pattern: &String| match pattern.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == pattern,
+        };
+        (self.allow.is_empty() || self.allow.iter().any(matches)) && !self.deny.iter().any(matches)
+    }
+
+    fn apply(&self, text: &str) -> String {
+        let mut kept = String::with_capacity(text.len());
+        let mut serving = true;
+        for line in text.split_inclusive('\n') {
+            if let Some(rest) = line.strip_prefix("# HELP ").or_else(|| line.strip_prefix("# TYPE ")) {
+                serving = self.serves(rest.split_whitespace().next().unwrap_or_default());
+            }
+            if serving {
+                kept.push_str(line);
+            }
+        }
+        kept
     }
 }
 
@@ -221,6 +279,7 @@ struct KernelStatsCollector {
     map_full: IntCounterVec,
     decode_errors: IntCounterVec,
     map_entries: IntGaugeVec,
+    map_capacity: IntGaugeVec,
     descs: Vec<Desc>,
 }
 
@@ -257,11 +316,14 @@ impl KernelStatsCollector {
             &[],
         )?;
         let map_entries = IntGaugeVec::new(
-            Opts::new("kernel_map_entries", "Entries in a kernel map, with its capacity as a separate series.")
-                .namespace(NAMESPACE),
-            &["map", "measure"],
+            Opts::new("kernel_map_entries", "Entries in use in a kernel map.").namespace(NAMESPACE),
+            &["map"],
         )?;
-        map_entries.with_label_values(&["cgroup_counters", "capacity"]).set(i64::from(capacity));
+        let map_capacity = IntGaugeVec::new(
+            Opts::new("kernel_map_capacity", "Entries a kernel map can hold.").namespace(NAMESPACE),
+            &["map"],
+        )?;
+        map_capacity.with_label_values(&["cgroup_counters"]).set(i64::from(capacity));
         let descs = [
             &submitted.desc(),
             &lost.desc(),
@@ -269,11 +331,23 @@ impl KernelStatsCollector {
             &map_full.desc(),
             &decode_errors.desc(),
             &map_entries.desc(),
+            &map_capacity.desc(),
         ]
         .into_iter()
         .flat_map(|d| d.iter().map(|desc| (*desc).clone()))
         .collect();
-        Ok(Self { maps, agent, submitted, lost, rate_limited, map_full, decode_errors, map_entries, descs })
+        Ok(Self {
+            maps,
+            agent,
+            submitted,
+            lost,
+            rate_limited,
+            map_full,
+            decode_errors,
+            map_entries,
+            map_capacity,
+            descs,
+        })
     }
 }
 
@@ -299,14 +373,13 @@ impl Collector for KernelStatsCollector {
             self.agent.decode_errors.load(Ordering::Relaxed),
         );
         let entries = self.maps.counter_entries();
-        self.map_entries
-            .with_label_values(&["cgroup_counters", "used"])
-            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+        self.map_entries.with_label_values(&["cgroup_counters"]).set(i64::try_from(entries).unwrap_or(i64::MAX));
         let mut out = Vec::new();
         for c in [&self.submitted, &self.lost, &self.rate_limited, &self.map_full, &self.decode_errors] {
             out.extend(c.collect());
         }
         out.extend(self.map_entries.collect());
+        out.extend(self.map_capacity.collect());
         out
     }
 }
@@ -314,4 +387,28 @@ impl Collector for KernelStatsCollector {
 /// Moves a counter up to a monotonic value kept elsewhere (a kernel map, an atomic).
 pub fn set_counter(counter: &prometheus::IntCounter, value: u64) {
     counter.inc_by(value.saturating_sub(counter.get()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCRAPE: &str = "# HELP lifecycle_a_total A.\n# TYPE lifecycle_a_total counter\nlifecycle_a_total 1\n\
+        # HELP lifecycle_probe_b B.\n# TYPE lifecycle_probe_b gauge\nlifecycle_probe_b{x=\"1\"} 2\n\
+        # HELP lifecycle_c_seconds C.\n# TYPE lifecycle_c_seconds histogram\nlifecycle_c_seconds_bucket{le=\"1\"} 3\nlifecycle_c_seconds_count 3\n";
+
+    #[test]
+    fn families_are_kept_or_dropped_whole_by_name_or_prefix_and_the_deny_list_wins() {
+        let names = |filter: &FamilyFilter| -> Vec<String> {
+            filter.apply(SCRAPE).lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.to_owned()).collect()
+        };
+        let only = FamilyFilter::new(vec!["lifecycle_c_seconds".into(), "lifecycle_probe_*".into()], Vec::new());
+        assert_eq!(names(&only), ["lifecycle_probe_b gauge", "lifecycle_c_seconds histogram"]);
+        assert!(only.apply(SCRAPE).contains("lifecycle_c_seconds_bucket{le=\"1\"} 3\nlifecycle_c_seconds_count 3\n"));
+        let without = FamilyFilter::new(Vec::new(), vec!["lifecycle_probe_*".into()]);
+        assert_eq!(names(&without), ["lifecycle_a_total counter", "lifecycle_c_seconds histogram"]);
+        let both = FamilyFilter::new(vec!["lifecycle_*".into()], vec!["lifecycle_a_total".into()]);
+        assert!(!both.serves("lifecycle_a_total") && both.serves("lifecycle_probe_b"));
+        assert!(FamilyFilter::default().is_everything());
+    }
 }

@@ -46,6 +46,8 @@ pub struct UnitMetrics {
     histograms: Mutex<TerminationHistograms>,
     /// Each unit's text from the last scrape, in the tracker's unit order.
     cache: Mutex<Cache>,
+    /// Whether host cgroups (not containers) get series (`--host-cgroups`).
+    host_units: bool,
 }
 
 #[derive(Default)]
@@ -107,7 +109,14 @@ impl UnitMetrics {
             boot_to_unix,
             histograms: Mutex::new(TerminationHistograms::default()),
             cache: Mutex::new(Cache::default()),
+            host_units: true,
         }
+    }
+
+    /// No series for host cgroups: on a Kubernetes node only containers are of interest.
+    pub fn without_host_units(mut self) -> Self {
+        self.host_units = false;
+        self
     }
 
     /// Moves the tracker's judged terminations into the distributions. The agent calls this after
@@ -138,7 +147,7 @@ impl UnitMetrics {
             self.take_judgements(&mut tracker);
             dropped = *tracker.dropped();
             // Both sequences are in unit-key order: a merge keeps the entries of units still here.
-            for unit in tracker.units() {
+            for unit in tracker.units().filter(|u| self.host_units || !matches!(u.key(), UnitKey::Host { .. })) {
                 while previous.next_if(|cached| cached.key < *unit.key()).is_some() {}
                 let cached = previous.next_if(|cached| cached.key == *unit.key());
                 let view = UnitView::of(unit, now, boot_to_unix, unit.cgroup_id().and_then(|id| live.get(&id)));

@@ -145,3 +145,21 @@ fn a_scrape_shows_every_change_since_the_last_and_keeps_nothing_stale() {
     assert!(!second.contains("c.service"), "{second}");
     assert!(first.contains("c.service"));
 }
+
+#[test]
+fn without_host_units_a_scrape_has_no_host_cgroup_series() {
+    // Issue 21: on a Kubernetes node host cgroups are off by default (`--host-cgroups`).
+    let mut tracker = NodeTracker::new(TrackerConfig::default());
+    start_host_unit(&mut tracker, 50, 500, "nginx");
+    let tracker = Arc::new(Mutex::new(tracker));
+    let scrape = |m: UnitMetrics| {
+        let mut text = String::new();
+        m.render(&mut text);
+        text
+    };
+    let make = || UnitMetrics::new(tracker.clone(), Arc::new(Kernel), Box::new(|| 10), Box::new(|| 1_700_000_000.0));
+    assert!(scrape(make()).contains("container=\"/system.slice/nginx.service\""));
+    let without = scrape(make().without_host_units());
+    assert!(!without.contains("nginx"), "{without}");
+    assert!(without.contains("lifecycle_state_dropped_total"), "the node's own families stay");
+}
