@@ -106,7 +106,17 @@ pub struct Metrics {
     families: FamilyFilter,
     /// The buffer of the last answer, back once it was sent (see [`PooledBody`]).
     spare: Arc<Mutex<Option<Vec<u8>>>>,
+    /// Bodies alive (being sent, or the newest kept), and the newest: past
+    /// [`MAX_BODIES_IN_FLIGHT`] scrapes share the newest instead of each getting a copy.
+    bodies: Arc<std::sync::atomic::AtomicUsize>,
+    newest: Mutex<Option<Bytes>>,
 }
+
+/// Scrape bodies alive at once at most. A body is the whole answer (2.6 MB for 1,000
+/// containers) and lives until its reader has taken it: clients that read slowly, each with a
+/// copy, once took the agent past its memory limit (issue 18). Past the bound, a scrape gets the
+/// newest body (at most as old as the slow reads in flight), shared, not a new one.
+pub const MAX_BODIES_IN_FLIGHT: usize = 4;
 
 /// An answer's bytes that go back to the spare slot once the HTTP stack has sent them. A fresh
 /// buffer per scrape (2.6 MB for 1,000 containers) cost ~650 page faults each time, and about
@@ -115,6 +125,7 @@ pub struct Metrics {
 struct PooledBody {
     bytes: Vec<u8>,
     home: Arc<Mutex<Option<Vec<u8>>>>,
+    alive: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl AsRef<[u8]> for PooledBody {
@@ -128,6 +139,7 @@ impl Drop for PooledBody {
         let mut bytes = std::mem::take(&mut self.bytes);
         bytes.clear();
         *self.home.lock().unwrap_or_else(|poison| poison.into_inner()) = Some(bytes);
+        self.alive.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -178,7 +190,14 @@ impl Metrics {
         registry.register(Box::new(ring))?;
 
         registry.register(Box::new(KernelStatsCollector::new(maps, counter_capacity, agent)?))?;
-        Ok(Self { registry, text_sources: Vec::new(), families: FamilyFilter::default(), spare: Default::default() })
+        Ok(Self {
+            registry,
+            text_sources: Vec::new(),
+            families: FamilyFilter::default(),
+            spare: Default::default(),
+            bodies: Default::default(),
+            newest: Mutex::new(None),
+        })
     }
 
     /// A registry with nothing registered, for collectors that do not need the sensor (benches,
@@ -189,6 +208,8 @@ impl Metrics {
             text_sources: Vec::new(),
             families: FamilyFilter::default(),
             spare: Default::default(),
+            bodies: Default::default(),
+            newest: Mutex::new(None),
         }
     }
 
@@ -209,6 +230,15 @@ impl Metrics {
 
     /// Text exposition format, version 0.0.4.
     pub fn render(&self) -> Bytes {
+        let mut newest = self.newest.lock().unwrap_or_else(|poison| poison.into_inner());
+        if self.bodies.load(Ordering::Acquire) >= MAX_BODIES_IN_FLIGHT {
+            if let Some(shared) = newest.as_ref() {
+                return shared.clone();
+            }
+        }
+        // Let go of the newest first: when no reader holds it, its buffer comes back as the
+        // spare below.
+        *newest = None;
         // The last answer's buffer when it is back (sized by it), else a new one: concurrent
         // scrapes each get one, and the last to finish is kept.
         let spare = self.spare.lock().unwrap_or_else(|poison| poison.into_inner()).take();
@@ -222,7 +252,14 @@ impl Metrics {
         if !self.families.is_everything() {
             text = self.families.apply(&text);
         }
-        Bytes::from_owner(PooledBody { bytes: text.into_bytes(), home: self.spare.clone() })
+        self.bodies.fetch_add(1, Ordering::AcqRel);
+        let body = Bytes::from_owner(PooledBody {
+            bytes: text.into_bytes(),
+            home: self.spare.clone(),
+            alive: self.bodies.clone(),
+        });
+        *newest = Some(body.clone());
+        body
     }
 }
 
@@ -396,6 +433,25 @@ mod tests {
     const SCRAPE: &str = "# HELP lifecycle_a_total A.\n# TYPE lifecycle_a_total counter\nlifecycle_a_total 1\n\
         # HELP lifecycle_probe_b B.\n# TYPE lifecycle_probe_b gauge\nlifecycle_probe_b{x=\"1\"} 2\n\
         # HELP lifecycle_c_seconds C.\n# TYPE lifecycle_c_seconds histogram\nlifecycle_c_seconds_bucket{le=\"1\"} 3\nlifecycle_c_seconds_count 3\n";
+
+    #[test]
+    fn slow_readers_share_one_body_past_the_bound() {
+        // Issue 18: every slow reader of /metrics held a copy of the whole answer.
+        let metrics = Metrics::bare();
+        let held: Vec<Bytes> = (0..50).map(|_| metrics.render()).collect();
+        let mut distinct: Vec<*const u8> = held.iter().map(|b| b.as_ptr()).collect();
+        distinct.sort();
+        distinct.dedup();
+        assert!(distinct.len() <= MAX_BODIES_IN_FLIGHT, "{} bodies for 50 readers", distinct.len());
+        assert!(metrics.bodies.load(Ordering::Acquire) <= MAX_BODIES_IN_FLIGHT);
+        drop(held);
+        // Readers gone: each scrape renders afresh again, and the buffers come back.
+        let first = metrics.render();
+        let second = metrics.render();
+        assert_eq!(metrics.bodies.load(Ordering::Acquire), 2, "the newest and the one still held");
+        drop((first, second));
+        assert_eq!(metrics.bodies.load(Ordering::Acquire), 1, "only the newest is kept");
+    }
 
     #[test]
     fn families_are_kept_or_dropped_whole_by_name_or_prefix_and_the_deny_list_wins() {
