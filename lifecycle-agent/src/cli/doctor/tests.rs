@@ -1,6 +1,10 @@
 //! Unit tests of the checks, over fixtures: kernel releases, CapEff masks, mount tables, socket
 //! and API answers, /proc/net/tcp tables, clock readings.
 
+use std::{net::SocketAddr, path::Path};
+
+use lifecycle_common::names;
+
 use super::*;
 
 fn verdict(finding: &Finding) -> Verdict {
