@@ -356,6 +356,40 @@ fn explain_tells_a_shell_entrypoint_kept_sigterm_from_its_child() {
     stop_and_check_machine(kube, agent);
 }
 
+/// Issue 19: an eviction through the Eviction API (what `kubectl drain` does) is `evicted`, from
+/// the `DisruptionTarget` condition (reason `EvictionByEvictionAPI`) the API server sets, with
+/// the pod's grace.
+#[test]
+fn an_eviction_through_the_eviction_api_is_named_with_the_pods_grace() {
+    let Some((kube, agent)) = start("an_eviction_through_the_eviction_api_is_named_with_the_pods_grace") else {
+        return;
+    };
+    apply(&kube, "evictee", TRAP_EXIT, |p| p["spec"]["terminationGracePeriodSeconds"] = 4.into());
+    agent.wait_named("evictee", "app", "running", Duration::from_secs(60), running);
+    let eviction = serde_json::json!({
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": "evictee", "namespace": "default"},
+    });
+    let path = kube.run_dir().join("eviction.json");
+    std::fs::write(&path, eviction.to_string()).expect("write the eviction");
+    kube.kubectl(&[
+        "create",
+        "--raw",
+        "/api/v1/namespaces/default/pods/evictee/eviction",
+        "-f",
+        &path.to_string_lossy(),
+    ])
+    .expect("POST pods/evictee/eviction");
+    let evicted = agent.wait_named("evictee", "app", "judged", Duration::from_secs(30), judged);
+    let termination = &evicted["last_termination"];
+    eprintln!("eviction API on 1.37: {termination}");
+    assert_eq!(termination["cause"], "evicted", "{evicted:#}");
+    assert_eq!(grace_s(&evicted), 4.0, "the pod's grace: {evicted:#}");
+    assert_eq!(outcome(&evicted), "exited_within_grace", "the app's TERM trap: {evicted:#}");
+
+    stop_and_check_machine(kube, agent);
+}
+
 /// A TERM-ignoring app's stop ends in a SIGKILL from the runtime; whether it came after the
 /// grace or before it ran out, the outcome says which and agrees with its own numbers.
 fn check_sigkill_story(c: &Value) {
