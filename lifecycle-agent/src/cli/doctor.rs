@@ -82,10 +82,13 @@ pub enum DoctorError {
 /// Runs every check on this node, prints the report, and fails when something is missing.
 pub async fn run(args: DoctorArgs) -> Result<(), DoctorError> {
     let report = Report::new(node::examine(&args).await);
-    match args.output {
-        DoctorFormat::Text => print!("{}", render_text(&report)),
-        DoctorFormat::Json => println!("{}", serde_json::to_string_pretty(&report).map_err(DoctorError::Json)?),
-    }
+    let printed = match args.output {
+        DoctorFormat::Text => render_text(&report),
+        DoctorFormat::Json => serde_json::to_string_pretty(&report).map_err(DoctorError::Json)? + "\n",
+    };
+    // Not print!: a reader that closes the pipe early (`doctor | head`) would make it panic, and
+    // the exit status must still say whether something is missing.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), printed.as_bytes());
     let missing: Vec<&'static str> = report
         .checks
         .iter()
