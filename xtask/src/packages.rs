@@ -13,6 +13,9 @@ pub const TEST: &[&str] =
     &["protobuf-compiler", "runc", "containerd", "busybox-static", "prometheus", "iproute2", "python3-venv"];
 /// libFuzzer is C++, compiled by libfuzzer-sys's build script.
 pub const FUZZ: &[&str] = &["g++"];
+/// The runtime tier renders the agent's `explain` pages in a real browser (headless), with a
+/// font for its text.
+pub const PAGES: &[&str] = &["chromium", "fonts-dejavu-core"];
 /// The kubelet tier's node: etcd, the CNI plugins (bridge, host-local, loopback), openssl for the
 /// API server's service-account key, and the runtime the other tiers use too.
 pub const KUBELET: &[&str] =

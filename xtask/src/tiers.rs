@@ -82,23 +82,27 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
                 if let Err(err) = python_env() {
                     eprintln!("xtask: no Python venv for the dashboards test, it uses python3: {err:#}");
                 }
-                shell::run(
-                    cargo()
-                        .args([
-                            "test",
-                            "-p",
-                            "lifecycle-agent",
-                            "--test",
-                            "containerd_harness",
-                            "--test",
-                            "e2e",
-                            "--test",
-                            "runtime_restart",
-                            "--test",
-                            "dashboards",
-                        ])
-                        .args(["--", "--test-threads=1"]),
-                )
+                packages::ensure(packages::PAGES).and_then(|()| {
+                    shell::run(
+                        cargo()
+                            .args([
+                                "test",
+                                "-p",
+                                "lifecycle-agent",
+                                "--test",
+                                "containerd_harness",
+                                "--test",
+                                "e2e",
+                                "--test",
+                                "runtime_restart",
+                                "--test",
+                                "dashboards",
+                                "--test",
+                                "explain_page",
+                            ])
+                            .args(["--", "--test-threads=1"]),
+                    )
+                })
             }
             // One at a time: each measures the agent's memory and health while it attacks.
             Tier::Hostile => shell::run(cargo().args(["test", "-p", "lifecycle-agent", "--test", "hostile"]).args([

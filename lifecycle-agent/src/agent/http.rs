@@ -330,7 +330,7 @@ async fn check_access(
 ) -> Option<Response<Full<Bytes>>> {
     let gate = routes.gate.as_ref()?;
     let path = request.uri().path();
-    let gated = path.starts_with("/api/") || (path == "/metrics" && routes.metrics_gated());
+    let gated = path.starts_with("/api/") || is_page(path) || (path == "/metrics" && routes.metrics_gated());
     if !gated {
         return None;
     }
@@ -390,6 +390,20 @@ fn route(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> 
                 }
             }
         }
+        _ if is_page(path) => match routes.api.as_ref().and_then(|api| api.get(path, request.uri().query())) {
+            // A page of the agent's own making: no script, nothing from elsewhere, never sniffed.
+            Some((status, body)) => Response::builder()
+                .status(status)
+                .header(header::CONTENT_TYPE, "text/html; charset=utf-8")
+                .header(
+                    header::CONTENT_SECURITY_POLICY,
+                    "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'",
+                )
+                .header(header::X_CONTENT_TYPE_OPTIONS, "nosniff")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n")),
+            None => text(StatusCode::NOT_FOUND, "no such page\n"),
+        },
         _ if path.starts_with("/api/") => {
             match routes.api.as_ref().and_then(|api| api.get(path, request.uri().query())) {
                 Some((status, body)) => Response::builder()
@@ -400,8 +414,13 @@ fn route(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> 
                 None => text(StatusCode::NOT_FOUND, "no such API path\n"),
             }
         }
-        _ => text(StatusCode::NOT_FOUND, "try /metrics, /healthz or /api/v1/containers\n"),
+        _ => text(StatusCode::NOT_FOUND, "try /metrics, /healthz, /api/v1/containers or /explain\n"),
     }
+}
+
+/// The `explain` pages (HTML): `/explain` and `/explain/<namespace>/<pod>`.
+fn is_page(path: &str) -> bool {
+    path == "/explain" || path.starts_with("/explain/")
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {

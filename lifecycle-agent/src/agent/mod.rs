@@ -301,7 +301,10 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let scheme = if tls.is_some() { "https (and http without credentials)" } else { "http" };
     let listener = http::bind(config.listen).await?;
     log::info!("serving /metrics, /healthz and /api/v1/containers on {}, {scheme}", config.listen);
-    let api = ContainersApi { tracker: tracker.clone(), probes: node_probes.clone() };
+    let node = config.node_name.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
+    });
+    let api = ContainersApi { tracker: tracker.clone(), probes: node_probes.clone(), node };
     let routes = Arc::new(Routes {
         metrics,
         api: Some(Arc::new(api)),

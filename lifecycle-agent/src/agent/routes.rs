@@ -13,6 +13,7 @@ use serde::Serialize;
 use super::http::ApiHandler;
 use crate::{
     discovery::clock::{boottime_ns, unix_minus_boot_seconds},
+    export::{explain, explain_html},
     model::node::{ContainerView, NodeTracker, PodView},
     probe::{metrics::ProbeTarget, query::Query, CheckSpec, NodeProbes},
 };
@@ -32,7 +33,12 @@ pub struct ContainersResponse {
 pub(super) struct ContainersApi {
     pub(super) tracker: Arc<Mutex<NodeTracker>>,
     pub(super) probes: Arc<NodeProbes>,
+    /// The node's name, for the `/explain` page's title.
+    pub(super) node: String,
 }
+
+/// Stops the `/explain` node page lists at most (newest first).
+const NODE_PAGE_STOPS: usize = 200;
 
 impl ApiHandler for ContainersApi {
     fn get(&self, path: &str, query: Option<&str>) -> Option<(StatusCode, String)> {
@@ -41,6 +47,12 @@ impl ApiHandler for ContainersApi {
         }
         if path == "/api/v1/history" {
             return Some(self.history(query));
+        }
+        if path == "/explain" {
+            return Some(self.node_page());
+        }
+        if let Some(target) = path.strip_prefix("/explain/") {
+            return Some(self.pod_page(target));
         }
         if path != "/api/v1/containers" {
             return None;
@@ -159,6 +171,43 @@ pub struct HistoryResponse {
 }
 
 impl ContainersApi {
+    /// A JSON value as the API writes it (times as RFC 3339 with their `_boot_ns` beside).
+    fn api_json(value: &impl Serialize) -> serde_json::Value {
+        let mut json = serde_json::to_value(value).unwrap_or_default();
+        rfc3339_times(&mut json, unix_minus_boot_seconds());
+        json
+    }
+
+    /// `GET /explain/<namespace>/<pod>`: the pod's stories as a page (each container's last stop,
+    /// or, for a pod whose containers are gone, every stop the node kept).
+    fn pod_page(&self, target: &str) -> (StatusCode, String) {
+        // Namespaces and pod names are DNS labels and subdomains: no encoding to undo.
+        let Some((namespace, pod)) = target.split_once('/').filter(|(n, p)| !n.is_empty() && !p.contains('/')) else {
+            return (StatusCode::NOT_FOUND, explain_html::pod_page("?", "?", &[]));
+        };
+        let (namespace, pod) = (namespace.to_owned(), pod.to_owned());
+        let now = boottime_ns();
+        let (containers, past) = {
+            let tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+            let mut containers = tracker.containers(now);
+            containers.retain(|c| c.labels.namespace == namespace && c.labels.pod == pod);
+            (containers, tracker.history_of_pod(&namespace, &pod))
+        };
+        let current = Self::api_json(&serde_json::json!({ "containers": containers }));
+        let mut stories = explain::explain(&current, &namespace, &pod, None);
+        if stories.is_empty() {
+            stories = explain::explain_history(&Self::api_json(&serde_json::json!({ "stops": past })), None);
+        }
+        (StatusCode::OK, explain_html::pod_page(&namespace, &pod, &stories))
+    }
+
+    /// `GET /explain`: the node's recent stops, newest first.
+    fn node_page(&self) -> (StatusCode, String) {
+        let recent = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner()).recent_stops(NODE_PAGE_STOPS);
+        let stories = explain::explain_history(&Self::api_json(&serde_json::json!({ "stops": recent })), None);
+        (StatusCode::OK, explain_html::node_page(&self.node, &stories))
+    }
+
     /// `GET /api/v1/history?namespace=<ns>&pod=<name>`: every stop of the pod's containers the
     /// node kept, for a pod deleted long ago too. Both parameters are needed (the history of a
     /// whole node is what the verdict log is for).
@@ -271,7 +320,11 @@ mod tests {
             };
             tracker.apply(&event(2, 1000 + n as u32, cgroup, exec));
         }
-        ContainersApi { tracker: Arc::new(Mutex::new(tracker)), probes: Arc::new(NodeProbes::new(None)) }
+        ContainersApi {
+            tracker: Arc::new(Mutex::new(tracker)),
+            probes: Arc::new(NodeProbes::new(None)),
+            node: "node-a".into(),
+        }
     }
 
     /// (status, container ids, pod names) of a `/api/v1/containers` answer.

@@ -3,6 +3,7 @@
 //! bucket bounds live here, not in the model.
 
 pub mod explain;
+pub mod explain_html;
 pub mod histogram;
 pub mod labels;
 pub mod metrics;

@@ -110,6 +110,11 @@ impl History {
         self.stops.iter().rev().filter(|s| s.namespace == namespace && s.pod == pod).cloned().collect()
     }
 
+    /// The last `limit` stops of the node, newest first.
+    pub fn recent(&self, limit: usize) -> Vec<PastStop> {
+        self.stops.iter().rev().take(limit).cloned().collect()
+    }
+
     /// Stops with `seq >= from` whose exit is at least `settle_ns` before `now` or whose cause
     /// is known (a cause can arrive up to then), oldest first, at most `limit`.
     pub fn settled_since(&self, from: u64, now: u64, settle_ns: u64, limit: usize) -> Vec<PastStop> {

@@ -469,6 +469,11 @@ impl NodeTracker {
         self.history.of_pod(namespace, pod)
     }
 
+    /// The node's last `limit` stops kept, newest first.
+    pub fn recent_stops(&self, limit: usize) -> Vec<PastStop> {
+        self.history.recent(limit)
+    }
+
     /// Stops from `seq` on that have settled by `now` (their cause known, or
     /// `settle_ns` passed since the exit), oldest first, at most `limit`: what a verdict log
     /// writes once each.
