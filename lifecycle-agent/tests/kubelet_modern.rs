@@ -390,6 +390,53 @@ fn an_eviction_through_the_eviction_api_is_named_with_the_pods_grace() {
     stop_and_check_machine(kube, agent);
 }
 
+/// Issue 19: RestartAllContainers (beta 1.36). The `app` container's rule restarts every
+/// container of the pod when it exits 42: the kubelet stops `helper` (running), re-runs both, and
+/// sets the condition `AllContainersRestarting` meanwhile. The agent names `helper`'s stop
+/// `restart_all_containers` and claims no back-off deviation for either restart.
+#[test]
+fn restart_all_containers_names_the_stop_and_claims_no_backoff_deviation() {
+    let Some((kube, agent)) = start("restart_all_containers_names_the_stop_and_claims_no_backoff_deviation") else {
+        return;
+    };
+    // `app` exits 42 once (its first run leaves a mark in an emptyDir), then runs.
+    let app = "if [ -e /data/ran ]; then exec sleep 100000; fi; touch /data/ran; sleep 2; exit 42";
+    apply(&kube, "together", app, |p| {
+        p["spec"]["terminationGracePeriodSeconds"] = 3.into();
+        p["spec"]["volumes"] = serde_json::json!([{"name": "data", "emptyDir": {}}]);
+        let container = &mut p["spec"]["containers"][0];
+        container["volumeMounts"] = serde_json::json!([{"name": "data", "mountPath": "/data"}]);
+        container["restartPolicy"] = "Never".into();
+        container["restartPolicyRules"] =
+            serde_json::json!([{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [42]}}]);
+        let mut helper = container.clone();
+        helper["name"] = "helper".into();
+        helper["command"] = serde_json::json!(["sh", "-c", TRAP_EXIT]);
+        helper.as_object_mut().expect("object").remove("restartPolicy");
+        helper.as_object_mut().expect("object").remove("restartPolicyRules");
+        p["spec"]["containers"].as_array_mut().expect("containers").push(helper);
+    });
+    let helper =
+        agent.wait_named("together", "helper", "stopped by the restart of all", Duration::from_secs(90), |c| {
+            judged(c) && c["last_termination"]["cause"] != "runtime_or_unknown"
+        });
+    let termination = &helper["last_termination"];
+    eprintln!("RestartAllContainers on 1.37, helper: {termination}");
+    assert_eq!(termination["cause"], "restart_all_containers", "{helper:#}");
+    assert_eq!(outcome(&helper), "exited_within_grace", "its TERM trap: {helper:#}");
+    // Both run again; neither restart is called off the back-off.
+    for container in ["app", "helper"] {
+        let c = agent.wait_named("together", container, "running again", Duration::from_secs(60), |c| {
+            running(c) && !c["last_backoff"].is_null()
+        });
+        eprintln!("{container} restart: {}", c["last_backoff"]);
+        assert_ne!(c["last_backoff"]["verdict"], "too_early", "{c:#}");
+        assert_ne!(c["last_backoff"]["verdict"], "too_late", "{c:#}");
+    }
+
+    stop_and_check_machine(kube, agent);
+}
+
 /// A TERM-ignoring app's stop ends in a SIGKILL from the runtime; whether it came after the
 /// grace or before it ran out, the outcome says which and agrees with its own numbers.
 fn check_sigkill_story(c: &Value) {
