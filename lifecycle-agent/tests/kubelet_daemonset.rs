@@ -28,6 +28,7 @@ const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset
 const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
 const NAMESPACE: &str = "lifecycle-system";
 const AGENT_POD: &str = "lifecycle-agent";
+const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-lifecycle");
 const IGNORE_TERM: &str = "trap '' TERM; while true; do sleep 0.2; done";
 
 /// The objects of the manifest at `path` as kubectl reads them (client-side: nothing is created).
@@ -326,6 +327,75 @@ impl Drop for AgentPod<'_> {
     }
 }
 
+/// Issue 20: `kubectl lifecycle explain` from anywhere: a user whose kubeconfig holds only a
+/// token (the reader), with the plugin's documented RBAC (find pods and the agent, `get
+/// pods/proxy` on the agents) and the agent's reader role, asks through the API server's proxy
+/// and gets the story of the deleted pod; without the reader role the agent refuses.
+fn explained_from_anywhere_with_a_readers_own_rights(kube: &Kube, port: u16) {
+    let rbac = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "lifecycle-plugin-user"},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+                   {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "test-plugin-user"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "lifecycle-plugin-user"},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": kube::READER}]}]});
+    kube.apply(&rbac.to_string()).expect("the plugin's RBAC");
+    // The reader's kubeconfig: the node's cluster, the reader's token, nothing else.
+    let admin: Value =
+        serde_json::from_str(&std::fs::read_to_string(kube.kubeconfig()).expect("kubeconfig")).expect("JSON");
+    let reader = json!({"apiVersion": "v1", "kind": "Config", "current-context": "reader",
+        "clusters": admin["clusters"].clone(),
+        "users": [{"name": "reader", "user": {"token": kube.reader_token()}}],
+        "contexts": [{"name": "reader", "context": {"cluster": admin["clusters"][0]["name"].clone(), "user": "reader"}}]});
+    let kubeconfig = kube.run_dir().join("reader-kubeconfig");
+    std::fs::write(&kubeconfig, reader.to_string()).expect("write the reader's kubeconfig");
+    let plugin = |args: &[&str]| {
+        Command::new(PLUGIN)
+            .args(args)
+            .args(["--agent-port", &port.to_string()])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .expect("run kubectl-lifecycle")
+    };
+    // The pod is gone: its node is named, and the story comes from the agent's history.
+    let explain = ["explain", "default/stubborn", "--node", kube.node_name(), "-o", "json"];
+    let began = Instant::now();
+    let output = loop {
+        let output = plugin(&explain);
+        // The reader's role from the API access test is bound already; a refusal cached by the
+        // agent (10 s) can still stand.
+        if output.status.success() || began.elapsed() > Duration::from_secs(30) {
+            break output;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(output.status.success(), "{output:?}");
+    let stories: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let story = &stories[0];
+    assert_eq!(story["cause"], "deleted", "{stories:#}");
+    assert!(
+        story["verdict"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("SIGKILLed 2.0s after SIGTERM: it did not exit within its 2.0s grace")),
+        "{stories:#}"
+    );
+    // A service account with the plugin's RBAC but not the agent's reader role: the API server
+    // lets it through, the agent refuses it (403).
+    kube.kubectl(&["create", "serviceaccount", "outsider"]).expect("service account");
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "test-plugin-outsider"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "lifecycle-plugin-user"},
+        "subjects": [{"kind": "ServiceAccount", "name": "outsider", "namespace": "default"}]});
+    kube.apply(&binding.to_string()).expect("bind the plugin role");
+    let outsider = kube.kubectl(&["create", "token", "outsider"]).expect("kubectl create token").trim().to_owned();
+    let refused = plugin(&[&explain[..], &["--token", &outsider]].concat());
+    assert!(!refused.status.success(), "{refused:?}");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("did not answer") && said.contains("forbidden"), "{said}");
+}
+
 /// Issue 18: with `--api-auth kubernetes` and no certificate given, the agent makes one and writes
 /// its CA into the handoff directory. `status` on the node, pointed at the node's own address
 /// (not loopback), finds that CA by default and reads the API over TLS with a token; the same
@@ -463,6 +533,7 @@ fn the_daemonset_pod_template_runs_the_agent_on_the_node() {
     assert_eq!(termination["grace_ns"].as_f64(), Some(2e9), "{judged:#}");
     assert_eq!(termination["cause"], "deleted", "{judged:#}");
     assert_eq!(termination["spec"], "api", "{judged:#}");
+    explained_from_anywhere_with_a_readers_own_rights(&kube, ports.listen);
 
     // Teardown: the agent pod before the node, so the agent detaches its programs on SIGTERM
     // (the node's teardown would SIGKILL it with the sandbox).

@@ -343,7 +343,13 @@ async fn check_access(
     if !encrypted && routes.tls.is_some() && !peer.to_canonical().is_loopback() {
         return Some(text(StatusCode::FORBIDDEN, "this agent takes credentials over HTTPS only (same port)\n"));
     }
-    let authorization = request.headers().get(header::AUTHORIZATION).map(|value| value.as_bytes());
+    // Through the API server's pod proxy the user's token comes in the plugin's header (the API
+    // server keeps `Authorization` for itself); it is checked the same way.
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .or_else(|| request.headers().get(crate::cli::plugin::FORWARDED_AUTHORIZATION))
+        .map(|value| value.as_bytes());
     match gate.check(authorization, path).await {
         Verdict::Pass => None,
         Verdict::Unauthenticated => {

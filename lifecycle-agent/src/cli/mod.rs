@@ -2,4 +2,5 @@
 //! that checks a node before the agent runs there.
 
 pub mod doctor;
+pub mod plugin;
 pub mod status;

@@ -1,0 +1,238 @@
+//! `kubectl lifecycle`: the agents' answers from anywhere in the cluster, with the user's own
+//! kubeconfig. It finds the pod's node and the agent pod on that node through the API, and
+//! reaches that agent through the API server's pod proxy (`pods/proxy`, over HTTPS to the
+//! agent), so what a user may do is decided twice with their own identity: by the API server
+//! (`get pods/proxy` on the agent pods) and by the agent's `--api-auth kubernetes` (RBAC on
+//! `lifecycle.dev`, from the user's token).
+//!
+//! The API server drops the `Authorization` header once it has authenticated a request, so the
+//! token goes in `X-Lifecycle-Authorization`, which it passes on and the agent reads the same
+//! way. A kubeconfig that authenticates with a client certificate has no token to pass: the
+//! plugin says so and takes `--token`/`--token-file`.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{api::ListParams, Api, Client};
+use secrecy::ExposeSecret as _;
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use crate::export::explain;
+
+/// The header that carries the user's bearer token through the API server's proxy.
+pub const FORWARDED_AUTHORIZATION: &str = "x-lifecycle-authorization";
+
+/// Where the agents run (deploy/daemonset.yaml).
+#[derive(Clone, Debug)]
+pub struct AgentLocation {
+    pub namespace: String,
+    /// Label selector of the agent pods.
+    pub selector: String,
+    pub port: u16,
+}
+
+impl Default for AgentLocation {
+    fn default() -> Self {
+        Self {
+            namespace: "lifecycle-system".into(),
+            selector: "app.kubernetes.io/name=lifecycle-agent".into(),
+            port: 9890,
+        }
+    }
+}
+
+/// Why the plugin could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("cannot reach the Kubernetes API with your kubeconfig")]
+    Kube(#[from] kube::Error),
+    #[error("cannot read {path}")]
+    TokenFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "your kubeconfig has no bearer token to pass to the agent (a client certificate cannot be \
+         passed through the API server's proxy): give one with --token or --token-file (for example \
+         `kubectl create token <service-account> --audience lifecycle-agent`)"
+    )]
+    NoToken,
+    #[error("pod {namespace}/{pod} is not scheduled on a node yet")]
+    NotScheduled { namespace: String, pod: String },
+    #[error("no agent pod runs on node {node} (looked in namespace {namespace} for {selector})")]
+    NoAgent { node: String, namespace: String, selector: String },
+    #[error("the agent {agent} on node {node} did not answer")]
+    Agent {
+        agent: String,
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the agent {agent} answered something that is not JSON")]
+    NotJson { agent: String },
+    #[error("the agents know no container or stop of pod {namespace}/{pod}")]
+    Unknown { namespace: String, pod: String },
+}
+
+/// The bearer token to pass on: `--token`, `--token-file`, else the kubeconfig's.
+pub async fn token(given: Option<String>, file: Option<PathBuf>) -> Result<String, PluginError> {
+    if let Some(token) = given {
+        return Ok(token);
+    }
+    if let Some(path) = file {
+        return std::fs::read_to_string(&path)
+            .map(|t| t.trim().to_owned())
+            .map_err(|source| PluginError::TokenFile { path, source });
+    }
+    let config = kube::Config::infer().await.map_err(|err| PluginError::Kube(kube::Error::InferConfig(err)))?;
+    if let Some(token) = &config.auth_info.token {
+        return Ok(token.expose_secret().to_owned());
+    }
+    if let Some(path) = &config.auth_info.token_file {
+        return std::fs::read_to_string(path)
+            .map(|t| t.trim().to_owned())
+            .map_err(|source| PluginError::TokenFile { path: PathBuf::from(path), source });
+    }
+    Err(PluginError::NoToken)
+}
+
+/// The agent pod on `node`.
+async fn agent_on(client: &Client, location: &AgentLocation, node: &str) -> Result<String, PluginError> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &location.namespace);
+    let params =
+        ListParams::default().labels(&location.selector).fields(&format!("spec.nodeName={node},status.phase=Running"));
+    let found = pods.list(&params).await?;
+    found.items.into_iter().find_map(|p| p.metadata.name).ok_or_else(|| PluginError::NoAgent {
+        node: node.to_owned(),
+        namespace: location.namespace.clone(),
+        selector: location.selector.clone(),
+    })
+}
+
+/// GET `path_and_query` of agent pod `agent` through the API server's proxy, as JSON.
+async fn ask(
+    client: &Client,
+    location: &AgentLocation,
+    agent: &str,
+    node: &str,
+    path_and_query: &str,
+    token: &str,
+) -> Result<Value, PluginError> {
+    let url =
+        format!("/api/v1/namespaces/{}/pods/https:{agent}:{}/proxy{path_and_query}", location.namespace, location.port);
+    let request = hyper::Request::get(url)
+        .header(FORWARDED_AUTHORIZATION, format!("Bearer {token}"))
+        .body(Vec::new())
+        .map_err(|err| PluginError::Kube(kube::Error::HttpError(err)))?;
+    let text = client.request_text(request).await.map_err(|source| PluginError::Agent {
+        agent: agent.to_owned(),
+        node: node.to_owned(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|_| PluginError::NotJson { agent: agent.to_owned() })
+}
+
+/// What `kubectl lifecycle explain` asks about.
+#[derive(Clone, Debug, Default)]
+pub struct ExplainRequest {
+    pub namespace: String,
+    pub pod: String,
+    /// The node the pod ran on, for a pod that is gone from the API (the verdict log or an
+    /// Event says which); else looked up.
+    pub node: Option<String>,
+    pub container: Option<String>,
+    /// Every stop the node kept, not only each container's last.
+    pub all_instances: bool,
+}
+
+/// `kubectl lifecycle explain`: the stories of the pod, from the agent on its node.
+pub async fn explain_pod(
+    client: &Client,
+    location: &AgentLocation,
+    request: &ExplainRequest,
+    token: &str,
+) -> Result<Vec<explain::ContainerStory>, PluginError> {
+    let (namespace, pod) = (request.namespace.as_str(), request.pod.as_str());
+    let (node, container, all_instances) =
+        (request.node.as_deref(), request.container.as_deref(), request.all_instances);
+    let node = match node {
+        Some(node) => node.to_owned(),
+        None => {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+            let found = pods.get(pod).await?;
+            found
+                .spec
+                .and_then(|s| s.node_name)
+                .ok_or_else(|| PluginError::NotScheduled { namespace: namespace.to_owned(), pod: pod.to_owned() })?
+        }
+    };
+    let agent = agent_on(client, location, &node).await?;
+    let query = format!("namespace={namespace}&pod={pod}");
+    let mut stories = Vec::new();
+    if !all_instances {
+        let answer = ask(client, location, &agent, &node, &format!("/api/v1/containers?{query}"), token).await?;
+        stories = explain::explain(&answer, namespace, pod, container);
+    }
+    if stories.is_empty() {
+        let answer = ask(client, location, &agent, &node, &format!("/api/v1/history?{query}"), token).await?;
+        stories = explain::explain_history(&answer, container);
+    }
+    if stories.is_empty() {
+        return Err(PluginError::Unknown { namespace: namespace.to_owned(), pod: pod.to_owned() });
+    }
+    Ok(stories)
+}
+
+/// One node's answer to `status -A`.
+pub struct NodeAnswer {
+    pub node: String,
+    pub answer: Result<Value, PluginError>,
+}
+
+/// Agents asked at once by `status -A`.
+pub const STATUS_CONCURRENCY: usize = 8;
+
+/// `kubectl lifecycle status -A`: every agent's containers, `STATUS_CONCURRENCY` agents at a
+/// time, each within `timeout`; a node that did not answer says why.
+pub async fn status_all(
+    client: &Client,
+    location: &AgentLocation,
+    token: &str,
+    timeout: Duration,
+) -> Result<Vec<NodeAnswer>, PluginError> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &location.namespace);
+    let agents = pods.list(&ListParams::default().labels(&location.selector)).await?;
+    let limit = Arc::new(Semaphore::new(STATUS_CONCURRENCY));
+    let mut asks = tokio::task::JoinSet::new();
+    for agent in agents.items {
+        let (Some(name), Some(node)) = (agent.metadata.name, agent.spec.and_then(|s| s.node_name)) else { continue };
+        let (client, location, token, limit) = (client.clone(), location.clone(), token.to_owned(), limit.clone());
+        asks.spawn(async move {
+            let _turn = limit.acquire_owned().await;
+            let answer = match tokio::time::timeout(
+                timeout,
+                ask(&client, &location, &name, &node, "/api/v1/containers", &token),
+            )
+            .await
+            {
+                Ok(answer) => answer,
+                Err(_) => Err(PluginError::Agent {
+                    agent: name.clone(),
+                    node: node.clone(),
+                    source: kube::Error::Service(format!("no answer within {timeout:?}").into()),
+                }),
+            };
+            NodeAnswer { node, answer }
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(done) = asks.join_next().await {
+        if let Ok(answer) = done {
+            answers.push(answer);
+        }
+    }
+    answers.sort_by(|a, b| a.node.cmp(&b.node));
+    Ok(answers)
+}
