@@ -46,7 +46,7 @@ pub fn run(args: &ImageArgs) -> Result<()> {
     }
     let root = workspace_root();
     let began = Instant::now();
-    shell::run(cargo().args(["build", "--release", "-p", "lifecycle-agent"]))?;
+    shell::run(cargo().args(["build", "--release", "-p", "lifecycle-agent", "--bin", "lifecycle-agent"]))?;
     let built = began.elapsed();
     let binary = root.join("target/release/lifecycle-agent");
     let revision = agent::git_revision(&root).unwrap_or_else(|| "unknown".to_owned());

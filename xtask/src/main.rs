@@ -96,7 +96,8 @@ fn main() -> Result<()> {
         Task::Bootstrap => bootstrap(),
         Task::Run { args } => {
             bootstrap()?;
-            shell::run(cargo().args(["build", "--release", "-p", "lifecycle-agent"]))?;
+            // The agent alone: the kubectl plugin is built when asked for (`--bin kubectl-lifecycle`).
+            shell::run(cargo().args(["build", "--release", "-p", "lifecycle-agent", "--bin", "lifecycle-agent"]))?;
             let binary = workspace_root().join("target/release/lifecycle-agent");
             eprintln!("xtask: starting {} run {}", binary.display(), args.join(" "));
             let err = Command::new(&binary).arg("run").args(&args).exec();
