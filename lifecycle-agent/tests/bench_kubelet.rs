@@ -7,6 +7,7 @@
 //! when it first showed the container terminated (CLOCK_BOOTTIME, the kernel's clock).
 //!
 //! Run: `cargo test --release -p lifecycle-agent --test bench_kubelet -- --ignored --nocapture`
+//! (with `LIFECYCLE_BENCH_NODE=1.37` and the modern node's binaries for the current kubelet).
 
 use std::{
     collections::HashMap,
@@ -35,12 +36,19 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 #[test]
 #[ignore = "benchmark: needs the kubelet tier's node; run with --ignored"]
 fn exit_to_agent_api_vs_exit_to_kubernetes_status() {
-    if let Some(reason) = node::skip_reason() {
+    // LIFECYCLE_BENCH_NODE=1.37 runs it on the modern node (its binaries from
+    // `xtask/x.sh kubernetes-modern`, as the modern tier takes them); default the 1.20 node.
+    let version = match std::env::var("LIFECYCLE_BENCH_NODE").as_deref() {
+        Ok("1.37") => node::NodeVersion::V1_37,
+        _ => node::NodeVersion::V1_20,
+    };
+    if let Some(reason) = node::skip_reason_for(version) {
         eprintln!("SKIP: {reason}");
         return;
     }
     node::sweep_stale();
-    let Some(kube) = node::start_or_skip("bench_kubelet") else { return };
+    let Some(kube) = node::start_or_skip_version("bench_kubelet", version) else { return };
+    eprintln!("node {version:?}");
     let kubeconfig = kube.kubeconfig().to_owned();
     let agent = Agent::start_with_socket(
         AGENT,
