@@ -111,7 +111,7 @@ pub struct ExecEvent {
     /// [`EXEC_FLAG_NAMESPACE_INIT`] and friends.
     pub flags: u32,
     /// The task's start time, `CLOCK_BOOTTIME` ns (`task_struct::start_boottime`); with the pid it
-    /// identifies a process across pid reuse, and it matches field 22 of /proc/<pid>/stat.
+    /// identifies a process across pid reuse, and it matches field 22 of `/proc/<pid>/stat`.
     pub start_time_ns: u64,
     /// cgroup v2 id of the parent: a process whose parent sits outside its container was started
     /// into it by the runtime (the init, an exec probe, a hook), not forked by the app.

@@ -13,7 +13,7 @@
 //!    node is scraped), let it settle, read its memory again;
 //! 4. stop the agent, the processes, remove the cgroups.
 //!
-//! Memory is read from /proc/<pid>: VmRSS (and its anon/file split), VmHWM (the peak, reached
+//! Memory is read from `/proc/<pid>`: VmRSS (and its anon/file split), VmHWM (the peak, reached
 //! while loading), the resident size of the ring buffer's mapping (smaps, `anon_inode:bpf-map`:
 //! the kernel maps the ring's data pages twice, so it counts double), and the kernel memory of
 //! the agent's BPF maps (`memlock` in fdinfo; not part of RSS, but charged to the agent's memory

@@ -134,7 +134,7 @@ impl Drop for Tracer {
     }
 }
 
-/// utime + stime (fields 14 and 15 of /proc/<pid>/stat) in clock ticks.
+/// utime + stime (fields 14 and 15 of `/proc/<pid>/stat`) in clock ticks.
 pub(super) fn cpu_ticks(pid: u32) -> Result<u64> {
     let stat =
         std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("reading /proc/{pid}/stat"))?;

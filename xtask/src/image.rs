@@ -32,7 +32,7 @@ pub struct ImageArgs {
     /// The image's architecture (default: this machine's). Only this machine's can be built.
     #[arg(long, value_enum)]
     arch: Option<ArchArg>,
-    /// Where to write the archive (default: target/image/lifecycle-agent-<version>-<arch>.tar).
+    /// Where to write the archive (default: `target/image/lifecycle-agent-<version>-<arch>.tar`).
     #[arg(long)]
     out: Option<PathBuf>,
 }

@@ -37,7 +37,7 @@ enum Task {
         args: Vec<String>,
     },
     /// Bootstrap, build the agent in release mode and pack its OCI image archive (no registry,
-    /// no container engine): target/image/lifecycle-agent-<version>-<arch>.tar.
+    /// no container engine): `target/image/lifecycle-agent-<version>-<arch>.tar`.
     Image(image::ImageArgs),
     /// Bootstrap and run every test tier (unit, checks, kernel, runtime, hostile, kubelet, modern).
     Test {

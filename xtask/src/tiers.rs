@@ -193,9 +193,10 @@ fn chart_checks() -> Result<()> {
     )
 }
 
-/// `cargo fmt --check` over every workspace member (rustfmt.toml at the root) and clippy with
-/// warnings denied over the host crates: the default members, all targets (lifecycle-ebpf builds
-/// for the bpf target only; it is compiled, not linted, through the agent's build script).
+/// `cargo fmt --check` over every workspace member (rustfmt.toml at the root), clippy with
+/// warnings denied over the host crates (the default members, all targets: lifecycle-ebpf builds
+/// for the bpf target only; it is compiled, not linted, through the agent's build script), and
+/// `cargo doc` of the same with warnings denied.
 fn rust_lints() -> Result<()> {
     toolchain::ensure_stable_lint_components()?;
     let stable = toolchain::STABLE;
@@ -209,6 +210,11 @@ fn rust_lints() -> Result<()> {
     eprintln!("xtask: cargo +{stable} clippy --all-targets -- -D warnings");
     if let Err(err) = shell::run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])) {
         bail!("clippy failed: warnings are denied in this tier, or the code does not build (see above) ({err:#})");
+    }
+    // The docs as `cargo doc` makes them: a broken link or stray markup is a warning, denied.
+    eprintln!("xtask: RUSTDOCFLAGS=-D warnings cargo +{stable} doc --no-deps");
+    if let Err(err) = shell::run(cargo().args(["doc", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings")) {
+        bail!("cargo doc warned (see above): fix the links or markup it names ({err:#})");
     }
     Ok(())
 }

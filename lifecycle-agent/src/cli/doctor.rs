@@ -3,9 +3,9 @@
 //! `warn` (the agent runs, with less), `missing` (it cannot run, or not fully) or `skip` (does
 //! not apply here), what was found, and what to do.
 //!
-//! Every check is a pure function over what was read ([`kernel`]: what the kernel offers and
-//! this process may do; [`services`]: what the agent talks to and binds), so fixtures test them
-//! without root or a particular kernel; [`node`] is the thin layer that reads the real system
+//! Every check is a pure function over what was read (`kernel`: what the kernel offers and
+//! this process may do; `services`: what the agent talks to and binds), so fixtures test them
+//! without root or a particular kernel; `node` is the thin layer that reads the real system
 //! (files under /proc and /sys, the CRI socket, the API server, the ports, the clocks) and loads
 //! the kernel programs the way `run` does. The exit status is non-zero exactly when a check says `missing`.
 

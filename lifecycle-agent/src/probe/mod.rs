@@ -11,7 +11,7 @@
 //!   exact deadlines for stall detection.
 //! - `discovery::proc` and `discovery::sockdiag` (plumbing) sample listeners, drop counters, process state,
 //!   files read with `openat2(RESOLVE_IN_ROOT)` inside the container's root.
-//! - [`sockdiag`] (plumbing): listeners and backlogs of a netns via NETLINK_SOCK_DIAG.
+//! - `sockdiag` (plumbing): listeners and backlogs of a netns via NETLINK_SOCK_DIAG.
 //! - [`pod`]: one container's cached snapshot, fed by events and refreshes, answering requests.
 //! - [`declaration`] (pure): what a pod declared (the `lifecycle.dev/probes` annotation) — the
 //!   only checks answered; everything else gets 403 `forbidden` and creates nothing.

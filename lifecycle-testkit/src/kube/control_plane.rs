@@ -21,7 +21,7 @@ use crate::{agent::free_port, containerd::host::run as run_command};
 /// The node's service range; its first address is in the serving certificate.
 const SERVICE_RANGE: &str = "10.97.0.0/24";
 const SERVICE_IP: &str = "10.97.0.1";
-/// The user name of [`Pki::reader_token`].
+/// The user name of the reader token (`Kube::reader_token`).
 pub const READER: &str = "reader";
 
 /// The service-account issuer (and audience).

@@ -250,7 +250,7 @@ pub fn has_capability(effective: u64, bit: u32) -> bool {
     effective & (1u64 << bit) != 0
 }
 
-/// Reads the hexadecimal `CapEff:` of /proc/<pid>/status.
+/// Reads the hexadecimal `CapEff:` of `/proc/<pid>/status`.
 pub fn parse_cap_eff(status: &str) -> Option<u64> {
     let hex = status.lines().find_map(|line| line.strip_prefix("CapEff:"))?;
     u64::from_str_radix(hex.trim(), 16).ok()

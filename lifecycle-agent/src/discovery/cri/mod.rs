@@ -2,7 +2,7 @@
 //! `k8s-cri` crate) with tonic over the runtime's unix socket; containerd 1.6+ and CRI-O serve it.
 //! One `ListContainers` call returns labels and annotations for every container, which is all
 //! identity needs; `ContainerStatus` is only needed for the outcome of a single container (exit
-//! code, reason, start/finish). Decoding into the model's types is in [`convert`].
+//! code, reason, start/finish). Decoding into the model's types is in `convert`.
 
 mod convert;
 

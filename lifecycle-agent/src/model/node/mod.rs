@@ -11,8 +11,8 @@
 //! arrives after an instance already ran (a crash loop exits in milliseconds), the instance's
 //! evidence is kept and replayed into the unit on linking, so nothing is judged with defaults.
 //!
-//! Submodules: [`unit`] (a unit and its counters, linking and judging), [`instance`] (one
-//! container cgroup and its processes), [`sidecar`] (sidecars and their stop order), [`view`]
+//! Submodules: `unit` (a unit and its counters, linking and judging), `instance` (one
+//! container cgroup and its processes), `sidecar` (sidecars and their stop order), `view`
 //! (the read-only views exporters and the API use).
 
 mod bounds;

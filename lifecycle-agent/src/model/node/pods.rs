@@ -59,7 +59,7 @@ impl NodeTracker {
     /// The API's current view of a pod on this node.
     /// The pod as the API shows it at `now` (boot ns). A cause the Pod shows only after its
     /// containers stopped (the kubelet writes `DeadlineExceeded` or `Evicted` into the status
-    /// while it stops them) names the stops judged in the last [`LATE_NOTICE_NS`] without one.
+    /// while it stops them) names the stops judged in the last `LATE_NOTICE_NS` without one.
     pub fn apply_pod(&mut self, pod: PodFacts, now: u64) {
         let uid = pod.uid.clone();
         if !self.pods.contains_key(&uid) && self.pods.len() >= MAX_PODS {
@@ -94,7 +94,7 @@ impl NodeTracker {
 
     /// A pod left the API: `last` is its final object. A pod leaves this node's watch only by
     /// its deletion (`spec.nodeName` never changes), and its facts are kept
-    /// [`GONE_POD_KEPT_NS`]: after a forced deletion (`--grace-period=0 --force`) the object is
+    /// `GONE_POD_KEPT_NS`: after a forced deletion (`--grace-period=0 --force`) the object is
     /// gone at once while the kubelet still stops the containers, and those stops are the
     /// deletion's, with its grace (0 when the final object carries none).
     pub fn pod_gone(&mut self, mut last: PodFacts, now: u64) {
@@ -139,7 +139,7 @@ impl NodeTracker {
     /// The kubelet announced why it kills a container (a failed liveness or startup probe), at
     /// `now` (boot ns). The kubelet records the event and stops the container at the same
     /// time, so the event often arrives after the exit: a stop judged in the last
-    /// [`LATE_NOTICE_NS`] without a known cause takes it; otherwise the notice waits for the stop.
+    /// `LATE_NOTICE_NS` without a known cause takes it; otherwise the notice waits for the stop.
     pub fn apply_kill_notice(&mut self, notice: KillNotice, now: u64) {
         let unit_key = UnitKey::Container { pod_uid: notice.pod_uid.clone(), container: notice.container.clone() };
         if let Some(unit) = self.units.get_mut(&unit_key) {

@@ -10,10 +10,10 @@
 //! Pure: a [`TerminationTracker`] per container cgroup takes signals, OOM kills, exec sessions,
 //! listener activity and the init's exit, and produces a [`TerminationReport`].
 //!
-//! - [`settings`]: what the metadata says (grace periods, preStop hook, constants of the rules).
-//! - [`report`]: the judged outcome and who sent which signal.
-//! - [`judge`]: the per-instance tracker that collects evidence and judges the exit.
-//! - [`sidecar`]: the order in which a pod's sidecars were stopped.
+//! - `settings`: what the metadata says (grace periods, preStop hook, constants of the rules).
+//! - `report`: the judged outcome and who sent which signal.
+//! - `judge`: the per-instance tracker that collects evidence and judges the exit.
+//! - `sidecar`: the order in which a pod's sidecars were stopped.
 
 mod judge;
 mod report;
