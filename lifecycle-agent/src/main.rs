@@ -17,6 +17,8 @@ use lifecycle_agent::{
 };
 use tokio::sync::watch;
 
+mod client;
+
 #[derive(Parser)]
 #[command(
     name = "lifecycle-agent",
@@ -36,46 +38,13 @@ enum Command {
     /// Print decoded kernel events as JSON lines (the debugging view).
     Events(EventsArgs),
     /// Show containers as a running agent sees them (kubectl-like table).
-    Status(StatusArgs),
+    Status(client::StatusArgs),
     /// Why a pod's containers stopped: a verdict and a timeline per container, from a running
     /// agent.
-    Explain(ExplainArgs),
+    Explain(client::ExplainArgs),
     /// Check whether this node can run the agent: one line per requirement, what is missing and
     /// what to do; exits non-zero when something is missing.
     Doctor(lifecycle_agent::cli::doctor::DoctorArgs),
-}
-
-#[derive(Args)]
-struct StatusArgs {
-    #[command(flatten)]
-    connection: Connection,
-    /// Redraw every second until interrupted.
-    #[arg(long, short)]
-    watch: bool,
-    /// Output format.
-    #[arg(long, short, value_enum, default_value = "table")]
-    output: OutputFormat,
-}
-
-#[derive(Args)]
-struct ExplainArgs {
-    /// The pod: NAMESPACE/POD, or POD with --namespace.
-    pod: String,
-    /// The pod's namespace, when POD has none.
-    #[arg(long, short, default_value = "default")]
-    namespace: String,
-    /// Only this container.
-    #[arg(long, short)]
-    container: Option<String>,
-    /// Every stop the node kept of the pod's containers, newest first, not only each
-    /// container's last (a pod that is gone is explained from this history anyway).
-    #[arg(long)]
-    all_instances: bool,
-    /// Output format.
-    #[arg(long, short, value_enum, default_value = "text")]
-    output: ExplainFormat,
-    #[command(flatten)]
-    connection: Connection,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -88,48 +57,6 @@ enum HostCgroups {
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum LogFormat {
     Text,
-    Json,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum ExplainFormat {
-    Text,
-    Json,
-}
-
-/// How a client command reaches a running agent.
-#[derive(Args)]
-struct Connection {
-    /// The agent's listener.
-    #[arg(long, default_value = "127.0.0.1:9890")]
-    server: SocketAddr,
-    /// A file holding the bearer token for an agent run with `--api-auth kubernetes` (default:
-    /// the pod's service-account token, when there is one).
-    #[arg(long)]
-    token_file: Option<PathBuf>,
-    /// Send the token to a --server that is not a loopback address, over plain HTTP (anyone on
-    /// the path could read and reuse it). Without this, a token is only sent to loopback or
-    /// over TLS.
-    #[arg(long)]
-    insecure_send_token: bool,
-    /// Speak HTTPS to --server, trusting the CA certificates in this PEM file; the agent's
-    /// certificate must name --server's address. Default for a --server that is not a loopback
-    /// address: the CA of the certificate the agent made at start
-    /// (/run/lifecycle-agent/serving-ca.crt, as the DaemonSet runs it), when that file exists.
-    #[arg(long)]
-    ca_file: Option<PathBuf>,
-}
-
-/// Where the DaemonSet's agent (`--handoff-dir /run/lifecycle-agent`) writes the CA of the
-/// certificate it made at start.
-const DEFAULT_AGENT_CA: &str = "/run/lifecycle-agent/serving-ca.crt";
-
-/// Where a pod's service-account token is mounted.
-const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
-
-#[derive(Clone, Copy, ValueEnum)]
-enum OutputFormat {
-    Table,
     Json,
 }
 
@@ -374,8 +301,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run(*args).await,
             Command::Events(args) => events(args).await,
-            Command::Status(args) => status(args).await,
-            Command::Explain(args) => explain(args).await,
+            Command::Status(args) => client::status(args).await,
+            Command::Explain(args) => client::explain(args).await,
             Command::Doctor(args) => lifecycle_agent::cli::doctor::run(args).await.map_err(anyhow::Error::from),
         }
     });
@@ -503,120 +430,4 @@ fn cgroup_filter(values: &[String]) -> anyhow::Result<Vec<u64>> {
             Err(_) => root.id_of(std::path::Path::new(value)).with_context(|| format!("--cgroup {value}")),
         })
         .collect()
-}
-
-/// The token and transport a client command uses for `connection`: a token is read from
-/// `--token-file` or the pod's service account, and sent in clear only to loopback.
-fn reach(connection: &Connection) -> anyhow::Result<(Option<String>, lifecycle_agent::cli::status::Transport)> {
-    let token = match &connection.token_file {
-        Some(path) => Some(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?),
-        None => std::fs::read_to_string(SERVICE_ACCOUNT_TOKEN).ok(),
-    };
-    let token = token.as_deref().map(str::trim).map(str::to_owned);
-    let ca_file = connection.ca_file.clone().or_else(|| {
-        let made_at_start = PathBuf::from(DEFAULT_AGENT_CA);
-        (!connection.server.ip().is_loopback() && made_at_start.is_file()).then_some(made_at_start)
-    });
-    let transport = match ca_file {
-        Some(ca_file) => lifecycle_agent::cli::status::Transport::Tls { ca_file },
-        None => lifecycle_agent::cli::status::Transport::Plain,
-    };
-    // A bearer token crossing the network in clear is a credential given away: only with consent.
-    let token = match token {
-        Some(_)
-            if !connection.server.ip().is_loopback()
-                && !transport.is_encrypted()
-                && !connection.insecure_send_token =>
-        {
-            if connection.token_file.is_some() {
-                anyhow::bail!(
-                    "refusing to send the token to {} over plain HTTP (not a loopback address); serve \
-                     --listen over TLS and pass --ca-file, or --insecure-send-token to send it anyway",
-                    connection.server
-                );
-            }
-            None
-        }
-        token => token,
-    };
-    Ok((token, transport))
-}
-
-async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
-    let (namespace, pod) = match args.pod.split_once('/') {
-        Some((namespace, pod)) => (namespace.to_owned(), pod.to_owned()),
-        None => (args.namespace.clone(), args.pod.clone()),
-    };
-    let (token, transport) = reach(&args.connection)?;
-    let query: String = url_query(&[("namespace", &namespace), ("pod", &pod)]);
-    let get = |path: String| {
-        let (token, transport) = (token.clone(), transport.clone());
-        async move {
-            let body =
-                lifecycle_agent::cli::status::fetch_path(args.connection.server, &path, token.as_deref(), &transport)
-                    .await?;
-            serde_json::from_str::<serde_json::Value>(&body).context("the agent's answer is not JSON")
-        }
-    };
-    use lifecycle_agent::export::explain;
-    let mut stories = Vec::new();
-    if !args.all_instances {
-        let answer = get(format!("/api/v1/containers?{query}")).await?;
-        stories = explain::explain(&answer, &namespace, &pod, args.container.as_deref());
-    }
-    if stories.is_empty() {
-        // Every kept stop, or a pod whose containers are gone: from the node's history.
-        let answer = get(format!("/api/v1/history?{query}")).await?;
-        stories = explain::explain_history(&answer, args.container.as_deref());
-    }
-    if stories.is_empty() {
-        anyhow::bail!("the agent at {} knows no container or stop of pod {namespace}/{pod}", args.connection.server);
-    }
-    match args.output {
-        ExplainFormat::Json => println!("{}", serde_json::to_string_pretty(&stories)?),
-        ExplainFormat::Text => print!("{}", explain::render_text(&stories)),
-    }
-    Ok(())
-}
-
-/// `key=value&...` with each value percent-encoded (names may hold any byte a client types).
-fn url_query(pairs: &[(&str, &str)]) -> String {
-    pairs
-        .iter()
-        .map(|(key, value)| {
-            let encoded: String = value
-                .bytes()
-                .map(|b| match b {
-                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-                    _ => format!("%{b:02X}"),
-                })
-                .collect();
-            format!("{key}={encoded}")
-        })
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
-async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let (token, transport) = reach(&args.connection)?;
-    let token = token.as_deref();
-    loop {
-        let body = lifecycle_agent::cli::status::fetch(args.connection.server, token, &transport).await?;
-        match args.output {
-            OutputFormat::Json => println!("{body}"),
-            OutputFormat::Table => {
-                let table = lifecycle_agent::cli::status::render_table(&body)
-                    .context("the agent's answer is not the expected JSON")?;
-                if args.watch {
-                    // Clear the screen and home the cursor, like `watch`.
-                    print!("\x1b[2J\x1b[H");
-                }
-                print!("{table}");
-            }
-        }
-        if !args.watch {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
 }

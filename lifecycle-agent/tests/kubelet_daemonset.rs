@@ -140,61 +140,9 @@ fn agent_pod_named(kube: &Kube, daemonset: &Value, name: &str, image: &str, port
         json!({"name": "test-cri", "hostPath": {"path": socket_dir, "type": "Directory"}}),
         json!({"name": "test-credentials", "hostPath": {"path": credentials, "type": "Directory"}}),
     ]);
-    // mountPropagation HostToContainer needs the source on a shared or slave mount, as on a
-    // systemd host (whose / is shared). A test machine whose / is private (a container, a plain
-    // init) makes the runtime refuse the container: there, and only there, the field goes.
-    let host_paths: Vec<(String, String)> = pod["spec"]["volumes"]
-        .as_array()
-        .expect("volumes")
-        .iter()
-        .filter_map(|v| Some((v["name"].as_str()?.to_owned(), v["hostPath"]["path"].as_str()?.to_owned())))
-        .collect();
-    for mount in pod["spec"]["containers"][0]["volumeMounts"].as_array_mut().expect("volumeMounts") {
-        let Some((_, source)) = host_paths.iter().find(|(name, _)| mount["name"] == name.as_str()) else { continue };
-        if mount.get("mountPropagation").is_some() && !propagates(Path::new(source)) {
-            eprintln!("{source} is on a private mount here: its volume mount loses mountPropagation");
-            mount.as_object_mut().expect("mount").remove("mountPropagation");
-        }
-    }
+    // The source of a HostToContainer mount must propagate; where it cannot, the field goes.
+    kube::drop_unpropagated_mount_propagation(&mut pod);
     pod
-}
-
-/// Whether the mount `path` is on (its nearest existing ancestor's, for a path still to be
-/// created) receives mount events from the host: shared or slave, per /proc/self/mountinfo.
-fn propagates(path: &Path) -> bool {
-    let existing = path.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
-    let path = existing.canonicalize().unwrap_or_else(|_| existing.to_owned());
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    // The deepest mount point above the path; of mounts stacked on one point, the last (the top).
-    let mut best: Option<(usize, bool)> = None;
-    for line in mountinfo.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let Some(point) = fields.get(4) else { continue };
-        if !path.starts_with(point) {
-            continue;
-        }
-        let optional = fields.iter().skip(6).take_while(|f| **f != "-");
-        let shared = optional.into_iter().any(|f| f.starts_with("shared:") || f.starts_with("master:"));
-        if best.is_none_or(|(depth, _)| point.len() >= depth) {
-            best = Some((point.len(), shared));
-        }
-    }
-    best.is_some_and(|(_, shared)| shared)
-}
-
-/// A copy of the node's admin kubeconfig and its CA in a directory of their own (the run
-/// directory also holds the node's keys and the kubelet's root): the kubeconfig names the CA
-/// by its path, which the pod sees at the same place.
-fn write_credentials(kube: &Kube) -> std::path::PathBuf {
-    let dir = kube.run_dir().join("agent-credentials");
-    std::fs::create_dir_all(&dir).expect("create credentials dir");
-    let ca = dir.join("ca.crt");
-    std::fs::copy(kube.ca_file(), &ca).expect("copy CA");
-    let text = std::fs::read_to_string(kube.kubeconfig()).expect("read kubeconfig");
-    let mut config: Value = serde_json::from_str(&text).expect("kubeconfig is JSON");
-    config["clusters"][0]["cluster"]["certificate-authority"] = ca.to_string_lossy().into_owned().into();
-    std::fs::write(dir.join("kubeconfig"), config.to_string()).expect("write kubeconfig");
-    dir
 }
 
 /// The agent's view of container `app` of pod `name`, once `done` holds (within `within`), read
@@ -489,7 +437,7 @@ fn the_daemonset_pod_template_runs_the_agent_on_the_node() {
 
     let ports = Ports::pick();
     let addr = format!("127.0.0.1:{}", ports.listen);
-    let credentials = write_credentials(&kube);
+    let credentials = kube.write_agent_credentials().expect("agent credentials");
     let manifest = agent_pod(&kube, daemonset, image, ports, &credentials);
     // The template's DirectoryOrCreate volumes create these on the host when missing.
     let created_dirs = missing_host_dirs();
@@ -611,7 +559,7 @@ fn probe_answers_survive_two_agent_restarts() {
     kube.apply(&namespace.to_string()).expect("create the namespace");
     let daemonset = objects.iter().find(|o| o["kind"] == "DaemonSet").expect("the manifest's DaemonSet");
     let ports = Ports::pick();
-    let credentials = write_credentials(&kube);
+    let credentials = kube.write_agent_credentials().expect("agent credentials");
     let mut guard = AgentPod::new(&kube, missing_host_dirs());
     guard.names = (1..=3).map(|n| format!("{AGENT_POD}-{n}")).collect();
     let start_agent = |name: &str| {

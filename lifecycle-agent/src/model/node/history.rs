@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 
 use serde::Serialize;
 
-use super::{bounds::DroppedKind, DroppedCounts};
+use super::{bounds::DroppedKind, DroppedCounts, NodeTracker};
 use crate::model::{spec::StopCause, termination::TerminationReport};
 
 /// Stops kept on the node.
@@ -134,6 +134,26 @@ impl History {
     #[cfg(test)]
     pub fn size(&self) -> (usize, usize) {
         (self.stops.len(), self.bytes)
+    }
+}
+
+/// The node's history, as its readers (the API, `explain`, the verdict log) ask for it.
+impl NodeTracker {
+    /// The stops kept of pod `pod` in `namespace`, newest first (its containers may be gone).
+    pub fn history_of_pod(&self, namespace: &str, pod: &str) -> Vec<PastStop> {
+        self.history.of_pod(namespace, pod)
+    }
+
+    /// The node's last `limit` stops kept, newest first.
+    pub fn recent_stops(&self, limit: usize) -> Vec<PastStop> {
+        self.history.recent(limit)
+    }
+
+    /// Stops from `seq` on that have settled by `now` (their cause known, or
+    /// `settle_ns` passed since the exit), oldest first, at most `limit`: what a verdict log
+    /// writes once each.
+    pub fn settled_stops_since(&self, seq: u64, now: u64, settle_ns: u64, limit: usize) -> Vec<PastStop> {
+        self.history.settled_since(seq, now, settle_ns, limit)
     }
 }
 

@@ -464,23 +464,6 @@ impl NodeTracker {
         }
     }
 
-    /// The stops kept of pod `pod` in `namespace`, newest first (its containers may be gone).
-    pub fn history_of_pod(&self, namespace: &str, pod: &str) -> Vec<PastStop> {
-        self.history.of_pod(namespace, pod)
-    }
-
-    /// The node's last `limit` stops kept, newest first.
-    pub fn recent_stops(&self, limit: usize) -> Vec<PastStop> {
-        self.history.recent(limit)
-    }
-
-    /// Stops from `seq` on that have settled by `now` (their cause known, or
-    /// `settle_ns` passed since the exit), oldest first, at most `limit`: what a verdict log
-    /// writes once each.
-    pub fn settled_stops_since(&self, seq: u64, now: u64, settle_ns: u64, limit: usize) -> Vec<PastStop> {
-        self.history.settled_since(seq, now, settle_ns, limit)
-    }
-
     /// Terminations judged since the last call, for the exporters' distributions.
     pub fn take_judgements(&mut self) -> Vec<Judgement> {
         std::mem::take(&mut self.judgements)

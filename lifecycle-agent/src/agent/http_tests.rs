@@ -1,0 +1,223 @@
+//! Tests of the listeners: places, per-source limits, lifetimes, health, the gate and TLS.
+use super::*;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// Plain routes (no API, no gate) with `gate` and `probe_sources` as given.
+fn routes(gate: Option<ApiGate>, probe_sources: Option<crate::probe::source::SourceFilter>) -> Routes {
+    Routes { metrics: Metrics::bare(), api: None, gate, health: None, probe_sources, health_only: false, tls: None }
+}
+
+/// Serves `routes` on a loopback port within `limits` until the sender is dropped.
+async fn serving(routes: Routes, limits: Limits) -> (SocketAddr, watch::Sender<bool>) {
+    let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(serve_within(listener, Arc::new(routes), stopped, limits));
+    (addr, stop)
+}
+
+async fn listener_with(limits: Limits) -> (SocketAddr, watch::Sender<bool>) {
+    serving(routes(None, None), limits).await
+}
+
+/// The whole answer to the raw `request` on a fresh connection, or what came before the close.
+async fn exchange(addr: SocketAddr, request: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let _ = stream.write_all(request.as_bytes()).await;
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer).await;
+    answer
+}
+
+/// The whole answer to `GET /healthz` on a fresh connection, or what came before the close.
+async fn healthz(addr: SocketAddr) -> String {
+    exchange(addr, "GET /healthz HTTP/1.0\r\n\r\n").await
+}
+
+/// Reads until the server closes the connection (failing, not hanging, if it does not); the
+/// bytes it sent.
+async fn closed_within_10s(stream: &mut tokio::net::TcpStream) -> usize {
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest))
+        .await
+        .expect("the server closes the connection")
+        .expect("read")
+}
+
+#[tokio::test]
+async fn clients_holding_connections_give_their_places_up_and_others_are_served() {
+    let limits = Limits {
+        max_connections: 4,
+        per_source: 4,
+        head_timeout: Duration::from_millis(300),
+        lifetime: Duration::from_secs(30),
+    };
+    let (addr, _stop) = listener_with(limits).await;
+    // Four clients that connect and say nothing take every place.
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    }
+    // Wait until the server has accepted them all: a fifth is then closed unanswered.
+    let mut refused = false;
+    for _ in 0..100 {
+        if healthz(addr).await.is_empty() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(refused, "a fifth connection is closed while four are held");
+    // The silent ones are cut when their head does not come; the place is free again.
+    for stream in &mut silent {
+        assert_eq!(closed_within_10s(stream).await, 0);
+    }
+    assert!(healthz(addr).await.starts_with("HTTP/1.0 200"), "served once the places are free");
+}
+
+#[tokio::test]
+async fn a_connection_lives_no_longer_than_its_lifetime() {
+    let limits = Limits {
+        max_connections: 4,
+        per_source: 4,
+        head_timeout: Duration::from_secs(30),
+        lifetime: Duration::from_millis(300),
+    };
+    let (addr, _stop) = listener_with(limits).await;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    // Half a head, then nothing: only the lifetime ends it.
+    stream.write_all(b"GET /healthz HTTP/1.1\r\n").await.expect("write");
+    assert_eq!(closed_within_10s(&mut stream).await, 0);
+}
+
+#[tokio::test]
+async fn one_source_cannot_take_every_place() {
+    let limits = Limits {
+        max_connections: 8,
+        per_source: 2,
+        head_timeout: Duration::from_secs(30),
+        lifetime: Duration::from_secs(30),
+    };
+    let (addr, _stop) = listener_with(limits).await;
+    // 127.0.0.1 holds its two places with silent connections.
+    let held: Vec<_> = futures::future::join_all((0..2).map(|_| tokio::net::TcpStream::connect(addr))).await;
+    let mut refused = false;
+    for _ in 0..100 {
+        if healthz(addr).await.is_empty() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(refused, "a third connection from the same source is closed");
+    // Another loopback address is another source: it is served.
+    let other = std::net::SocketAddr::new("127.0.0.2".parse().expect("ip"), 0);
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(other).expect("bind 127.0.0.2");
+    let mut stream = socket.connect(addr).await.expect("connect");
+    stream.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").await.expect("write");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer).await;
+    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    drop(held);
+}
+
+#[tokio::test]
+async fn the_health_listener_answers_from_the_heartbeats_and_serves_nothing_else() {
+    let beats = Arc::new(Heartbeats::new(Duration::from_millis(50), Duration::from_secs(10)));
+    let (addr, _stop) = serving(Routes::health_only(beats.clone()), Limits::health()).await;
+    beats.beat(super::super::health::Loop::RingReader);
+    assert!(healthz(addr).await.starts_with("HTTP/1.0 200"));
+    // The reader stops beating: the kubelet is told, with the reason.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let answer = healthz(addr).await;
+    assert!(answer.starts_with("HTTP/1.0 503"), "{answer}");
+    assert!(answer.contains("ring reader made no progress"), "{answer}");
+    let answer = exchange(addr, "GET /metrics HTTP/1.0\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.0 404"), "{answer}");
+}
+
+#[tokio::test]
+async fn the_kubelets_probes_of_host_network_pods_need_no_token_from_a_node_address() {
+    // Issue 18: with --api-auth kubernetes, host-network pods' probes through /api/v1/probe
+    // could not work (the kubelet sends no token).
+    // No Kubernetes API: every request that needs a token fails closed.
+    let serve_with =
+        |sources| serving(routes(Some(ApiGate::new(None, None).expect("gate")), sources), Limits::default());
+    let get = |addr, path: &str| {
+        let request = format!("GET {path} HTTP/1.0\r\n\r\n");
+        async move { exchange(addr, &request).await }
+    };
+    let loopback = crate::probe::source::SourceFilter::new(&["127.0.0.0/8".parse().expect("cidr")]);
+    let (addr, _stop) = serve_with(Some(loopback)).await;
+    // From an allowed source the probe path passes the gate (and, with no API here, is 404).
+    assert!(get(addr, "/api/v1/probe/ns/pod/app?check=process").await.starts_with("HTTP/1.0 404"));
+    // Everything else still needs a token.
+    assert!(get(addr, "/api/v1/containers").await.starts_with("HTTP/1.0 401"));
+    let (addr, _stop) = serve_with(None).await;
+    assert!(get(addr, "/api/v1/probe/ns/pod/app?check=process").await.starts_with("HTTP/1.0 401"));
+}
+
+#[tokio::test]
+async fn metrics_auth_puts_metrics_behind_the_gate_and_leaves_health_open() {
+    let gate = ApiGate::new(None, None).expect("gate").with_metrics();
+    let (addr, _stop) = serving(routes(Some(gate), None), Limits::default()).await;
+    let get = |request: &'static str| exchange(addr, request);
+    assert!(get("GET /metrics HTTP/1.0\r\n\r\n").await.starts_with("HTTP/1.0 401"));
+    // A token, but no API server to ask here: fails closed.
+    let with_token = get("GET /metrics HTTP/1.0\r\nAuthorization: Bearer t\r\n\r\n").await;
+    assert!(with_token.starts_with("HTTP/1.0 503"), "{with_token}");
+    assert!(get("GET /healthz HTTP/1.0\r\n\r\n").await.starts_with("HTTP/1.0 200"));
+}
+
+#[tokio::test]
+async fn with_tls_one_port_takes_credentials_over_https_only_and_serves_the_rest_plain() {
+    // Issue 18: with --api-auth kubernetes the agent served /api/* in clear unless given a
+    // certificate. Now it makes one, and a credential in clear from off the host is refused.
+    use rustls_pki_types::{pem::PemObject as _, CertificateDer, ServerName};
+    let node_address = if_addrs::get_if_addrs()
+        .expect("interfaces")
+        .into_iter()
+        .map(|i| i.ip())
+        .find(|ip| ip.is_ipv4() && !ip.is_loopback())
+        .expect("this host has a non-loopback IPv4 address");
+    let generated = crate::agent::tls::generate(crate::agent::tls::serving_names("0.0.0.0".parse().expect("ip"), None))
+        .expect("a certificate");
+    let mut routes = routes(Some(ApiGate::new(None, None).expect("gate")), None);
+    routes.tls = Some(generated.acceptor);
+    let listener = bind("0.0.0.0:0".parse().expect("addr")).await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (_stop, stopped) = watch::channel(false);
+    tokio::spawn(serve_within(listener, Arc::new(routes), stopped, Limits::default()));
+    let off_host = SocketAddr::new(node_address, port);
+    let on_host = SocketAddr::from(([127, 0, 0, 1], port));
+    const WITH_TOKEN: &str = "GET /api/v1/containers HTTP/1.0\r\nAuthorization: Bearer t\r\n\r\n";
+
+    // Plain HTTP still serves what needs no credential, to anyone.
+    assert!(exchange(off_host, "GET /metrics HTTP/1.0\r\n\r\n").await.starts_with("HTTP/1.0 200"));
+    // A token in clear from off the host is refused before the gate sees it.
+    let refused = exchange(off_host, WITH_TOKEN).await;
+    assert!(refused.starts_with("HTTP/1.0 403") && refused.contains("HTTPS only"), "{refused}");
+    // From this host it reaches the gate (no API server here: unavailable).
+    assert!(exchange(on_host, WITH_TOKEN).await.starts_with("HTTP/1.0 503"));
+
+    // Over TLS, trusting only the CA the agent wrote out, at the node's address: the
+    // certificate names it, and the request reaches the gate.
+    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(generated.ca_pem.as_bytes()) {
+        roots.add(ca.expect("CA certificate")).expect("a usable CA");
+    }
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("protocols")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(off_host).await.expect("connect");
+    let mut tls = connector.connect(ServerName::IpAddress(node_address.into()), tcp).await.expect("TLS handshake");
+    tls.write_all(WITH_TOKEN.as_bytes()).await.expect("send");
+    let mut answer = String::new();
+    let _ = tls.read_to_string(&mut answer).await;
+    assert!(answer.starts_with("HTTP/1.0 503"), "{answer}");
+}
