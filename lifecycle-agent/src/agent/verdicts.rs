@@ -43,18 +43,28 @@ pub(super) async fn verdict_log_loop(tracker: Arc<Mutex<NodeTracker>>, mut shutd
         );
         let Some(last) = stops.last() else { continue };
         next = last.seq + 1;
-        let boot_to_unix = unix_minus_boot_seconds();
-        let mut out = std::io::stdout().lock();
-        for stop in stops {
-            let Ok(mut line) = serde_json::to_value(&stop) else { continue };
-            rfc3339_times(&mut line, boot_to_unix);
-            let verdict = explain::story(&line).verdict;
-            if let Some(fields) = line.as_object_mut() {
-                fields.insert("msg".into(), "verdict".into());
-                fields.insert("verdict".into(), verdict.into());
-            }
-            // A closed stdout must not stop the agent: the verdicts stay in the API.
-            let _ = writeln!(out, "{line}");
+        // Off the async workers: a reader of stdout that stalls (a full pipe) would hold the
+        // worker that answers the API and probes. This loop alone waits for it.
+        let written = tokio::task::spawn_blocking(move || write_lines(stops)).await;
+        if written.is_err() {
+            log::warn!("the verdict log's writer failed; the verdicts stay in the API");
         }
+    }
+}
+
+/// Writes each stop as one JSON line: the API's fields, `msg: "verdict"` and the verdict in words.
+fn write_lines(stops: Vec<crate::model::node::PastStop>) {
+    let boot_to_unix = unix_minus_boot_seconds();
+    let mut out = std::io::stdout().lock();
+    for stop in stops {
+        let Ok(mut line) = serde_json::to_value(&stop) else { continue };
+        rfc3339_times(&mut line, boot_to_unix);
+        let verdict = explain::story(&line).verdict;
+        if let Some(fields) = line.as_object_mut() {
+            fields.insert("msg".into(), "verdict".into());
+            fields.insert("verdict".into(), verdict.into());
+        }
+        // A closed stdout must not stop the agent: the verdicts stay in the API.
+        let _ = writeln!(out, "{line}");
     }
 }
