@@ -321,9 +321,10 @@ fn a_declared_file_on_a_stalled_mount_fails_only_its_own_pods_check() {
         )
         .expect("container");
     agent.probe_until(&healthy, "app", "check=file&path=/tmp/ok", 200);
-    agent.probe_until(&stalled, "app", "check=file&path=/stall/healthy", 503);
-    let (_, why) = agent.probe(&stalled, "app", "check=file&path=/stall/healthy");
-    assert!(why.contains("hung") || why.contains("fuse"), "{why}");
+    // A sample taken before the mount says the file is missing (503 too): wait for the one
+    // that met the stall, and fail if it never comes.
+    let hung = |why: &str| why.contains("hung") || why.contains("fuse");
+    agent.probe_until_body(&stalled, "app", "check=file&path=/stall/healthy", 503, hung);
     for _ in 0..5 {
         let began = Instant::now();
         assert_eq!(agent.probe(&healthy, "app", "check=file&path=/tmp/ok").0, 200);

@@ -100,10 +100,17 @@ impl Agent {
     /// Probes until the answer has `code` (the probe supervisor picks containers up within its
     /// 1 s reconcile period, and exits flip results from the kernel's event).
     pub fn probe_until(&self, pod: &Pod, container: &str, query: &str, code: u16) {
+        self.probe_until_body(pod, container, query, code, |_| true);
+    }
+
+    /// Probes until the answer has `code` and a body `said` accepts: for checks whose answer
+    /// comes from a sample refreshed in the background, where an earlier sample may give the
+    /// same code for another reason.
+    pub fn probe_until_body(&self, pod: &Pod, container: &str, query: &str, code: u16, said: impl Fn(&str) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let answer = self.probe(pod, container, query);
-            if answer.0 == code {
+            if answer.0 == code && said(&answer.1) {
                 return;
             }
             assert!(
