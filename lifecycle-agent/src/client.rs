@@ -9,6 +9,17 @@ use clap::{Args, ValueEnum};
 
 #[derive(Args)]
 pub(crate) struct StatusArgs {
+    /// Only this pod: POD, or NAMESPACE/POD.
+    pod: Option<String>,
+    /// Only this namespace (default: every namespace the node runs).
+    #[arg(long, short, conflicts_with = "all_namespaces")]
+    namespace: Option<String>,
+    /// Every namespace (the default on a node; taken for kubectl habits).
+    #[arg(long, short = 'A')]
+    all_namespaces: bool,
+    /// Only containers of this name.
+    #[arg(long, short)]
+    container: Option<String>,
     #[command(flatten)]
     connection: Connection,
     /// Redraw every second until interrupted.
@@ -16,7 +27,7 @@ pub(crate) struct StatusArgs {
     watch: bool,
     /// Output format.
     #[arg(long, short, value_enum, default_value = "table")]
-    output: OutputFormat,
+    output: lifecycle_agent::cli::status::Output,
 }
 
 #[derive(Args)]
@@ -75,12 +86,6 @@ const DEFAULT_AGENT_CA: &str = "/run/lifecycle-agent/serving-ca.crt";
 
 /// Where a pod's service-account token is mounted.
 const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
-
-#[derive(Clone, Copy, ValueEnum)]
-enum OutputFormat {
-    Table,
-    Json,
-}
 
 /// The token and transport a client command uses for `connection`: a token is read from
 /// `--token-file` or the pod's service account, and sent in clear only to loopback.
@@ -158,39 +163,32 @@ pub(crate) async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
 
 /// `key=value&...` with each value percent-encoded (names may hold any byte a client types).
 fn url_query(pairs: &[(&str, &str)]) -> String {
-    pairs
+    let pairs: Vec<String> = pairs
         .iter()
-        .map(|(key, value)| {
-            let encoded: String = value
-                .bytes()
-                .map(|b| match b {
-                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-                    _ => format!("%{b:02X}"),
-                })
-                .collect();
-            format!("{key}={encoded}")
-        })
-        .collect::<Vec<_>>()
-        .join("&")
+        .map(|(key, value)| format!("{key}={}", lifecycle_agent::cli::status::percent_encoded(value)))
+        .collect();
+    pairs.join("&")
 }
 
 pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    use lifecycle_agent::cli::status::{self, Answer, Output, Selection};
     let (token, transport) = reach(&args.connection)?;
     let token = token.as_deref();
+    let (namespace, pod) = match args.pod.as_deref().map(|pod| pod.split_once('/').ok_or(pod)) {
+        Some(Ok((namespace, pod))) => (Some(namespace.to_owned()), Some(pod.to_owned())),
+        Some(Err(pod)) => (args.namespace.clone(), Some(pod.to_owned())),
+        None => (args.namespace.clone(), None),
+    };
+    let selection = Selection { namespace, pod, container: args.container.clone() };
     loop {
-        let body = lifecycle_agent::cli::status::fetch(args.connection.server, token, &transport).await?;
-        match args.output {
-            OutputFormat::Json => println!("{body}"),
-            OutputFormat::Table => {
-                let table = lifecycle_agent::cli::status::render_table(&body)
-                    .context("the agent's answer is not the expected JSON")?;
-                if args.watch {
-                    // Clear the screen and home the cursor, like `watch`.
-                    print!("\x1b[2J\x1b[H");
-                }
-                print!("{table}");
-            }
+        let body = status::fetch_path(args.connection.server, &selection.path(), token, &transport).await?;
+        let body: serde_json::Value = serde_json::from_str(&body).context("the agent's answer is not JSON")?;
+        let shown = status::render(&[Answer { node: None, body: &body }], args.output)?;
+        if args.watch && matches!(args.output, Output::Table | Output::Wide) {
+            // Clear the screen and home the cursor, like `watch`.
+            print!("\x1b[2J\x1b[H");
         }
+        print!("{shown}");
         if !args.watch {
             return Ok(());
         }

@@ -329,6 +329,20 @@ fn explained_from_anywhere_with_a_readers_own_rights(kube: &Kube, port: u16) {
             .is_some_and(|v| v.starts_with("SIGKILLed 2.0s after SIGTERM: it did not exit within its 2.0s grace")),
         "{stories:#}"
     );
+    // `status` across the cluster: every node's agent (one here), rows with the node's name.
+    let listed = plugin(&["status", "-A", "-o", "json"]);
+    assert!(listed.status.success(), "{listed:?}");
+    let nodes: Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+    assert_eq!(nodes.as_array().map(Vec::len), Some(1), "{nodes:#}");
+    assert_eq!(nodes[0]["node"], kube.node_name(), "{nodes:#}");
+    let wide = plugin(&["status", "-n", NAMESPACE, "-c", "agent", "-o", "wide"]);
+    assert!(wide.status.success(), "{wide:?}");
+    let table = String::from_utf8_lossy(&wide.stdout);
+    let row = table.lines().nth(1).unwrap_or_default();
+    assert!(
+        row.starts_with(NAMESPACE) && row.contains(" agent ") && row.trim_end().ends_with(kube.node_name()),
+        "the agent's own container, on its node: {table}"
+    );
     // A service account with the plugin's RBAC but not the agent's reader role: the API server
     // lets it through, the agent refuses it (403).
     kube.kubectl(&["create", "serviceaccount", "outsider"]).expect("service account");

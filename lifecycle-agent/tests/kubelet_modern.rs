@@ -452,6 +452,48 @@ fn check_sigkill_story(c: &Value) {
     assert_eq!(c["state"]["signal"], 9, "{c:#}");
 }
 
+/// Issue 20: `status` takes kubectl's filters. On the running `sidecars` pod (containers
+/// `first`, `second`, `app` with containerd ids `ids` in that order): a pod's rows sorted by
+/// container with the wide columns, one container by name as JSON and YAML, another namespace
+/// without them.
+fn status_filters_select_what_kubectl_users_expect(agent: &Agent, ids: &[String]) {
+    let status = |args: &[&str]| {
+        let output = std::process::Command::new(AGENT)
+            .arg("status")
+            .args(args)
+            .args(["--server", &agent.addr])
+            .output()
+            .expect("run status");
+        assert!(output.status.success(), "status {args:?}: {output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let wide = status(&["default/sidecars", "-o", "wide"]);
+    eprintln!("{wide}");
+    let rows: Vec<Vec<&str>> =
+        wide.lines().take_while(|l| !l.is_empty()).skip(1).map(|l| l.split_whitespace().collect()).collect();
+    let names: Vec<&str> = rows.iter().map(|r| r[2]).collect();
+    assert_eq!(names, ["app", "first", "second"], "one pod's rows, sorted by container: {wide}");
+    for (row, id) in rows.iter().zip([&ids[2], &ids[0], &ids[1]]) {
+        assert!(row.contains(&&id[..13]) && row[3] == "Running", "the short id of {}: {wide}", row[2]);
+    }
+    assert!(wide.lines().next().is_some_and(|h| h.contains("CONTAINER ID") && h.contains("POD UID")), "{wide}");
+    let json: Value = serde_json::from_str(&status(&["sidecars", "-n", "default", "-c", "second", "-o", "json"]))
+        .expect("status -o json");
+    let containers = json["containers"].as_array().expect("containers");
+    assert_eq!(containers.len(), 1, "{json:#}");
+    assert_eq!(
+        (&containers[0]["container"], &containers[0]["container_id"]),
+        (&"second".into(), &ids[1].clone().into())
+    );
+    let yaml = status(&["default/sidecars", "-c", "first", "-o", "yaml"]);
+    assert!(yaml.contains("container: first") && !yaml.contains("container: second"), "{yaml}");
+    let elsewhere: Value = serde_json::from_str(&status(&["-n", "kube-system", "-o", "json"])).expect("status -o json");
+    assert!(
+        elsewhere["containers"].as_array().expect("containers").iter().all(|c| c["namespace"] == "kube-system"),
+        "{elsewhere:#}"
+    );
+}
+
 /// The containerd id (without `containerd://`) the API reports for `container` of `pod`.
 fn container_id(pod: &Value, container: &str) -> String {
     let id = container_status(pod, container).and_then(|c| c["containerID"].as_str()).unwrap_or_default();
@@ -501,6 +543,7 @@ fn native_sidecars_start_in_order_and_stop_after_the_main_container_in_reverse()
     assert!(started[0] < started[1] && started[1] < started[2], "start order first, second, app: {started:?}");
 
     let ids: Vec<String> = ["first", "second", "app"].iter().map(|c| container_id(&pod, c)).collect();
+    status_filters_select_what_kubectl_users_expect(&agent, &ids);
     let exits = kube.watch_task_exits().expect("ctr events");
     kube.kubectl(&["delete", "pod", "sidecars", "--wait=false"]).expect("kubectl delete");
     let exited: Vec<u128> = ids

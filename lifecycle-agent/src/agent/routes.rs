@@ -84,13 +84,15 @@ impl ApiHandler for ContainersApi {
 }
 
 /// What a `/api/v1/containers` request selects: the units of one `namespace`, one `pod` (with
-/// `namespace`, or by name in any), or one container by `container_id` (the full id or a prefix,
+/// `namespace`, or by name in any), the containers of one name (`container`, as `kubectl -c`),
+/// or one container by `container_id` (the full id or a prefix,
 /// as crictl takes it). Without parameters, every unit: a client after one container need not
 /// be sent the whole node. The pods listed are those of the containers selected.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Selection {
     namespace: Option<String>,
     pod: Option<String>,
+    container: Option<String>,
     container_id: Option<String>,
 }
 
@@ -100,14 +102,20 @@ impl Selection {
         let selection = Selection {
             namespace: query.take("namespace"),
             pod: query.take("pod"),
+            container: query.take("container"),
             container_id: query.take("container_id"),
         };
         if let Some((unknown, _)) = query.params().first() {
-            return Err(format!("unknown parameter {unknown:?}; namespace, pod and container_id select containers"));
+            return Err(format!(
+                "unknown parameter {unknown:?}; namespace, pod, container and container_id select containers"
+            ));
         }
-        for (name, value) in
-            [("namespace", &selection.namespace), ("pod", &selection.pod), ("container_id", &selection.container_id)]
-        {
+        for (name, value) in [
+            ("namespace", &selection.namespace),
+            ("pod", &selection.pod),
+            ("container", &selection.container),
+            ("container_id", &selection.container_id),
+        ] {
             if value.as_deref().is_some_and(str::is_empty) {
                 return Err(format!("{name} is empty"));
             }
@@ -123,6 +131,7 @@ impl Selection {
         let is = |wanted: &Option<String>, have: &str| wanted.as_deref().is_none_or(|w| w == have);
         is(&self.namespace, &container.labels.namespace)
             && is(&self.pod, &container.labels.pod)
+            && is(&self.container, &container.labels.container)
             && self
                 .container_id
                 .as_deref()
@@ -291,7 +300,7 @@ mod tests {
                 pod_name: (*pod).into(),
                 pod_namespace: "shop".into(),
                 pod_uid: format!("00000000-0000-0000-0000-{n:012}"),
-                container_name: "app".into(),
+                container_name: format!("{pod}-main"),
                 attempt: 0,
                 kubelet: KubeletAnnotations::default(),
                 probe_declaration: None,
@@ -338,16 +347,18 @@ mod tests {
     }
 
     #[test]
-    fn a_request_selects_containers_by_namespace_pod_or_id_prefix() {
+    fn a_request_selects_containers_by_namespace_pod_container_or_id_prefix() {
         let api = api();
         let (a, b) = ("a".repeat(64), "b".repeat(64));
         let everything = ask(&api, None);
         assert_eq!(everything.0, StatusCode::OK);
         assert_eq!(everything.1.len(), 2, "{everything:?}");
         assert_eq!(ask(&api, Some("container_id=aaaaaaaaaaaa")), (StatusCode::OK, vec![a.clone()], vec!["web".into()]));
-        assert_eq!(ask(&api, Some("namespace=shop&pod=db")), (StatusCode::OK, vec![b], vec!["db".into()]));
+        assert_eq!(ask(&api, Some("namespace=shop&pod=db")), (StatusCode::OK, vec![b.clone()], vec!["db".into()]));
         assert_eq!(ask(&api, Some("pod=web")), (StatusCode::OK, vec![a], vec!["web".into()]));
         assert_eq!(ask(&api, Some("namespace=other")), (StatusCode::OK, vec![], vec![]));
+        assert_eq!(ask(&api, Some("container=db-main")), (StatusCode::OK, vec![b.clone()], vec!["db".into()]));
+        assert_eq!(ask(&api, Some("namespace=shop&pod=db&container=web-main")), (StatusCode::OK, vec![], vec![]));
     }
 
     #[test]
@@ -356,6 +367,7 @@ mod tests {
         for (query, reason) in [
             ("containerid=aaaa", "unknown parameter \"containerid\""),
             ("container_id=", "container_id is empty"),
+            ("container=", "container is empty"),
             ("pod=%zz", "encoding"),
         ] {
             let (status, body) = api.get("/api/v1/containers", Some(query)).expect("served");

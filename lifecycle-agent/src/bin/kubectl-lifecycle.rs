@@ -5,7 +5,10 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lifecycle_agent::{
-    cli::plugin::{self, AgentLocation},
+    cli::{
+        plugin::{self, AgentLocation},
+        status,
+    },
     export::explain,
     ErrorChain,
 };
@@ -58,13 +61,25 @@ enum Command {
         #[arg(long, short, value_enum, default_value = "text")]
         output: Format,
     },
-    /// Every container as each node's agent sees it (all nodes).
+    /// Containers as the agents see them: of one pod (from its node's agent), of a namespace
+    /// or of every namespace (-A, from every node's agent).
     Status {
-        /// Ask every node's agent (the only scope for now).
-        #[arg(long, short = 'A')]
+        /// Only this pod: POD, or NAMESPACE/POD.
+        pod: Option<String>,
+        /// Only this namespace (default: your kubeconfig's).
+        #[arg(long, short, conflicts_with = "all_namespaces")]
+        namespace: Option<String>,
+        /// Every namespace.
+        #[arg(long, short = 'A', conflicts_with = "pod")]
         all_namespaces: bool,
-        #[arg(long, short, value_enum, default_value = "text")]
-        output: Format,
+        /// Only containers of this name.
+        #[arg(long, short)]
+        container: Option<String>,
+        /// Only the agent of this node (for a pod that is gone from the API too).
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long, short, value_enum, default_value = "table")]
+        output: status::Output,
     },
 }
 
@@ -114,24 +129,27 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error + Send + Sy
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { all_namespaces: _, output } => {
-            let answers = plugin::status_all(&client, &location, &token, Duration::from_secs(10)).await?;
+        Command::Status { pod, namespace, all_namespaces, container, node, output } => {
+            let default_namespace = || (!all_namespaces).then(|| client.default_namespace().to_owned());
+            let (namespace, pod) = match pod.as_deref().map(|pod| pod.split_once('/').ok_or(pod)) {
+                Some(Ok((namespace, pod))) => (Some(namespace.to_owned()), Some(pod.to_owned())),
+                Some(Err(pod)) => (namespace.or_else(default_namespace), Some(pod.to_owned())),
+                None => (namespace.or_else(default_namespace), None),
+            };
+            let request = plugin::StatusRequest { selection: status::Selection { namespace, pod, container }, node };
+            let answers = plugin::status(&client, &location, &request, &token, Duration::from_secs(10)).await?;
             let mut failed = false;
-            for answer in answers {
-                match (answer.answer, output) {
-                    (Ok(body), Format::Json) => {
-                        println!("{}", serde_json::json!({"node": answer.node, "answer": body}))
-                    }
-                    (Ok(body), Format::Text) => {
-                        println!("# node {}", answer.node);
-                        print!("{}", lifecycle_agent::cli::status::render_table(&body.to_string()).unwrap_or_default());
-                    }
-                    (Err(err), _) => {
+            let mut bodies = Vec::new();
+            for answer in &answers {
+                match &answer.answer {
+                    Ok(body) => bodies.push(status::Answer { node: Some(&answer.node), body }),
+                    Err(err) => {
                         failed = true;
-                        eprintln!("# node {}: no answer: {}", answer.node, ErrorChain(&err));
+                        eprintln!("node {}: no answer: {}", answer.node, ErrorChain(err));
                     }
                 }
             }
+            print!("{}", status::render(&bodies, output)?);
             Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
     }

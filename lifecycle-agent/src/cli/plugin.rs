@@ -18,7 +18,10 @@ use secrecy::ExposeSecret as _;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use crate::export::explain;
+use crate::{
+    cli::status::{percent_encoded, Selection},
+    export::explain,
+};
 
 /// The header that carries the user's bearer token through the API server's proxy.
 pub const FORWARDED_AUTHORIZATION: &str = "x-lifecycle-authorization";
@@ -169,7 +172,7 @@ pub async fn explain_pod(
         }
     };
     let agent = agent_on(client, location, &node).await?;
-    let query = format!("namespace={namespace}&pod={pod}");
+    let query = format!("namespace={}&pod={}", percent_encoded(namespace), percent_encoded(pod));
     let mut stories = Vec::new();
     if !all_instances {
         let answer = ask(client, location, &agent, &node, &format!("/api/v1/containers?{query}"), token).await?;
@@ -185,37 +188,70 @@ pub async fn explain_pod(
     Ok(stories)
 }
 
-/// One node's answer to `status -A`.
+/// One node's answer to `status`.
 pub struct NodeAnswer {
     pub node: String,
     pub answer: Result<Value, PluginError>,
 }
 
-/// Agents asked at once by `status -A`.
+/// Agents asked at once by `status` across nodes.
 pub const STATUS_CONCURRENCY: usize = 8;
 
-/// `kubectl lifecycle status -A`: every agent's containers, `STATUS_CONCURRENCY` agents at a
-/// time, each within `timeout`; a node that did not answer says why.
-pub async fn status_all(
+/// What `kubectl lifecycle status` asks about.
+#[derive(Clone, Debug, Default)]
+pub struct StatusRequest {
+    /// The containers to list (namespace, pod, container), as the agents filter them.
+    pub selection: Selection,
+    /// Only the agent of this node. A pod given without it is looked up: only its node's agent
+    /// is asked.
+    pub node: Option<String>,
+}
+
+/// `kubectl lifecycle status`: the selected containers from the agent on the pod's (or the
+/// given) node, or from every agent, `STATUS_CONCURRENCY` at a time, each within `timeout`; a
+/// node that did not answer says why. Sorted by node.
+pub async fn status(
     client: &Client,
     location: &AgentLocation,
+    request: &StatusRequest,
     token: &str,
     timeout: Duration,
 ) -> Result<Vec<NodeAnswer>, PluginError> {
+    let node = match (&request.node, &request.selection) {
+        (Some(node), _) => Some(node.clone()),
+        (None, Selection { namespace: Some(namespace), pod: Some(pod), .. }) => {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+            let found = pods.get(pod).await?;
+            let node = found.spec.and_then(|s| s.node_name);
+            Some(node.ok_or_else(|| PluginError::NotScheduled { namespace: namespace.clone(), pod: pod.clone() })?)
+        }
+        (None, _) => None,
+    };
     let pods: Api<Pod> = Api::namespaced(client.clone(), &location.namespace);
-    let agents = pods.list(&ListParams::default().labels(&location.selector)).await?;
+    let mut params = ListParams::default().labels(&location.selector);
+    if let Some(node) = &node {
+        params = params.fields(&format!("spec.nodeName={node}"));
+    }
+    let agents = pods.list(&params).await?;
+    if agents.items.is_empty() {
+        if let Some(node) = node {
+            return Err(PluginError::NoAgent {
+                node,
+                namespace: location.namespace.clone(),
+                selector: location.selector.clone(),
+            });
+        }
+    }
+    let path = Arc::new(request.selection.path());
     let limit = Arc::new(Semaphore::new(STATUS_CONCURRENCY));
     let mut asks = tokio::task::JoinSet::new();
     for agent in agents.items {
         let (Some(name), Some(node)) = (agent.metadata.name, agent.spec.and_then(|s| s.node_name)) else { continue };
-        let (client, location, token, limit) = (client.clone(), location.clone(), token.to_owned(), limit.clone());
+        let (client, location, token, limit, path) =
+            (client.clone(), location.clone(), token.to_owned(), limit.clone(), path.clone());
         asks.spawn(async move {
             let _turn = limit.acquire_owned().await;
-            let answer = match tokio::time::timeout(
-                timeout,
-                ask(&client, &location, &name, &node, "/api/v1/containers", &token),
-            )
-            .await
+            let answer = match tokio::time::timeout(timeout, ask(&client, &location, &name, &node, &path, &token)).await
             {
                 Ok(answer) => answer,
                 Err(_) => Err(PluginError::Agent {

@@ -116,22 +116,173 @@ async fn exchange(mut stream: impl AsyncRead + AsyncWrite + Unpin, request: &str
     }
 }
 
+/// Which containers `status` asks for: the selection `/api/v1/containers` takes (the agent
+/// filters, so a client after one pod is not sent the whole node).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selection {
+    pub namespace: Option<String>,
+    pub pod: Option<String>,
+    pub container: Option<String>,
+}
+
+impl Selection {
+    /// `/api/v1/containers` with this selection as its query, each value percent-encoded.
+    pub fn path(&self) -> String {
+        let pairs: Vec<String> = [("namespace", &self.namespace), ("pod", &self.pod), ("container", &self.container)]
+            .into_iter()
+            .filter_map(|(key, value)| value.as_deref().map(|value| format!("{key}={}", percent_encoded(value))))
+            .collect();
+        match pairs.is_empty() {
+            true => "/api/v1/containers".to_owned(),
+            false => format!("/api/v1/containers?{}", pairs.join("&")),
+        }
+    }
+}
+
+/// A query value percent-encoded (names may hold any byte a user types).
+pub fn percent_encoded(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// How `status` prints, as `kubectl get -o` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// Aligned columns.
+    Table,
+    /// The table with the container id, pod uid, listening ports and disagreements (and the
+    /// node, for answers from several agents).
+    Wide,
+    /// The agent's JSON.
+    Json,
+    /// The same document as YAML.
+    Yaml,
+}
+
+/// One agent's answer to `GET /api/v1/containers`, and the node it came from when the caller
+/// asked several (the kubectl plugin).
+#[derive(Clone, Copy, Debug)]
+pub struct Answer<'a> {
+    pub node: Option<&'a str>,
+    pub body: &'a Value,
+}
+
+/// Why answers could not be printed.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("the agent's answer is not the expected JSON (no `now` and `containers`)")]
+    NotTheApi,
+    #[error("cannot write YAML")]
+    Yaml(#[from] serde_saphyr::SerializeError),
+    #[error("cannot write JSON")]
+    Json(#[from] serde_json::Error),
+}
+
+/// The answers printed as `output` says: one table over every answer, rows sorted by
+/// namespace, pod, container and node; for JSON and YAML, the document of one agent as it
+/// answered, or of several as a list of `{node, answer}`.
+pub fn render(answers: &[Answer<'_>], output: Output) -> Result<String, RenderError> {
+    let document = || match answers {
+        [Answer { node: None, body }] => (*body).clone(),
+        _ => Value::Array(answers.iter().map(|a| serde_json::json!({"node": a.node, "answer": a.body})).collect()),
+    };
+    match output {
+        Output::Json => Ok(format!("{}\n", serde_json::to_string_pretty(&document())?)),
+        Output::Yaml => Ok(serde_saphyr::to_string(&document())?),
+        Output::Table | Output::Wide => tables(answers, output == Output::Wide),
+    }
+}
+
+/// The container table and, when any pod is listed, the pod table under it.
+fn tables(answers: &[Answer<'_>], wide: bool) -> Result<String, RenderError> {
+    let with_node = wide && answers.iter().any(|a| a.node.is_some());
+    let mut containers: Vec<(Vec<String>, Vec<String>)> = Vec::new();
+    let mut pods: Vec<(Vec<String>, Vec<String>)> = Vec::new();
+    for answer in answers {
+        let body = answer.body;
+        let now = body.get("now").and_then(Value::as_u64).ok_or(RenderError::NotTheApi)?;
+        let node = answer.node.unwrap_or_default().to_owned();
+        for c in body.get("containers").and_then(Value::as_array).ok_or(RenderError::NotTheApi)? {
+            let mut cells = row(c, now).to_vec();
+            if wide {
+                cells.extend(wide_cells(c));
+            }
+            if with_node {
+                cells.push(node.clone());
+            }
+            let key = vec![text(c, "namespace"), text(c, "pod"), text(c, "container"), node.clone()];
+            containers.push((key, cells));
+        }
+        for p in body.get("pods").and_then(Value::as_array).into_iter().flatten() {
+            let mut cells = pod_row(p).to_vec();
+            if wide {
+                cells.push(text(p, "uid"));
+            }
+            if with_node {
+                cells.push(node.clone());
+            }
+            pods.push((vec![text(p, "namespace"), text(p, "pod"), node.clone()], cells));
+        }
+    }
+    containers.sort();
+    pods.sort();
+    let mut headers = HEADERS.to_vec();
+    let mut pod_headers = POD_HEADERS.to_vec();
+    if wide {
+        headers.extend(WIDE_HEADERS);
+        pod_headers.push("UID");
+    }
+    if with_node {
+        headers.push("NODE");
+        pod_headers.push("NODE");
+    }
+    let mut out = aligned(&headers, containers.into_iter().map(|(_, cells)| cells));
+    if !pods.is_empty() {
+        out.push('\n');
+        out.push_str(&aligned(&pod_headers, pods.into_iter().map(|(_, cells)| cells)));
+    }
+    Ok(out)
+}
+
+/// Renders one agent's API body as an aligned table; None when the body is not the API's JSON.
+pub fn render_table(body: &str) -> Option<String> {
+    let value: Value = serde_json::from_str(body).ok()?;
+    render(&[Answer { node: None, body: &value }], Output::Table).ok()
+}
+
 const HEADERS: [&str; 8] =
     ["NAMESPACE", "POD", "CONTAINER", "STATE", "REASON", "RESTARTS", "LAST EXIT", "LAST TERMINATION"];
 
-/// Renders the API body as an aligned table; None when the body is not the API's JSON.
-pub fn render_table(body: &str) -> Option<String> {
-    let value: Value = serde_json::from_str(body).ok()?;
-    let now = value.get("now")?.as_u64()?;
-    let rows: Vec<[String; 8]> = value.get("containers")?.as_array()?.iter().map(|c| row(c, now)).collect();
-    let mut out = aligned(&HEADERS, &rows);
-    let pods: Vec<[String; 5]> =
-        value.get("pods").and_then(Value::as_array).map(|pods| pods.iter().map(pod_row).collect()).unwrap_or_default();
-    if !pods.is_empty() {
-        out.push('\n');
-        out.push_str(&aligned(&POD_HEADERS, &pods));
-    }
-    Some(out)
+const WIDE_HEADERS: [&str; 4] = ["CONTAINER ID", "POD UID", "LISTENING", "DISAGREEMENTS"];
+
+/// The wide columns: the id as `crictl ps` shortens it, the pod uid, ports with a listener
+/// open now, and the kinds of the kubelet's disagreements with the kernel.
+fn wide_cells(c: &Value) -> [String; 4] {
+    let id: String = text(c, "container_id").chars().take(13).collect();
+    let listening: Vec<&str> = c
+        .get("tcp")
+        .and_then(Value::as_object)
+        .map(|ports| {
+            ports
+                .iter()
+                .filter(|(_, stats)| stats.get("listeners").and_then(Value::as_i64).unwrap_or(0) > 0)
+                .map(|(port, _)| port.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut disagreements: Vec<String> = c
+        .get("disagreements")
+        .and_then(Value::as_array)
+        .map(|all| all.iter().map(|d| text(d, "kind")).collect())
+        .unwrap_or_default();
+    disagreements.dedup();
+    let or_dash = |cell: String| if cell.is_empty() { "-".to_owned() } else { cell };
+    [or_dash(id), or_dash(text(c, "uid")), or_dash(listening.join(",")), or_dash(disagreements.join(","))]
 }
 
 const POD_HEADERS: [&str; 5] = ["NAMESPACE", "POD", "PHASE", "API PHASE", "RUNNING"];
@@ -149,16 +300,18 @@ fn pod_row(p: &Value) -> [String; 5] {
 }
 
 /// Rows under their headers, columns padded to their widest cell.
-fn aligned<const N: usize>(headers: &[&str; N], rows: &[[String; N]]) -> String {
-    let mut widths = headers.map(str::len);
-    for row in rows {
+fn aligned(headers: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
+    let header_row: Vec<String> = headers.iter().map(|h| (*h).to_owned()).collect();
+    let rows: Vec<Vec<String>> = std::iter::once(header_row).chain(rows).collect();
+    let mut widths = vec![0; headers.len()];
+    for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for cells in std::iter::once(headers.map(str::to_owned)).chain(rows.iter().cloned()) {
-        let padded: Vec<String> = cells.iter().zip(widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+    for cells in rows {
+        let padded: Vec<String> = cells.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
         let _ = writeln!(out, "{}", padded.join("  ").trim_end());
     }
     out
@@ -302,19 +455,71 @@ mod tests {
         let table = render_table(&body).expect("renders");
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("NAMESPACE  POD    CONTAINER  STATE"), "{table}");
+        // Sorted by namespace, pod and container: db-0 before web-1.
         assert!(
-            lines[1].contains("Waiting")
-                && lines[1].contains("CrashLoopBackOff")
-                && lines[1].contains("Error (1) 10s ago"),
+            lines[2].contains("Waiting")
+                && lines[2].contains("CrashLoopBackOff")
+                && lines[2].contains("Error (1) 10s ago"),
             "{table}"
         );
         assert!(lines[4].starts_with("NAMESPACE  POD    PHASE    API PHASE  RUNNING"), "{table}");
-        assert_eq!(lines[6], "shop       db-0   Failed   -          0/1", "{table}");
+        assert_eq!(lines[5], "shop       db-0   Failed   -          0/1", "{table}");
         assert!(
-            lines[2].contains("SIGKILLED after 30s (grace violated); deleted")
-                && lines[2].contains("Error (137, SIGKILL) 1s ago"),
+            lines[1].contains("SIGKILLED after 30s (grace violated); deleted")
+                && lines[1].contains("Error (137, SIGKILL) 1s ago"),
             "{table}"
         );
         assert_eq!(render_table("not json"), None);
+    }
+
+    fn container(namespace: &str, pod: &str, name: &str) -> Value {
+        serde_json::json!({"namespace": namespace, "pod": pod, "container": name, "uid": format!("uid-{pod}"),
+            "container_id": "0123456789abcdef0123", "restart_count": 0,
+            "state": {"state": "running", "started_at_boot_ns": 1_000_000_000u64},
+            "tcp": {"8080": {"listeners": 1, "established": 0, "accepts": 0},
+                    "9090": {"listeners": 0, "established": 0, "accepts": 3}},
+            "disagreements": [{"kind": "exit_code", "container_id": "x", "kubelet": "1", "kernel": "2"},
+                              {"kind": "exit_code", "container_id": "y", "kubelet": "1", "kernel": "2"}]})
+    }
+
+    #[test]
+    fn rows_from_several_agents_are_sorted_and_wide_names_the_node() {
+        let node_b = serde_json::json!({"now": 2_000_000_000u64, "containers": [container("shop", "web", "app")]});
+        let node_a = serde_json::json!({"now": 2_000_000_000u64,
+            "containers": [container("shop", "web", "sidecar"), container("kube-system", "dns", "coredns")]});
+        let answers = [Answer { node: Some("node-b"), body: &node_b }, Answer { node: Some("node-a"), body: &node_a }];
+        let table = render(&answers, Output::Table).expect("renders");
+        let firsts: Vec<String> =
+            table.lines().skip(1).map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).collect();
+        assert_eq!(firsts, ["kube-system dns coredns", "shop web app", "shop web sidecar"], "{table}");
+        assert!(!table.contains("NODE"), "the node column is for -o wide: {table}");
+        let wide = render(&answers, Output::Wide).expect("renders");
+        let header = wide.lines().next().expect("header");
+        assert!(header.ends_with("CONTAINER ID   POD UID  LISTENING  DISAGREEMENTS  NODE"), "{wide}");
+        let web = wide.lines().find(|l| l.contains(" app ")).expect("the app row");
+        assert!(web.ends_with("0123456789abc  uid-web  8080       exit_code      node-b"), "{wide}");
+    }
+
+    #[test]
+    fn json_and_yaml_carry_the_agents_document() {
+        let body = serde_json::json!({"now": 1u64, "containers": [container("shop", "web", "app")]});
+        let one = render(&[Answer { node: None, body: &body }], Output::Json).expect("JSON");
+        assert_eq!(serde_json::from_str::<Value>(&one).expect("parses"), body);
+        let yaml = render(&[Answer { node: None, body: &body }], Output::Yaml).expect("YAML");
+        assert!(yaml.contains("namespace: shop") && yaml.contains("container_id: 0123456789abcdef0123"), "{yaml}");
+        let several = render(&[Answer { node: Some("n1"), body: &body }], Output::Json).expect("JSON");
+        let several: Value = serde_json::from_str(&several).expect("parses");
+        assert_eq!(several, serde_json::json!([{"node": "n1", "answer": body}]));
+        let not_the_api = serde_json::json!({"containers": []});
+        assert!(render(&[Answer { node: None, body: &not_the_api }], Output::Table).is_err());
+    }
+
+    #[test]
+    fn the_selection_is_the_apis_query_escaped() {
+        assert_eq!(Selection::default().path(), "/api/v1/containers");
+        let selection = Selection { namespace: Some("shop".into()), pod: Some("web 1&x".into()), container: None };
+        assert_eq!(selection.path(), "/api/v1/containers?namespace=shop&pod=web%201%26x");
+        let selection = Selection { container: Some("app".into()), ..Selection::default() };
+        assert_eq!(selection.path(), "/api/v1/containers?container=app");
     }
 }
