@@ -32,6 +32,11 @@ NS = 'namespace=~"$namespace", node=~"$node"'
 
 RANGE = "$__range"
 RATE = "$__rate_interval"
+STEP = "$__interval"
+# The agent's scrape job: the PodMonitor in deploy/ names it `lifecycle-system/lifecycle-agent`, the
+# chart's ServiceMonitor `lifecycle-agent-metrics`, a plain scrape config usually `lifecycle-agent`.
+# The alerts in deploy/prometheusrule.yaml select it the same way.
+JOB = 'job=~".*lifecycle-agent.*"'
 
 
 def inc(metric: str, selector: str, window: str) -> str:
@@ -46,6 +51,32 @@ def inc(metric: str, selector: str, window: str) -> str:
     is created (the same rule the alerts in deploy/prometheusrule.yaml use)."""
     series = f"{metric}{{{selector}}}"
     return f"((increase({series}[{window}]) and {series} offset {window}) or ({series} unless {series} offset {window}))"
+
+def pod_owner(window: str) -> str:
+    """kube-state-metrics' kube_pod_owner reduced to one series per pod: the controller that owns it
+    (owner_kind, owner_name), remembered over `window` so that a pod deleted since (most grace
+    violations happen on deletion) keeps its owner. Empty without kube-state-metrics."""
+    return ("topk by (namespace, pod) (1, max by (namespace, pod, owner_kind, owner_name) "
+            f'(last_over_time(kube_pod_owner{{owner_is_controller="true"}}[{window}])))')
+
+
+def by_owner(expr: str, window: str) -> str:
+    """`expr` (series with namespace and pod labels) with the pod's owner_kind and owner_name from
+    kube_pod_owner; a pod kube-state-metrics does not know (or every pod, without kube-state-metrics)
+    is its own owner: owner_kind="Pod", owner_name=<the pod> (host cgroups, without a pod, get neither)."""
+    return (f"(({expr}) * on (namespace, pod) group_left (owner_kind, owner_name) {pod_owner(window)})"
+            f' or on (namespace, pod) label_join(label_replace({expr}, "owner_kind", "Pod", "pod", ".+"), "owner_name", "", "pod")')
+
+
+def last_increase(metric: str, selector: str, window: str, step: str) -> str:
+    """Per series of `metric{selector}` that increased within `window`: the Unix time (at `step`
+    resolution) from which it has had its last value, i.e. when it last increased. A series born
+    inside the window counts from its first sample, as in inc(). The subquery's steps are aligned
+    to multiples of `step`: an increase after the last of them is dated by the series' last sample."""
+    series = f"{metric}{{{selector}}}"
+    return (f"((min_over_time(timestamp({series} == last_over_time({series}[{window}] @ end()))[{window}:{step}])"
+            f" or timestamp({series})) and ({inc(metric, selector, window)} > 0))")
+
 
 TERMINATION_UID = "lifecycle-termination"
 RESTARTS_UID = "lifecycle-restarts"
@@ -178,6 +209,37 @@ def table(title: str, description: str, expr: str, unit: str = "short", w: int =
     }
 
 
+def merged_table(title: str, description: str, columns: list[tuple], w: int = 24, h: int = 8,
+                 hide: tuple = ("Time",)) -> dict:
+    """A table of several instant queries joined on their labels (Grafana's merge transformation):
+    columns are (expr, column title, unit); the first column sorts the rows."""
+    tgts = [target(expr, "__auto", chr(ord("A") + i), instant=True, fmt="table") for i, (expr, _, _) in enumerate(columns)]
+    rename = {f"Value #{chr(ord('A') + i)}": name for i, (_, name, _) in enumerate(columns)}
+    overrides = [{"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
+                 for _, name, unit in columns]
+    config = field_defaults("short", GREEN_ONLY, custom={"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False})
+    config["overrides"] = overrides
+    return {
+        "type": "table",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": tgts,
+        "fieldConfig": config,
+        "options": {
+            "cellHeight": "sm",
+            "footer": {"countRows": False, "fields": "", "reducer": ["sum"], "show": False},
+            "showHeader": True,
+            "sortBy": [{"desc": True, "displayName": columns[0][1]}],
+        },
+        "transformations": [
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {"excludeByName": {name: True for name in hide}, "indexByName": {}, "renameByName": rename}},
+        ],
+        "_size": (w, h),
+    }
+
+
 def bargauge(title: str, description: str, expr: str, legend: str, unit: str = "short", w: int = 12, h: int = 8) -> dict:
     return {
         "type": "bargauge",
@@ -231,9 +293,12 @@ PASS_FAIL = [{"type": "value", "options": {"0": {"color": "red", "index": 1, "te
                                            "1": {"color": "green", "index": 0, "text": "pass"}}}]
 ON_OFF = [{"type": "value", "options": {"0": {"color": "red", "index": 1, "text": "off"},
                                         "1": {"color": "green", "index": 0, "text": "on"}}}]
+UP_DOWN = [{"type": "value", "options": {"0": {"color": "red", "index": 1, "text": "down"},
+                                         "1": {"color": "green", "index": 0, "text": "up"}}}]
 
 
-def state_timeline(title: str, description: str, expr: str, legend: str, w: int = 24, h: int = 8) -> dict:
+def state_timeline(title: str, description: str, expr: str, legend: str, w: int = 24, h: int = 8,
+                   mappings: list = PASS_FAIL) -> dict:
     return {
         "type": "state-timeline",
         "title": title,
@@ -243,7 +308,7 @@ def state_timeline(title: str, description: str, expr: str, legend: str, w: int 
         "fieldConfig": field_defaults("short", thresholds((None, "red"), (1, "green")),
                                       custom={"fillOpacity": 80, "hideFrom": {"legend": False, "tooltip": False, "viz": False},
                                               "lineWidth": 0},
-                                      mappings=PASS_FAIL),
+                                      mappings=mappings),
         "options": {
             "alignValue": "left",
             "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
@@ -440,21 +505,62 @@ def overview() -> dict:
              f"max(lifecycle_ring_buffer_bytes{{{N}}})", unit="bytes"),
         stat("Event to state p99", "99th percentile of the time from a kernel event to the state being visible in the agent.",
              f"histogram_quantile(0.99, sum by (le) (rate(lifecycle_event_to_state_seconds_bucket{{{N}}}[$__rate_interval])))", unit="s"),
+        stat("Agent targets down", "Agent scrape targets whose last scrape failed (LifecycleAgentDown alert after 5 minutes). "
+             "An agent missing from a node altogether shows in 'Agent scrape targets' as a node that stopped.",
+             f"sum(up{{{JOB}, {N}}} == bool 0)", thr=ANY_IS_RED),
+        stat("Kubernetes API unreachable", "Agents whose watch of their node's pods does not work now (LifecycleKubernetesApiUnreachable "
+             "alert after 5 minutes): their verdicts say spec api_unreachable and every stop's cause is runtime_or_unknown. "
+             "The series exists only where the agent is given the Kubernetes API.",
+             f"sum(lifecycle_kubernetes_api_up{{{N}}} == bool 0)", thr=ANY_IS_RED),
+        stat("Runtime unreachable", "Agents whose container runtime's CRI socket did not answer the last metadata refresh "
+             "(LifecycleRuntimeUnreachable alert after 5 minutes): new containers are named by id meanwhile.",
+             f"sum(lifecycle_runtime_metadata_up{{{N}}} == bool 0)", thr=ANY_IS_RED),
+        stat("Runtime metadata age", "Time since the container runtime last answered, for the agent that waited longest.",
+             f"max(time() - (lifecycle_runtime_metadata_last_success_timestamp_seconds{{{N}}} > 0))", unit="s",
+             thr=thresholds((None, "green"), (60, "orange"), (300, "red"))),
+        stat("Events rate limited (time range)", "Signal records the kernel programs did not send because the sending cgroup had spent its "
+             "budget: a container flooding signals. Counters stay exact; the per-signal breakdown lacks them.",
+             f"sum({inc('lifecycle_events_rate_limited_total', N, RANGE)})", thr=thresholds((None, "green"), (1, "orange"))),
+        stat("State dropped (time range)", "Records the agent's node model dropped to stay within its bounds (signals, ports, kept "
+             "history, ...): a container flooding its own PID 1 with signals or listening on thousands of ports.",
+             f"sum({inc('lifecycle_state_dropped_total', N, RANGE)})", thr=thresholds((None, "green"), (1, "orange"))),
         stat("Kernel features", "Each kernel feature, off if any agent has it off (the agent log says why).",
              f"min by (feature) (lifecycle_feature_enabled{{{N}}})", legend="{{feature}}", mappings=ON_OFF,
              thr=thresholds((None, "red"), (1, "green")), w=24, h=4),
+        state_timeline("Agent scrape targets", "Whether Prometheus could scrape each agent (up). A node whose line stops has lost "
+                       "its agent (LifecycleAgentDown).",
+                       f"max by (node, pod) (up{{{JOB}, {N}}})", "{{node}} {{pod}}", w=8, h=6, mappings=UP_DOWN),
+        state_timeline("Kubernetes API watch", "Whether each agent's watch of its node's pods works (lifecycle_kubernetes_api_up). "
+                       "Only agents given the Kubernetes API have this series.",
+                       f"max by (node) (lifecycle_kubernetes_api_up{{{N}}})", "{{node}}", w=8, h=6, mappings=UP_DOWN),
+        state_timeline("Container runtime metadata", "Whether each agent's container runtime answered its last metadata refresh "
+                       "(lifecycle_runtime_metadata_up).",
+                       f"max by (node) (lifecycle_runtime_metadata_up{{{N}}})", "{{node}}", w=8, h=6, mappings=UP_DOWN),
         timeseries("Events / s by kind", "Event records the kernel programs sent, by kind.",
                    targets((f"sum by (kind) (rate(lifecycle_events_total{{{N}}}[$__rate_interval]))", "{{kind}}")), unit="ops", w=8),
-        timeseries("Lost events / s by kind", "Event records lost to a full ring buffer, by kind.",
-                   targets((f"sum by (kind) (rate(lifecycle_events_lost_total{{{N}}}[$__rate_interval]))", "{{kind}}")), unit="ops", w=8),
+        timeseries("Lost and rate-limited events / s by kind",
+                   "Event records lost to a full ring buffer (LifecycleEventsLost), and records not sent because the sending cgroup "
+                   "had spent its budget, by kind.",
+                   targets((f"sum by (kind) (rate(lifecycle_events_lost_total{{{N}}}[$__rate_interval]))", "lost {{kind}}"),
+                           (f"sum by (kind) (rate(lifecycle_events_rate_limited_total{{{N}}}[$__rate_interval]))", "rate limited {{kind}}")),
+                   unit="ops", w=8),
         timeseries("Kernel map fill", "Used entries over capacity, per agent and map. At 100% new containers lose their counters.",
                    targets((f'lifecycle_kernel_map_entries{{{N}}} / lifecycle_kernel_map_capacity{{{N}}}',
                             "{{node}} {{map}}")), unit="percentunit", w=8),
+        timeseries("Kubernetes events / s by result", "Warning events the agents sent on pods (GracePeriodExceeded, BackOffDeviation, "
+                   "StatusDisagreement, ...): published, rate limited (5 per pod in a burst, then one a minute) or failed "
+                   "(LifecycleEventsFailing). Only agents run with --events have this series.",
+                   targets((f"sum by (result) (rate(lifecycle_kubernetes_events_total{{{N}}}[$__rate_interval]))", "{{result}}")),
+                   unit="ops", w=8),
+        timeseries("State dropped / s by kind", "Records the node model dropped to stay within its bounds, by kind (docs/security.md "
+                   "lists the bounds). Verdicts never depend on a dropped record.",
+                   targets((f"sum by (kind) (rate(lifecycle_state_dropped_total{{{N}}}[$__rate_interval]))", "{{kind}}")),
+                   unit="ops", w=8),
         timeseries("Event to state latency", "Time from a kernel event to the state being visible, quantiles over all agents.",
                    targets((f"histogram_quantile(0.5, sum by (le) (rate(lifecycle_event_to_state_seconds_bucket{{{N}}}[$__rate_interval])))", "p50"),
                            (f"histogram_quantile(0.99, sum by (le) (rate(lifecycle_event_to_state_seconds_bucket{{{N}}}[$__rate_interval])))", "p99")),
-                   unit="s"),
-        table("Agent versions", "Agents by version.", f"count by (version) (lifecycle_build_info{{{N}}})", w=12),
+                   unit="s", w=8),
+        table("Agent versions", "Agents by version.", f"count by (version) (lifecycle_build_info{{{N}}})", w=24, h=5),
     ]
     return dashboard(OVERVIEW_UID, "Lifecycle / Node overview",
                      "Every container on the selected nodes as the kernel sees it, plus the health of the lifecycle agent itself.", panels)
@@ -464,6 +570,8 @@ def termination() -> dict:
     to_self = link_to(TERMINATION_UID, "termination-and-grace", "Show only this pod")
     killed = f'{S}, outcome=~"sigkilled_after_grace|sigkilled_early|killed_without_grace"'
     oom = f'{S}, outcome="oom_killed"'
+    violated = f'{S}, outcome="sigkilled_after_grace"'
+    per_owner = "node, namespace, owner_kind, owner_name, cause"
     panels = [
         row("From the alert to the pod"),
         stat("Grace-period violations (time range)", "Containers SIGKILLed after their grace period ran out (GracePeriodViolation alert).",
@@ -475,6 +583,16 @@ def termination() -> dict:
              unit="percentunit", thr=thresholds((None, "green"), (0.01, "orange"), (0.1, "red")), w=6),
         stat("OOM-killed terminations (time range)", "Terminations whose cause was the OOM killer.",
              f'sum({inc("lifecycle_terminations_total", oom, RANGE)})', thr=ANY_IS_RED, w=6),
+        merged_table("Grace-period violations by cause, node and owner (time range)",
+                     "Violations (terminations SIGKILLed after their grace period) grouped by why the container was stopped "
+                     "(deleted, liveness_probe, evicted, ...; runtime_or_unknown without the Kubernetes API), the node, and the "
+                     "workload that owns the pod (kube-state-metrics' kube_pod_owner; a pod it does not know, or every pod without "
+                     "kube-state-metrics, is its own owner, kind Pod). Last seen: when the count last grew.",
+                     [(f"sum by ({per_owner}) ({by_owner(inc('lifecycle_terminations_total', violated, RANGE), RANGE)}) > 0",
+                       "Violations", "short"),
+                      (f"1000 * max by ({per_owner}) ({by_owner(last_increase('lifecycle_terminations_total', violated, RANGE, STEP), RANGE)})",
+                       "Last seen", "dateTimeFromNow")],
+                     h=7),
         table("Violations by container (time range)", "Containers with grace-period violations, most first. Click a row to narrow the dashboard to that pod.",
               f"sum by (namespace, pod, container, uid) ({inc('lifecycle_grace_period_violations_total', S, RANGE)})",
               links=to_self, h=7),
@@ -483,6 +601,19 @@ def termination() -> dict:
                             "{{namespace}}/{{pod}}/{{container}}")), bars=True),
         timeseries("Terminations by outcome", "How stopping containers ended.",
                    targets((f"sum by (outcome) ({inc('lifecycle_terminations_total', S, RATE)})", "{{outcome}}")),
+                   bars=True, stack=True),
+        timeseries("Terminations by cause", "Why containers were stopped (deleted, liveness_probe, startup_probe, evicted, preempted, "
+                   "node_shutdown, restart_all_containers, deadline_exceeded; runtime_or_unknown when the agent could not tell, "
+                   "always without the Kubernetes API; none when nothing stopped it: it ended on its own), and how each stop ended.",
+                   targets((f'sum by (cause, outcome) (label_replace({inc("lifecycle_terminations_total", S, RATE)}, "cause", "none", "cause", ""))',
+                            "{{cause}}: {{outcome}}")),
+                   bars=True, stack=True),
+        timeseries("Status disagreements by kind",
+                   "Where the kubelet's reported status disagreed with what the kernel saw: oom_not_reported (the OOM killer "
+                   "killed PID 1, the kubelet reported another reason; OOMNotReported alert), oom_reported_not_oom, exit_code, "
+                   "restart_count. Counted once per container instance and kind; `lifecycle-agent status -o wide` shows both sides. "
+                   "Only agents given the Kubernetes API compare statuses.",
+                   targets((f"sum by (kind) ({inc('lifecycle_status_disagreements_total', S, RATE)})", "{{kind}}")),
                    bars=True, stack=True),
         row("Stop signals"),
         timeseries("Signals by sender and signal", "Signals delivered to container processes: runtime (StopContainer), kubelet, the container itself, or another host process.",

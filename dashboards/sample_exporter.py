@@ -104,10 +104,15 @@ def render() -> str:
     for l in short:
         e.sample("lifecycle_container_last_termination_seconds", 2, **l)
         e.sample("lifecycle_container_last_grace_used_ratio", 0.5, **l)
-    e.family("lifecycle_terminations_total", "counter", "Terminations by outcome.")
-    for l in short:
+    e.family("lifecycle_terminations_total", "counter", "Terminations by outcome and cause.")
+    for i, l in enumerate(short):
         for outcome in ("exited_within_grace", "sigkilled_after_grace", "sigkilled_early", "killed_without_grace", "stop_signal_not_observed", "oom_killed", "exited_without_stop_signal"):
-            e.sample("lifecycle_terminations_total", tick if outcome == "exited_within_grace" else tick // 3, **l, outcome=outcome)
+            # Like the agent: no cause when nothing stopped the container.
+            cause = {"exited_without_stop_signal": "", "sigkilled_after_grace": ("deleted", "liveness_probe", "runtime_or_unknown")[i],
+                     "oom_killed": "runtime_or_unknown"}.get(outcome, "deleted")
+            e.sample("lifecycle_terminations_total", tick if outcome == "exited_within_grace" else tick // 3, **l, outcome=outcome, cause=cause)
+    e.family("lifecycle_status_disagreements_total", "counter", "Kubelet status against the kernel.")
+    e.sample("lifecycle_status_disagreements_total", tick // 6, **short[1], kind="oom_not_reported")
     e.family("lifecycle_grace_period_violations_total", "counter", "SIGKILLs after the grace period.")
     for l in per:
         e.sample("lifecycle_grace_period_violations_total", tick // 3, **l)
@@ -167,6 +172,26 @@ def render() -> str:
         e.sample("lifecycle_events_total", tick * 100, kind=kind)
         e.sample("lifecycle_events_lost_total", 0, kind=kind)
         e.sample("lifecycle_kernel_map_full_total", 0, map="cgroup_counters", kind=kind)
+    e.family("lifecycle_events_rate_limited_total", "counter", "Records not sent: the sending cgroup spent its budget.")
+    for kind in EVENT_KINDS:
+        e.sample("lifecycle_events_rate_limited_total", tick if kind == "signal" else 0, kind=kind)
+    e.family("lifecycle_state_dropped_total", "counter", "Records the node model dropped to stay within its bounds.")
+    for kind in ("signal", "oom_kill", "exec_session", "listener_change", "accept", "port", "departed_instance",
+                 "departed_unit", "judgement", "pod", "kill_notice", "history"):
+        e.sample("lifecycle_state_dropped_total", tick // 2 if kind == "signal" else 0, kind=kind)
+    e.family("lifecycle_runtime_metadata_up", "gauge", "1 when the CRI socket answered.")
+    e.sample("lifecycle_runtime_metadata_up", 1)
+    e.family("lifecycle_runtime_metadata_refresh_failures_total", "counter", "Failed metadata refreshes.")
+    e.sample("lifecycle_runtime_metadata_refresh_failures_total", 0)
+    e.family("lifecycle_runtime_metadata_last_success_timestamp_seconds", "gauge", "Last refresh the runtime answered.")
+    e.sample("lifecycle_runtime_metadata_last_success_timestamp_seconds", time.time())
+    e.family("lifecycle_kubernetes_api_up", "gauge", "1 while the pod watch works.")
+    e.sample("lifecycle_kubernetes_api_up", 1)
+    e.family("lifecycle_kubernetes_api_watch_errors_total", "counter", "Watch failures.")
+    e.sample("lifecycle_kubernetes_api_watch_errors_total", 0)
+    e.family("lifecycle_kubernetes_events_total", "counter", "Warning events on pods by result.")
+    e.sample("lifecycle_kubernetes_events_total", tick, result="published")
+    e.sample("lifecycle_kubernetes_events_total", tick // 5, result="rate_limited")
     e.family("lifecycle_event_decode_errors_total", "counter", "Undecodable ring records.")
     e.sample("lifecycle_event_decode_errors_total", 0)
     e.family("lifecycle_feature_enabled", "gauge", "1 when a kernel feature is attached.")
@@ -182,7 +207,16 @@ def render() -> str:
     e.sample("lifecycle_build_info", 1, version="0.1.0")
     e.family("lifecycle_event_to_state_seconds", "histogram", "Kernel event to visible state.")
     e.histogram("lifecycle_event_to_state_seconds", EVENT_TO_STATE_BUCKETS, tick * 100, 0.002)
+    if KUBE_STATE_METRICS:
+        # kube-state-metrics' owner of the first pod (the second one it does not know: the
+        # dashboards fall back to the pod itself).
+        e.family("kube_pod_owner", "gauge", "Information about the Pod's owner.")
+        e.sample("kube_pod_owner", 1, namespace="shop", pod="cart-0", uid="6f1c-cart", owner_kind="StatefulSet",
+                 owner_name="cart", owner_is_controller="true")
     return e.text()
+
+
+KUBE_STATE_METRICS = False
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -205,7 +239,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--listen", default="127.0.0.1:19890", help="host:port to serve /metrics on")
     parser.add_argument("--print", action="store_true", help="print one exposition and exit")
+    parser.add_argument("--kube-state-metrics", action="store_true",
+                        help="also serve kube-state-metrics' kube_pod_owner for one of the pods (the owner joins)")
     args = parser.parse_args()
+    global KUBE_STATE_METRICS
+    KUBE_STATE_METRICS = args.kube_state_metrics
     if args.print:
         sys.stdout.write(render())
         return 0
