@@ -582,6 +582,100 @@ fn native_sidecars_start_in_order_and_stop_after_the_main_container_in_reverse()
     stop_and_check_machine(kube, agent);
 }
 
+/// Issue 19: container stop signals (ContainerStopSignals; containerd 2.3+ applies them). One
+/// pod, two containers that exit 0 only on their own signal and ignore SIGTERM: `app` with
+/// `lifecycle.stopSignal: SIGUSR1`, `from-image` whose image says `STOPSIGNAL SIGUSR2`. The
+/// kubelet reports each effective signal; on deletion the kernel saw the runtime send exactly
+/// that signal, and the agent judges each stop as the configured signal's, within grace.
+#[test]
+fn stop_signals_from_the_pod_or_the_image_are_the_ones_the_kernel_saw() {
+    let Some((kube, agent)) = start("stop_signals_from_the_pod_or_the_image_are_the_ones_the_kernel_saw") else {
+        return;
+    };
+    const USR2_IMAGE: &str = "docker.io/library/lifecycle-busybox:stopsignal-usr2";
+    kube.containerd().import_image_with_stop_signal(USR2_IMAGE, "SIGUSR2").expect("import the SIGUSR2 image");
+    let exits_on = |signal: &str| format!("trap 'exit 0' {signal}; trap '' TERM; while true; do sleep 0.2; done");
+    apply(&kube, "stopsig", &exits_on("USR1"), |p| {
+        // A pod's stop signal is valid only with its OS named.
+        p["spec"]["os"] = serde_json::json!({"name": "linux"});
+        p["spec"]["terminationGracePeriodSeconds"] = 10.into();
+        p["spec"]["containers"][0]["lifecycle"] = serde_json::json!({"stopSignal": "SIGUSR1"});
+        let from_image = serde_json::json!({"name": "from-image", "image": USR2_IMAGE, "imagePullPolicy": "Never",
+            "command": ["sh", "-c", exits_on("USR2")]});
+        p["spec"]["containers"].as_array_mut().expect("containers").push(from_image);
+    });
+    let pod = kube
+        .wait_pod("default", "stopsig", "both containers running", Duration::from_secs(60), |pod| {
+            ["app", "from-image"]
+                .iter()
+                .all(|c| container_status(pod, c).is_some_and(|s| s["state"]["running"].is_object()))
+        })
+        .expect("pod runs");
+    for (name, signal) in [("app", "SIGUSR1"), ("from-image", "SIGUSR2")] {
+        let reported = container_status(&pod, name).expect("status");
+        assert_eq!(reported["stopSignal"], signal, "the kubelet reports the runtime's effective signal: {reported:#}");
+        agent.wait_named("stopsig", name, "running", Duration::from_secs(30), running);
+    }
+    kube.kubectl(&["delete", "pod", "stopsig", "--wait=false"]).expect("kubectl delete");
+    for (name, signal) in [("app", 10), ("from-image", 12)] {
+        let c = agent.wait_named("stopsig", name, "judged", Duration::from_secs(30), judged);
+        eprintln!("{name}: {} stop signal {}", outcome(&c), c["last_termination"]["stop_signal"]);
+        assert_eq!(outcome(&c), "exited_within_grace", "only its own signal ends it: {c:#}");
+        assert_eq!(c["last_termination"]["cause"], "deleted", "{c:#}");
+        let stop = &c["last_termination"]["stop_signal"];
+        assert_eq!(stop["signal"], signal, "the signal the kernel saw: {c:#}");
+        assert_eq!(stop["sender"]["kind"], "runtime", "{c:#}");
+        assert_eq!(stop["matches_configured"], true, "judged against the configured signal: {c:#}");
+        assert_eq!(c["state"]["exit_code"], 0, "{c:#}");
+    }
+    kube.wait_pod_gone("default", "stopsig", Duration::from_secs(60)).expect("pod is removed");
+    stop_and_check_machine(kube, agent);
+}
+
+/// Issue 19: an in-place resize (GA 1.35) of memory with `resizePolicy: RestartContainer`. The
+/// kubelet stops the container (Event `Killing`: "Container app resize requires restart") and
+/// starts it again at once with the new limits: the agent names the stop `resize`, judges it
+/// against the pod's grace, and the restart as expected, not as a crash held by back-off.
+#[test]
+fn a_resize_that_restarts_the_container_is_named_resize() {
+    let Some((kube, agent)) = start("a_resize_that_restarts_the_container_is_named_resize") else {
+        return;
+    };
+    apply(&kube, "resized", TRAP_EXIT, |p| {
+        p["spec"]["terminationGracePeriodSeconds"] = 6.into();
+        p["spec"]["containers"][0]["resources"] = serde_json::json!({
+            "requests": {"cpu": "100m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}});
+        p["spec"]["containers"][0]["resizePolicy"] = serde_json::json!([
+            {"resourceName": "cpu", "restartPolicy": "NotRequired"},
+            {"resourceName": "memory", "restartPolicy": "RestartContainer"}]);
+    });
+    agent.wait_named("resized", "app", "running", Duration::from_secs(60), running);
+    let resize = r#"{"spec":{"containers":[{"name":"app","resources":{"requests":{"memory":"48Mi"},"limits":{"memory":"96Mi"}}}]}}"#;
+    kube.kubectl(&["patch", "pod", "resized", "--subresource", "resize", "--patch", resize]).expect("resize");
+    let pod = kube
+        .wait_pod("default", "resized", "restarted with the new limit", Duration::from_secs(60), |pod| {
+            container_status(pod, "app").is_some_and(|s| {
+                s["restartCount"] == 1
+                    && s["state"]["running"].is_object()
+                    && s["resources"]["limits"]["memory"] == "96Mi"
+            })
+        })
+        .expect("the resize restarts the container");
+    let reported = container_status(&pod, "app").expect("status");
+    assert_eq!(reported["lastState"]["terminated"]["exitCode"], 0, "the TERM trap: {reported:#}");
+    let c = agent.wait_named("resized", "app", "the restart judged", Duration::from_secs(30), |c| {
+        judged(c) && c["restart_count"] == 1 && c["state"]["state"] == "running" && !c["last_backoff"].is_null()
+    });
+    eprintln!("resize on 1.37: {} / {}", c["last_termination"], c["last_backoff"]);
+    assert_eq!(c["last_termination"]["cause"], "resize", "{c:#}");
+    assert_eq!(outcome(&c), "exited_within_grace", "{c:#}");
+    assert_eq!(grace_s(&c), 6.0, "the pod's grace: {c:#}");
+    assert_eq!(c["last_backoff"]["verdict"], "within_tolerance", "restarted at once, as expected: {c:#}");
+    assert_eq!(c["last_backoff"]["expected_delay_ns"], 0, "{c:#}");
+    assert!(c["disagreements"].as_array().is_some_and(Vec::is_empty), "{c:#}");
+    stop_and_check_machine(kube, agent);
+}
+
 #[test]
 fn restart_rules_restart_a_never_pods_container_on_exit_42_and_not_on_1() {
     let Some((kube, agent)) = start("restart_rules_restart_a_never_pods_container_on_exit_42_and_not_on_1") else {

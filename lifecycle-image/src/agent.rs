@@ -103,6 +103,7 @@ pub fn build(image: &AgentImage<'_>, work: &Path, archive: &Path) -> Result<Pack
         env: vec!["PATH=/usr/local/bin:/usr/bin:/bin".to_owned()],
         user: Some("0:0".to_owned()),
         labels: labels(image.revision),
+        stop_signal: None,
         created: image.created.to_owned(),
         gzip_level: image.gzip_level,
     };

@@ -63,6 +63,9 @@ pub struct ImageConfig {
     pub user: Option<String>,
     /// `Labels`: `org.opencontainers.image.*` and the like.
     pub labels: BTreeMap<String, String>,
+    /// `StopSignal` (e.g. `SIGUSR2`): what the runtime sends to stop a container of the image,
+    /// unless its pod names another; none leaves SIGTERM.
+    pub stop_signal: Option<String>,
     /// The image's creation time (RFC 3339), as `docker images` shows it: a fixed time for a
     /// reproducible image, e.g. the commit's ([`crate::agent::git_commit_time`]) or [`EPOCH`].
     pub created: String,
@@ -154,7 +157,7 @@ pub fn pack(rootfs: &Path, name: &str, config: &ImageConfig, work: &Path, archiv
     tool(Command::new("gzip").args(["-n", &level, "--force"]).arg(&layer), "gzip")?;
     let (layer_digest, layer_size) = add_file(&blobs, &work.join("layer.tar.gz"))?;
 
-    let image_config = json!({
+    let mut image_config = json!({
         "architecture": config.architecture.oci_name(),
         "os": "linux",
         "created": config.created,
@@ -169,6 +172,9 @@ pub fn pack(rootfs: &Path, name: &str, config: &ImageConfig, work: &Path, archiv
         "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{diff_id}")] },
         "history": [{ "created": config.created, "created_by": "lifecycle-image" }],
     });
+    if let Some(signal) = &config.stop_signal {
+        image_config["config"]["StopSignal"] = signal.clone().into();
+    }
     let (config_digest, config_size) = add_json(&blobs, &image_config)?;
     let manifest = json!({
         "schemaVersion": 2,
@@ -334,6 +340,7 @@ mod tests {
             env: vec!["PATH=/bin".into()],
             user: Some("0:0".into()),
             labels: BTreeMap::from([("org.opencontainers.image.version".into(), "1.2.3".into())]),
+            stop_signal: None,
             created: EPOCH.to_owned(),
             gzip_level: 6,
         }

@@ -50,8 +50,8 @@ enum Task {
     /// Build kube-apiserver and kubelet from Debian's source package into target/kubernetes/bin
     /// (once: later runs find them cached); the kubelet tier does this itself.
     Kubernetes,
-    /// Provide a current node's binaries (kubelet and kube-apiserver of KUBERNETES_MODERN_VERSION
-    /// built with Go, runc, containerd 2, etcd and the CNI plugins from Debian unstable) in
+    /// Provide a current node's binaries (kubelet and kube-apiserver of KUBERNETES_MODERN_VERSION,
+    /// runc 1.3 and containerd 2.4 built with Go; etcd and the CNI plugins from Debian unstable) in
     /// /var/cache/lifecycle/kubernetes-modern (once per machine: later runs find them cached).
     KubernetesModern,
     /// Provide helm (built with Go from xtask/helm/go.mod, cached per machine in

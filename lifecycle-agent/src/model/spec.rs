@@ -148,6 +148,9 @@ pub enum StopCause {
     NodeShutdown,
     /// A RestartAllContainers rule fired.
     RestartAllContainers,
+    /// An in-place resize of a resource whose `resizePolicy` is `RestartContainer`: restarted by
+    /// design, not a crash.
+    Resize,
     /// The pod ran past its `activeDeadlineSeconds` (status reason `DeadlineExceeded`).
     DeadlineExceeded,
     /// The runtime stopped it, and neither the Pod nor its Events say why (or the API is not
@@ -166,6 +169,7 @@ impl StopCause {
             StopCause::Preempted => "preempted",
             StopCause::NodeShutdown => "node_shutdown",
             StopCause::RestartAllContainers => "restart_all_containers",
+            StopCause::Resize => "resize",
             StopCause::DeadlineExceeded => "deadline_exceeded",
             StopCause::RuntimeOrUnknown => "runtime_or_unknown",
         }
@@ -181,7 +185,9 @@ pub struct KillNotice {
 }
 
 /// Reads the kubelet's `Killing` event message: "Container app failed liveness probe, will be
-/// restarted" (and the startup probe's). Other kills (deletion) say nothing about a cause.
+/// restarted" (and the startup probe's), "Container app resize requires restart"
+/// (`computePodResizeAction` in `kuberuntime_manager.go`). Other kills (deletion) say nothing
+/// about a cause.
 pub fn kill_cause_from_message(message: &str) -> Option<(String, StopCause)> {
     let rest = message.strip_prefix("Container ")?;
     let (container, tail) = rest.split_once(' ')?;
@@ -189,6 +195,8 @@ pub fn kill_cause_from_message(message: &str) -> Option<(String, StopCause)> {
         StopCause::LivenessProbe
     } else if tail.starts_with("failed startup probe") {
         StopCause::StartupProbe
+    } else if tail.starts_with("resize requires restart") {
+        StopCause::Resize
     } else {
         return None;
     };
@@ -291,6 +299,10 @@ mod tests {
         assert_eq!(
             kill_cause_from_message("Container db failed startup probe, will be restarted"),
             Some(("db".into(), StopCause::StartupProbe))
+        );
+        assert_eq!(
+            kill_cause_from_message("Container app resize requires restart"),
+            Some(("app".into(), StopCause::Resize))
         );
         assert_eq!(kill_cause_from_message("Stopping container app"), None);
         assert_eq!(kill_cause_from_message(""), None);

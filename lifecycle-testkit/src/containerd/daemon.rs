@@ -69,8 +69,8 @@ impl Containerd {
         }
     }
 
-    /// `ctr images import`, then waits until the CRI image service lists the image.
-    pub(super) fn import_image(&self, tarball: &Path) -> Result<()> {
+    /// `ctr images import`, then waits until the CRI image service lists the image `name`.
+    pub(super) fn import_image(&self, tarball: &Path, name: &str) -> Result<()> {
         let output = Command::new(self.ctr())
             .arg("--address")
             .arg(self.socket())
@@ -88,7 +88,7 @@ impl Containerd {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let request = cri::ImageStatusRequest {
-                image: Some(cri::ImageSpec { image: IMAGE.to_owned(), ..Default::default() }),
+                image: Some(cri::ImageSpec { image: name.to_owned(), ..Default::default() }),
                 verbose: false,
             };
             let status = self.block_on(images.image_status(request)).context("CRI ImageStatus")?;
@@ -96,7 +96,7 @@ impl Containerd {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("CRI does not list {IMAGE} after import");
+                bail!("CRI does not list {name} after import");
             }
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -17,6 +17,11 @@ use super::{BUSYBOX, IMAGE};
 
 /// Builds an OCI image-layout tarball of busybox-static with its applet links.
 pub(super) fn build_image(dir: &Path) -> Result<PathBuf> {
+    build_image_named(dir, IMAGE, None)
+}
+
+/// The same image under `name`, with the image config's `StopSignal` when given.
+pub(super) fn build_image_named(dir: &Path, name: &str, stop_signal: Option<&str>) -> Result<PathBuf> {
     let rootfs = dir.join("rootfs");
     busybox_rootfs(&rootfs)?;
     let config = ImageConfig {
@@ -27,11 +32,12 @@ pub(super) fn build_image(dir: &Path) -> Result<PathBuf> {
         env: vec!["PATH=/usr/sbin:/usr/bin:/sbin:/bin".to_owned()],
         user: None,
         labels: BTreeMap::new(),
+        stop_signal: stop_signal.map(str::to_owned),
         created: lifecycle_image::layout::EPOCH.to_owned(),
         gzip_level: 1,
     };
     let archive = dir.join("image.tar");
-    pack(&rootfs, IMAGE, &config, &dir.join("layout"), &archive).context("pack the busybox image")?;
+    pack(&rootfs, name, &config, &dir.join("layout"), &archive).context("pack the busybox image")?;
     Ok(archive)
 }
 

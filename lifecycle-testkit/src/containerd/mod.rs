@@ -59,7 +59,7 @@ use lifecycle_agent::discovery::cri::CriClient;
 
 use self::{
     host::{cgroup_hierarchies, which, HostShare},
-    image::build_image,
+    image::{build_image, build_image_named},
     run_dir::{shim_sockets, sweep_stale_runs, RunDir},
 };
 pub use self::{kubelet::KubeletAnnotations, pod::Pod};
@@ -234,7 +234,7 @@ impl Containerd {
         harness.timings.containerd_ready = began.elapsed();
 
         let began = Instant::now();
-        harness.import_image(&image)?;
+        harness.import_image(&image, IMAGE)?;
         harness.timings.image_import = began.elapsed();
         Ok(harness)
     }
@@ -252,6 +252,14 @@ impl Containerd {
     /// The `ctr` that speaks to this containerd (give it the absolute socket path).
     pub fn ctr(&self) -> PathBuf {
         self.flavour.binary("ctr")
+    }
+
+    /// Imports the busybox image again as `name`, with `StopSignal` in its image config (e.g.
+    /// `SIGUSR2`): for a container whose stop signal comes from its image, not its pod.
+    pub fn import_image_with_stop_signal(&self, name: &str, stop_signal: &str) -> Result<()> {
+        let dir = self.run.path.join(format!("image-{stop_signal}"));
+        let image = build_image_named(&dir, name, Some(stop_signal))?;
+        self.import_image(&image, name)
     }
 
     /// The run directory (config, logs, state).

@@ -154,6 +154,23 @@ impl Go {
         Ok(())
     }
 
+    /// containerd's `packages` (the daemon, its runc shim, `ctr`) without cgo, as upstream's
+    /// static releases are, with the version `containerd --version` prints, into `out`.
+    pub(super) fn build_containerd(&self, module: &Path, version: &str, packages: &[&str], out: &Path) -> Result<()> {
+        let began = Instant::now();
+        let mut build = self.command(module);
+        build
+            .env("CGO_ENABLED", "0")
+            .args(["build", "-trimpath"])
+            .arg(format!("-ldflags=-X github.com/containerd/containerd/v2/version.Version={version}"))
+            .arg("-o")
+            .arg(format!("{}/", out.display()))
+            .args(packages);
+        run(&mut build)?;
+        eprintln!("xtask: containerd {version} built in {:.0?}", began.elapsed());
+        Ok(())
+    }
+
     /// runc as its own Makefile builds it (cgo for nsenter, libseccomp), into `out`.
     pub(super) fn build_runc(&self, module: &Path, version: &str, out: &Path) -> Result<()> {
         let began = Instant::now();

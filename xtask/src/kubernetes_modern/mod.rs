@@ -13,7 +13,10 @@
 //! - runc is built the same way from `kubernetes-modern/runc/go.mod` (with cgo and seccomp, against
 //!   this machine's libseccomp): Debian unstable's runc 1.3 is linked against glibc 2.38, and this
 //!   Debian has 2.36 (`GLIBC_2.38' not found`).
-//! - containerd, etcd and the CNI plugins come from Debian unstable through a private apt
+//! - containerd (with its shim and `ctr`) is built from `kubernetes-modern/containerd/go.mod`,
+//!   without cgo: container stop signals (`lifecycle.stopSignal`) need containerd 2.3 or newer,
+//!   and Debian unstable has 2.1.
+//! - etcd and the CNI plugins come from Debian unstable through a private apt
 //!   configuration whose only entry is derived at run time from this machine's own Debian archive
 //!   (no archive host is written in the repository), downloaded with `apt-get download` and
 //!   unpacked with `dpkg -x` into a private prefix: the system's packages, apt lists and caches
@@ -58,17 +61,24 @@ const CACHE_ENV: &str = "LIFECYCLE_KUBERNETES_MODERN_CACHE";
 const KUBERNETES_PACKAGES: &[&str] = &["k8s.io/kubernetes/cmd/kubelet", "k8s.io/kubernetes/cmd/kube-apiserver"];
 /// The runc module in `kubernetes-modern/runc/go.mod` (its main package is the module root).
 const RUNC_MODULE: &str = "github.com/opencontainers/runc";
+/// The containerd module in `kubernetes-modern/containerd/go.mod`.
+const CONTAINERD_MODULE: &str = "github.com/containerd/containerd/v2";
+/// containerd's main packages, installed under their last element.
+const CONTAINERD_PACKAGES: &[&str] = &[
+    "github.com/containerd/containerd/v2/cmd/containerd",
+    "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+    "github.com/containerd/containerd/v2/cmd/ctr",
+];
+/// The oldest containerd whose CRI plugin applies a container's stop signal.
+const CONTAINERD_MINIMUM: (u64, u64) = (2, 3);
 /// The version variables Kubernetes' own build sets with -X, in both packages that carry them
 /// (component-base's is what `--version` and /version print; client-go's is the user agent).
 const VERSION_PACKAGES: &[&str] = &["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"];
-/// The Debian suite the runtime packages come from: the only one with containerd 2.x.
+/// The Debian suite etcd 3.5+ and the CNI plugins come from.
 const DEBIAN_SUITE: &str = "unstable";
 /// Debian packages unpacked into the prefix, with the binaries linked from `bin/`.
-const DEBIAN_PACKAGES: &[(&str, &[&str])] = &[
-    ("containerd", &["usr/bin/containerd", "usr/bin/containerd-shim-runc-v2", "usr/bin/ctr"]),
-    ("etcd-server", &["usr/bin/etcd", "usr/bin/etcdutl"]),
-    ("containernetworking-plugins", &[]),
-];
+const DEBIAN_PACKAGES: &[(&str, &[&str])] =
+    &[("etcd-server", &["usr/bin/etcd", "usr/bin/etcdutl"]), ("containernetworking-plugins", &[])];
 /// Where the CNI plugins are inside the prefix.
 const CNI_IN_PREFIX: &str = "usr/lib/cni";
 /// The machine's Debian entries (deb822), else the one-line list.
@@ -131,7 +141,7 @@ fn node() -> Node {
 
 /// The files whose content decides what is built; copies are kept beside the stamp, so an edited
 /// go.mod or go.sum rebuilds and an unchanged one is recognised without the network.
-const INPUTS: &[&str] = &["go.mod", "go.sum", "runc/go.mod", "runc/go.sum"];
+const INPUTS: &[&str] = &["go.mod", "go.sum", "runc/go.mod", "runc/go.sum", "containerd/go.mod", "containerd/go.sum"];
 
 /// Returns where the node's binaries are, providing them first unless the cache has them.
 pub fn ensure() -> Result<Node> {
@@ -153,6 +163,14 @@ pub fn ensure() -> Result<Node> {
     check_go_mod(&go_mod, VERSION)?;
     let runc_version = required_version(&read(&modules.join("runc/go.mod"))?, RUNC_MODULE)
         .context("kubernetes-modern/runc/go.mod requires no runc")?;
+    let containerd_version = required_version(&read(&modules.join("containerd/go.mod"))?, CONTAINERD_MODULE)
+        .context("kubernetes-modern/containerd/go.mod requires no containerd")?;
+    ensure!(
+        minor_version(&containerd_version).is_some_and(|v| v >= CONTAINERD_MINIMUM),
+        "kubernetes-modern/containerd/go.mod requires containerd {containerd_version}; stop signals need {}.{}+",
+        CONTAINERD_MINIMUM.0,
+        CONTAINERD_MINIMUM.1
+    );
     eprintln!("xtask: providing kubernetes-modern {VERSION} in {} (once per machine)", version_dir().display());
     // runc is built with cgo against this machine's libseccomp.
     packages::ensure(packages::KUBERNETES_MODERN_BUILD)?;
@@ -161,13 +179,6 @@ pub fn ensure() -> Result<Node> {
     let apt = PrivateApt::create(&dir.join("apt"))?;
     apt.update()?;
     let debs = apt.download(&DEBIAN_PACKAGES.iter().map(|(name, _)| *name).collect::<Vec<_>>(), &dir.join("debs"))?;
-    let containerd = debs.iter().find(|d| d.package == "containerd").context("containerd was not downloaded")?;
-    // The node's containerd configuration is version 3, which containerd 1.x does not read.
-    ensure!(
-        containerd.version.starts_with("2."),
-        "Debian {DEBIAN_SUITE} has containerd {}, not 2.x; the node needs containerd 2",
-        containerd.version
-    );
     unpack(&debs, &dir.join("prefix"))?;
 
     let go = Go::new(&dir.join("go"))?;
@@ -178,7 +189,9 @@ pub fn ensure() -> Result<Node> {
     fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
     go.build_kubernetes(&modules, &staging)?;
     go.build_runc(&modules.join("runc"), &runc_version, &staging)?;
-    install(&staging, &debs, &go.version, &runc_version)?;
+    go.build_containerd(&modules.join("containerd"), &containerd_version, CONTAINERD_PACKAGES, &staging)?;
+    let built = [("runc", runc_version.as_str()), ("containerd", containerd_version.as_str())];
+    install(&staging, &debs, &go.version, &built)?;
     let summary = cached().context("the binaries just installed do not pass the cache check")?;
     eprintln!(
         "xtask: kubernetes-modern {VERSION} ready in {:.0?}: {} ({summary})",
@@ -190,6 +203,12 @@ pub fn ensure() -> Result<Node> {
 
 fn read(path: &Path) -> Result<String> {
     fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// `(2, 4)` for `v2.4.2`.
+fn minor_version(version: &str) -> Option<(u64, u64)> {
+    let mut parts = version.strip_prefix('v')?.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
 /// The stamp's summary when `bin/` holds working binaries of the pin, built from the inputs the
@@ -208,7 +227,7 @@ fn cached() -> Option<String> {
         }
     }
     let mut binaries = vec!["runc"];
-    binaries.extend(KUBERNETES_PACKAGES.iter().filter_map(|p| p.rsplit('/').next()));
+    binaries.extend(KUBERNETES_PACKAGES.iter().chain(CONTAINERD_PACKAGES).filter_map(|p| p.rsplit('/').next()));
     binaries.extend(DEBIAN_PACKAGES.iter().flat_map(|(_, files)| files.iter().filter_map(|f| f.rsplit('/').next())));
     // A link into the prefix counts only when its target is there too.
     if !binaries.iter().all(|b| bin.join(b).is_file()) || !node().cni.join("bridge").is_file() {
@@ -225,7 +244,7 @@ fn cached() -> Option<String> {
 
 /// Completes `staging` (the Go-built binaries) with links into the prefix, the input copies and
 /// the stamp, and puts it in place of `bin/`.
-fn install(staging: &Path, debs: &[Deb], go_version: &str, runc_version: &str) -> Result<()> {
+fn install(staging: &Path, debs: &[Deb], go_version: &str, built: &[(&str, &str)]) -> Result<()> {
     for (_, files) in DEBIAN_PACKAGES {
         for file in *files {
             let name = file.rsplit('/').next().unwrap_or(file);
@@ -241,7 +260,10 @@ fn install(staging: &Path, debs: &[Deb], go_version: &str, runc_version: &str) -
         }
         fs::copy(modules_dir().join(input), &to).with_context(|| format!("copying {input}"))?;
     }
-    let mut stamp = format!("kubernetes={VERSION}\ngo={go_version}\nrunc={runc_version} (built)\n");
+    let mut stamp = format!("kubernetes={VERSION}\ngo={go_version}\n");
+    for (name, version) in built {
+        stamp.push_str(&format!("{name}={version} (built)\n"));
+    }
     for deb in debs {
         stamp.push_str(&format!("{}={} (Debian {DEBIAN_SUITE})\n", deb.package, deb.version));
     }
@@ -259,7 +281,7 @@ mod tests {
         apt::{inherited_apt_settings, suite_line, suite_stanza},
         check_go_mod,
         go::{staging_version, version_ldflags},
-        modules_dir, required_version, RUNC_MODULE, VERSION,
+        minor_version, modules_dir, required_version, CONTAINERD_MINIMUM, CONTAINERD_MODULE, RUNC_MODULE, VERSION,
     };
 
     #[test]
@@ -268,6 +290,11 @@ mod tests {
         assert!(check_go_mod(&go_mod, VERSION).is_ok(), "{:?}", check_go_mod(&go_mod, VERSION));
         let runc = std::fs::read_to_string(modules_dir().join("runc/go.mod")).unwrap_or_default();
         assert!(required_version(&runc, RUNC_MODULE).is_some_and(|v| v.starts_with("v1.3.")));
+        let containerd = std::fs::read_to_string(modules_dir().join("containerd/go.mod")).unwrap_or_default();
+        let containerd = required_version(&containerd, CONTAINERD_MODULE).unwrap_or_default();
+        assert!(minor_version(&containerd).is_some_and(|v| v >= CONTAINERD_MINIMUM), "{containerd}");
+        assert_eq!(minor_version("v2.2.9"), Some((2, 2)));
+        assert_eq!(minor_version("2.4"), None);
     }
 
     #[test]
