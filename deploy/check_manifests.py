@@ -11,7 +11,11 @@
   --listen 0.0.0.0:9890, --health-listen 0.0.0.0:9892 and the probes on it, --handoff-dir and a
   surge update strategy, no container ports, tolerations,
   priority class);
-- every alert has summary, description and runbook_url annotations and a severity label;
+- every alert has summary, description and runbook_url annotations and a severity label; its
+  runbook_url is extract_rules.RUNBOOK_BASE#<alert name in lower case>, an absolute https URL, and
+  docs/runbook.md has that section (its heading's anchor) saying what the alert means, how to
+  confirm it and what to do, and no section for an alert that does not exist; `$value` in an
+  annotation is always formatted (humanize, humanizeDuration, printf, ...), never printed raw;
 - deploy/alerts.rules.yaml equals the extraction of deploy/prometheusrule.yaml (extract_rules.py);
 - `promtool check rules deploy/alerts.rules.yaml` and `promtool test rules deploy/alerts.test.yaml`
   pass, and the tests make every alert fire at least once and stay silent at least once;
@@ -222,6 +226,12 @@ def daemonset_problems(doc: dict) -> list[str]:
     return problems
 
 
+RUNBOOK = ROOT / "docs" / "runbook.md"
+# The parts every runbook section has.
+RUNBOOK_PARTS = ("**What it means.**", "**Confirm.**", "**What to do.**")
+RAW_VALUE = re.compile(r"\{\{-?\s*\$value\s*-?\}\}")
+
+
 def rule_problems(groups: list[dict]) -> list[str]:
     problems = []
     for group in groups:
@@ -236,6 +246,41 @@ def rule_problems(groups: list[dict]) -> list[str]:
                 problems.append(f"{rule['alert']}: summary does not name the pod")
             if not rule.get("labels", {}).get("severity"):
                 problems.append(f"{rule['alert']}: no severity label")
+            want = f"{extract_rules.RUNBOOK_BASE}#{rule['alert'].lower()}"
+            if annotations.get("runbook_url") != want or not want.startswith("https://"):
+                problems.append(f"{rule['alert']}: runbook_url {annotations.get('runbook_url')!r}, want {want!r}")
+            raw = [name for name, text in annotations.items() if RAW_VALUE.search(str(text))]
+            if raw:
+                problems.append(f"{rule['alert']}: $value printed unformatted in {', '.join(raw)} (humanize, printf, ...)")
+    return problems
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def runbook_problems(alerts: list[str]) -> list[str]:
+    """docs/runbook.md: one `## <alert>` section per alert (its anchor the runbook_url's), each with
+    RUNBOOK_PARTS, and no section for an alert that does not exist."""
+    if not RUNBOOK.exists():
+        return [f"{RUNBOOK} is missing"]
+    sections: dict[str, str] = {}
+    for chunk in re.split(r"^## ", RUNBOOK.read_text(), flags=re.M)[1:]:
+        heading, _, body = chunk.partition("\n")
+        sections[github_anchor(heading)] = body
+    problems = []
+    for alert in alerts:
+        body = sections.get(alert.lower())
+        if body is None:
+            problems.append(f"no section #{alert.lower()} for {alert}")
+            continue
+        missing = [part for part in RUNBOOK_PARTS if part not in body]
+        if missing:
+            problems.append(f"#{alert.lower()} lacks {', '.join(missing)}")
+    stale = sorted(set(sections) - {a.lower() for a in alerts})
+    if stale:
+        problems.append(f"sections for no alert: {', '.join(stale)}")
     return problems
 
 
@@ -323,8 +368,11 @@ def main() -> int:
 
     rule = next((doc for _, _, doc in docs if doc.get("kind") == "PrometheusRule"), None)
     groups = (rule or {}).get("spec", {}).get("groups", [])
-    report.check("prometheusrule.yaml: alerts have severity, summary naming the pod, description, runbook_url",
+    report.check("prometheusrule.yaml: alerts have severity, summary naming the pod, description, runbook_url under "
+                 "RUNBOOK_BASE, $value formatted",
                  rule_problems(groups) if rule else ["no PrometheusRule found"], f"{len(alerts_in(groups))} alerts")
+    report.check("docs/runbook.md: a section per alert (what it means, confirm, what to do), none for other names",
+                 runbook_problems(alerts_in(groups)), extract_rules.RUNBOOK_BASE)
 
     rules_file = HERE / "alerts.rules.yaml"
     extracted = extract_rules.extract()

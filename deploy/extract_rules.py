@@ -7,7 +7,15 @@ and `promtool test rules` can check the very same groups. Never edit alerts.rule
     python3 deploy/extract_rules.py            # rewrite deploy/alerts.rules.yaml
     python3 deploy/extract_rules.py --stdout   # print what would be written
 
-Needs PyYAML (in deploy/requirements.txt).
+Every alert's runbook_url is RUNBOOK_BASE + "#" + the alert's name in lower case (its section of
+docs/runbook.md; check_manifests.py checks both). To link a copy of the runbook elsewhere (a fork, a
+wiki), print the rules with another base instead of editing them:
+
+    python3 deploy/extract_rules.py --runbook-base https://wiki.example/lifecycle-runbook --stdout            # rule file
+    python3 deploy/extract_rules.py --runbook-base https://wiki.example/lifecycle-runbook --prometheusrule     # PrometheusRule
+
+(the Helm chart's value prometheusRule.runbookBaseUrl does the same). Needs PyYAML (in
+deploy/requirements.txt).
 """
 
 from __future__ import annotations
@@ -17,6 +25,9 @@ import sys
 from pathlib import Path
 
 import yaml
+
+# Where every alert's runbook_url points: docs/runbook.md of the repository, one section per alert.
+RUNBOOK_BASE = "https://github.com/lifecycle-agent/lifecycle/blob/main/docs/runbook.md"
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "prometheusrule.yaml"
@@ -40,15 +51,31 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def extract(source: Path = SOURCE) -> str:
-    """The rule file text for the PrometheusRule in `source`."""
+def prometheus_rule(source: Path = SOURCE) -> dict:
+    """The PrometheusRule in `source`."""
     documents = [d for d in yaml.safe_load_all(source.read_text()) if d]
     rules = [d for d in documents if d.get("kind") == "PrometheusRule"]
     if len(rules) != 1:
         raise SystemExit(f"{source}: expected exactly one PrometheusRule, found {len(rules)}")
-    groups = rules[0].get("spec", {}).get("groups")
-    if not groups:
+    if not rules[0].get("spec", {}).get("groups"):
         raise SystemExit(f"{source}: the PrometheusRule has no spec.groups")
+    return rules[0]
+
+
+def rebase_runbooks(groups: list[dict], base: str) -> None:
+    """Points every runbook_url at the same section (`#anchor`) under `base`."""
+    for group in groups:
+        for rule in group.get("rules", []):
+            annotations = rule.get("annotations") or {}
+            if "runbook_url" in annotations:
+                annotations["runbook_url"] = base.rstrip("#") + "#" + annotations["runbook_url"].rsplit("#", 1)[-1]
+
+
+def extract(source: Path = SOURCE, runbook_base: str | None = None) -> str:
+    """The rule file text for the PrometheusRule in `source` (runbooks under `runbook_base` if given)."""
+    groups = prometheus_rule(source)["spec"]["groups"]
+    if runbook_base:
+        rebase_runbooks(groups, runbook_base)
     body = yaml.dump({"groups": groups}, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
     return HEADER + body
 
@@ -56,9 +83,19 @@ def extract(source: Path = SOURCE) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stdout", action="store_true", help="print instead of writing the file")
+    parser.add_argument("--runbook-base", metavar="URL",
+                        help=f"link the runbook sections under URL instead of {RUNBOOK_BASE} (implies printing)")
+    parser.add_argument("--prometheusrule", action="store_true",
+                        help="print the PrometheusRule manifest (with --runbook-base) instead of the rule file")
     args = parser.parse_args()
-    text = extract()
-    if args.stdout:
+    if args.prometheusrule:
+        rule = prometheus_rule()
+        if args.runbook_base:
+            rebase_runbooks(rule["spec"]["groups"], args.runbook_base)
+        sys.stdout.write(yaml.dump(rule, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True))
+        return 0
+    text = extract(runbook_base=args.runbook_base)
+    if args.stdout or args.runbook_base:
         sys.stdout.write(text)
     else:
         TARGET.write_text(text)
