@@ -10,7 +10,9 @@
   (app.kubernetes.io/instance, managed-by, version, helm.sh/chart);
 - with the toggles on, the PodMonitor and PrometheusRule equal deploy/podmonitor.yaml and
   deploy/prometheusrule.yaml the same way, and each dashboards/*.json is a ConfigMap with the
-  Grafana sidecar's label holding that file byte for byte;
+  Grafana sidecar's label holding that file byte for byte; values.yaml's
+  prometheusRule.runbookBaseUrl is extract_rules.RUNBOOK_BASE, and another base moves every
+  runbook_url under it (same sections) and changes nothing else;
 - each CRI socket preset passes its socket with --cri-socket and mounts its directory read-only;
   `privileged: true` renders a privileged container; wrong values fail to render;
 - every rendered object validates as check_manifests.py validates deploy/ (kubernetes-validate
@@ -36,6 +38,7 @@ ROOT = HERE.parent
 CHART = HERE / "helm" / "lifecycle-agent"
 sys.path.insert(0, str(HERE))
 import check_manifests  # noqa: E402  (sibling module)
+import extract_rules  # noqa: E402  (sibling module)
 
 RELEASE = "lifecycle-agent"
 NAMESPACE = "lifecycle-system"
@@ -211,6 +214,21 @@ def main() -> int:
         for name, kind in (("podmonitor.yaml", "PodMonitor"), ("prometheusrule.yaml", "PrometheusRule")):
             rendered = [d for d in toggled if d.get("kind") == kind]
             report.check(f"{kind} (toggle on) equals deploy/{name}", compare(file_objects(name), rendered))
+        values = yaml.safe_load((CHART / "values.yaml").read_text())
+        base = ((values.get("prometheusRule") or {}).get("runbookBaseUrl"))
+        report.check("values.yaml prometheusRule.runbookBaseUrl is extract_rules.RUNBOOK_BASE",
+                     [] if base == extract_rules.RUNBOOK_BASE else [f"{base!r}, extract_rules.py {extract_rules.RUNBOOK_BASE!r}"])
+        elsewhere = "https://runbooks.example.org/lifecycle.md"
+        moved, failure = render(helm, "prometheusRule.enabled=true", f"prometheusRule.runbookBaseUrl={elsewhere}")
+        want = file_objects("prometheusrule.yaml")
+        for doc in want:
+            extract_rules.rebase_runbooks(doc["spec"]["groups"], elsewhere)
+        urls = [r["annotations"]["runbook_url"] for d in want for g in d["spec"]["groups"] for r in g["rules"] if "alert" in r]
+        problems = [failure] if failure else compare(want, [d for d in moved if d.get("kind") == "PrometheusRule"])
+        if not failure and not all(u.startswith(elsewhere + "#") for u in urls):
+            problems.append(f"runbook_url not under {elsewhere}: {urls}")
+        report.check("prometheusRule.runbookBaseUrl moves every runbook_url under another base, keeping its section", problems,
+                     f"{len(urls)} alerts")
         maps = {d["metadata"]["name"]: d for d in toggled if d.get("kind") == "ConfigMap"}
         problems = []
         files = sorted((ROOT / "dashboards").glob("*.json"))
