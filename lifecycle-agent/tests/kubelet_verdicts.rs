@@ -343,9 +343,37 @@ fn an_api_server_outage_is_named_in_the_verdicts_made_during_it_and_loses_nothin
         c["restart_count"] == 1 && running(c)
     });
 
+    // An agent (re)started while the API server is down keeps the API: it retries, not gives up
+    // for its whole life.
+    let kubeconfig = kube.kubeconfig().to_string_lossy().into_owned();
+    let late = Agent::start_with_socket(
+        AGENT,
+        kube.containerd_socket(),
+        &["--kubeconfig", &kubeconfig, "--node-name", kube.node_name()],
+    );
+    assert!(late.metrics().contains("lifecycle_feature_enabled{feature=\"kubernetes_api\"} 1"), "configured");
+    wait_metric(&late, "lifecycle_kubernetes_api_watch_errors_total", "the late agent retries", |n| n >= 1.0);
+    assert_eq!(metric(&late.metrics(), "lifecycle_kubernetes_api_up"), 0.0, "not up while the API server is down");
+
     let took = kube.start_apiserver().expect("the API server comes back");
     eprintln!("API server back in {took:.1?}");
     wait_metric(&agent, "lifecycle_kubernetes_api_up", "the watch resumes", |up| up == 1.0);
+    wait_metric(&late, "lifecycle_kubernetes_api_up", "the late agent's first list", |up| up == 1.0);
+    let late_pods = || -> Vec<Value> {
+        let body = lifecycle_testkit::agent::get(&late.addr, "/api/v1/containers").map(|(_, body)| body);
+        let view: Value = body.and_then(|b| serde_json::from_str(&b).ok()).unwrap_or_default();
+        view["pods"].as_array().cloned().unwrap_or_default()
+    };
+    let began = Instant::now();
+    while !late_pods().iter().any(|p| p["pod"] == "victim" && p["api_phase"] == "Running") {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "the late agent has the pod from the API: {:?}",
+            late_pods()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(late);
     kill_init(&restarted);
     let after = wait_agent(&agent, "victim", "judged after the outage", Duration::from_secs(30), |c| {
         c["restart_count"] == 1 && judged(c) && c["last_termination"]["spec"] == "api"

@@ -1,7 +1,7 @@
 //! The Kubernetes API feeding the tracker: pod changes (spec, deletion, reported status) and the
-//! kubelet's probe-kill notices. Without credentials or without an answer at start the agent
-//! goes on exactly as without the API (one warning line); a watch that fails later resumes with
-//! back-off while the tracker marks verdicts made meanwhile as lacking the spec.
+//! kubelet's probe-kill notices. Without credentials the agent goes on exactly as without the
+//! API (one line); an API that does not answer, at start or later, is retried with back-off
+//! while the tracker marks verdicts made meanwhile as lacking the spec.
 
 use std::{
     collections::HashSet,
@@ -24,26 +24,35 @@ use crate::{
     ErrorChain,
 };
 
-/// Connects when credentials exist; None (after one clear line) when the agent runs without it.
+/// A source when credentials exist; None (after one clear line) when the agent runs without it
+/// or they cannot be read. An API that does not answer at start is no reason to go without it
+/// for the agent's life: the watches retry with back-off, and verdicts are marked
+/// `api_unreachable` (and `lifecycle_kubernetes_api_up` is 0) until the first list arrives.
 pub(super) async fn connect(kubeconfig: Option<PathBuf>, node_name: Option<String>) -> Option<KubeSource> {
     let node = KubeSource::node_name(node_name);
-    match KubeSource::connect(kubeconfig, node.clone()).await {
-        Ok(source) => {
-            log::info!("pod specs and status from the Kubernetes API (pods of node {node})");
-            Some(source)
-        }
+    let source = match KubeSource::configure(kubeconfig, node.clone()).await {
+        Ok(source) => source,
         Err(KubeError::NotConfigured) => {
             log::info!("no Kubernetes API configured: verdicts use the runtime's labels (CRI) and cgroups");
-            None
+            return None;
         }
         Err(err) => {
             log::warn!(
                 "the Kubernetes API is not usable ({}): verdicts use the runtime's labels (CRI) and cgroups",
                 ErrorChain(&err)
             );
-            None
+            return None;
         }
+    };
+    match source.check().await {
+        Ok(()) => log::info!("pod specs and status from the Kubernetes API (pods of node {node})"),
+        Err(err) => log::warn!(
+            "the Kubernetes API does not answer yet ({}); retrying in the background, verdicts meanwhile are \
+             marked api_unreachable",
+            ErrorChain(&err)
+        ),
     }
+    Some(source)
 }
 
 /// `lifecycle_kubernetes_api_up` and `lifecycle_kubernetes_api_watch_errors_total`.

@@ -83,6 +83,14 @@ impl KubeSource {
     /// Connects with in-cluster credentials, else the kubeconfig given or in `KUBECONFIG`, and
     /// proves the API answers by listing one pod of `node`.
     pub async fn connect(kubeconfig: Option<PathBuf>, node: String) -> Result<Self, KubeError> {
+        let source = Self::configure(kubeconfig, node).await?;
+        source.check().await?;
+        Ok(source)
+    }
+
+    /// A client from in-cluster credentials, else the kubeconfig given or in `KUBECONFIG`,
+    /// without asking the API anything: the watches retry with back-off until it answers.
+    pub async fn configure(kubeconfig: Option<PathBuf>, node: String) -> Result<Self, KubeError> {
         let kubeconfig = kubeconfig.or_else(|| std::env::var_os("KUBECONFIG").map(PathBuf::from));
         let config = match (Config::incluster(), kubeconfig) {
             (Ok(config), _) => config,
@@ -96,13 +104,16 @@ impl KubeSource {
             (Err(_), None) => return Err(KubeError::NotConfigured),
         };
         let client = Client::try_from(config).map_err(KubeError::Client)?;
-        let source = Self { client, node };
-        let pods: Api<Pod> = Api::all(source.client.clone());
-        let params = ListParams::default().fields(&source.node_selector()).limit(1);
-        let probe = pods.list(&params);
-        match tokio::time::timeout(CONNECT_TIMEOUT, probe).await {
-            Ok(Ok(_)) => Ok(source),
-            Ok(Err(source_err)) => Err(KubeError::Unreachable { node: source.node, source: source_err }),
+        Ok(Self { client, node })
+    }
+
+    /// Lists one pod of the node, within [`CONNECT_TIMEOUT`]: whether the API answers now.
+    pub async fn check(&self) -> Result<(), KubeError> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let params = ListParams::default().fields(&self.node_selector()).limit(1);
+        match tokio::time::timeout(CONNECT_TIMEOUT, pods.list(&params)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(source)) => Err(KubeError::Unreachable { node: self.node.clone(), source }),
             Err(_) => Err(KubeError::Timeout(CONNECT_TIMEOUT)),
         }
     }
