@@ -59,7 +59,8 @@ pub enum PluginError {
     #[error(
         "your kubeconfig has no bearer token to pass to the agent (a client certificate cannot be \
          passed through the API server's proxy): give one with --token or --token-file (for example \
-         `kubectl create token <service-account> --audience lifecycle-agent`)"
+         `kubectl create token <service-account>`; add `--audience lifecycle-agent` only when the \
+         agents run with `--api-auth-audience lifecycle-agent`)"
     )]
     NoToken,
     #[error("pod {namespace}/{pod} is not scheduled on a node yet")]

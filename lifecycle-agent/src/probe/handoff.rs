@@ -9,7 +9,7 @@
 //! connection to one of them), until the old one exits; connections that arrived while neither
 //! accepted wait in the socket's backlog, as they would for any busy server. The new agent
 //! serves an adopted socket as soon as it knows the pod again, and binds no new one for it.
-//! The DaemonSet's update strategy (`maxSurge: 1`, `maxUnavailable: 0`) starts the new pod
+//! The DaemonSet's update strategy (`maxSurge: 10%`, `maxUnavailable: 0`) starts the new pod
 //! before the old one stops, and its readiness (`/readyz`) waits for the adopted sockets.
 //!
 //! A listening socket is only ever received from a root process over the root-only socket, and

@@ -236,12 +236,12 @@ pub mod cap {
     pub const BPF: u32 = 39;
 }
 
-/// What deploy/daemonset.yaml grants, and why each one. NET_ADMIN is not among them (SYS_ADMIN
-/// covers the sock_ops attachment); SYS_RESOURCE only matters below 5.11 (the memlock check).
+/// What deploy/daemonset.yaml grants, and why each one. NET_ADMIN is not among them (no program
+/// attaches to a cgroup or a socket); SYS_RESOURCE only matters below 5.11 (the memlock check).
 pub const REQUIRED_CAPABILITIES: [(u32, &str, &str); 4] = [
     (cap::BPF, "CAP_BPF", "load programs, create maps"),
     (cap::PERFMON, "CAP_PERFMON", "attach tracepoints"),
-    (cap::SYS_ADMIN, "CAP_SYS_ADMIN", "setns into pods, sock_ops, mount tracefs"),
+    (cap::SYS_ADMIN, "CAP_SYS_ADMIN", "setns into pods, mount tracefs"),
     (cap::SYS_PTRACE, "CAP_SYS_PTRACE", "read other users' /proc/<pid>/root and ns"),
 ];
 
