@@ -603,7 +603,7 @@ def termination() -> dict:
                    targets((f"sum by (outcome) ({inc('lifecycle_terminations_total', S, RATE)})", "{{outcome}}")),
                    bars=True, stack=True),
         timeseries("Terminations by cause", "Why containers were stopped (deleted, liveness_probe, startup_probe, evicted, preempted, "
-                   "node_shutdown, restart_all_containers, deadline_exceeded; runtime_or_unknown when the agent could not tell, "
+                   "node_shutdown, restart_all_containers, resize, deadline_exceeded; runtime_or_unknown when the agent could not tell, "
                    "always without the Kubernetes API; none when nothing stopped it: it ended on its own), and how each stop ended.",
                    targets((f'sum by (cause, outcome) (label_replace({inc("lifecycle_terminations_total", S, RATE)}, "cause", "none", "cause", ""))',
                             "{{cause}}: {{outcome}}")),
