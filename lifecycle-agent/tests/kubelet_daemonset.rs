@@ -1,5 +1,6 @@
 //! Kubelet tier, the DaemonSet for real: the pod template of deploy/daemonset.yaml runs as a Pod
-//! on a real node (etcd, kube-apiserver and kubelet v1.20.2, containerd + runc), from a local
+//! on a real node (etcd, kube-apiserver and kubelet v1.20.2, containerd + runc; and on the modern
+//! tier's 1.37 node with containerd 2.4), from a local
 //! image of this build's agent, with the template's hostPID, hostNetwork, capabilities, seccomp
 //! and AppArmor settings, volumes and mounts; the agent inside it must see the node's other pods
 //! and judge their stops as the agent beside the node does (kubelet_verdicts.rs).
@@ -19,7 +20,7 @@ use std::{
 
 use lifecycle_testkit::{
     agent::{free_port, get, get_with_token},
-    kube::{self, Kube},
+    kube::{self, Kube, NodeVersion},
 };
 use serde_json::{json, Value};
 
@@ -427,15 +428,25 @@ fn api_access_is_decided_by_the_api_server(kube: &Kube, objects: &[Value], addr:
 
 #[test]
 fn the_daemonset_pod_template_runs_the_agent_on_the_node() {
-    let test = "the_daemonset_pod_template_runs_the_agent_on_the_node";
-    if let Some(reason) = kube::skip_reason() {
+    daemonset_runs_on("the_daemonset_pod_template_runs_the_agent_on_the_node", NodeVersion::V1_20);
+}
+
+/// Issue 19: the same on the current node (kubelet 1.37, containerd 2.4). Run by the modern tier
+/// (`xtask/x.sh test --tier modern`), skipped where its binaries are not provided.
+#[test]
+fn the_daemonset_pod_template_runs_the_agent_on_a_1_37_node() {
+    daemonset_runs_on("the_daemonset_pod_template_runs_the_agent_on_a_1_37_node", NodeVersion::V1_37);
+}
+
+fn daemonset_runs_on(test: &str, version: NodeVersion) {
+    if let Some(reason) = kube::skip_reason_for(version) {
         eprintln!("SKIP {test}: {reason}");
         return;
     }
     kube::sweep_stale();
     let began = Instant::now();
-    let Some(kube) = kube::start_or_skip(test) else { return };
-    eprintln!("node Ready in {:.1?}", began.elapsed());
+    let Some(kube) = kube::start_or_skip_version(test, version) else { return };
+    eprintln!("{version:?} node Ready in {:.1?}", began.elapsed());
 
     let began = Instant::now();
     let image = kube.import_agent_image(Path::new(AGENT)).expect("agent image");

@@ -141,7 +141,8 @@ fn kubelet() -> Result<()> {
             // --nocapture: the tests print what the node's starts and the pods' steps took.
             .args(["test", "-p", "lifecycle-agent", "--test", "kubelet", "--test", "kubelet_verdicts"])
             .args(["--test", "kubelet_daemonset", "--test", "kubelet_helm"])
-            .args(["--", "--test-threads=1", "--nocapture"])
+            // The DaemonSet on the 1.37 node is the modern tier's.
+            .args(["--", "--test-threads=1", "--nocapture", "--skip", MODERN_DAEMONSET_TEST])
             .env(kubernetes::BIN_ENV, bin)
             .env(HELM_ENV, helm),
     )
@@ -162,8 +163,18 @@ fn modern() -> Result<()> {
             .args(["--", "--test-threads=1", "--nocapture"])
             .env(kubernetes::MODERN_BIN_ENV, &node.bin)
             .env(kubernetes::MODERN_CNI_ENV, &node.cni),
+    )?;
+    shell::run(
+        cargo()
+            .args(["test", "-p", "lifecycle-agent", "--test", "kubelet_daemonset"])
+            .args(["--", "--test-threads=1", "--nocapture", "--exact", MODERN_DAEMONSET_TEST])
+            .env(kubernetes::MODERN_BIN_ENV, &node.bin)
+            .env(kubernetes::MODERN_CNI_ENV, &node.cni),
     )
 }
+
+/// The DaemonSet test on the 1.37 node (`lifecycle-agent/tests/kubelet_daemonset.rs`).
+const MODERN_DAEMONSET_TEST: &str = "the_daemonset_pod_template_runs_the_agent_on_a_1_37_node";
 
 /// `binary`'s path on PATH, if any.
 fn which(binary: &str) -> Option<PathBuf> {
