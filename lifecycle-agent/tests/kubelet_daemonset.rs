@@ -476,7 +476,8 @@ fn daemonset_runs_on(test: &str, version: NodeVersion) {
     // The pod's own agent, reached on the host: hostNetwork.
     let (code, metrics) = get(&addr, "/metrics").expect("metrics answer");
     assert_eq!(code, 200);
-    for feature in ["process_exit", "kubernetes_api"] {
+    // oom_log: the template's SYSLOG capability lets it read the kernel log (dmesg_restrict).
+    for feature in ["process_exit", "kubernetes_api", "oom_log"] {
         let line = format!("lifecycle_feature_enabled{{feature=\"{feature}\"}} 1");
         assert!(metrics.contains(&line), "{line} in the pod's metrics:\n{metrics}");
     }

@@ -676,6 +676,59 @@ fn a_resize_that_restarts_the_container_is_named_resize() {
     stop_and_check_machine(kube, agent);
 }
 
+/// Issues 19 and 20: which memory limit an OOM kill answered. `podlimit` has only a pod-level
+/// memory limit (PodLevelResources, beta and on in 1.37); `ctrlimit` a container limit under its
+/// pod's. PID 1 of each grows until the OOM killer takes it. The agent says the pod's limit
+/// fired for the first and the container's for the second, as the kernel's own `oom-kill:` line
+/// says (read here with `dmesg`), and `explain` says it in words.
+#[test]
+fn an_oom_kill_says_whether_the_pods_or_the_containers_limit_fired() {
+    let Some((kube, agent)) = start("an_oom_kill_says_whether_the_pods_or_the_containers_limit_fired") else {
+        return;
+    };
+    assert!(agent.metrics().contains("lifecycle_feature_enabled{feature=\"oom_log\"} 1"), "the kernel log is read");
+    let grow = "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done";
+    apply(&kube, "podlimit", grow, |p| {
+        p["spec"]["restartPolicy"] = "Never".into();
+        p["spec"]["resources"] = serde_json::json!({"limits": {"memory": "48Mi"}});
+    });
+    apply(&kube, "ctrlimit", grow, |p| {
+        p["spec"]["restartPolicy"] = "Never".into();
+        p["spec"]["resources"] = serde_json::json!({"limits": {"memory": "96Mi"}});
+        p["spec"]["containers"][0]["resources"] = serde_json::json!({"limits": {"memory": "32Mi"}});
+    });
+    for (pod, scope, words) in [
+        ("podlimit", "pod", "OOM-killed at the pod's memory limit, not the container's"),
+        ("ctrlimit", "container", "OOM-killed at the container's memory limit"),
+    ] {
+        let c = agent.wait_named(pod, "app", "OOM-killed, with the limit", Duration::from_secs(60), |c| {
+            c["state"]["state"] == "terminated" && !c["last_termination"]["oom_limit"].is_null()
+        });
+        let report = &c["last_termination"];
+        eprintln!("{pod}: {} {}", report["oom_victim"], report["oom_limit"]);
+        assert_eq!(report["oom_victim"], "init", "{c:#}");
+        assert_eq!(report["oom_limit"]["scope"], scope, "{c:#}");
+        let memcg = report["oom_limit"]["memcg"].as_str().expect("memcg");
+        let pid = report["oom_limit"]["victim_pid"].as_u64().expect("victim pid");
+        let dmesg = std::process::Command::new("dmesg").output().expect("dmesg");
+        let log = String::from_utf8_lossy(&dmesg.stdout);
+        let line = log.lines().rev().find(|l| l.contains("oom-kill:") && l.contains(&format!(",pid={pid},")));
+        let line = line.unwrap_or_else(|| panic!("the kernel logged the kill of pid {pid}"));
+        assert!(line.contains(&format!(",oom_memcg={memcg},")), "the kernel's line agrees: {line}");
+        let explained = std::process::Command::new(AGENT)
+            .args(["explain", &format!("default/{pod}"), "--server", &agent.addr, "-o", "json"])
+            .output()
+            .expect("run explain");
+        assert!(explained.status.success(), "{explained:?}");
+        let stories: Value = serde_json::from_slice(&explained.stdout).expect("JSON");
+        let verdict = stories[0]["verdict"].as_str().unwrap_or_default();
+        assert!(verdict.starts_with(words), "{stories:#}");
+        let timeline = stories[0]["timeline"].to_string();
+        assert!(timeline.contains(memcg), "the timeline names the cgroup: {stories:#}");
+    }
+    stop_and_check_machine(kube, agent);
+}
+
 #[test]
 fn restart_rules_restart_a_never_pods_container_on_exit_42_and_not_on_1() {
     let Some((kube, agent)) = start("restart_rules_restart_a_never_pods_container_on_exit_42_and_not_on_1") else {

@@ -170,9 +170,33 @@ fn oom_kills_are_attributed_by_the_kernel() {
     // A child grows and is killed; PID 1 goes on.
     apply(&kube, "childoom", &format!("(x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done); {TRAP_EXIT}"), limit);
 
-    let pid1 = wait_agent(&agent, "pid1oom", "ended", Duration::from_secs(60), |c| c["state"]["state"] == "terminated");
+    let pid1 = wait_agent(&agent, "pid1oom", "ended, with the limit that fired", Duration::from_secs(60), |c| {
+        c["state"]["state"] == "terminated" && !c["last_termination"]["oom_limit"].is_null()
+    });
     assert_eq!(pid1["state"]["reason"], "OOMKilled", "{pid1:#}");
     assert_eq!(pid1["last_termination"]["oom_victim"], "init");
+    // Which limit fired is the kernel's to say: the agent repeats its `oom-kill:` line. On this
+    // node the pod's cgroup has the same 32Mi as the container and the sandbox's memory too.
+    let limit = &pid1["last_termination"]["oom_limit"];
+    eprintln!("pid1oom: {limit}");
+    let (memcg, pid) = (limit["memcg"].as_str().expect("memcg"), limit["victim_pid"].as_u64().expect("pid"));
+    let dmesg = std::process::Command::new("dmesg").output().expect("dmesg");
+    let log = String::from_utf8_lossy(&dmesg.stdout);
+    let line = log.lines().rev().find(|l| l.contains("oom-kill:") && l.contains(&format!(",pid={pid},")));
+    let line = line.unwrap_or_else(|| panic!("the kernel logged the kill of pid {pid}"));
+    assert!(line.contains(&format!(",oom_memcg={memcg},")), "the kernel's line agrees: {line}");
+    let expected_scope = if line.contains(&format!("task_memcg={memcg},")) { "container" } else { "pod" };
+    assert_eq!(limit["scope"], expected_scope, "{line}");
+    let explained = std::process::Command::new(AGENT)
+        .args(["explain", "default/pid1oom", "--server", &agent.addr])
+        .output()
+        .expect("run explain");
+    let text = String::from_utf8_lossy(&explained.stdout);
+    eprintln!("{text}");
+    assert!(
+        text.contains(&format!("OOM-killed at the {expected_scope}'s memory limit")) && text.contains(memcg),
+        "{text}"
+    );
     // Whatever the runtime made of it, the API's report is compared with the kernel's.
     let api = kube
         .wait_pod("default", "pid1oom", "terminated in the API", Duration::from_secs(30), |pod| {

@@ -162,6 +162,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let mut features: Vec<FeatureFlag> =
         sensor.features().iter().map(|f| FeatureFlag { name: f.feature.name(), enabled: f.enabled }).collect();
     features.push(FeatureFlag { name: "kubernetes_api", enabled: kube.is_some() });
+    features.push(FeatureFlag { name: "oom_log", enabled: tasks::spawn_oom_log(tracker.clone()) });
     let mut metrics = Metrics::new(
         maps.clone(),
         &features,

@@ -94,6 +94,33 @@ pub(super) async fn expiry_loop(
     }
 }
 
+/// Reads the kernel log for OOM kills on a thread of its own (a read blocks until the kernel
+/// logs) and gives each to the tracker, which joins it with its victim. False, after one line,
+/// when the log cannot be read (CAP_SYSLOG with `kernel.dmesg_restrict`): which memory limit
+/// fired is then unknown.
+pub(super) fn spawn_oom_log(tracker: Arc<Mutex<NodeTracker>>) -> bool {
+    let mut kernel_log = match crate::discovery::kmsg::KernelLog::open() {
+        Ok(log) => log,
+        Err(err) => {
+            log::info!("the kernel log is not readable ({err}; CAP_SYSLOG): OOM kills are reported without the limit that fired");
+            return false;
+        }
+    };
+    let spawned = std::thread::Builder::new().name("kernel-log".into()).spawn(move || loop {
+        match kernel_log.next_oom_kill() {
+            Ok(Some(kill)) => {
+                tracker.lock().unwrap_or_else(|poison| poison.into_inner()).apply_oom_log(kill, boottime_ns())
+            }
+            Ok(None) => {}
+            Err(err) => {
+                log::warn!("the kernel log stopped ({err}): OOM kills from now on are reported without their limit");
+                return;
+            }
+        }
+    });
+    spawned.is_ok()
+}
+
 /// After the ring lost records, the state they would have changed is repaired from the node
 /// itself: every second the kernel's loss counters are read; when they grew, tracked processes
 /// are checked against /proc and tracked cgroups against cgroupfs. What looks gone is repaired

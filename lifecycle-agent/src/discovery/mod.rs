@@ -8,10 +8,12 @@
 //! - [`sockdiag`]: listeners and backlogs of a network namespace over NETLINK_SOCK_DIAG.
 //! - [`netns`]: running a piece of work inside another network namespace.
 //! - [`clock`]: the boot-time clock the kernel stamps events with.
+//! - [`kmsg`]: the kernel log's account of OOM kills (which memory limit fired).
 
 pub mod cgroupfs;
 pub mod clock;
 pub mod cri;
+pub mod kmsg;
 pub mod kube;
 pub mod netns;
 pub mod proc;

@@ -240,6 +240,9 @@ pub fn story(c: &Value) -> ContainerStory {
             _ => "",
         };
         lines.push(Line { offset_ms: at(time), source: "kernel", text: format!("PID 1 {how}{oom}") });
+        if let Some(limit) = oom_limit(&report["oom_limit"]) {
+            lines.push(Line { offset_ms: None, source: "kernel", text: limit });
+        }
     }
     let state = &c["state"];
     if let Some(reason) = state["reason"].as_str() {
@@ -280,13 +283,38 @@ pub fn story(c: &Value) -> ContainerStory {
         });
     }
 
-    story.verdict = verdict(outcome, &stop_signal, grace, due, &running, &missed);
+    story.verdict =
+        verdict(outcome, &stop_signal, grace, due, &running, &missed, report["oom_limit"]["scope"].as_str());
     story.timeline = lines;
     story
 }
 
+/// Which limit the OOM killer answered, in words, from the report's `oom_limit`.
+fn oom_limit(limit: &Value) -> Option<String> {
+    let scope = limit["scope"].as_str()?;
+    let memcg = text(&limit["memcg"]);
+    let victim = format!("`{}` (pid {})", text(&limit["victim_comm"]), limit["victim_pid"]);
+    Some(match scope {
+        "container" => format!("the container's memory limit fired ({memcg}); victim {victim}"),
+        "pod" => format!(
+            "the pod's memory limit fired ({memcg}), not the container's: the pod's containers (and its sandbox) \
+             together reached it; victim {victim}"
+        ),
+        "node" => format!("no cgroup limit: the node ran out of memory; victim {victim}"),
+        _ => format!("a limit above the pod fired ({memcg}: the QoS class or the node's allocatable); victim {victim}"),
+    })
+}
+
 /// The one line at the top.
-fn verdict(outcome: &Value, stop_signal: &str, grace: u64, due: u64, running: &[&Value], missed: &[&Value]) -> String {
+fn verdict(
+    outcome: &Value,
+    stop_signal: &str,
+    grace: u64,
+    due: u64,
+    running: &[&Value],
+    missed: &[&Value],
+    oom_scope: Option<&str>,
+) -> String {
     let stop_to_kill = outcome["stop_to_kill_ns"].as_u64().unwrap_or_default();
     let shell = match (running.iter().find(|p| p["init"] == true), missed.first()) {
         (Some(init), Some(child)) if init["got_stop_signal"] == true => {
@@ -318,7 +346,18 @@ fn verdict(outcome: &Value, stop_signal: &str, grace: u64, due: u64, running: &[
         Some("stop_signal_not_observed") => {
             format!("SIGKILLed by {}; a stop signal may have come before the agent watched", sender(&outcome["sender"]))
         }
-        Some("oom_killed") => "OOM-killed: the kernel's OOM killer chose PID 1".to_owned(),
+        Some("oom_killed") => match oom_scope {
+            Some("container") => {
+                "OOM-killed at the container's memory limit: the kernel's OOM killer chose PID 1".to_owned()
+            }
+            Some("pod") => {
+                "OOM-killed at the pod's memory limit, not the container's: the kernel's OOM killer chose PID 1"
+                    .to_owned()
+            }
+            Some("node") => "OOM-killed: the node ran out of memory and the kernel's OOM killer chose PID 1".to_owned(),
+            Some(_) => "OOM-killed at a memory limit above the pod: the kernel's OOM killer chose PID 1".to_owned(),
+            None => "OOM-killed: the kernel's OOM killer chose PID 1".to_owned(),
+        },
         Some("exited_without_stop_signal") => match (outcome["exit_status"].as_u64(), outcome["signal"].as_u64()) {
             (_, Some(signal)) => format!("ended on its own, killed by {}", signal_name(signal)),
             (Some(0), None) => "exited on its own with code 0".to_owned(),

@@ -11,5 +11,6 @@ pub mod identity;
 mod layering;
 pub mod metadata;
 pub mod node;
+pub mod oom;
 pub mod spec;
 pub mod termination;

@@ -232,6 +232,7 @@ pub mod cap {
     pub const SYS_PTRACE: u32 = 19;
     pub const SYS_ADMIN: u32 = 21;
     pub const SYS_RESOURCE: u32 = 24;
+    pub const SYSLOG: u32 = 34;
     pub const PERFMON: u32 = 38;
     pub const BPF: u32 = 39;
 }
@@ -244,6 +245,10 @@ pub const REQUIRED_CAPABILITIES: [(u32, &str, &str); 4] = [
     (cap::SYS_ADMIN, "CAP_SYS_ADMIN", "setns into pods, mount tracefs"),
     (cap::SYS_PTRACE, "CAP_SYS_PTRACE", "read other users' /proc/<pid>/root and ns"),
 ];
+
+/// Granted too, but the agent runs without them, less well.
+pub const OPTIONAL_CAPABILITIES: [(u32, &str, &str); 1] =
+    [(cap::SYSLOG, "CAP_SYSLOG", "read the kernel log: which memory limit an OOM kill answered")];
 
 /// Whether a capability is in an effective set.
 pub fn has_capability(effective: u64, bit: u32) -> bool {
@@ -269,6 +274,18 @@ pub fn check_capabilities(effective: Option<u64>) -> Finding {
         .collect();
     if missing.is_empty() {
         let names: Vec<&str> = REQUIRED_CAPABILITIES.iter().map(|(_, name, _)| *name).collect();
+        let lacking: Vec<String> = OPTIONAL_CAPABILITIES
+            .iter()
+            .filter(|(bit, _, _)| !has_capability(effective, *bit))
+            .map(|(_, name, why)| format!("{name} ({why})"))
+            .collect();
+        if !lacking.is_empty() {
+            return Finding::warn(
+                CHECK,
+                format!("CapEff {effective:016x}: {}; lacks {}", names.join(", "), lacking.join(", ")),
+                "add SYSLOG to the container's securityContext (deploy/daemonset.yaml grants it)",
+            );
+        }
         return Finding::ok(CHECK, format!("CapEff {effective:016x}: {}", names.join(", ")));
     }
     Finding::missing(

@@ -94,8 +94,8 @@ fn program_loads_report_features_off_and_failures() {
 
 /// CapEff of root on this machine kind: everything but CAP_SYS_RESOURCE (bit 24).
 const ROOT_WITHOUT_SYS_RESOURCE: u64 = 0x0000_01ff_feff_ffff;
-/// deploy/daemonset.yaml's set: BPF, PERFMON, SYS_ADMIN, SYS_PTRACE.
-const DAEMONSET: u64 = (1 << 39) | (1 << 38) | (1 << 21) | (1 << 19);
+/// deploy/daemonset.yaml's set: BPF, PERFMON, SYS_ADMIN, SYS_PTRACE, SYSLOG.
+const DAEMONSET: u64 = (1 << 39) | (1 << 38) | (1 << 34) | (1 << 21) | (1 << 19);
 
 #[test]
 fn cap_eff_is_read_from_proc_status() {
@@ -121,6 +121,11 @@ fn each_missing_capability_is_named() {
     assert_eq!(verdict(&no_ptrace), Verdict::Missing);
     assert!(no_ptrace.found.contains("CAP_SYS_PTRACE") && !no_ptrace.found.contains("CAP_BPF"), "{no_ptrace:?}");
     assert_eq!(verdict(&check_capabilities(None)), Verdict::Warn);
+
+    // Without SYSLOG the agent runs, without the limit of OOM kills: a warning that names it.
+    let no_syslog = check_capabilities(Some(DAEMONSET & !(1 << cap::SYSLOG)));
+    assert_eq!(verdict(&no_syslog), Verdict::Warn);
+    assert!(no_syslog.found.contains("CAP_SYSLOG"), "{no_syslog:?}");
 }
 
 // The fixture's 8 MiB limit must be below what the maps need: the default ring alone is mapped twice.

@@ -38,11 +38,14 @@ pub enum DroppedKind {
     KillNotice,
     /// A past stop kept for `explain` past the history's bounds (`history.rs`).
     History,
+    /// An OOM victim or a kernel OOM log line that waited for its other half past the bound
+    /// (`oom.rs`): that kill's limit stays unknown.
+    OomLog,
 }
 
 impl DroppedKind {
     /// Every kind, in label order.
-    pub const ALL: [DroppedKind; 12] = [
+    pub const ALL: [DroppedKind; 13] = [
         DroppedKind::Signal,
         DroppedKind::OomKill,
         DroppedKind::ExecSession,
@@ -55,6 +58,7 @@ impl DroppedKind {
         DroppedKind::Pod,
         DroppedKind::KillNotice,
         DroppedKind::History,
+        DroppedKind::OomLog,
     ];
 
     /// The `kind` label's value (the same spelling serde uses).
@@ -72,6 +76,7 @@ impl DroppedKind {
             DroppedKind::Pod => "pod",
             DroppedKind::KillNotice => "kill_notice",
             DroppedKind::History => "history",
+            DroppedKind::OomLog => "oom_log",
         }
     }
 }

@@ -47,6 +47,7 @@ impl PastStop {
             + self.uid.len()
             + self.container.len()
             + self.container_id.as_ref().map_or(0, String::len)
+            + self.last_termination.oom_limit.as_ref().map_or(0, |l| l.memcg.len() + l.victim_comm.len())
             + processes
     }
 }
@@ -101,6 +102,27 @@ impl History {
             .find(|s| s.uid == uid && s.container == container && s.last_termination.exit_time == exit_time)
         {
             stop.last_termination.cause = Some(cause);
+        }
+    }
+
+    /// Changes the kept report of the stop of `container` of pod `uid` that ended at
+    /// `exit_time`: a fact that arrived after the verdict (the limit an OOM kill answered).
+    pub(super) fn amend(
+        &mut self,
+        uid: &str,
+        container: &str,
+        exit_time: u64,
+        change: impl FnOnce(&mut crate::model::termination::TerminationReport),
+    ) {
+        if let Some(stop) = self
+            .stops
+            .iter_mut()
+            .rev()
+            .find(|s| s.uid == uid && s.container == container && s.last_termination.exit_time == exit_time)
+        {
+            let before = stop.estimated_bytes();
+            change(&mut stop.last_termination);
+            self.bytes = (self.bytes + stop.estimated_bytes()).saturating_sub(before);
         }
     }
 

@@ -20,6 +20,7 @@ mod disagree;
 mod history;
 mod instance;
 mod naming;
+mod oom;
 mod phase;
 mod pods;
 mod sidecar;
@@ -138,6 +139,8 @@ pub struct NodeTracker {
     /// happened yet.
     kill_notices: BTreeMap<(String, String), StopCause>,
     api: pods::ApiState,
+    /// OOM victims and the kernel's log lines about them, until they meet (`oom.rs`).
+    oom: oom::OomJoin,
 }
 
 impl NodeTracker {
@@ -161,6 +164,7 @@ impl NodeTracker {
             watching_since: 0,
             kill_notices: BTreeMap::new(),
             api: pods::ApiState::default(),
+            oom: oom::OomJoin::default(),
         }
     }
 
@@ -393,6 +397,7 @@ impl NodeTracker {
                     let kept = instance.termination.on_oom_kill(event.time_ns, is_init);
                     self.dropped.note(DroppedKind::OomKill, kept);
                 }
+                self.oom_victim_seen(event.time_ns, *victim_tgid, *victim_cgroup_id);
                 if let Some((counters, _)) = self.counters_of(*victim_cgroup_id) {
                     counters.oom_kills += 1;
                 }

@@ -15,7 +15,7 @@ use crate::model::{
 };
 
 /// How long after a stop a late kill notice still names its cause.
-const LATE_NOTICE_NS: u64 = 10_000_000_000;
+pub(super) const LATE_NOTICE_NS: u64 = 10_000_000_000;
 /// How long a deleted pod's facts outlive its object (see `pod_gone`): the kubelet's stops after
 /// a forced deletion take at most its 2 s floor and a second StopContainer call.
 const GONE_POD_KEPT_NS: u64 = 60_000_000_000;

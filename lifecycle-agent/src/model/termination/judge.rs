@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use crate::model::spec::SpecSource;
+use crate::model::{oom::OomLimit, spec::SpecSource};
 
 use super::{
     report::OomVictim, PreStopHandler, PreStopSeen, ProcessAtStop, SignalSender, StopScene, StopSignalSeen,
@@ -125,6 +125,8 @@ pub struct TerminationTracker {
     settings: TerminationSettings,
     signals: SignalLog,
     oom_kills: OomLog,
+    /// The limit the last OOM kill answered, when the kernel said (see [`crate::model::oom`]).
+    oom_limit: Option<OomLimit>,
     exec_sessions: Vec<ExecSession>,
     /// Connections the app accepted after the stop signal: how many, and the first ones' times.
     accepts_after_stop: u64,
@@ -159,6 +161,7 @@ impl TerminationTracker {
             settings,
             signals: SignalLog::default(),
             oom_kills: OomLog::default(),
+            oom_limit: None,
             exec_sessions: Vec::new(),
             accepts_after_stop: 0,
             accept_times: Vec::new(),
@@ -242,6 +245,12 @@ impl TerminationTracker {
     /// With memory.oom.group (the kubelet's default on cgroup v2) every process is a victim.
     pub fn on_oom_kill(&mut self, time: u64, victim_is_init: bool) -> Retention {
         self.oom_kills.record(time, victim_is_init)
+    }
+
+    /// The limit an OOM kill in this container answered, from the kernel's log line; the last
+    /// one stands.
+    pub fn on_oom_limit(&mut self, limit: OomLimit) {
+        self.oom_limit = Some(limit);
     }
 
     /// A process the runtime started into the container that does not descend from its init:
@@ -434,6 +443,7 @@ impl TerminationTracker {
             is_sidecar: self.settings.is_sidecar,
             outcome,
             oom_victim,
+            oom_limit: self.oom_limit.clone().filter(|_| oom_kills_before_exit > 0),
             // The node's tracker knows the pod: it names the cause and the facts' source.
             cause: None,
             spec: SpecSource::default(),

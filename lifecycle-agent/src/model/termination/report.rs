@@ -3,7 +3,10 @@
 
 use serde::Serialize;
 
-use crate::model::spec::{SpecSource, StopCause};
+use crate::model::{
+    oom::OomLimit,
+    spec::{SpecSource, StopCause},
+};
 
 /// Who sent a signal to a container's process.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -232,6 +235,10 @@ pub struct TerminationReport {
     /// Which process the OOM killer chose before the exit, when it struck: the container's init,
     /// or a child (the runtime reports neither when the init survives a child's kill).
     pub oom_victim: Option<OomVictim>,
+    /// The memory limit the OOM killer answered at its last kill before the exit (the kernel's
+    /// own account: the container's, the pod's, another cgroup's, or none: the node's), when
+    /// the kernel logged it.
+    pub oom_limit: Option<OomLimit>,
     /// Why it was stopped (None when nothing stopped it: it exited, or the OOM killer).
     pub cause: Option<StopCause>,
     /// Where the facts behind this verdict came from.
@@ -340,6 +347,7 @@ impl TerminationReport {
             is_sidecar: false,
             outcome: TerminationOutcome::ExitedWithoutStopSignal { exit_status: Some(n as u8), signal: None },
             oom_victim: None,
+            oom_limit: None,
             cause: None,
             spec: SpecSource::default(),
             watched_since: None,

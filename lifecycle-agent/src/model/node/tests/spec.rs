@@ -420,3 +420,42 @@ fn pods_show_their_phase_and_the_conditions_the_kernel_can_tell() {
         (crate::model::node::PodPhase::Running, 1, 1)
     );
 }
+
+/// The kernel's log line about an OOM kill, with the victim `pid` and the limit at `oom_memcg`.
+fn oom_line(pid: u32, oom_memcg: &str) -> crate::model::oom::KernelOomKill {
+    crate::model::oom::KernelOomKill {
+        pid,
+        comm: "app".into(),
+        oom_memcg: Some(oom_memcg.into()),
+        task_memcg: "/kubepods/pod-u/c".into(),
+    }
+}
+
+#[test]
+fn the_limit_an_oom_kill_answered_joins_its_victim_in_either_order() {
+    use crate::model::{container_state::RestartPolicy, oom::OomScope};
+    let victim =
+        |cg| Detail::OomVictim { victim_pid: 100, victim_tgid: 100, victim_cgroup_id: cg, victim_comm: "app".into() };
+    // The log line first (the kernel logs before it kills), then the victim, then the exit.
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Never));
+    tracker.apply_oom_log(oom_line(100, "/kubepods/pod-u"), 5 * SECOND);
+    tracker.apply(&event(5 * SECOND, 1, 1, victim(cg)));
+    tracker.apply(&exit(5 * SECOND + 1000, 100, cg, None, Some(9)));
+    let limit = only_view(&tracker, 6 * SECOND).last_termination.and_then(|r| r.oom_limit).expect("the limit");
+    assert_eq!((limit.scope, limit.memcg.as_str(), limit.victim_pid), (OomScope::Pod, "/kubepods/pod-u", 100));
+    // The line after the container ended: the report (and the kept history) learns it late.
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Never));
+    tracker.apply(&event(5 * SECOND, 1, 1, victim(cg)));
+    tracker.apply(&exit(5 * SECOND + 1000, 100, cg, None, Some(9)));
+    assert_eq!(only_view(&tracker, 6 * SECOND).last_termination.and_then(|r| r.oom_limit), None, "not yet");
+    tracker.apply_oom_log(oom_line(100, "/kubepods/pod-u/c"), 6 * SECOND);
+    let report = only_view(&tracker, 6 * SECOND).last_termination.expect("report");
+    assert_eq!(report.oom_limit.map(|l| l.scope), Some(OomScope::Container));
+    // A line for a pid no victim had, or one older than the late window, changes nothing.
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Never));
+    tracker.apply_oom_log(oom_line(4242, "/kubepods/pod-u"), SECOND);
+    tracker.apply(&event(5 * SECOND, 1, 1, victim(cg)));
+    tracker.apply(&exit(5 * SECOND + 1000, 100, cg, None, Some(9)));
+    tracker.apply_oom_log(oom_line(100, "/kubepods/pod-u"), 60 * SECOND);
+    assert_eq!(only_view(&tracker, 60 * SECOND).last_termination.and_then(|r| r.oom_limit), None);
+}
