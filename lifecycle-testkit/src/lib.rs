@@ -11,10 +11,12 @@
 //! - [`netns`]: named network namespaces and a small runc container.
 //! - [`containerd`]: a private containerd with the CRI plugin.
 //! - [`agent`]: the `lifecycle-agent run` binary against a [`containerd::Containerd`].
+//! - [`bpf`]: the machine's loaded BPF programs (an agent's must go with it).
 //! - [`kube`]: a real single-node Kubernetes (etcd, kube-apiserver, containerd, CNI, kubelet)
 //!   driven with kubectl.
 
 pub mod agent;
+pub mod bpf;
 pub mod cgroup;
 pub mod containerd;
 pub mod hub;
