@@ -140,7 +140,7 @@ fn kubelet() -> Result<()> {
         cargo()
             // --nocapture: the tests print what the node's starts and the pods' steps took.
             .args(["test", "-p", "lifecycle-agent", "--test", "kubelet", "--test", "kubelet_verdicts"])
-            .args(["--test", "kubelet_daemonset", "--test", "kubelet_helm"])
+            .args(["--test", "kubelet_daemonset", "--test", "kubelet_helm", "--test", "kubelet_kustomize"])
             // The DaemonSet on the 1.37 node is the modern tier's.
             .args(["--", "--test-threads=1", "--nocapture", "--skip", MODERN_DAEMONSET_TEST])
             .env(kubernetes::BIN_ENV, bin)
