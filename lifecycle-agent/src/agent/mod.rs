@@ -162,7 +162,8 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let mut features: Vec<FeatureFlag> =
         sensor.features().iter().map(|f| FeatureFlag { name: f.feature.name(), enabled: f.enabled }).collect();
     features.push(FeatureFlag { name: "kubernetes_api", enabled: kube.is_some() });
-    features.push(FeatureFlag { name: "oom_log", enabled: tasks::spawn_oom_log(tracker.clone()) });
+    let kernel_log = tasks::kernel_log_readable();
+    features.push(FeatureFlag { name: "oom_log", enabled: kernel_log });
     let mut metrics = Metrics::new(
         maps.clone(),
         &features,
@@ -335,6 +336,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         metadata_wanted: metadata_wanted.clone(),
         repairs: repairs.clone(),
         heartbeats: heartbeats.clone(),
+        kernel_log,
     };
     let mut reading =
         reader.start(stream, config.poll).map_err(|err| AgentError::Stream(StreamError::Register(err)))?;

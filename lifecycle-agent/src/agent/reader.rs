@@ -44,6 +44,8 @@ pub(super) struct Reader {
     pub(super) root: CgroupRoot,
     pub(super) metadata_wanted: Arc<Notify>,
     pub(super) repairs: IntCounterVec,
+    /// Whether the kernel log can be read for the limit of OOM kills.
+    pub(super) kernel_log: bool,
     /// Beaten on every pass, so `/healthz` tells a stuck reader (`health.rs`).
     pub(super) heartbeats: Arc<Heartbeats>,
 }
@@ -123,7 +125,15 @@ impl Reader {
                 tracker.take_notices()
             };
             batch.clear();
-            handle_notices(notices, &self.tracker, &self.root, &self.metadata_wanted, &mut last_rescan, &self.repairs);
+            handle_notices(
+                notices,
+                self.kernel_log,
+                &self.tracker,
+                &self.root,
+                &self.metadata_wanted,
+                &mut last_rescan,
+                &self.repairs,
+            );
         }
     }
 }

@@ -19,6 +19,7 @@ use crate::{
 
 pub(super) fn handle_notices(
     notices: Vec<Notice>,
+    kernel_log: bool,
     tracker: &Mutex<NodeTracker>,
     root: &CgroupRoot,
     metadata_wanted: &Notify,
@@ -26,11 +27,25 @@ pub(super) fn handle_notices(
     repairs: &IntCounterVec,
 ) {
     let mut rescan = false;
+    let mut oom_victims = Vec::new();
     for notice in notices {
         match notice {
             Notice::MetadataNeeded { .. } => metadata_wanted.notify_one(),
             Notice::UnknownCgroup(_) => rescan = true,
             Notice::BadCgroupPath { path, error } => log::warn!("cgroup {path}: {error}"),
+            Notice::OomLimitWanted { pid } => oom_victims.push(pid),
+        }
+    }
+    // One read of the log's tail for the batch's kills, however many (it costs microseconds).
+    if kernel_log && !oom_victims.is_empty() {
+        match crate::discovery::kmsg::oom_kills_of(&oom_victims) {
+            Ok(kills) => {
+                let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+                for kill in kills {
+                    tracker.apply_oom_log(kill, boottime_ns());
+                }
+            }
+            Err(err) => log::warn!("reading the kernel log for an OOM kill: {err}"),
         }
     }
     // A walk of cgroupfs costs milliseconds on a busy node: at most one a second, however many
@@ -94,31 +109,15 @@ pub(super) async fn expiry_loop(
     }
 }
 
-/// Reads the kernel log for OOM kills on a thread of its own (a read blocks until the kernel
-/// logs) and gives each to the tracker, which joins it with its victim. False, after one line,
-/// when the log cannot be read (CAP_SYSLOG with `kernel.dmesg_restrict`): which memory limit
-/// fired is then unknown.
-pub(super) fn spawn_oom_log(tracker: Arc<Mutex<NodeTracker>>) -> bool {
-    let mut kernel_log = match crate::discovery::kmsg::KernelLog::open() {
-        Ok(log) => log,
+/// Whether the kernel log can be read for the limit of OOM kills; one line when it cannot.
+pub(super) fn kernel_log_readable() -> bool {
+    match crate::discovery::kmsg::readable() {
+        Ok(()) => true,
         Err(err) => {
             log::info!("the kernel log is not readable ({err}; CAP_SYSLOG): OOM kills are reported without the limit that fired");
-            return false;
+            false
         }
-    };
-    let spawned = std::thread::Builder::new().name("kernel-log".into()).spawn(move || loop {
-        match kernel_log.next_oom_kill() {
-            Ok(Some(kill)) => {
-                tracker.lock().unwrap_or_else(|poison| poison.into_inner()).apply_oom_log(kill, boottime_ns())
-            }
-            Ok(None) => {}
-            Err(err) => {
-                log::warn!("the kernel log stopped ({err}): OOM kills from now on are reported without their limit");
-                return;
-            }
-        }
-    });
-    spawned.is_ok()
+    }
 }
 
 /// After the ring lost records, the state they would have changed is repaired from the node

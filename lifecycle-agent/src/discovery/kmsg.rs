@@ -1,54 +1,49 @@
-//! The kernel log (`/dev/kmsg`), read for one kind of line: the OOM killer's account of each
-//! kill (`oom-kill:...`), the only place that names the cgroup whose memory limit fired
-//! ([`crate::model::oom`]). Read from the end of the log at start: older kills are not this
-//! agent's to judge. Where `kernel.dmesg_restrict` is 1, reading needs CAP_SYSLOG.
+//! The kernel log, read for one kind of line: the OOM killer's account of each kill
+//! (`oom-kill:...`), the only place that names the cgroup whose memory limit fired
+//! ([`crate::model::oom`]). Read on demand, when the kernel's `mark_victim` record says a kill
+//! happened: the line is logged just before it. `syslog(2)`'s non-destructive read of the log's
+//! tail takes CAP_SYSLOG and nothing else (no `/dev/kmsg` device, which a container's device
+//! rules refuse), and takes nothing from the host's own log readers.
 
-use std::{
-    fs::File,
-    io::{self, Read as _, Seek as _, SeekFrom},
-};
+use std::io;
 
 use crate::model::oom::KernelOomKill;
 
-/// The device: one record per read.
-const KMSG: &str = "/dev/kmsg";
+/// `SYSLOG_ACTION_READ_ALL`: copies the last `len` bytes of the log, leaving it as it is.
+const READ_ALL: libc::c_int = 3;
+/// `SYSLOG_ACTION_SIZE_BUFFER`: the log's size; a harmless way to ask whether reading is allowed.
+const SIZE_BUFFER: libc::c_int = 10;
+/// How much of the log's tail is read: the line comes after the kill's report (task list and
+/// memory summary of the cgroup, usually a few KiB), so the newest 128 KiB hold it.
+const TAIL_BYTES: usize = 128 * 1024;
 
-/// A reader of the kernel log, at its end when opened.
-pub struct KernelLog {
-    file: File,
-    /// One record (the kernel's are at most 1 KiB of text plus their prefix).
-    buffer: Vec<u8>,
+/// Whether this process may read the kernel log (CAP_SYSLOG, or `kernel.dmesg_restrict` 0).
+pub fn readable() -> io::Result<()> {
+    // SAFETY: SIZE_BUFFER takes no buffer (null, 0) and only returns a number.
+    let size = unsafe { libc::klogctl(SIZE_BUFFER, std::ptr::null_mut(), 0) };
+    if size < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
-impl KernelLog {
-    /// Opens `/dev/kmsg` and skips what is already logged.
-    pub fn open() -> io::Result<Self> {
-        let mut file = File::open(KMSG)?;
-        file.seek(SeekFrom::End(0))?;
-        Ok(Self { file, buffer: vec![0; 8192] })
-    }
-
-    /// Blocks until the next record; the OOM kill it reports, if it is one. Records the kernel
-    /// overwrote before they were read are skipped (they are gone).
-    pub fn next_oom_kill(&mut self) -> io::Result<Option<KernelOomKill>> {
-        let n = match self.file.read(&mut self.buffer) {
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the kernel log ended")),
-            Ok(n) => n,
-            // EPIPE: the reader fell behind and records were overwritten; the next read goes on.
-            Err(err) if err.raw_os_error() == Some(libc::EPIPE) => return Ok(None),
-            Err(err) if err.kind() == io::ErrorKind::Interrupted => return Ok(None),
-            Err(err) => return Err(err),
-        };
-        Ok(record_message(&self.buffer[..n]).and_then(KernelOomKill::parse))
-    }
+/// The kernel's lines about the OOM kills of `pids`, from the log's tail.
+pub fn oom_kills_of(pids: &[u32]) -> io::Result<Vec<KernelOomKill>> {
+    let mut buffer = vec![0u8; TAIL_BYTES];
+    // SAFETY: the buffer is valid for TAIL_BYTES writable bytes, and the length says so.
+    let read = unsafe { libc::klogctl(READ_ALL, buffer.as_mut_ptr().cast(), TAIL_BYTES as libc::c_int) };
+    let read = usize::try_from(read).map_err(|_| io::Error::last_os_error())?;
+    Ok(oom_kills_in(&buffer[..read.min(TAIL_BYTES)], pids))
 }
 
-/// The message of a record, `<prefix>,<seq>,<time>,<flags>[,...];<message>\n[ KEY=value\n...]`:
-/// its first line after the `;`.
-fn record_message(record: &[u8]) -> Option<&str> {
-    let text = std::str::from_utf8(record).ok()?;
-    let (_, message) = text.split_once(';')?;
-    message.lines().next()
+/// The OOM kill lines of `pids` in a piece of the log, newest last.
+fn oom_kills_in(log: &[u8], pids: &[u32]) -> Vec<KernelOomKill> {
+    String::from_utf8_lossy(log)
+        .lines()
+        .filter(|line| line.contains("oom-kill:"))
+        .filter_map(KernelOomKill::parse)
+        .filter(|kill| pids.contains(&kill.pid))
+        .collect()
 }
 
 #[cfg(test)]
@@ -56,13 +51,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_records_message_is_its_first_line_after_the_prefix() {
-        let record = b"3,1234,20820451820,-;oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,\
-mems_allowed=0,global_oom,task_memcg=/user.slice,task=big,pid=77,uid=0\n SUBSYSTEM=memory\n";
-        let message = record_message(record).expect("message");
-        assert!(message.ends_with("pid=77,uid=0"), "{message}");
-        let kill = KernelOomKill::parse(message).expect("an OOM kill");
-        assert_eq!((kill.pid, kill.oom_memcg), (77, None));
-        assert_eq!(record_message(b"no separator"), None);
+    fn the_lines_of_the_asked_pids_are_found_in_the_logs_tail() {
+        let log = b"<6>[20820.4] Tasks state (memory values in pages):\n\
+<6>[20820.4] oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,\
+task_memcg=/user.slice,task=big,pid=77,uid=0\n\
+<3>[20820.5] Memory cgroup out of memory: Killed process 77 (big)\n\
+<6>[20821.0] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=x,mems_allowed=0,oom_memcg=/a,\
+task_memcg=/a/b,task=sh,pid=78,uid=0\n<6>[20821";
+        let kills = oom_kills_in(log, &[77]);
+        assert_eq!(kills.len(), 1);
+        assert_eq!((kills[0].pid, kills[0].oom_memcg.as_deref()), (77, None));
+        assert_eq!(oom_kills_in(log, &[78])[0].oom_memcg.as_deref(), Some("/a"));
+        assert!(oom_kills_in(log, &[79]).is_empty());
     }
 }

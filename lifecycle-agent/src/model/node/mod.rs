@@ -86,6 +86,9 @@ pub enum Notice {
     MetadataNeeded { container_id: String },
     /// A cgroup path under kubepods did not parse.
     BadCgroupPath { path: String, error: String },
+    /// The OOM killer took `pid`: the kernel logged which limit fired, just before (see
+    /// [`NodeTracker::apply_oom_log`]).
+    OomLimitWanted { pid: u32 },
 }
 
 /// Containers gone before the runtime named them, kept for the next metadata (a crash loop on a

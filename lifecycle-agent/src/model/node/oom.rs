@@ -1,7 +1,8 @@
 //! Joins the kernel's two accounts of an OOM kill: the `mark_victim` record (victim pid and
-//! cgroup, through the ring) and the `oom-kill:` log line (the limit that fired, through the
-//! kernel log). They travel separately and arrive in either order, so each side waits a while
-//! for the other: the victims seen lately, and the log lines whose victim has not been seen yet.
+//! cgroup, through the ring) and the `oom-kill:` log line (the limit that fired, from the kernel
+//! log, which the agent reads when the record asks for it: [`super::Notice::OomLimitWanted`]).
+//! Either may come first, so each side waits a while for the other: the victims seen lately,
+//! and the log lines whose victim has not been seen yet.
 //! The limit then goes to the instance's evidence, or, when its container already ended, into
 //! its report (and the node's history) as a late fact.
 
@@ -54,6 +55,7 @@ impl NodeTracker {
             self.dropped.add(DroppedKind::OomLog, 1);
         }
         self.oom.victims.push_back((time, tgid, cgroup_id));
+        self.notices.push(super::Notice::OomLimitWanted { pid: tgid });
     }
 
     /// Gives `limit` to the instance in `cgroup_id`: to its evidence while it runs, else to the
