@@ -107,7 +107,7 @@ impl KubeSource {
         Ok(Self { client, node })
     }
 
-    /// Lists one pod of the node, within [`CONNECT_TIMEOUT`]: whether the API answers now.
+    /// Lists one pod of the node, within `CONNECT_TIMEOUT`: whether the API answers now.
     pub async fn check(&self) -> Result<(), KubeError> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let params = ListParams::default().fields(&self.node_selector()).limit(1);
