@@ -673,6 +673,23 @@ fn a_resize_that_restarts_the_container_is_named_resize() {
     assert_eq!(c["last_backoff"]["verdict"], "within_tolerance", "restarted at once, as expected: {c:#}");
     assert_eq!(c["last_backoff"]["expected_delay_ns"], 0, "{c:#}");
     assert!(c["disagreements"].as_array().is_some_and(Vec::is_empty), "{c:#}");
+    // The pod beside the kernel's view: the API's conditions and the generation the kubelet acted
+    // on (the resize bumped it), once it reported the restart.
+    let began = Instant::now();
+    let view = loop {
+        let view = agent_pods(&agent).into_iter().find(|p| p["pod"] == "resized").expect("the pod's view");
+        let api = &view["api_status"];
+        if api["generation"].as_i64().is_some_and(|g| g >= 2) && api["observed_generation"] == api["generation"] {
+            break view;
+        }
+        assert!(began.elapsed() < Duration::from_secs(30), "observedGeneration catches up: {view:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("resized pod: kernel {} / API {}", view["conditions"], view["api_status"]);
+    assert_eq!(view["conditions"]["ready_to_start_containers"], true, "{view:#}");
+    assert_eq!(view["api_status"]["ready_to_start_containers"], true, "the same as the kubelet's: {view:#}");
+    assert_eq!(view["conditions"]["initialized"], view["api_status"]["initialized"], "{view:#}");
+    assert_eq!(view["phase"], view["api_phase"], "{view:#}");
     stop_and_check_machine(kube, agent);
 }
 
@@ -726,6 +743,118 @@ fn an_oom_kill_says_whether_the_pods_or_the_containers_limit_fired() {
         let timeline = stories[0]["timeline"].to_string();
         assert!(timeline.contains(memcg), "the timeline names the cgroup: {stories:#}");
     }
+    stop_and_check_machine(kube, agent);
+}
+
+/// `explain -o json` of `pod` from the agent beside the node: its stories.
+fn explain_json(agent: &Agent, pod: &str) -> Value {
+    let output = std::process::Command::new(AGENT)
+        .args(["explain", &format!("default/{pod}"), "--server", &agent.addr, "-o", "json"])
+        .output()
+        .expect("run explain");
+    assert!(output.status.success(), "{output:?}");
+    serde_json::from_slice(&output.stdout).expect("explain -o json")
+}
+
+/// The text of each timeline line of a story.
+fn timeline(story: &Value) -> Vec<String> {
+    story["timeline"].as_array().into_iter().flatten().filter_map(|l| l["text"].as_str().map(str::to_owned)).collect()
+}
+
+/// Issue 20: `explain` on the real node for a preStop hook that overran the grace and for a
+/// liveness kill, each of a TERM-ignoring app, each fact against what the test did: the cause,
+/// the grace the kubelet used, the hook's start, the stop signal's sender, the SIGKILL and the
+/// processes alive then.
+#[test]
+fn explain_tells_a_prestop_overrun_and_a_liveness_kill() {
+    let Some((kube, agent)) = start("explain_tells_a_prestop_overrun_and_a_liveness_kill") else {
+        return;
+    };
+    const IGNORE_TERM: &str = "trap '' TERM; while true; do sleep 0.2; done";
+    apply(&kube, "overrun", IGNORE_TERM, |p| {
+        p["spec"]["terminationGracePeriodSeconds"] = 4.into();
+        p["spec"]["containers"][0]["lifecycle"] =
+            serde_json::json!({"preStop": {"exec": {"command": ["sh", "-c", "sleep 30"]}}});
+    });
+    // restartPolicy Always: the kubelet then kills the container alone, with an Event naming
+    // the probe. (Under Never it kills the whole pod and its Event says only "Stopping container":
+    // docs/kubelet-behaviour.md.)
+    apply(&kube, "unlively", IGNORE_TERM, |p| {
+        p["spec"]["terminationGracePeriodSeconds"] = 3.into();
+        p["spec"]["containers"][0]["livenessProbe"] = serde_json::json!({
+            "exec": {"command": ["sh", "-c", "test -e /tmp/alive"]},
+            "initialDelaySeconds": 2, "periodSeconds": 1, "failureThreshold": 1});
+    });
+    agent.wait_named("overrun", "app", "running", Duration::from_secs(60), running);
+    kube.kubectl(&["delete", "pod", "overrun", "--wait=false"]).expect("delete");
+
+    let overrun = agent.wait_named("overrun", "app", "judged", Duration::from_secs(40), judged);
+    let stories = explain_json(&agent, "overrun");
+    let story = &stories[0];
+    let lines = timeline(story);
+    eprintln!("overrun: {}\n  {}", story["verdict"], lines.join("\n  "));
+    let report = &overrun["last_termination"];
+    assert_eq!(story["cause"], "deleted", "{stories:#}");
+    assert!(!report["pre_stop"].is_null(), "the hook was seen: {overrun:#}");
+    assert!(lines.iter().any(|l| l == "preStop hook started"), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.starts_with("stopped because: deleted; grace 4.0s")), "{lines:#?}");
+    assert_eq!(outcome(&overrun), "sigkilled_after_grace", "the app ignores TERM: {overrun:#}");
+    // The hook used the grace up: the kubelet's 2 s floor is what TERM got.
+    assert_eq!(report["expected_kill_after_ns"].as_f64(), Some(2.0 * SECOND), "{overrun:#}");
+    let verdict = story["verdict"].as_str().unwrap_or_default();
+    assert!(verdict.starts_with("SIGKILLed 2.0s after SIGTERM: it did not exit within its 2.0s grace"), "{verdict}");
+    assert!(lines.iter().any(|l| l.starts_with("SIGTERM to PID 1 from the container runtime")), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.starts_with("SIGKILL from the container runtime; alive: PID 1 `sh`")), "{lines:#?}");
+
+    let unlively = agent.wait_named("unlively", "app", "judged", Duration::from_secs(40), judged);
+    let stories = explain_json(&agent, "unlively");
+    let story = &stories[0];
+    let lines = timeline(story);
+    eprintln!("unlively: {}\n  {}", story["verdict"], lines.join("\n  "));
+    assert_eq!(story["cause"], "liveness_probe", "{unlively:#}");
+    assert_eq!(grace_s(&unlively), 3.0, "the pod's grace: {unlively:#}");
+    assert_eq!(outcome(&unlively), "sigkilled_after_grace", "{unlively:#}");
+    assert!(lines.iter().any(|l| l.starts_with("stopped because: liveness_probe; grace 3.0s")), "{lines:#?}");
+    let verdict = story["verdict"].as_str().unwrap_or_default();
+    assert!(verdict.starts_with("SIGKILLed 3.0s after SIGTERM: it did not exit within its 3.0s grace"), "{verdict}");
+    stop_and_check_machine(kube, agent);
+}
+
+/// Issue 19: an eviction the kubelet starts itself. A pod writes past its emptyDir's
+/// `sizeLimit`; the kubelet's eviction manager evicts it (`status.reason: Evicted`; no
+/// `DisruptionTarget` condition for this kind of eviction) with its grace override of 1 s, which
+/// the runtime raises to its 2 s floor, whatever the pod's own grace (20 s here).
+#[test]
+fn an_eviction_by_the_kubelet_is_named_with_the_grace_it_used() {
+    let Some((kube, agent)) = start("an_eviction_by_the_kubelet_is_named_with_the_grace_it_used") else {
+        return;
+    };
+    let script = "dd if=/dev/zero of=/scratch/fill bs=1M count=8; trap '' TERM; while true; do sleep 0.2; done";
+    apply(&kube, "hog", script, |p| {
+        p["spec"]["terminationGracePeriodSeconds"] = 20.into();
+        p["spec"]["volumes"] = serde_json::json!([{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]);
+        p["spec"]["containers"][0]["volumeMounts"] = serde_json::json!([{"name": "scratch", "mountPath": "/scratch"}]);
+    });
+    let pod = kube
+        .wait_pod("default", "hog", "evicted", Duration::from_secs(90), |pod| pod["status"]["reason"] == "Evicted")
+        .expect("the kubelet evicts the pod");
+    eprintln!("hog: {} / {}", pod["status"]["message"], pod["status"]["conditions"]);
+    let c = agent.wait_named("hog", "app", "judged", Duration::from_secs(40), judged);
+    let report = &c["last_termination"];
+    eprintln!("hog: {report}");
+    assert_eq!(report["cause"], "evicted", "{c:#}");
+    // The eviction manager's override (1 s), not the pod's 20 s; the runtime's 2 s floor.
+    assert_eq!(grace_s(&c), 1.0, "{c:#}");
+    assert_eq!(report["expected_kill_after_ns"].as_f64(), Some(2.0 * SECOND), "{c:#}");
+    assert_eq!(outcome(&c), "sigkilled_after_grace", "the app ignores TERM: {c:#}");
+    check_sigkill_story(&c);
+    let stories = explain_json(&agent, "hog");
+    let lines = timeline(&stories[0]);
+    eprintln!("hog: {}\n  {}", stories[0]["verdict"], lines.join("\n  "));
+    assert!(
+        lines.iter().any(|l| l == "stopped because: evicted; grace 1.0s (raised to the kubelet's 2.0s floor)"),
+        "{lines:#?}"
+    );
     stop_and_check_machine(kube, agent);
 }
 

@@ -20,7 +20,7 @@ use crate::{
         watch::{KubeError, KubeSource, PodChange},
     },
     export::metrics::NAMESPACE,
-    model::node::NodeTracker,
+    model::{node::NodeTracker, spec::KillNotice},
     ErrorChain,
 };
 
@@ -152,14 +152,22 @@ pub(super) async fn pod_loop(
     }
 }
 
-/// Applies the kubelet's probe-kill notices to the tracker until shutdown.
+/// A notice from the kubelet's Events.
+enum KubeletNotice {
+    Kill(KillNotice),
+    Eviction(String),
+}
+
+/// Applies the kubelet's probe-kill and eviction notices to the tracker until shutdown.
 pub(super) async fn kill_loop(
     source: KubeSource,
     tracker: Arc<Mutex<NodeTracker>>,
     metrics: KubeMetrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let stream = source.kill_notices();
+    let kills = source.kill_notices().map(|n| n.map(KubeletNotice::Kill));
+    let evictions = source.eviction_notices().map(|n| n.map(KubeletNotice::Eviction));
+    let stream = futures::stream::select(kills, evictions);
     let mut stream = std::pin::pin!(stream);
     loop {
         let notice = tokio::select! {
@@ -171,8 +179,12 @@ pub(super) async fn kill_loop(
             Some(Ok(notice)) => {
                 let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
                 // Events are not selected by node: only pods of this node count.
-                if tracker.knows_pod(&notice.pod_uid) {
-                    tracker.apply_kill_notice(notice, boottime_ns());
+                match notice {
+                    KubeletNotice::Kill(notice) if tracker.knows_pod(&notice.pod_uid) => {
+                        tracker.apply_kill_notice(notice, boottime_ns())
+                    }
+                    KubeletNotice::Eviction(uid) if tracker.knows_pod(&uid) => tracker.apply_eviction_notice(&uid),
+                    _ => {}
                 }
             }
             Some(Err(why)) => {

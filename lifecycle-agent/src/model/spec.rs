@@ -86,9 +86,13 @@ pub struct ReportedContainer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Disruption {
-    /// `status.reason: Evicted`, or condition DisruptionTarget with reason EvictionByEvictionAPI
-    /// or TerminationByKubelet.
+    /// Condition DisruptionTarget with reason EvictionByEvictionAPI: a deletion through the
+    /// Eviction API (`kubectl drain`), with the deletion's grace.
     Evicted,
+    /// The kubelet's own eviction: `status.reason: Evicted` (node pressure, or a pod past its
+    /// ephemeral-storage or emptyDir `sizeLimit`), or condition DisruptionTarget with reason
+    /// TerminationByKubelet. Its grace is the kubelet's override, [`KUBELET_EVICTION_GRACE_NS`].
+    EvictedByKubelet,
     /// Condition DisruptionTarget reason PreemptionByScheduler, or a `Preempting` event.
     Preempted,
     /// Node shutdown: `status.reason: Terminated` with the kubelet's shutdown message.
@@ -116,6 +120,22 @@ pub struct PodFacts {
     /// `status.phase` as the kubelet reported it.
     pub reported_phase: Option<String>,
     pub reported: Vec<ReportedContainer>,
+    /// What the API says beside the kernel's view: the conditions the kernel can tell too, and
+    /// whether the kubelet has seen the pod's latest spec.
+    pub reported_status: ReportedPodStatus,
+}
+
+/// The pod-level status the kubelet reported that the kernel's view can be set beside.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReportedPodStatus {
+    /// Condition `PodReadyToStartContainers` (GA 1.37; absent on older kubelets).
+    pub ready_to_start_containers: Option<bool>,
+    /// Condition `Initialized`.
+    pub initialized: Option<bool>,
+    /// `metadata.generation`: bumped by every spec change (a resize too).
+    pub generation: Option<i64>,
+    /// `status.observedGeneration` (GA 1.35): the generation the kubelet last acted on.
+    pub observed_generation: Option<i64>,
 }
 
 impl PodFacts {
@@ -221,6 +241,11 @@ pub enum SpecSource {
 /// `terminationGracePeriodSeconds` for a probe kill, else the pod's (None: unknown here, the
 /// runtime's labels apply).
 pub fn grace_used_ns(pod: &PodFacts, container: &ContainerFacts, cause: Option<StopCause>) -> Option<u64> {
+    // The kubelet's eviction kills with its own override, whatever the pod says; a deletion of
+    // the evicted pod comes after its containers stopped.
+    if pod.disruption == Some(Disruption::EvictedByKubelet) {
+        return Some(KUBELET_EVICTION_GRACE_NS);
+    }
     if let Some(deletion) = pod.deletion_grace_ns {
         return Some(deletion);
     }
@@ -232,10 +257,16 @@ pub fn grace_used_ns(pod: &PodFacts, container: &ContainerFacts, cause: Option<S
     probe_grace.or(pod.grace_ns)
 }
 
+/// The grace the kubelet's eviction manager gives (`immediateEvictionGracePeriodSeconds` in
+/// `pkg/kubelet/eviction/eviction_manager.go`): for hard thresholds and for pods past their
+/// ephemeral-storage or emptyDir limits; the runtime then applies the 2 s floor. A soft
+/// threshold's `evictionMaxPodGracePeriod` is not known here (not in the Pod object).
+pub const KUBELET_EVICTION_GRACE_NS: u64 = 1_000_000_000;
+
 /// The cause the Pod object itself shows (disruption, deletion, restart-all), if any.
 pub fn pod_level_cause(pod: &PodFacts) -> Option<StopCause> {
     match pod.disruption {
-        Some(Disruption::Evicted) => Some(StopCause::Evicted),
+        Some(Disruption::Evicted | Disruption::EvictedByKubelet) => Some(StopCause::Evicted),
         Some(Disruption::Preempted) => Some(StopCause::Preempted),
         Some(Disruption::NodeShutdown) => Some(StopCause::NodeShutdown),
         Some(Disruption::DeadlineExceeded) => Some(StopCause::DeadlineExceeded),
@@ -264,6 +295,7 @@ mod tests {
             containers: vec![container()],
             reported_phase: None,
             reported: Vec::new(),
+            reported_status: ReportedPodStatus::default(),
         }
     }
 
@@ -316,5 +348,18 @@ mod tests {
         assert_eq!(pod_level_cause(&p), Some(StopCause::Deleted));
         p.disruption = Some(Disruption::Evicted);
         assert_eq!(pod_level_cause(&p), Some(StopCause::Evicted));
+        p.disruption = Some(Disruption::EvictedByKubelet);
+        assert_eq!(pod_level_cause(&p), Some(StopCause::Evicted));
+    }
+
+    #[test]
+    fn the_kubelets_own_eviction_uses_its_override_not_the_pods_grace() {
+        let (mut p, c) = (pod(), container());
+        p.disruption = Some(Disruption::EvictedByKubelet);
+        assert_eq!(grace_used_ns(&p, &c, Some(StopCause::Evicted)), Some(KUBELET_EVICTION_GRACE_NS));
+        p.deletion_grace_ns = Some(30 * S);
+        assert_eq!(grace_used_ns(&p, &c, Some(StopCause::Evicted)), Some(KUBELET_EVICTION_GRACE_NS), "killed before");
+        p.disruption = Some(Disruption::Evicted);
+        assert_eq!(grace_used_ns(&p, &c, Some(StopCause::Evicted)), Some(30 * S), "the Eviction API's deletion");
     }
 }

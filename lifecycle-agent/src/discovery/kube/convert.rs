@@ -13,7 +13,10 @@ use k8s_openapi::{
 
 use crate::model::{
     container_state::{ExitCodeOperator, RestartPolicy, RestartRule, RestartRuleAction, RestartSpec},
-    spec::{ContainerFacts, ContainerKind, Disruption, HttpProbe, PodFacts, ReportedContainer, ReportedState},
+    spec::{
+        ContainerFacts, ContainerKind, Disruption, HttpProbe, PodFacts, ReportedContainer, ReportedPodStatus,
+        ReportedState,
+    },
     termination::PreStopHandler,
 };
 
@@ -66,13 +69,15 @@ pub fn pod_facts(pod: &Pod, problems: &mut Vec<SpecProblem>) -> Option<PodFacts>
     }
     let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or_default();
     let condition_true = |kind: &str| conditions.iter().find(|c| c.type_ == kind && c.status == "True");
+    let condition = |kind: &str| conditions.iter().find(|c| c.type_ == kind).map(|c| c.status == "True");
     let disruption = match (status.and_then(|s| s.reason.as_deref()), condition_true("DisruptionTarget")) {
-        (Some("Evicted"), _) => Some(Disruption::Evicted),
+        (Some("Evicted"), _) => Some(Disruption::EvictedByKubelet),
         (Some("Terminated"), _) => Some(Disruption::NodeShutdown),
         (Some("DeadlineExceeded"), _) => Some(Disruption::DeadlineExceeded),
         (_, Some(target)) => match target.reason.as_deref() {
             Some("PreemptionByScheduler") | Some("PreemptionByKubeScheduler") => Some(Disruption::Preempted),
-            Some("EvictionByEvictionAPI") | Some("TerminationByKubelet") => Some(Disruption::Evicted),
+            Some("EvictionByEvictionAPI") => Some(Disruption::Evicted),
+            Some("TerminationByKubelet") => Some(Disruption::EvictedByKubelet),
             _ => None,
         },
         _ => None,
@@ -104,6 +109,12 @@ pub fn pod_facts(pod: &Pod, problems: &mut Vec<SpecProblem>) -> Option<PodFacts>
         containers,
         reported_phase: status.and_then(|s| s.phase.clone()),
         reported,
+        reported_status: ReportedPodStatus {
+            ready_to_start_containers: condition("PodReadyToStartContainers"),
+            initialized: condition("Initialized"),
+            generation: meta.generation,
+            observed_generation: status.and_then(|s| s.observed_generation),
+        },
     })
 }
 

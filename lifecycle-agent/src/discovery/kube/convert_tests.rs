@@ -22,6 +22,13 @@ fn newer_fields_restart_rules_stop_signal_sidecars_and_probes_decode() {
     assert_eq!(pod.grace_ns, Some(45 * SECOND_NS));
     assert_eq!(pod.deletion_grace_ns, None);
     assert!(pod.restarting_all_containers);
+    let reported = &pod.reported_status;
+    assert_eq!((reported.ready_to_start_containers, reported.initialized), (Some(true), Some(false)));
+    assert_eq!(
+        (reported.generation, reported.observed_generation),
+        (Some(3), Some(2)),
+        "a spec the kubelet has not seen"
+    );
     assert_eq!(crate::model::spec::pod_level_cause(&pod), Some(StopCause::RestartAllContainers));
     let kinds: Vec<(&str, ContainerKind)> = pod.containers.iter().map(|c| (c.name.as_str(), c.kind)).collect();
     assert_eq!(
@@ -57,13 +64,13 @@ fn newer_fields_restart_rules_stop_signal_sidecars_and_probes_decode() {
 }
 
 #[test]
-fn a_deleted_evicted_pod_carries_its_deletion_grace() {
+fn a_pod_the_kubelet_evicted_then_deleted_carries_both() {
     let (pod, problems) = decode(include_str!("fixtures/pod-deleted-evicted.json"));
     assert!(problems.is_empty(), "{problems:?}");
     assert_eq!(pod.restart_policy, RestartPolicy::Never);
     assert_eq!(pod.grace_ns, None, "the API default applies");
     assert_eq!(pod.deletion_grace_ns, Some(3 * SECOND_NS));
-    assert_eq!(pod.disruption, Some(Disruption::Evicted));
+    assert_eq!(pod.disruption, Some(Disruption::EvictedByKubelet), "status.reason Evicted is the kubelet's");
     assert_eq!(pod.reported_phase.as_deref(), Some("Failed"));
 }
 

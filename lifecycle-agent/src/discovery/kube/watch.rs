@@ -164,6 +164,32 @@ impl KubeSource {
     }
 }
 
+impl KubeSource {
+    /// The uids of pods this node's kubelet announced it evicts (its `Evicted` Warning events,
+    /// recorded before it kills the containers: node pressure, ephemeral storage, emptyDir
+    /// `sizeLimit`).
+    pub fn eviction_notices(&self) -> impl Stream<Item = Result<String, String>> + Send + 'static {
+        let api: Api<ApiEvent> = Api::all(self.client.clone());
+        let config = watcher::Config::default().fields("involvedObject.kind=Pod,reason=Evicted");
+        let node = self.node.clone();
+        watcher(api, config).default_backoff().applied_objects().filter_map(move |event| {
+            let notice = match event {
+                Ok(event) => eviction_notice(&event, &node).map(Ok),
+                Err(err) => Some(Err(crate::ErrorChain(&err).to_string())),
+            };
+            async move { notice }
+        })
+    }
+}
+
+/// The uid of the pod in an `Evicted` event, if this node's kubelet reported it.
+pub fn eviction_notice(event: &ApiEvent, node: &str) -> Option<String> {
+    if !from_kubelet_of(event, node) || event.reason.as_deref() != Some("Evicted") {
+        return None;
+    }
+    event.involved_object.uid.clone()
+}
+
 /// Whether `event` was reported by the kubelet of `node`. Anyone allowed to create Events can
 /// write a `Killing` event; one that does not name this node's kubelet as its reporter (the
 /// events.k8s.io fields, else the core `source`) is not taken as the cause of a stop.
@@ -235,6 +261,23 @@ mod tests {
         reported.reporting_component = Some("kubelet".into());
         reported.reporting_instance = Some("node-a".into());
         assert!(kill_notice(&reported, "node-a").is_some(), "the events.k8s.io reporter fields count too");
+    }
+
+    #[test]
+    fn the_kubelets_evicted_events_name_the_pod() {
+        let event = |reason: &str, host: &str| -> ApiEvent {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "hog.17b", "namespace": "default"},
+                "involvedObject": {"kind": "Pod", "name": "hog", "namespace": "default", "uid": "u9"},
+                "reason": reason,
+                "message": "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". ",
+                "source": {"component": "kubelet", "host": host}
+            }))
+            .expect("an Event")
+        };
+        assert_eq!(eviction_notice(&event("Evicted", "node-a"), "node-a").as_deref(), Some("u9"));
+        assert_eq!(eviction_notice(&event("Evicted", "node-b"), "node-a"), None, "another node's kubelet");
+        assert_eq!(eviction_notice(&event("Killing", "node-a"), "node-a"), None);
     }
 
     #[test]

@@ -141,6 +141,9 @@ pub struct NodeTracker {
     /// (pod uid, container) -> the cause of a kill the kubelet announced and that has not
     /// happened yet.
     kill_notices: BTreeMap<(String, String), StopCause>,
+    /// Pods the kubelet announced it evicts (at most the pods known: a notice for an unknown
+    /// pod is not kept, and a pod's entry goes with it).
+    evicted_by_kubelet: HashSet<String>,
     api: pods::ApiState,
     /// OOM victims and the kernel's log lines about them, until they meet (`oom.rs`).
     oom: oom::OomJoin,
@@ -166,6 +169,7 @@ impl NodeTracker {
             history: history::History::default(),
             watching_since: 0,
             kill_notices: BTreeMap::new(),
+            evicted_by_kubelet: HashSet::new(),
             api: pods::ApiState::default(),
             oom: oom::OomJoin::default(),
         }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{instance::InstanceKind, NodeTracker, UnitKey};
-use crate::model::container_state::ContainerState;
+use crate::model::{container_state::ContainerState, spec::ReportedPodStatus};
 
 /// `PodPhase` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -35,6 +35,9 @@ pub struct PodView {
     /// The pod conditions the kernel can tell (readiness needs the probes' results, which the
     /// kubelet keeps: `Ready`/`ContainersReady` are the API's).
     pub conditions: PodConditions,
+    /// The same conditions as the kubelet reported them, and the generation it observed, when
+    /// the API is watched.
+    pub api_status: Option<ReportedPodStatus>,
 }
 
 /// `PodReadyToStartContainers` and `Initialized`, from what ran.
@@ -95,6 +98,7 @@ impl NodeTracker {
                     uid: pod_uid.clone(),
                     phase: PodPhase::Pending,
                     api_phase: self.pods.get(pod_uid).and_then(|p| p.reported_phase.clone()),
+                    api_status: self.pods.get(pod_uid).map(|p| p.reported_status.clone()),
                     running_containers: 0,
                     containers: 0,
                     conditions: PodConditions {

@@ -9,7 +9,8 @@ use crate::model::{
     container_state::RestartSpec,
     metadata::{ContainerMeta, ContainerType},
     spec::{
-        grace_used_ns, pod_level_cause, ContainerFacts, ContainerKind, KillNotice, PodFacts, SpecSource, StopCause,
+        grace_used_ns, pod_level_cause, ContainerFacts, ContainerKind, Disruption, KillNotice, PodFacts, SpecSource,
+        StopCause,
     },
     termination::{TerminationOutcome, TerminationReport, TerminationSettings, SIGTERM},
 };
@@ -60,11 +61,15 @@ impl NodeTracker {
     /// The pod as the API shows it at `now` (boot ns). A cause the Pod shows only after its
     /// containers stopped (the kubelet writes `DeadlineExceeded` or `Evicted` into the status
     /// while it stops them) names the stops judged in the last `LATE_NOTICE_NS` without one.
-    pub fn apply_pod(&mut self, pod: PodFacts, now: u64) {
+    pub fn apply_pod(&mut self, mut pod: PodFacts, now: u64) {
         let uid = pod.uid.clone();
         if !self.pods.contains_key(&uid) && self.pods.len() >= MAX_PODS {
             self.dropped.add(DroppedKind::Pod, 1);
             return;
+        }
+        // The kubelet's Evicted event came before the status it writes once the pod is stopped.
+        if pod.disruption.is_none() && self.evicted_by_kubelet.contains(&uid) {
+            pod.disruption = Some(Disruption::EvictedByKubelet);
         }
         self.check_reported_status(&pod);
         // Only causes the kubelet writes while it stops the containers; a deletion (forced too)
@@ -107,8 +112,21 @@ impl NodeTracker {
         }
     }
 
+    /// The kubelet announced that it evicts pod `uid` (its `Evicted` event, recorded before it
+    /// kills the containers): they are stopped with the eviction's grace, which the Pod object
+    /// shows only once they are stopped.
+    pub fn apply_eviction_notice(&mut self, uid: &str) {
+        let Some(pod) = self.pods.get_mut(uid) else { return };
+        if pod.disruption.is_none() {
+            pod.disruption = Some(Disruption::EvictedByKubelet);
+        }
+        self.evicted_by_kubelet.insert(uid.to_owned());
+        self.apply_spec(uid);
+    }
+
     /// A pod left the API (deleted, or no longer on this node).
     pub fn forget_pod(&mut self, uid: &str) {
+        self.evicted_by_kubelet.remove(uid);
         self.pods.remove(uid);
         self.pods_gone.retain(|(_, gone)| gone != uid);
         self.kill_notices.retain(|(pod, _), _| pod != uid);
@@ -122,6 +140,7 @@ impl NodeTracker {
             }
             self.pods_gone.pop_front();
             self.pods.remove(&uid);
+            self.evicted_by_kubelet.remove(&uid);
             self.kill_notices.retain(|(pod, _), _| *pod != uid);
         }
     }

@@ -32,6 +32,7 @@ fn pod_facts(
         }],
         reported_phase: Some("Running".into()),
         reported: Vec::new(),
+        reported_status: Default::default(),
     }
 }
 
@@ -458,4 +459,25 @@ fn the_limit_an_oom_kill_answered_joins_its_victim_in_either_order() {
     tracker.apply(&exit(5 * SECOND + 1000, 100, cg, None, Some(9)));
     tracker.apply_oom_log(oom_line(100, "/kubepods/pod-u"), 60 * SECOND);
     assert_eq!(only_view(&tracker, 60 * SECOND).last_termination.and_then(|r| r.oom_limit), None);
+}
+
+#[test]
+fn the_kubelets_eviction_notice_sets_its_grace_before_the_pod_shows_it() {
+    // Issue 19: the eviction manager records `Evicted` and kills with a 1 s override (2 s with
+    // the runtime's floor); the Pod's `status.reason: Evicted` comes after the containers
+    // stopped. Judged with the pod's 20 s, the SIGKILL 2 s after TERM read as an early kill.
+    use crate::model::{container_state::RestartPolicy, spec::StopCause};
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(20, RestartPolicy::Always));
+    let uid = pod_facts(20, RestartPolicy::Always).uid;
+    tracker.apply_eviction_notice(&uid);
+    // A pod update without the reason yet keeps what the event said.
+    tracker.apply_pod(pod_facts(20, RestartPolicy::Always), 9 * SECOND);
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(12 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(12 * SECOND + 1000, 100, cg, None, Some(9)));
+    let report = only_view(&tracker, 13 * SECOND).last_termination.expect("judged");
+    assert_eq!(report.cause, Some(StopCause::Evicted));
+    assert_eq!((report.grace_ns, report.expected_kill_after_ns), (SECOND, 2 * SECOND));
+    assert!(matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { .. }), "{report:?}");
 }
