@@ -858,6 +858,51 @@ fn an_eviction_by_the_kubelet_is_named_with_the_grace_it_used() {
     stop_and_check_machine(kube, agent);
 }
 
+/// Issue 19: a native sidecar in a `restartPolicy: Never` pod. `proxy` crashes once (exit 1) and
+/// the kubelet restarts it, as it restarts every sidecar whatever the pod's policy; `app` then
+/// completes (exit 0) while `proxy` runs, the kubelet stops `proxy`, and the pod Succeeds.
+#[test]
+fn a_sidecar_restarts_in_a_never_pod_and_is_stopped_when_the_main_container_completes() {
+    let Some((kube, agent)) =
+        start("a_sidecar_restarts_in_a_never_pod_and_is_stopped_when_the_main_container_completes")
+    else {
+        return;
+    };
+    let proxy = format!("if [ -e /shared/crashed ]; then {TRAP_EXIT}; else touch /shared/crashed; sleep 1; exit 1; fi");
+    apply(&kube, "withproxy", "sleep 6; exit 0", |p| {
+        p["spec"]["restartPolicy"] = "Never".into();
+        p["spec"]["terminationGracePeriodSeconds"] = 10.into();
+        p["spec"]["volumes"] = serde_json::json!([{"name": "shared", "emptyDir": {}}]);
+        p["spec"]["initContainers"] = serde_json::json!([{
+            "name": "proxy", "image": kube::IMAGE, "imagePullPolicy": "Never", "restartPolicy": "Always",
+            "command": ["sh", "-c", proxy], "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}]);
+    });
+    let pod = kube
+        .wait_pod("default", "withproxy", "Succeeded", Duration::from_secs(90), |pod| {
+            pod["status"]["phase"] == "Succeeded"
+        })
+        .expect("the pod completes");
+    let reported = container_status(&pod, "proxy").expect("the sidecar's status");
+    eprintln!("proxy as reported: {reported}");
+    let proxy = agent.wait_named("withproxy", "proxy", "stopped after its restart", Duration::from_secs(30), |c| {
+        c["restart_count"] == 1 && judged(c) && c["state"]["state"] == "terminated"
+    });
+    let app = agent.wait_named("withproxy", "app", "completed", Duration::from_secs(30), judged);
+    eprintln!("proxy: {} / {}", proxy["last_termination"], proxy["last_backoff"]);
+    eprintln!("app: {}", app["last_termination"]);
+    let phase = agent_pods(&agent).into_iter().find(|p| p["pod"] == "withproxy").expect("the pod's view");
+    eprintln!("pod: {phase}");
+    assert_eq!(proxy["sidecar"], true, "{proxy:#}");
+    assert_eq!(proxy["last_backoff"]["verdict"], "within_tolerance", "the crash's restart, expected: {proxy:#}");
+    assert_eq!(reported["restartCount"], proxy["restart_count"], "{proxy:#}");
+    assert_eq!(outcome(&app), "exited_without_stop_signal", "{app:#}");
+    assert_eq!(app["state"]["exit_code"], 0, "{app:#}");
+    assert_eq!(outcome(&proxy), "exited_within_grace", "stopped by the kubelet, its TERM trap: {proxy:#}");
+    assert_eq!(phase["phase"], "Succeeded", "{phase:#}");
+    assert_eq!(phase["api_phase"], "Succeeded", "{phase:#}");
+    stop_and_check_machine(kube, agent);
+}
+
 #[test]
 fn restart_rules_restart_a_never_pods_container_on_exit_42_and_not_on_1() {
     let Some((kube, agent)) = start("restart_rules_restart_a_never_pods_container_on_exit_42_and_not_on_1") else {

@@ -6,7 +6,7 @@
 use super::bounds::DroppedKind;
 use super::{unit::termination_settings, InstanceKind, NodeTracker, Unit, UnitKey};
 use crate::model::{
-    container_state::RestartSpec,
+    container_state::{ContainerState, RestartSpec},
     metadata::{ContainerMeta, ContainerType},
     spec::{
         grace_used_ns, pod_level_cause, ContainerFacts, ContainerKind, Disruption, KillNotice, PodFacts, SpecSource,
@@ -191,7 +191,14 @@ impl NodeTracker {
     /// container type and the configured default policy.
     pub(super) fn restart_spec(&self, key: &UnitKey, meta: Option<&ContainerMeta>) -> RestartSpec {
         if let Some((pod, container)) = self.spec_of(key) {
-            return RestartSpec { pod_terminating: pod.deletion_grace_ns.is_some(), ..container.restart.clone() };
+            // Sidecars run while the main containers do: once those are done for good, the kubelet
+            // stops the sidecars and restarts none (`pkg/kubelet/kuberuntime`, the pod's
+            // termination once no regular container is left to keep or start).
+            let main_done = container.kind == ContainerKind::Sidecar && self.main_containers_done(pod);
+            return RestartSpec {
+                pod_terminating: pod.deletion_grace_ns.is_some() || main_done,
+                ..container.restart.clone()
+            };
         }
         RestartSpec {
             pod_restart_policy: self.config.restart_policy,
@@ -220,8 +227,21 @@ impl NodeTracker {
         }
     }
 
+    /// Whether every regular container of `pod` ended and will not be restarted.
+    fn main_containers_done(&self, pod: &PodFacts) -> bool {
+        let mut regular = pod.containers.iter().filter(|c| c.kind == ContainerKind::Regular).peekable();
+        regular.peek().is_some()
+            && regular.all(|c| {
+                let key = UnitKey::Container { pod_uid: pod.uid.clone(), container: c.name.clone() };
+                self.units.get(&key).is_some_and(|unit| match unit.status.state() {
+                    ContainerState::Terminated { exit_code, .. } => !unit.restart.should_restart(*exit_code),
+                    _ => false,
+                })
+            })
+    }
+
     /// Re-applies the spec of pod `uid` to its units and their live instances.
-    fn apply_spec(&mut self, uid: &str) {
+    pub(super) fn apply_spec(&mut self, uid: &str) {
         let keys: Vec<UnitKey> = self
             .units
             .keys()

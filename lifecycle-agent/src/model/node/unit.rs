@@ -474,6 +474,13 @@ impl NodeTracker {
         if !unit.named_by_id {
             self.record_judgement(judgement);
         }
+        // The last main container done: the pod's sidecars will not be restarted any more.
+        if let UnitKey::Container { pod_uid, .. } = &key {
+            if !self.units.get(&key).is_some_and(|u| u.sidecar || u.init_container) {
+                let pod_uid = pod_uid.clone();
+                self.apply_spec(&pod_uid);
+            }
+        }
     }
 }
 
