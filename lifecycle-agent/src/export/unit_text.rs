@@ -260,7 +260,6 @@ pub(super) fn write_unit(f: &mut Families, view: &UnitView<'_>) {
     let l = &view.labels;
     let with_uid =
         Labels::new(&[("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container), ("uid", &l.uid)]);
-    let short = Labels::new(&[("namespace", &l.namespace), ("pod", &l.pod), ("container", &l.container)]);
     for candidate in STATES {
         f.sample(F::State, "", &with_uid, &[("state", candidate)], f64::from(u8::from(candidate == view.state)));
     }
@@ -282,32 +281,32 @@ pub(super) fn write_unit(f: &mut Families, view: &UnitView<'_>) {
         f.sample(
             F::Exits,
             "",
-            &short,
+            &with_uid,
             &[("reason", labels::terminated_reason(*reason)), ("exit_code", &code_text), ("signal", &signal)],
             *n as f64,
         );
     }
     for ((outcome, cause), n) in &c.terminations {
         let labels = [("outcome", labels::outcome(*outcome)), ("cause", cause.map_or("", labels::stop_cause))];
-        f.sample(F::Terminations, "", &short, &labels, *n as f64);
+        f.sample(F::Terminations, "", &with_uid, &labels, *n as f64);
     }
     for (kind, n) in &c.disagreements {
-        f.sample(F::Disagreements, "", &short, &[("kind", labels::disagreement(*kind))], *n as f64);
+        f.sample(F::Disagreements, "", &with_uid, &[("kind", labels::disagreement(*kind))], *n as f64);
     }
     // Initialised at 0 so the first violation is an increase, not a new series.
     f.sample(F::Violations, "", &with_uid, &[], c.grace_violations as f64);
     if let Some(seconds) = view.last_stop_seconds {
-        f.sample(F::LastStopSeconds, "", &short, &[], seconds);
+        f.sample(F::LastStopSeconds, "", &with_uid, &[], seconds);
     }
     if let Some(ratio) = view.last_grace_ratio {
-        f.sample(F::LastGraceRatio, "", &short, &[], ratio);
+        f.sample(F::LastGraceRatio, "", &with_uid, &[], ratio);
     }
     if let Some((observed, expected)) = view.last_backoff_seconds {
         f.sample(F::Observed, "", &with_uid, &[], observed);
         f.sample(F::Expected, "", &with_uid, &[], expected);
     }
     for (verdict, n) in &c.backoff_verdicts {
-        f.sample(F::Verdicts, "", &short, &[("verdict", labels::verdict(*verdict))], *n as f64);
+        f.sample(F::Verdicts, "", &with_uid, &[("verdict", labels::verdict(*verdict))], *n as f64);
     }
     // Signals the kernel counted without recording them (sent inside the container and harmless
     // to their target) join the recorded ones from the same container.
@@ -317,7 +316,7 @@ pub(super) fn write_unit(f: &mut Families, view: &UnitView<'_>) {
         signal_text.clear();
         let _ = write!(signal_text, "{signal}");
         let labels = [("signal", signal_text.as_str()), ("sender", labels::sender_kind(sender))];
-        f.sample(F::Signals, "", &short, &labels, n as f64);
+        f.sample(F::Signals, "", &with_uid, &labels, n as f64);
     };
     for (&(signal, sender), &n) in &c.signals {
         let extra = match (sender, unrecorded.get_mut(signal as usize)) {
@@ -329,22 +328,22 @@ pub(super) fn write_unit(f: &mut Families, view: &UnitView<'_>) {
     for (signal, &n) in unrecorded.iter().enumerate().filter(|(_, &n)| n > 0) {
         signal_sample(f, signal, SenderKind::SameContainer, n);
     }
-    f.sample(F::Oom, "", &short, &[], c.oom_kills as f64);
-    f.sample(F::Execs, "", &short, &[], view.kernel.execs as f64);
-    f.sample(F::ProcessExits, "", &short, &[], view.kernel.process_exits as f64);
+    f.sample(F::Oom, "", &with_uid, &[], c.oom_kills as f64);
+    f.sample(F::Execs, "", &with_uid, &[], view.kernel.execs as f64);
+    f.sample(F::ProcessExits, "", &with_uid, &[], view.kernel.process_exits as f64);
     let mut port_text = String::new();
     for (port, stats) in view.tcp.iter() {
         port_text.clear();
         let _ = write!(port_text, "{port}");
         let port = [("port", port_text.as_str())];
-        f.sample(F::Listeners, "", &short, &port, stats.listeners as f64);
-        f.sample(F::Established, "", &short, &port, stats.established as f64);
-        f.sample(F::Accepts, "", &short, &port, stats.accepts as f64);
+        f.sample(F::Listeners, "", &with_uid, &port, stats.listeners as f64);
+        f.sample(F::Established, "", &with_uid, &port, stats.established as f64);
+        f.sample(F::Accepts, "", &with_uid, &port, stats.accepts as f64);
         let waiting = if stats.listeners > 0 { stats.established.saturating_sub(stats.accepts) } else { 0 };
-        f.sample(F::QueueDepth, "", &short, &port, waiting as f64);
+        f.sample(F::QueueDepth, "", &with_uid, &port, waiting as f64);
     }
     if c.exec_sessions > 0 {
-        f.sample(F::ExecProcesses, "", &short, &[], c.exec_sessions as f64);
-        f.sample(F::ExecCpu, "", &short, &[], c.exec_session_cpu_ns as f64 / 1e9);
+        f.sample(F::ExecProcesses, "", &with_uid, &[], c.exec_sessions as f64);
+        f.sample(F::ExecCpu, "", &with_uid, &[], c.exec_session_cpu_ns as f64 / 1e9);
     }
 }

@@ -141,7 +141,7 @@ fn a_scrape_shows_every_change_since_the_last_and_keeps_nothing_stale() {
     let a = r#"namespace="host",pod="",container="/system.slice/a.service""#;
     let b = r#"namespace="host",pod="",container="/system.slice/b.service""#;
     assert!(second.contains(&format!("lifecycle_container_last_terminated_exit_code{{{a},uid=\"\"}} 3\n")), "{second}");
-    assert!(second.contains(&format!("lifecycle_process_execs_total{{{b}}} 4\n")), "{second}");
+    assert!(second.contains(&format!("lifecycle_process_execs_total{{{b},uid=\"\"}} 4\n")), "{second}");
     assert!(!second.contains("c.service"), "{second}");
     assert!(first.contains("c.service"));
 }
@@ -162,4 +162,71 @@ fn without_host_units_a_scrape_has_no_host_cgroup_series() {
     let without = scrape(make().without_host_units());
     assert!(!without.contains("nginx"), "{without}");
     assert!(without.contains("lifecycle_state_dropped_total"), "the node's own families stay");
+}
+
+#[test]
+fn a_pod_recreated_under_the_same_name_gives_two_series_sets_not_duplicates() {
+    // Issue 17: a StatefulSet pod deleted and created again keeps its name; for the series
+    // retention both the departed container and the new one are exported. Families without
+    // `uid` wrote the same series twice, and Prometheus refuses a scrape with a duplicate.
+    use crate::model::metadata::{ContainerMeta, ContainerState, KubeletAnnotations};
+    let mut tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
+    let uids = ["00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000002"];
+    let metas = uids
+        .iter()
+        .enumerate()
+        .map(|(n, uid)| ContainerMeta {
+            container_id: format!("{n}").repeat(64),
+            pod_sandbox_id: format!("sandbox-{n}"),
+            pod_name: "db-0".into(),
+            pod_namespace: "shop".into(),
+            pod_uid: (*uid).into(),
+            container_name: "db".into(),
+            attempt: 0,
+            kubelet: KubeletAnnotations::default(),
+            probe_declaration: None,
+            state: ContainerState::Running,
+            exit_code: None,
+            reason: None,
+            message: None,
+            created_ns: 0,
+            started_ns: None,
+            finished_ns: None,
+        })
+        .collect();
+    tracker.set_metadata(metas);
+    for (n, uid) in uids.iter().enumerate() {
+        let cgroup = 100 + n as u64;
+        let path = format!("/kubepods/besteffort/pod{uid}/{}", format!("{n}").repeat(64));
+        tracker.apply(&event(1, 1, 1, Detail::CgroupMkdir(CgroupDetail { id: cgroup, path, truncated: false })));
+        let exec = Detail::Exec {
+            parent_tgid: 1,
+            parent_cgroup_id: 1,
+            namespace_init: true,
+            child_pid_namespace: true,
+            start_time_ns: 2,
+            comm: "db".into(),
+        };
+        tracker.apply(&event(2, 1000 + n as u32, cgroup, exec));
+    }
+    let metrics = UnitMetrics::new(
+        Arc::new(Mutex::new(tracker)),
+        Arc::new(Kernel),
+        Box::new(|| 10_000_000_000),
+        Box::new(|| 1_700_000_000.0),
+    );
+    let mut text = String::new();
+    metrics.render(&mut text);
+    let mut seen = std::collections::HashSet::new();
+    for series in text.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s)) {
+        assert!(seen.insert(series.to_owned()), "{series} twice in:\n{text}");
+    }
+    for uid in uids {
+        assert!(
+            text.contains(&format!(
+                "lifecycle_process_execs_total{{namespace=\"shop\",pod=\"db-0\",container=\"db\",uid=\"{uid}\"}}"
+            )),
+            "{text}"
+        );
+    }
 }
