@@ -330,6 +330,30 @@ fn explained_from_anywhere_with_a_readers_own_rights(kube: &Kube, port: u16) {
             .is_some_and(|v| v.starts_with("SIGKILLed 2.0s after SIGTERM: it did not exit within its 2.0s grace")),
         "{stories:#}"
     );
+    // The same client for an OOM kill and a liveness kill, each judged by the DaemonSet's agent.
+    let explained = |pod: &str, done: &dyn Fn(&Value) -> bool| -> Value {
+        let began = Instant::now();
+        loop {
+            let output = plugin(&["explain", &format!("default/{pod}"), "-o", "json"]);
+            let stories: Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+            if output.status.success() && done(&stories[0]) {
+                return stories[0].clone();
+            }
+            assert!(began.elapsed() < Duration::from_secs(90), "{pod}: {output:?}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    let verdict = |story: &Value| story["verdict"].as_str().unwrap_or_default().to_owned();
+    let oom = explained("oomer", &|story| verdict(story).starts_with("OOM-killed"));
+    eprintln!("oomer through the plugin: {}", oom["verdict"]);
+    assert!(verdict(&oom).starts_with("OOM-killed at the"), "which limit fired: {oom:#}");
+    assert!(oom["timeline"].to_string().contains("memory limit fired"), "{oom:#}");
+    let unlively = explained("unlively", &|story| story["cause"] == "liveness_probe");
+    eprintln!("unlively through the plugin: {}", unlively["verdict"]);
+    assert!(
+        verdict(&unlively).starts_with("SIGKILLed 2.0s after SIGTERM: it did not exit within its 2.0s grace"),
+        "{unlively:#}"
+    );
     // `status` across the cluster: every node's agent (one here), rows with the node's name.
     let listed = plugin(&["status", "-A", "-o", "json"]);
     assert!(listed.status.success(), "{listed:?}");
@@ -496,6 +520,18 @@ fn daemonset_runs_on(test: &str, version: NodeVersion) {
     assert_eq!(seen["namespace"], "default", "{seen:#}");
     kube.wait_pod_phase("default", "stubborn", "Running", Duration::from_secs(60)).expect("Running");
 
+    // For `explain` through the plugin below: an OOM kill, and a liveness kill of an app that
+    // ignores TERM (restartPolicy Always: the kubelet's Event names the probe).
+    let mut oomer = kube.pod_manifest("oomer", &["sh", "-c", "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done"]);
+    oomer["spec"]["restartPolicy"] = "Never".into();
+    oomer["spec"]["containers"][0]["resources"] = json!({"limits": {"memory": "32Mi"}});
+    kube.apply(&oomer.to_string()).expect("create oomer");
+    let mut unlively = kube.pod_manifest("unlively", &["sh", "-c", IGNORE_TERM]);
+    unlively["spec"]["terminationGracePeriodSeconds"] = 2.into();
+    unlively["spec"]["containers"][0]["livenessProbe"] = json!({
+        "exec": {"command": ["sh", "-c", "test -e /tmp/alive"]},
+        "initialDelaySeconds": 2, "periodSeconds": 1, "failureThreshold": 1});
+    kube.apply(&unlively.to_string()).expect("create unlively");
     kube.kubectl(&["delete", "pod", "stubborn", "--wait=false"]).expect("delete");
     let began = Instant::now();
     let judged = wait_agent(&addr, kube.token(), "stubborn", "judged", Duration::from_secs(40), |c| {
