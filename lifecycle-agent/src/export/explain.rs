@@ -209,6 +209,13 @@ pub fn story(c: &Value) -> ContainerStory {
                 text: format!("accepted {accepts} connection(s) after {stop_signal}"),
             });
         }
+        if outcome["still_listening"] == true {
+            lines.push(Line {
+                offset_ms: None,
+                source: "kernel",
+                text: "still listening when the SIGKILL came: clients were still being let in".to_owned(),
+            });
+        }
     }
     let kill_time = stop_time.zip(outcome["stop_to_kill_ns"].as_u64()).map(|(s, d)| s + d);
     if report["exit_signal"] == 9 && !matches!(outcome["kind"].as_str(), Some("oom_killed")) {
@@ -283,6 +290,14 @@ pub fn story(c: &Value) -> ContainerStory {
         });
     }
 
+    // In CrashLoopBackOff now: when the kubelet's back-off lets it start again.
+    if let Some(remaining) = c["back_off_remaining_ns"].as_u64().filter(|ns| *ns > 0) {
+        lines.push(Line {
+            offset_ms: None,
+            source: "agent",
+            text: format!("the next restart is due in {} (the kubelet's back-off)", seconds(remaining)),
+        });
+    }
     story.verdict =
         verdict(outcome, &stop_signal, grace, due, &running, &missed, report["oom_limit"]["scope"].as_str());
     story.timeline = lines;
@@ -457,6 +472,19 @@ mod tests {
             "SIGKILLed by the container runtime 1.0s after SIGTERM, 2.0s before its 3.0s grace ran out: killed \
              early, not the app's doing"
         );
+    }
+
+    #[test]
+    fn a_listener_left_open_and_a_pending_restart_are_said() {
+        let mut c = shell_entrypoint();
+        c["last_termination"]["outcome"]["still_listening"] = json!(true);
+        c["back_off_remaining_ns"] = json!(12_000_000_000u64);
+        let story = &explain(&answer(c), "shop", "web-1", None)[0];
+        let lines: Vec<&str> = story.timeline.iter().map(|l| l.text.as_str()).collect();
+        assert!(lines.contains(&"still listening when the SIGKILL came: clients were still being let in"), "{lines:?}");
+        assert!(lines.contains(&"the next restart is due in 12.0s (the kubelet's back-off)"), "{lines:?}");
+        let quiet = &explain(&answer(shell_entrypoint()), "shop", "web-1", None)[0];
+        assert!(!quiet.timeline.iter().any(|l| l.text.contains("still listening") || l.text.contains("next restart")));
     }
 
     #[test]
