@@ -100,6 +100,8 @@ fn text(v: &Value) -> String {
 fn process(p: &Value) -> String {
     if p["init"] == true {
         format!("PID 1 `{}`", text(&p["comm"]))
+    } else if p["exec_session"] == true {
+        format!("`{}` (pid {}, exec session)", text(&p["comm"]), p["pid"])
     } else {
         format!("`{}` (pid {})", text(&p["comm"]), p["pid"])
     }
@@ -177,7 +179,10 @@ pub fn story(c: &Value) -> ContainerStory {
     }
     let scene = &report["scene"];
     let running: Vec<&Value> = scene["running_at_stop"].as_array().into_iter().flatten().collect();
-    let missed: Vec<&Value> = running.iter().copied().filter(|p| p["got_stop_signal"] != true).collect();
+    // The app's processes the stop signal did not reach (the runtime's exec sessions, a preStop
+    // hook's among them, are not the app's).
+    let missed: Vec<&Value> =
+        running.iter().copied().filter(|p| p["got_stop_signal"] != true && p["exec_session"] != true).collect();
     if let Some(time) = stop_time {
         let configured = if stop["matches_configured"] == false { " (not the configured stop signal)" } else { "" };
         lines.push(Line {
@@ -472,6 +477,19 @@ mod tests {
             "SIGKILLed by the container runtime 1.0s after SIGTERM, 2.0s before its 3.0s grace ran out: killed \
              early, not the app's doing"
         );
+    }
+
+    #[test]
+    fn a_prestop_hooks_processes_are_not_the_apps_that_missed_the_signal() {
+        let mut c = shell_entrypoint();
+        let hook = json!({"pid": 4200, "init": false, "comm": "sleep", "started_at_boot_ns": 99_000_000_000u64,
+            "got_stop_signal": false, "exec_session": true});
+        c["last_termination"]["scene"]["running_at_stop"] =
+            json!([c["last_termination"]["scene"]["running_at_stop"][0].clone(), hook]);
+        let story = &explain(&answer(c), "shop", "web-1", None)[0];
+        assert_eq!(story.verdict, "SIGKILLed 30.0s after SIGTERM: it did not exit within its 30.0s grace");
+        let running = story.timeline.iter().find(|l| l.text.starts_with("running:")).expect("who ran");
+        assert_eq!(running.text, "running: PID 1 `sh`, `sleep` (pid 4200, exec session); got SIGTERM: PID 1 `sh`");
     }
 
     #[test]

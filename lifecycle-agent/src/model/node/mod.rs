@@ -328,6 +328,7 @@ impl NodeTracker {
                 comm: p.comm.clone(),
                 started_at: p.start_time_ns,
                 got_stop_signal: false,
+                exec_session: p.exec_session,
             })
             .collect()
     }

@@ -269,6 +269,9 @@ pub struct ProcessAtStop {
     /// another process of the container). False for a process behind a shell that does not
     /// pass signals on: the shell-entrypoint bug.
     pub got_stop_signal: bool,
+    /// Started into the container by the runtime (an exec probe, a preStop hook, `kubectl
+    /// exec`) or by such a process: not the app's, so not one the stop signal should reach.
+    pub exec_session: bool,
 }
 
 /// Who was running when a container was stopped: what `explain` needs to say "PID 1 `sh` got
@@ -317,7 +320,7 @@ impl StopScene {
     /// process that ran beside it never did. (init comm, that process's comm and pid.)
     pub fn stop_signal_kept_from(&self) -> Option<(&str, &str, u32)> {
         let init = self.running_at_stop.iter().find(|p| p.init && p.got_stop_signal)?;
-        let missed = self.running_at_stop.iter().find(|p| !p.init && !p.got_stop_signal)?;
+        let missed = self.running_at_stop.iter().find(|p| !p.init && !p.got_stop_signal && !p.exec_session)?;
         Some((&init.comm, &missed.comm, missed.pid))
     }
 
