@@ -481,3 +481,32 @@ fn the_kubelets_eviction_notice_sets_its_grace_before_the_pod_shows_it() {
     assert_eq!((report.grace_ns, report.expected_kill_after_ns), (SECOND, 2 * SECOND));
     assert!(matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { .. }), "{report:?}");
 }
+
+#[test]
+fn a_deleted_pods_stop_is_explained_long_after_its_series_expired() {
+    // Issue 20: `explain` of a pod deleted 20 minutes earlier. Its unit, its pod facts and its
+    // series are gone after the retention (10 minutes); the node's history keeps the stop.
+    use crate::model::container_state::RestartPolicy;
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(2, RestartPolicy::Always));
+    let mut deleted = pod_facts(2, RestartPolicy::Always);
+    deleted.deletion_grace_ns = Some(2 * SECOND);
+    tracker.apply_pod(deleted.clone(), 9 * SECOND);
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(12 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(12 * SECOND + 1000, 100, cg, None, Some(9)));
+    tracker.apply(&event(
+        13 * SECOND,
+        1,
+        1,
+        Detail::CgroupRmdir(CgroupDetail { id: cg, path: String::new(), truncated: false }),
+    ));
+    tracker.pod_gone(deleted, 14 * SECOND);
+    let twenty_minutes = 20 * 60 * SECOND;
+    tracker.expire(twenty_minutes, 10 * 60 * SECOND);
+    assert!(tracker.units().next().is_none(), "the unit and its series are gone");
+    let past = tracker.history_of_pod("shop", "web-1");
+    assert_eq!(past.len(), 1, "{past:?}");
+    assert_eq!(past[0].last_termination.cause, Some(crate::model::spec::StopCause::Deleted));
+    assert!(matches!(past[0].last_termination.outcome, TerminationOutcome::SigkilledAfterGrace { .. }));
+}
