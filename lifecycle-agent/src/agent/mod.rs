@@ -226,13 +226,16 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     };
     let supervisor = supervisor.with_handoff(adopted, registry, heartbeats.settled.clone());
     let probes_wanted = Arc::new(Notify::new());
-    tokio::spawn(supervisor.run(tracker.clone(), Duration::from_secs(1), probes_wanted.clone(), heartbeats.clone()));
+    // Every loop the agent runs until shutdown, owned here: joined at shutdown, and one that
+    // ends before it is said in the log.
+    let mut loops = tokio::task::JoinSet::new();
+    loops.spawn(supervisor.run(tracker.clone(), Duration::from_secs(1), probes_wanted.clone(), heartbeats.clone()));
 
     let metadata_wanted = Arc::new(Notify::new());
     let runtime_metrics = RuntimeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let mut runtime = RuntimeLink::new(config.cri_socket.clone(), runtime_metrics);
     runtime.refresh(&tracker).await;
-    tokio::spawn(runtime_loop(
+    loops.spawn(runtime_loop(
         runtime,
         tracker.clone(),
         metadata_wanted.clone(),
@@ -243,23 +246,23 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let review_client = kube.as_ref().filter(|_| config.api_auth).map(|source| source.client());
     if let Some(source) = kube {
         let kube_metrics = kube::KubeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
-        tokio::spawn(kube::pod_loop(
+        loops.spawn(kube::pod_loop(
             source.clone(),
             tracker.clone(),
             kube_metrics.clone(),
             probes_wanted.clone(),
             shutdown.clone(),
         ));
-        tokio::spawn(kube::kill_loop(source.clone(), tracker.clone(), kube_metrics, shutdown.clone()));
+        loops.spawn(kube::kill_loop(source.clone(), tracker.clone(), kube_metrics, shutdown.clone()));
         if config.events {
             let counts = events::register(metrics.registry()).map_err(MetricsError::from)?;
-            tokio::spawn(events::event_loop(source, tracker.clone(), probe_metrics, counts, shutdown.clone()));
+            loops.spawn(events::event_loop(source, tracker.clone(), probe_metrics, counts, shutdown.clone()));
         }
     }
-    tokio::spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));
-    tokio::spawn(verdicts::verdict_log_loop(tracker.clone(), shutdown.clone()));
+    loops.spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));
+    loops.spawn(verdicts::verdict_log_loop(tracker.clone(), shutdown.clone()));
     let repairs = tasks::register_repairs(metrics.registry()).map_err(MetricsError::from)?;
-    tokio::spawn(tasks::resync_loop(tracker.clone(), maps.clone(), root.clone(), repairs.clone(), shutdown.clone()));
+    loops.spawn(tasks::resync_loop(tracker.clone(), maps.clone(), root.clone(), repairs.clone(), shutdown.clone()));
 
     let gate = match config.api_auth {
         false => None,
@@ -321,7 +324,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         let listener = http::bind(addr).await?;
         log::info!("serving /healthz for the kubelet on http://{addr}");
         let routes = Arc::new(Routes::health_only(heartbeats.clone()));
-        tokio::spawn(http::serve_within(listener, routes, shutdown.clone(), http::Limits::health()));
+        loops.spawn(http::serve_within(listener, routes, shutdown.clone(), http::Limits::health()));
     }
 
     let stream = sensor.take_events().ok_or(AgentError::StreamTaken)?;
@@ -341,9 +344,15 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let mut reading =
         reader.start(stream, config.poll).map_err(|err| AgentError::Stream(StreamError::Register(err)))?;
     let mut shutdown_flag = shutdown.clone();
-    let failure = tokio::select! {
-        error = reading.failed() => Some(error),
-        _ = shutdown_flag.changed() => None,
+    let failure = loop {
+        tokio::select! {
+            error = reading.failed() => break Some(error),
+            _ = shutdown_flag.changed() => break None,
+            Some(ended) = loops.join_next() => match ended {
+                Ok(()) => log::error!("a background loop ended before shutdown"),
+                Err(err) => log::error!("a background loop failed: {err}"),
+            },
+        }
     };
     if let Some(error) = failure {
         return Err(error.into());
@@ -352,6 +361,13 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     drop(reading.stop().await);
     drop(sensor);
     let _ = server.await;
+    // The loops see the shutdown flag and return; one that does not within this is aborted.
+    let joined =
+        tokio::time::timeout(Duration::from_secs(5), async { while loops.join_next().await.is_some() {} }).await;
+    if joined.is_err() {
+        log::warn!("{} background loop(s) did not stop within 5 s: aborted", loops.len());
+        loops.shutdown().await;
+    }
     Ok(())
 }
 
