@@ -348,6 +348,17 @@ fn explained_from_anywhere_with_a_readers_own_rights(kube: &Kube, port: u16) {
     eprintln!("oomer through the plugin: {}", oom["verdict"]);
     assert!(verdict(&oom).starts_with("OOM-killed at the"), "which limit fired: {oom:#}");
     assert!(oom["timeline"].to_string().contains("memory limit fired"), "{oom:#}");
+    let shell = explained("shell", &|story| story["cause"] == "deleted");
+    eprintln!("shell through the plugin: {}", shell["verdict"]);
+    assert!(verdict(&shell).contains("PID 1 `sh` got SIGTERM and did not pass it on: `"), "{shell:#}");
+    let overrun = explained("overrun", &|story| story["cause"] == "deleted");
+    eprintln!("overrun through the plugin: {}", overrun["verdict"]);
+    let overrun_lines = overrun["timeline"].to_string();
+    assert!(overrun_lines.contains("preStop hook started"), "{overrun:#}");
+    assert!(
+        verdict(&overrun).starts_with("SIGKILLed 2.0s after SIGTERM: it did not exit within its 2.0s grace"),
+        "{overrun:#}"
+    );
     let unlively = explained("unlively", &|story| story["cause"] == "liveness_probe");
     eprintln!("unlively through the plugin: {}", unlively["verdict"]);
     assert!(
@@ -532,6 +543,32 @@ fn daemonset_runs_on(test: &str, version: NodeVersion) {
         "exec": {"command": ["sh", "-c", "test -e /tmp/alive"]},
         "initialDelaySeconds": 2, "periodSeconds": 1, "failureThreshold": 1});
     kube.apply(&unlively.to_string()).expect("create unlively");
+    // A shell entrypoint that keeps TERM from its child, and a preStop hook that overruns the
+    // grace: both deleted once they run.
+    let mut shell = kube.pod_manifest("shell", &["sh", "-c", "sleep 100000; true"]);
+    shell["spec"]["terminationGracePeriodSeconds"] = 2.into();
+    kube.apply(&shell.to_string()).expect("create shell");
+    let mut overrun = kube.pod_manifest("overrun", &["sh", "-c", IGNORE_TERM]);
+    overrun["spec"]["terminationGracePeriodSeconds"] = 4.into();
+    overrun["spec"]["containers"][0]["lifecycle"] = json!({"preStop": {"exec": {"command": ["sh", "-c", "sleep 30"]}}});
+    kube.apply(&overrun.to_string()).expect("create overrun");
+    for name in ["shell", "overrun"] {
+        kube.wait_pod_phase("default", name, "Running", Duration::from_secs(60)).expect("Running");
+    }
+    // The shell's child must run before the stop: its `sleep`, in the container's cgroup.
+    let shell_pod = kube.pod("default", "shell").expect("get").expect("exists");
+    let id = shell_pod["status"]["containerStatuses"][0]["containerID"].as_str().unwrap_or_default();
+    let id = id.trim_start_matches("containerd://").to_owned();
+    let began = Instant::now();
+    while !std::fs::read_dir("/proc").expect("/proc").flatten().any(|entry| {
+        let dir = entry.path();
+        std::fs::read_to_string(dir.join("comm")).is_ok_and(|comm| comm.trim() == "sleep")
+            && std::fs::read_to_string(dir.join("cgroup")).is_ok_and(|cgroup| !id.is_empty() && cgroup.contains(&id))
+    }) {
+        assert!(began.elapsed() < Duration::from_secs(20), "the shell's sleep runs");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    kube.kubectl(&["delete", "pod", "shell", "overrun", "--wait=false"]).expect("delete shell and overrun");
     kube.kubectl(&["delete", "pod", "stubborn", "--wait=false"]).expect("delete");
     let began = Instant::now();
     let judged = wait_agent(&addr, kube.token(), "stubborn", "judged", Duration::from_secs(40), |c| {
