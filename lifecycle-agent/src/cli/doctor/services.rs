@@ -127,9 +127,12 @@ impl Permission {
 /// What deploy/rbac.yaml grants and the agent uses: its node's pods (list, watch), tokens and
 /// access checks for `--api-auth kubernetes`, events (events.k8s.io, kube's recorder) for
 /// `--events`.
-pub const PERMISSIONS: [Permission; 5] = [
+pub const PERMISSIONS: [Permission; 7] = [
     Permission { verb: "list", group: "", resource: "pods" },
     Permission { verb: "watch", group: "", resource: "pods" },
+    // The kubelet's Killing and Evicted events: the cause of a probe kill, a resize, an eviction.
+    Permission { verb: "list", group: "", resource: "events" },
+    Permission { verb: "watch", group: "", resource: "events" },
     Permission { verb: "create", group: "authentication.k8s.io", resource: "tokenreviews" },
     Permission { verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews" },
     Permission { verb: "create", group: "events.k8s.io", resource: "events" },

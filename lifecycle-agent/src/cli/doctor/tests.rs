@@ -263,7 +263,7 @@ fn the_api_is_skipped_without_credentials_and_denials_are_named() {
         .collect();
     let partial = check_kubernetes(&ApiReach::Reached { node: "n1".into(), answers });
     assert_eq!(verdict(&partial), Verdict::Missing);
-    assert!(partial.found.contains("denied: create events.events.k8s.io"), "{partial:?}");
+    assert!(partial.found.contains("denied: list events, watch events, create events.events.k8s.io"), "{partial:?}");
     assert!(partial.found.contains("could not ask: create subjectaccessreviews"), "{partial:?}");
     assert!(!partial.found.contains("denied: list pods"), "{partial:?}");
 }
