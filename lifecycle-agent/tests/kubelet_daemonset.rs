@@ -20,6 +20,7 @@ use std::{
 
 use lifecycle_testkit::{
     agent::{free_port, get, get_with_token},
+    bpf,
     kube::{self, Kube, NodeVersion},
 };
 use serde_json::{json, Value};
@@ -169,37 +170,6 @@ fn wait_agent(
         }
         assert!(began.elapsed() < within, "{name}: not {what} within {within:?}; last seen: {found:#?}");
         std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The ids of the BPF programs loaded on the machine (BPF_PROG_GET_NEXT_ID), or `None` when the
-/// kernel refuses to list them.
-fn bpf_program_ids() -> Option<BTreeSet<u32>> {
-    const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
-    #[repr(C)]
-    struct NextId {
-        start_id: u32,
-        next_id: u32,
-        open_flags: u32,
-    }
-    let mut ids = BTreeSet::new();
-    let mut attr = NextId { start_id: 0, next_id: 0, open_flags: 0 };
-    loop {
-        // SAFETY: bpf(2) reads and writes `attr`, a live value of the size passed.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_PROG_GET_NEXT_ID,
-                &mut attr as *mut NextId,
-                std::mem::size_of::<NextId>() as libc::c_uint,
-            )
-        };
-        if rc != 0 {
-            let errno = std::io::Error::last_os_error().raw_os_error();
-            return (errno == Some(libc::ENOENT)).then_some(ids);
-        }
-        ids.insert(attr.next_id);
-        attr.start_id = attr.next_id;
     }
 }
 
@@ -501,7 +471,7 @@ fn daemonset_runs_on(test: &str, version: NodeVersion) {
     let manifest = agent_pod(&kube, daemonset, image, ports, &credentials);
     // The template's DirectoryOrCreate volumes create these on the host when missing.
     let created_dirs = missing_host_dirs();
-    let programs_before = bpf_program_ids();
+    let programs_before = bpf::program_ids();
     let began = Instant::now();
     kube.apply(&manifest.to_string()).expect("create the agent pod");
     let guard = AgentPod::new(&kube, created_dirs);
@@ -584,22 +554,16 @@ fn daemonset_runs_on(test: &str, version: NodeVersion) {
 
     // Teardown: the agent pod before the node, so the agent detaches its programs on SIGTERM
     // (the node's teardown would SIGKILL it with the sandbox).
-    let programs_running = bpf_program_ids();
+    let programs_running = bpf::program_ids();
     delete_agent_pod(&kube);
     drop(guard);
     match (programs_before, programs_running) {
         (Some(before), Some(running)) => {
             let agents: BTreeSet<u32> = running.difference(&before).copied().collect();
             assert!(!agents.is_empty(), "the pod's agent loaded programs");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let left: Vec<u32> = bpf_program_ids().unwrap_or_default().intersection(&agents).copied().collect();
-                if left.is_empty() {
-                    eprintln!("the agent's {} BPF programs are gone", agents.len());
-                    break;
-                }
-                assert!(Instant::now() < deadline, "BPF programs {left:?} outlived the agent pod");
-                std::thread::sleep(Duration::from_millis(100));
+            match bpf::wait_programs_gone(&agents, Duration::from_secs(10)) {
+                Ok(_) => eprintln!("the agent's {} BPF programs are gone", agents.len()),
+                Err(left) => panic!("BPF programs {left:?} outlived the agent pod"),
             }
         }
         _ => eprintln!("BPF program ids cannot be listed here: not checking that the agent's are gone"),

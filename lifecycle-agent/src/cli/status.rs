@@ -8,6 +8,8 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio_rustls::{rustls, TlsConnector};
 
+pub use crate::export::explain_html::percent_encoded;
+
 /// Why the agent could not be asked.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
@@ -137,17 +139,6 @@ impl Selection {
             false => format!("/api/v1/containers?{}", pairs.join("&")),
         }
     }
-}
-
-/// A query value percent-encoded (names may hold any byte a user types).
-pub fn percent_encoded(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// How `status` prints, as `kubectl get -o` does.

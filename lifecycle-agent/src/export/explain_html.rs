@@ -78,7 +78,7 @@ pub fn node_page(node: &str, stories: &[ContainerStory]) -> String {
     } else {
         body.push_str("<table><tr><th>pod</th><th>container</th><th>cause</th><th>verdict</th></tr>");
         for story in stories {
-            let href = format!("/explain/{}/{}", percent(&story.namespace), percent(&story.pod));
+            let href = format!("/explain/{}/{}", percent_encoded(&story.namespace), percent_encoded(&story.pod));
             let _ = write!(
                 body,
                 "<tr><td><a href=\"{}\">{}/{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -95,8 +95,8 @@ pub fn node_page(node: &str, stories: &[ContainerStory]) -> String {
     page(&format!("{node}: recent stops"), &body)
 }
 
-/// Percent-encodes a path segment.
-fn percent(segment: &str) -> String {
+/// Percent-encodes a path segment or a query value (names may hold any byte a client types).
+pub fn percent_encoded(segment: &str) -> String {
     segment
         .bytes()
         .map(|b| match b {
