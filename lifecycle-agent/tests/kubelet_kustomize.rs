@@ -432,7 +432,10 @@ fn kubectl_apply_k_runs_the_agent_and_delete_k_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(200));
     }
     kube.kubectl(&["delete", "pod", WATCHED, "--wait=false"]).expect("delete the watched pod");
-    kube.wait_pod_gone("default", WATCHED, Duration::from_secs(30)).expect("watched pod gone");
+    // A fixture's removal, not what this test checks: the 1.20 kubelet sometimes holds a deleted
+    // pod Terminating until a later sync (docs/kubelet-behaviour.md; kubelet.rs allows 120 s too),
+    // and took over 30 s once in a clean-clone run.
+    kube.wait_pod_gone("default", WATCHED, Duration::from_secs(120)).expect("watched pod gone");
 
     // The uninstall, as deploy/README.md has it.
     let agent_pod = kube.pod(&namespace, &pod_name).expect("get").expect("the agent pod");
