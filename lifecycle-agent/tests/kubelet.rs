@@ -103,7 +103,7 @@ fn a_pod_runs_and_kubectl_delete_removes_it() {
     // The kubelet then removes the pod. Kubelet 1.20 sometimes removes the exited container
     // before reporting it (the API then shows ContainerStatusUnknown) and the pod stays
     // Terminating until a later sync: allow for that.
-    let gone = kube.wait_pod_gone("default", "sleeper", Duration::from_secs(120)).expect("pod is removed");
+    let gone = kube.wait_pod_gone("default", "sleeper", kube::POD_REMOVAL).expect("pod is removed");
     eprintln!("kubectl delete -> pod gone from the API in {:.1?}", deleted.elapsed());
     assert!(gone < Duration::from_secs(120));
 

@@ -189,7 +189,7 @@ fn delete_agent_pod_named(kube: &Kube, name: &str) {
     kube.kubectl(&["delete", "pod", "-n", NAMESPACE, name, "--wait=false"]).expect("delete the agent pod");
     let exit = exits.wait_for(id, Duration::from_secs(30)).expect("the agent exits");
     let exited = exit.seen.duration_since(began);
-    kube.wait_pod_gone(NAMESPACE, name, Duration::from_secs(60)).expect("agent pod gone");
+    kube.wait_pod_gone(NAMESPACE, name, kube::POD_REMOVAL).expect("agent pod gone");
     eprintln!(
         "agent exited {exited:.1?} after the pod's deletion (status {}); pod gone after {:.1?}",
         exit.exit_status,
@@ -230,7 +230,7 @@ impl Drop for AgentPod<'_> {
                 let _ = self.kube.kubectl(&["delete", "pod", "-n", NAMESPACE, name, "--wait=false"]);
             }
             for name in &self.names {
-                let _ = self.kube.wait_pod_gone(NAMESPACE, name, Duration::from_secs(30));
+                let _ = self.kube.wait_pod_gone(NAMESPACE, name, kube::POD_REMOVAL);
             }
         }
         for dir in &self.created_dirs {

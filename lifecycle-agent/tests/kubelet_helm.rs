@@ -87,7 +87,7 @@ impl Drop for Installed<'_> {
         if std::thread::panicking() {
             let _ = self.kube.helm_command(self.helm).args(["uninstall", RELEASE, "-n", NAMESPACE]).output();
             let _ = self.kube.kubectl(&["delete", "pod", "-n", NAMESPACE, POD, "--wait=false"]);
-            let _ = self.kube.wait_pod_gone(NAMESPACE, POD, Duration::from_secs(30));
+            let _ = self.kube.wait_pod_gone(NAMESPACE, POD, kube::POD_REMOVAL);
         }
         if self.created_handoff_dir {
             // The last agent's handoff socket and serving CA: nothing uses them any more.
@@ -193,7 +193,7 @@ fn helm_install_runs_the_agent_and_uninstall_leaves_nothing() {
         if pod["metadata"]["ownerReferences"].as_array().into_iter().flatten().any(|o| o["uid"] == uid) {
             let name = pod["metadata"]["name"].as_str().expect("pod name");
             kube.kubectl(&["delete", "pod", "-n", NAMESPACE, name, "--wait=false"]).expect("delete the orphan");
-            let gone = kube.wait_pod_gone(NAMESPACE, name, Duration::from_secs(30)).expect("agent pod gone");
+            let gone = kube.wait_pod_gone(NAMESPACE, name, kube::POD_REMOVAL).expect("agent pod gone");
             eprintln!("the DaemonSet's pod {name} gone {gone:.1?} after its deletion");
         }
     }

@@ -278,7 +278,7 @@ impl Drop for Applied<'_> {
             let _ = self.kube.kubectl(&["delete", "-k", &self.overlay.to_string_lossy(), "--wait=false"]);
             if let Some((namespace, name)) = &self.pod {
                 let _ = self.kube.kubectl(&["delete", "pod", "-n", namespace, name, "--wait=false"]);
-                let _ = self.kube.wait_pod_gone(namespace, name, Duration::from_secs(30));
+                let _ = self.kube.wait_pod_gone(namespace, name, kube::POD_REMOVAL);
             }
         }
         if !self.dirs_removed {
@@ -435,7 +435,7 @@ fn kubectl_apply_k_runs_the_agent_and_delete_k_leaves_nothing() {
     // A fixture's removal, not what this test checks: the 1.20 kubelet sometimes holds a deleted
     // pod Terminating until a later sync (docs/kubelet-behaviour.md; kubelet.rs allows 120 s too),
     // and took over 30 s once in a clean-clone run.
-    kube.wait_pod_gone("default", WATCHED, Duration::from_secs(120)).expect("watched pod gone");
+    kube.wait_pod_gone("default", WATCHED, kube::POD_REMOVAL).expect("watched pod gone");
 
     // The uninstall, as deploy/README.md has it.
     let agent_pod = kube.pod(&namespace, &pod_name).expect("get").expect("the agent pod");
@@ -469,7 +469,7 @@ fn kubectl_apply_k_runs_the_agent_and_delete_k_leaves_nothing() {
     kube.kubectl(&["delete", "pod", "-n", &namespace, &pod_name, "--wait=false"]).expect("delete the orphan");
     let exit = exits.wait_for(&container_id, Duration::from_secs(30)).expect("the agent exits");
     let exited = exit.seen.duration_since(began);
-    let gone = kube.wait_pod_gone(&namespace, &pod_name, Duration::from_secs(60)).expect("agent pod gone");
+    let gone = kube.wait_pod_gone(&namespace, &pod_name, kube::POD_REMOVAL).expect("agent pod gone");
     eprintln!(
         "the agent exited {exited:.1?} after its pod's deletion (status {}); pod gone in {gone:.1?}",
         exit.exit_status

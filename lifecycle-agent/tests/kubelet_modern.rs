@@ -112,7 +112,7 @@ fn a_pod_runs_and_kubectl_delete_removes_it_judged_within_grace() {
     assert_eq!(judged["last_termination"]["spec"], "api", "{judged:#}");
     assert_eq!(grace_s(&judged), 5.0, "{judged:#}");
     assert_eq!(judged["state"]["reason"], "Completed", "{judged:#}");
-    let gone = kube.wait_pod_gone("default", "sleeper", Duration::from_secs(60)).expect("pod is removed");
+    let gone = kube.wait_pod_gone("default", "sleeper", kube::POD_REMOVAL).expect("pod is removed");
     eprintln!("kubectl delete -> pod gone from the API in {gone:.1?}");
 
     stop_and_check_machine(kube, agent);
@@ -324,7 +324,7 @@ fn explain_tells_a_shell_entrypoint_kept_sigterm_from_its_child() {
     );
 
     // Once the pod is gone, the node's history still answers, with the same verdict.
-    kube.wait_pod_gone("default", "shell", Duration::from_secs(60)).expect("the pod is removed");
+    kube.wait_pod_gone("default", "shell", kube::POD_REMOVAL).expect("the pod is removed");
     let output = std::process::Command::new(AGENT)
         .args(["explain", "default/shell", "--all-instances", "--server", &agent.addr, "-o", "json"])
         .output()
@@ -577,7 +577,7 @@ fn native_sidecars_start_in_order_and_stop_after_the_main_container_in_reverse()
         let grace = grace_s(&c);
         assert!(grace > 0.0 && grace <= 10.0, "what was left of the pod's 10 s: {c:#}");
     }
-    kube.wait_pod_gone("default", "sidecars", Duration::from_secs(60)).expect("pod is removed");
+    kube.wait_pod_gone("default", "sidecars", kube::POD_REMOVAL).expect("pod is removed");
 
     stop_and_check_machine(kube, agent);
 }
@@ -628,7 +628,7 @@ fn stop_signals_from_the_pod_or_the_image_are_the_ones_the_kernel_saw() {
         assert_eq!(stop["matches_configured"], true, "judged against the configured signal: {c:#}");
         assert_eq!(c["state"]["exit_code"], 0, "{c:#}");
     }
-    kube.wait_pod_gone("default", "stopsig", Duration::from_secs(60)).expect("pod is removed");
+    kube.wait_pod_gone("default", "stopsig", kube::POD_REMOVAL).expect("pod is removed");
     stop_and_check_machine(kube, agent);
 }
 

@@ -84,6 +84,11 @@ pub const LOG_ENV: &str = "LIFECYCLE_KUBE_LOGS";
 pub const IMAGE: &str = crate::containerd::IMAGE;
 /// The node's name.
 pub const NODE: &str = "lifecycle-node";
+/// How long a test waits for a deleted pod's object to leave the API server. The kubelet deletes
+/// it only once its status manager sees the pod's resources reclaimed (containers gone, volumes
+/// unmounted, pod cgroup removed by housekeeping); on the 1.20 kubelet that took from 2 s to past
+/// 30 s in clean-clone runs of this suite. A precondition of the tests that use it, not a check.
+pub const POD_REMOVAL: Duration = Duration::from_secs(120);
 /// How long the API server may take to answer /readyz, and the node to become Ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a daemon may take to exit after SIGTERM before it is killed.

@@ -143,15 +143,15 @@ fn container_facts(
                 continue;
             }
         };
-        if rule.action != "Restart" {
-            // Other actions (RestartAllContainers) do not restart this container alone.
-            continue;
-        }
-        rules.push(RestartRule {
-            action: RestartRuleAction::Restart,
-            operator,
-            values: codes.values.clone().unwrap_or_default(),
-        });
+        let action = match rule.action.as_str() {
+            "Restart" => RestartRuleAction::Restart,
+            "RestartAllContainers" => RestartRuleAction::RestartAllContainers,
+            other => {
+                problems.push(problem(&field("restartPolicyRules.action"), other));
+                continue;
+            }
+        };
+        rules.push(RestartRule { action, operator, values: codes.values.clone().unwrap_or_default() });
     }
     let kind = match (init, container_restart_policy) {
         (true, Some(RestartPolicy::Always)) => ContainerKind::Sidecar,

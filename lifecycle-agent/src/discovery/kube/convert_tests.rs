@@ -41,8 +41,12 @@ fn newer_fields_restart_rules_stop_signal_sidecars_and_probes_decode() {
     assert_eq!(app.liveness_grace_ns, Some(7 * SECOND_NS));
     assert_eq!(app.startup_grace_ns, None);
     assert_eq!(app.restart.container_restart_policy, Some(RestartPolicy::Never));
-    assert_eq!(app.restart.restart_policy_rules.len(), 1, "RestartAllContainers is not a per-container restart");
+    let actions: Vec<_> = app.restart.restart_policy_rules.iter().map(|r| r.action).collect();
+    assert_eq!(actions, [RestartRuleAction::Restart, RestartRuleAction::RestartAllContainers], "both rules, in order");
     assert!(app.restart.should_restart(42) && !app.restart.should_restart(1), "rules before the Never policy");
+    // Exit 7 restarts every container of the pod, this one with them; 42 restarts it alone.
+    assert!(app.restart.should_restart(7) && app.restart.restarts_all_containers(7));
+    assert!(!app.restart.restarts_all_containers(42));
     assert_eq!(
         app.http_probes,
         vec![

@@ -82,10 +82,14 @@ pub enum ExitCodeOperator {
     NotIn,
 }
 
-/// `restartPolicyRules[].action`: the API defines Restart only.
+/// `restartPolicyRules[].action`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum RestartRuleAction {
+    /// This container alone restarts (ContainerRestartRules, beta 1.35).
     Restart,
+    /// The kubelet stops every container of the pod and starts them all again, this one too
+    /// (RestartAllContainers, beta 1.36).
+    RestartAllContainers,
 }
 
 /// One `restartPolicyRules` entry: when the exit code matches, take the action.
@@ -127,6 +131,15 @@ impl RestartSpec {
         self.is_init_container && self.container_restart_policy == Some(RestartPolicy::Always)
     }
 
+    /// Whether an exit with `exit_code` makes the kubelet restart every container of the pod:
+    /// the first rule that matches says RestartAllContainers.
+    pub fn restarts_all_containers(&self, exit_code: i32) -> bool {
+        self.restart_policy_rules
+            .iter()
+            .find(|rule| rule.matches(exit_code))
+            .is_some_and(|rule| rule.action == RestartRuleAction::RestartAllContainers)
+    }
+
     /// Whether the kubelet restarts the container after it exited with `exit_code`.
     pub fn should_restart(&self, exit_code: i32) -> bool {
         if self.pod_terminating {
@@ -134,7 +147,7 @@ impl RestartSpec {
         }
         if let Some(rule) = self.restart_policy_rules.iter().find(|rule| rule.matches(exit_code)) {
             return match rule.action {
-                RestartRuleAction::Restart => true,
+                RestartRuleAction::Restart | RestartRuleAction::RestartAllContainers => true,
             };
         }
         let policy = match self.container_restart_policy {

@@ -292,7 +292,69 @@ impl NodeTracker {
         if let Some(cause) = self.kill_notices.remove(&(pod.clone(), container)) {
             return Some(cause);
         }
-        Some(self.pods.get(&pod).and_then(pod_level_cause).unwrap_or(StopCause::RuntimeOrUnknown))
+        if let Some(cause) = self.pods.get(&pod).and_then(pod_level_cause) {
+            return Some(cause);
+        }
+        // The kubelet may set and clear AllContainersRestarting between two status syncs, so
+        // the API never shows it; the sibling's exit that fired the rule is the kernel's proof.
+        let stopped_at = report.stop_signal.as_ref().map_or(report.exit_time, |stop| stop.time);
+        if self.restart_all_fired_before(&pod, stopped_at) {
+            return Some(StopCause::RestartAllContainers);
+        }
+        Some(StopCause::RuntimeOrUnknown)
+    }
+
+    /// Whether a container of pod `pod_uid` exited, in the [`LATE_NOTICE_NS`] up to `at`, with
+    /// an exit code its RestartAllContainers rule matches.
+    fn restart_all_fired_before(&self, pod_uid: &str, at: u64) -> bool {
+        let Some(pod) = self.pods.get(pod_uid) else { return false };
+        self.units.iter().any(|(key, unit)| {
+            let UnitKey::Container { pod_uid: owner, container } = key else { return false };
+            let Some(exit) = unit.last_termination.as_ref() else { return false };
+            owner == pod_uid
+                && exit.exit_time <= at
+                && at - exit.exit_time <= LATE_NOTICE_NS
+                && exit
+                    .exit_status
+                    .zip(pod.container(container))
+                    .is_some_and(|(code, spec)| spec.restart.restarts_all_containers(i32::from(code)))
+        })
+    }
+
+    /// `key`'s container exited at `exit_time` with `exit_status`: when that fired a
+    /// RestartAllContainers rule, the stops of its siblings from then on already judged without
+    /// a cause (seen first, say because this container was linked to its pod late) are the
+    /// rule's.
+    pub(super) fn name_stops_of_a_restart_all(&mut self, key: &UnitKey, exit_status: Option<u8>, exit_time: u64) {
+        let Some((pod, spec)) = self.spec_of(key) else { return };
+        let fired = exit_status.is_some_and(|code| spec.restart.restarts_all_containers(i32::from(code)));
+        if !fired {
+            return;
+        }
+        let pod_uid = pod.uid.clone();
+        let siblings: Vec<UnitKey> = self
+            .units
+            .keys()
+            .filter(|k| k != &key && matches!(k, UnitKey::Container { pod_uid: owner, .. } if *owner == pod_uid))
+            .cloned()
+            .collect();
+        for sibling in siblings {
+            let Some(unit) = self.units.get_mut(&sibling) else { continue };
+            let after_the_exit = unit
+                .last_termination
+                .as_ref()
+                .is_some_and(|r| r.stop_signal.as_ref().map_or(r.exit_time, |stop| stop.time) >= exit_time);
+            // Judged at most LATE_NOTICE_NS after the exit that fired the rule.
+            if after_the_exit && name_a_recent_unknown_stop(unit, StopCause::RestartAllContainers, exit_time) {
+                let exit_time = unit.last_termination.as_ref().map(|r| r.exit_time).unwrap_or_default();
+                self.history.name_cause(
+                    &unit.labels.uid,
+                    &unit.labels.container,
+                    exit_time,
+                    StopCause::RestartAllContainers,
+                );
+            }
+        }
     }
 
     /// Where a verdict's facts come from now.

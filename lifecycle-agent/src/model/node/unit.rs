@@ -474,6 +474,7 @@ impl NodeTracker {
         if !unit.named_by_id {
             self.record_judgement(judgement);
         }
+        self.name_stops_of_a_restart_all(&key, exit.exit_status, exit.time);
         // The last main container done: the pod's sidecars will not be restarted any more.
         if let UnitKey::Container { pod_uid, .. } = &key {
             if !self.units.get(&key).is_some_and(|u| u.sidecar || u.init_container) {
