@@ -230,3 +230,61 @@ fn a_pod_recreated_under_the_same_name_gives_two_series_sets_not_duplicates() {
         );
     }
 }
+
+#[test]
+fn a_thousand_units_beside_a_hostile_one_stay_under_four_megabytes() {
+    // Issue 18's bound: `/metrics` under 4 MB for 1,000 containers while one of them listens on
+    // 20,000 ports, accepts on each, and is sent every signal number from inside and outside.
+    use crate::model::event::TcpDetail;
+    let mut tracker = NodeTracker::new(TrackerConfig::default());
+    for n in 0..1000u64 {
+        start_host_unit(&mut tracker, 100 + n, 10_000 + n as u32, &format!("unit-{n}"));
+    }
+    let (hostile, pid) = (50, 500);
+    start_host_unit(&mut tracker, hostile, pid, "hostile");
+    let shared = Arc::new(Mutex::new(tracker));
+    let units = UnitMetrics::new(shared.clone(), Arc::new(Changing::default()), Box::new(|| 10), Box::new(|| 0.0));
+    let hostile_lines = |text: &str| text.lines().filter(|l| l.contains("/hostile.service\"")).count();
+    let mut text = String::new();
+    units.render(&mut text);
+    let alone = hostile_lines(&text);
+    let mut tracker = shared.lock().expect("lock");
+    for port in 1..=20_000u16 {
+        let tcp = |remote_port| TcpDetail {
+            socket_cgroup_id: hostile,
+            netns: 1,
+            family: 2,
+            local_port: port,
+            remote_port,
+            fd: None,
+        };
+        tracker.apply(&event(3, pid, hostile, Detail::TcpListen(tcp(0))));
+        tracker.apply(&event(4, pid, hostile, Detail::TcpAccept(tcp(40_000))));
+    }
+    for signal in 1..=64u32 {
+        for (sender, sender_cgroup) in [(pid, hostile), (7, 1)] {
+            let detail = Detail::Signal {
+                signal,
+                result: SignalResult::Delivered,
+                group: true,
+                target_pid: pid,
+                target_tgid: pid,
+                target_cgroup_id: hostile,
+                sender_comm: "x".into(),
+                target_comm: "hostile".into(),
+            };
+            tracker.apply(&event(5, sender, sender_cgroup, detail));
+        }
+    }
+    drop(tracker);
+    let mut text = String::new();
+    units.render(&mut text);
+    let hostile_series = hostile_lines(&text);
+    eprintln!("{} bytes, hostile unit {alone} -> {hostile_series} series", text.len());
+    assert!(text.len() < 4_000_000, "{} bytes for 1,001 units", text.len());
+    // Its ports are cut at MAX_PORTS_PER_UNIT (4 series each) and its signals at 64 numbers by
+    // two sender kinds.
+    let most = alone + 4 * crate::model::node::MAX_PORTS_PER_UNIT + 2 * 64;
+    assert!(hostile_series <= most, "{hostile_series} series for the hostile unit, at most {most}");
+    assert!(hostile_series > alone + 64, "its ports and signals are shown, up to the bound");
+}
