@@ -77,13 +77,7 @@ pub fn cargo() -> Command {
 }
 
 fn bootstrap() -> Result<()> {
-    put_bpf_linker_on_path()?;
-    toolchain::ensure()?;
-    packages::ensure(packages::BUILD)
-}
-
-/// bpf-linker lands in $CARGO_HOME/bin; aya-build looks it up on PATH.
-fn put_bpf_linker_on_path() -> Result<()> {
+    // bpf-linker lands in $CARGO_HOME/bin; aya-build looks it up on PATH.
     if let Some(bin) = toolchain::bpf_linker_path().parent() {
         let path = std::env::var_os("PATH").unwrap_or_default();
         let mut parts = vec![bin.to_path_buf()];
@@ -92,72 +86,8 @@ fn put_bpf_linker_on_path() -> Result<()> {
         // SAFETY: single-threaded at this point; no other thread reads the environment.
         unsafe { std::env::set_var("PATH", joined) };
     }
-    Ok(())
-}
-
-/// `bootstrap` for `run`, with the agent's dependencies compiling beside the toolchain install.
-/// Only the agent's own build script needs the nightly and bpf-linker; on a fresh machine their
-/// install (the nightly's download, bpf-linker's ~80 s build) and the dependencies' build (~4 min
-/// of the release build's ~4.5) would otherwise run one after the other. The dependencies are
-/// built as `-p name@version` of the agent's direct dependencies, which cargo compiles with the
-/// same features as the agent's own build (a later `cargo build -p lifecycle-agent` finds them
-/// fresh). A failed prebuild is not an error here: the agent's build that follows reports it.
-fn bootstrap_building_dependencies() -> Result<()> {
-    put_bpf_linker_on_path()?;
-    // protoc, for k8s-cri's build script, before anything compiles.
-    packages::ensure(packages::BUILD)?;
-    let mut prebuild = cargo();
-    prebuild.args(["build", "--release", "--quiet"]);
-    for spec in agent_dependency_specs()? {
-        prebuild.args(["-p", &spec]);
-    }
-    eprintln!("xtask: building the agent's dependencies while the toolchains install");
-    let mut prebuild = prebuild.spawn().context("starting the dependencies' build")?;
-    let installed = toolchain::ensure();
-    let built = prebuild.wait().context("waiting for the dependencies' build")?;
-    if !built.success() {
-        eprintln!("xtask: the dependencies' build failed ({built}); the agent's build will say why");
-    }
-    installed
-}
-
-/// `name@version` of each registry package the agent depends on directly, from `cargo tree`
-/// over the committed lock file. Build dependencies are left out: built here they would be
-/// compiled with the release profile, and again with the build scripts' own for the agent.
-fn agent_dependency_specs() -> Result<Vec<String>> {
-    let tree = shell::capture(cargo().args([
-        "tree",
-        "--locked",
-        "-p",
-        "lifecycle-agent",
-        "--depth",
-        "1",
-        "-e",
-        "normal",
-        "--prefix",
-        "none",
-        "--format",
-        "{p}",
-    ]))?;
-    Ok(dependency_specs(&tree))
-}
-
-/// The specs in `cargo tree --prefix none --format {p}` output: `name vX.Y.Z` lines without a
-/// path (workspace members and the root are skipped), each once.
-fn dependency_specs(tree: &str) -> Vec<String> {
-    let mut specs: Vec<String> = tree
-        .lines()
-        .skip(1)
-        .filter(|line| !line.contains('('))
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            let (name, version) = (words.next()?, words.next()?.strip_prefix('v')?);
-            Some(format!("{name}@{version}"))
-        })
-        .collect();
-    specs.sort();
-    specs.dedup();
-    specs
+    toolchain::ensure()?;
+    packages::ensure(packages::BUILD)
 }
 
 fn main() -> Result<()> {
@@ -165,7 +95,7 @@ fn main() -> Result<()> {
     match cli.command {
         Task::Bootstrap => bootstrap(),
         Task::Run { args } => {
-            bootstrap_building_dependencies()?;
+            bootstrap()?;
             // The agent alone: the kubectl plugin is built when asked for (`--bin kubectl-lifecycle`).
             shell::run(cargo().args(["build", "--release", "-p", "lifecycle-agent", "--bin", "lifecycle-agent"]))?;
             let binary = workspace_root().join("target/release/lifecycle-agent");
@@ -199,17 +129,5 @@ fn main() -> Result<()> {
             bootstrap()?;
             bench::run(which)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::dependency_specs;
-
-    #[test]
-    fn dependency_specs_are_the_registry_packages_of_cargo_tree_once_each() {
-        let tree = "lifecycle-agent v0.1.0 (/w/lifecycle-agent)\nanyhow v1.0.104\nkube v5.0.0\n\
-                    lifecycle-common v0.1.0 (/w/lifecycle-common)\nanyhow v1.0.104\n\n";
-        assert_eq!(dependency_specs(tree), ["anyhow@1.0.104", "kube@5.0.0"]);
     }
 }
