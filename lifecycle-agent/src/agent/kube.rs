@@ -183,7 +183,9 @@ pub(super) async fn kill_loop(
                     KubeletNotice::Kill(notice) if tracker.knows_pod(&notice.pod_uid) => {
                         tracker.apply_kill_notice(notice, boottime_ns())
                     }
-                    KubeletNotice::Eviction(uid) if tracker.knows_pod(&uid) => tracker.apply_eviction_notice(&uid),
+                    KubeletNotice::Eviction(uid) if tracker.knows_pod(&uid) => {
+                        tracker.apply_eviction_notice(&uid, boottime_ns())
+                    }
                     _ => {}
                 }
             }

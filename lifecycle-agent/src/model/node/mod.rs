@@ -145,8 +145,8 @@ pub struct NodeTracker {
     /// happened yet.
     kill_notices: BTreeMap<(String, String), StopCause>,
     /// Pods the kubelet announced it evicts (at most the pods known: a notice for an unknown
-    /// pod is not kept, and a pod's entry goes with it).
-    evicted_by_kubelet: HashSet<String>,
+    /// pod is not kept, and a pod's entry goes with it), with when (see `pods::EvictionNotice`).
+    evicted_by_kubelet: HashMap<String, pods::EvictionNotice>,
     api: pods::ApiState,
     /// OOM victims and the kernel's log lines about them, until they meet (`oom.rs`).
     oom: oom::OomJoin,
@@ -172,7 +172,7 @@ impl NodeTracker {
             history: history::History::default(),
             watching_since: 0,
             kill_notices: BTreeMap::new(),
-            evicted_by_kubelet: HashSet::new(),
+            evicted_by_kubelet: HashMap::new(),
             api: pods::ApiState::default(),
             oom: oom::OomJoin::default(),
         }
@@ -400,6 +400,7 @@ impl NodeTracker {
     /// Closed ports idle as long expire too (a port's four series must not outlive its use).
     pub fn expire(&mut self, now: u64, retention_ns: u64) {
         self.expire_gone_pods(now);
+        self.expire_eviction_notices(now);
         let live: HashSet<UnitKey> =
             self.instances.values().filter(|i| i.exit.is_none()).filter_map(|i| i.unit.clone()).collect();
         self.units.retain(|key, unit| live.contains(key) || now.saturating_sub(unit.last_change_ns) < retention_ns);

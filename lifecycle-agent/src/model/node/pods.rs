@@ -42,6 +42,26 @@ fn name_a_recent_unknown_stop(unit: &mut Unit, cause: StopCause, now: u64) -> bo
     true
 }
 
+/// How long the kubelet's `Evicted` event stands for the eviction before the Pod's status says
+/// so: the eviction manager records it and kills at once (1 s grace, the runtime's 2 s floor);
+/// its status write follows the stopped containers.
+pub(super) const EVICTION_NOTICE_NS: u64 = 10_000_000_000;
+
+/// An `Evicted` event from (what names itself) this node's kubelet.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct EvictionNotice {
+    /// When it came (boot ns).
+    pub(super) at: u64,
+    /// The Pod's status said `Evicted` since.
+    pub(super) confirmed: bool,
+}
+
+impl EvictionNotice {
+    fn in_force(&self, now: u64) -> bool {
+        self.confirmed || now.saturating_sub(self.at) <= EVICTION_NOTICE_NS
+    }
+}
+
 /// Pods kept per node at most (a node runs at most a few hundred).
 const MAX_PODS: usize = 4096;
 
@@ -68,8 +88,12 @@ impl NodeTracker {
             return;
         }
         // The kubelet's Evicted event came before the status it writes once the pod is stopped.
-        if pod.disruption.is_none() && self.evicted_by_kubelet.contains(&uid) {
-            pod.disruption = Some(Disruption::EvictedByKubelet);
+        if let Some(notice) = self.evicted_by_kubelet.get_mut(&uid) {
+            if pod.disruption == Some(Disruption::EvictedByKubelet) {
+                notice.confirmed = true;
+            } else if pod.disruption.is_none() && notice.in_force(now) {
+                pod.disruption = Some(Disruption::EvictedByKubelet);
+            }
         }
         self.check_reported_status(&pod);
         // Only causes the kubelet writes while it stops the containers; a deletion (forced too)
@@ -115,13 +139,38 @@ impl NodeTracker {
     /// The kubelet announced that it evicts pod `uid` (its `Evicted` event, recorded before it
     /// kills the containers): they are stopped with the eviction's grace, which the Pod object
     /// shows only once they are stopped.
-    pub fn apply_eviction_notice(&mut self, uid: &str) {
+    ///
+    /// Anyone allowed to create Events in the pod's namespace can write one that names this
+    /// node's kubelet, so a notice holds only [`EVICTION_NOTICE_NS`] unless the Pod's status
+    /// (which only the kubelet writes) confirms it: a forged one cannot shorten the grace a
+    /// later stop is judged with.
+    pub fn apply_eviction_notice(&mut self, uid: &str, now: u64) {
         let Some(pod) = self.pods.get_mut(uid) else { return };
         if pod.disruption.is_none() {
             pod.disruption = Some(Disruption::EvictedByKubelet);
         }
-        self.evicted_by_kubelet.insert(uid.to_owned());
+        let confirmed = self.evicted_by_kubelet.get(uid).is_some_and(|n| n.confirmed);
+        self.evicted_by_kubelet.insert(uid.to_owned(), EvictionNotice { at: now, confirmed });
         self.apply_spec(uid);
+    }
+
+    /// Drops the eviction notices the Pod's status has not confirmed within
+    /// [`EVICTION_NOTICE_NS`]; the pod's stops are judged with its own grace again.
+    pub(super) fn expire_eviction_notices(&mut self, now: u64) {
+        let stale: Vec<String> = self
+            .evicted_by_kubelet
+            .iter()
+            .filter(|(_, notice)| !notice.confirmed && !notice.in_force(now))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in stale {
+            self.evicted_by_kubelet.remove(&uid);
+            let Some(pod) = self.pods.get_mut(&uid) else { continue };
+            if pod.disruption == Some(Disruption::EvictedByKubelet) {
+                pod.disruption = None;
+                self.apply_spec(&uid);
+            }
+        }
     }
 
     /// A pod left the API (deleted, or no longer on this node).

@@ -469,7 +469,7 @@ fn the_kubelets_eviction_notice_sets_its_grace_before_the_pod_shows_it() {
     use crate::model::{container_state::RestartPolicy, spec::StopCause};
     let (mut tracker, cg) = tracker_with_pod(pod_facts(20, RestartPolicy::Always));
     let uid = pod_facts(20, RestartPolicy::Always).uid;
-    tracker.apply_eviction_notice(&uid);
+    tracker.apply_eviction_notice(&uid, 8 * SECOND);
     // A pod update without the reason yet keeps what the event said.
     tracker.apply_pod(pod_facts(20, RestartPolicy::Always), 9 * SECOND);
     let shim = (50, SHIM_CGROUP, "containerd-shim");
@@ -480,6 +480,41 @@ fn the_kubelets_eviction_notice_sets_its_grace_before_the_pod_shows_it() {
     assert_eq!(report.cause, Some(StopCause::Evicted));
     assert_eq!((report.grace_ns, report.expected_kill_after_ns), (SECOND, 2 * SECOND));
     assert!(matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { .. }), "{report:?}");
+}
+
+#[test]
+fn an_eviction_notice_the_pods_status_never_confirms_lapses() {
+    // Anyone allowed to create Events can write an `Evicted` one naming this node's kubelet.
+    // Unconfirmed by the Pod's status, it must not shorten the grace of a later stop (a
+    // deletion 30 s on, judged with its 20 s, not the eviction's 1 s).
+    use crate::model::{container_state::RestartPolicy, spec::StopCause};
+    let (mut tracker, cg) = tracker_with_pod(pod_facts(20, RestartPolicy::Always));
+    let uid = pod_facts(20, RestartPolicy::Always).uid;
+    tracker.apply_eviction_notice(&uid, 2 * SECOND);
+    tracker.apply_pod(pod_facts(20, RestartPolicy::Always), 5 * SECOND);
+    tracker.expire(11 * SECOND, u64::MAX);
+    assert!(tracker.evicted_by_kubelet.contains_key(&uid), "still in force 9 s on");
+    tracker.expire(13 * SECOND, u64::MAX);
+    assert!(tracker.evicted_by_kubelet.is_empty(), "lapsed, unconfirmed");
+    let mut deleted = pod_facts(20, RestartPolicy::Always);
+    deleted.deletion_grace_ns = Some(20 * SECOND);
+    tracker.apply_pod(deleted, 30 * SECOND);
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(31 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&exit(36 * SECOND, 100, cg, Some(0), None));
+    let report = only_view(&tracker, 37 * SECOND).last_termination.expect("judged");
+    assert_eq!(report.cause, Some(StopCause::Deleted));
+    assert_eq!(report.grace_ns, 20 * SECOND, "{report:?}");
+    assert!(matches!(report.outcome, TerminationOutcome::ExitedWithinGrace { .. }), "{report:?}");
+
+    // Confirmed by the status (`status.reason: Evicted`), a notice stays.
+    let (mut tracker, _) = tracker_with_pod(pod_facts(20, RestartPolicy::Always));
+    tracker.apply_eviction_notice(&uid, 2 * SECOND);
+    let mut evicted = pod_facts(20, RestartPolicy::Always);
+    evicted.disruption = Some(crate::model::spec::Disruption::EvictedByKubelet);
+    tracker.apply_pod(evicted, 5 * SECOND);
+    tracker.expire(60 * SECOND, u64::MAX);
+    assert!(tracker.evicted_by_kubelet.get(&uid).is_some_and(|n| n.confirmed));
 }
 
 #[test]
