@@ -7,14 +7,14 @@
 //!
 //! The API server drops the `Authorization` header once it has authenticated a request, so the
 //! token goes in `X-Lifecycle-Authorization`, which it passes on and the agent reads the same
-//! way. A kubeconfig that authenticates with a client certificate has no token to pass: the
-//! plugin says so and takes `--token`/`--token-file`.
+//! way: the kubeconfig's token, token file or exec credential plugin's token, obtained by kube's
+//! own auth layer. A kubeconfig that authenticates with a client certificate has no token to
+//! pass: the plugin says so and takes `--token`/`--token-file`.
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{api::ListParams, Api, Client};
-use secrecy::ExposeSecret as _;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
@@ -63,6 +63,8 @@ pub enum PluginError {
          agents run with `--api-auth-audience lifecycle-agent`)"
     )]
     NoToken,
+    #[error("your kubeconfig's credential plugin gave no token: {0}")]
+    Credential(String),
     #[error("pod {namespace}/{pod} is not scheduled on a node yet")]
     NotScheduled { namespace: String, pod: String },
     #[error("no agent pod runs on node {node} (looked in namespace {namespace} for {selector})")]
@@ -91,15 +93,42 @@ pub async fn token(given: Option<String>, file: Option<PathBuf>) -> Result<Strin
             .map_err(|source| PluginError::TokenFile { path, source });
     }
     let config = kube::Config::infer().await.map_err(|err| PluginError::Kube(kube::Error::InferConfig(err)))?;
-    if let Some(token) = &config.auth_info.token {
-        return Ok(token.expose_secret().to_owned());
+    kubeconfig_token(&config).await
+}
+
+/// The bearer token `config` authenticates with, obtained as kube's own client does: a token,
+/// a token file, or an exec credential plugin (`aws eks get-token`, `gke-gcloud-auth-plugin`,
+/// `kubelogin`: how most managed clusters' kubeconfigs authenticate). Basic auth and client
+/// certificates give no bearer token.
+pub async fn kubeconfig_token(config: &kube::Config) -> Result<String, PluginError> {
+    use kube::client::ConfigExt as _;
+    use tower::{Layer as _, ServiceExt as _};
+    let Some(layer) = config.auth_layer().map_err(PluginError::Kube)? else {
+        return Err(PluginError::NoToken);
+    };
+    // kube's auth layer sets `Authorization` on a request (running the exec plugin when one is
+    // configured); a service that only keeps that header reads what it set.
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let keep = seen.clone();
+    let keeper = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
+        let keep = keep.clone();
+        async move {
+            let header = request.headers().get(hyper::header::AUTHORIZATION).cloned();
+            *keep.lock().unwrap_or_else(|poison| poison.into_inner()) = header;
+            Ok::<_, tower::BoxError>(hyper::Response::new(()))
+        }
+    });
+    layer
+        .layer(keeper)
+        .oneshot(hyper::Request::new(kube::client::Body::empty()))
+        .await
+        .map_err(|err| PluginError::Credential(err.to_string()))?;
+    let header = seen.lock().unwrap_or_else(|poison| poison.into_inner()).take();
+    let header = header.as_ref().and_then(|v| v.to_str().ok());
+    match header.and_then(|v| v.strip_prefix("Bearer ")) {
+        Some(token) if !token.trim().is_empty() => Ok(token.trim().to_owned()),
+        _ => Err(PluginError::NoToken),
     }
-    if let Some(path) = &config.auth_info.token_file {
-        return std::fs::read_to_string(path)
-            .map(|t| t.trim().to_owned())
-            .map_err(|source| PluginError::TokenFile { path: PathBuf::from(path), source });
-    }
-    Err(PluginError::NoToken)
 }
 
 /// The agent pod on `node`.
@@ -272,4 +301,45 @@ pub async fn status(
     }
     answers.sort_by(|a, b| a.node.cmp(&b.node));
     Ok(answers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kubeconfig for a server that is never contacted, with `user` as its one user.
+    async fn config_with_user(user: &str) -> kube::Config {
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+             clusters: [{{name: k, cluster: {{server: 'https://127.0.0.1:1'}}}}]\n\
+             contexts: [{{name: c, context: {{cluster: k, user: u}}}}]\n\
+             users: [{{name: u, user: {user}}}]\n"
+        );
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).expect("a kubeconfig");
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .expect("a config")
+    }
+
+    #[tokio::test]
+    async fn the_token_comes_from_the_kubeconfig_as_kube_would_send_it() {
+        // Managed clusters' kubeconfigs (EKS, GKE, AKS) name an exec credential plugin; the
+        // token it prints is the one to pass on.
+        let credential = r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"from-exec"}}"#;
+        let exec = format!(
+            "{{exec: {{apiVersion: client.authentication.k8s.io/v1, command: sh, \
+             args: ['-c', 'printf %s ''{credential}'''], interactiveMode: Never}}}}"
+        );
+        assert_eq!(kubeconfig_token(&config_with_user(&exec).await).await.expect("a token"), "from-exec");
+        let token = config_with_user("{token: plain-token}").await;
+        assert_eq!(kubeconfig_token(&token).await.expect("a token"), "plain-token");
+        // Basic auth has no bearer token to pass on.
+        let basic = config_with_user("{username: a, password: b}").await;
+        assert!(matches!(kubeconfig_token(&basic).await, Err(PluginError::NoToken)));
+        // A plugin that fails says so.
+        let failing = "{exec: {apiVersion: client.authentication.k8s.io/v1, command: sh, \
+                       args: ['-c', 'exit 3'], interactiveMode: Never}}";
+        let err = kubeconfig_token(&config_with_user(failing).await).await.expect_err("no token");
+        assert!(matches!(err, PluginError::Credential(_) | PluginError::Kube(_)), "{err}");
+    }
 }
