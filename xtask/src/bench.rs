@@ -14,6 +14,8 @@ use crate::{cargo, packages, shell, workspace_root};
 
 #[path = "bench_delivery.rs"]
 mod delivery;
+#[path = "bench_fresh.rs"]
+mod fresh;
 #[path = "bench_load.rs"]
 mod load;
 #[path = "bench_memory.rs"]
@@ -141,6 +143,13 @@ pub enum Bench {
     /// lost, exit -> state latency and scrapes under a restart churn, and a 100-container stop
     /// storm whose every verdict must be right.
     Scale,
+    /// The README's `xtask/x.sh run` on a fresh machine: a clone with empty RUSTUP_HOME and
+    /// CARGO_HOME, timed until /metrics answers, with when each step began.
+    FreshRun {
+        /// Another commit to time first in the same run (the ratio's baseline).
+        #[arg(long)]
+        baseline: Option<String>,
+    },
     /// /metrics of an agent tracking many containers: scrape time and body size.
     Scrape {
         #[arg(long, default_value_t = 1000)]
@@ -177,6 +186,7 @@ pub fn run(which: Bench) -> Result<()> {
             packages::ensure(packages::TEST)?;
             ignored_test("bench_scale", &[])
         }
+        Bench::FreshRun { baseline } => fresh::run(baseline.as_deref()),
         Bench::Scrape { containers, scrapes } => ignored_test(
             "bench_scrape",
             &[("LIFECYCLE_BENCH_CONTAINERS", containers.to_string()), ("LIFECYCLE_BENCH_SCRAPES", scrapes.to_string())],
