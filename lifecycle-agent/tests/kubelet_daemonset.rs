@@ -246,8 +246,8 @@ impl Drop for AgentPod<'_> {
     }
 }
 
-/// Issue 20: `kubectl lifecycle explain` from anywhere: a user whose kubeconfig holds only a
-/// token (the reader), with the plugin's documented RBAC (find pods and the agent, `get
+/// Issue 20: `kubectl lifecycle explain` from anywhere: a user whose kubeconfig gets a token from
+/// an exec credential plugin (the reader), with the plugin's documented RBAC (find pods and the agent, `get
 /// pods/proxy` on the agents) and the agent's reader role, asks through the API server's proxy
 /// and gets the story of the deleted pod; without the reader role the agent refuses.
 fn explained_from_anywhere_with_a_readers_own_rights(kube: &Kube, port: u16) {
@@ -261,12 +261,20 @@ fn explained_from_anywhere_with_a_readers_own_rights(kube: &Kube, port: u16) {
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "lifecycle-plugin-user"},
          "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": kube::READER}]}]});
     kube.apply(&rbac.to_string()).expect("the plugin's RBAC");
-    // The reader's kubeconfig: the node's cluster, the reader's token, nothing else.
+    // The reader's kubeconfig: the node's cluster, and the reader's token from an exec credential
+    // plugin, as managed clusters' kubeconfigs give it (`aws eks get-token`,
+    // `gke-gcloud-auth-plugin`): the plugin's API calls and the token it passes on both use it.
     let admin: Value =
         serde_json::from_str(&std::fs::read_to_string(kube.kubeconfig()).expect("kubeconfig")).expect("JSON");
+    let credential = json!({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+        "status": {"token": kube.reader_token()}});
+    let credential_file = kube.run_dir().join("reader-credential.json");
+    std::fs::write(&credential_file, credential.to_string()).expect("write the reader's credential");
+    let exec = json!({"apiVersion": "client.authentication.k8s.io/v1", "command": "cat",
+        "args": [credential_file.to_string_lossy()], "interactiveMode": "Never"});
     let reader = json!({"apiVersion": "v1", "kind": "Config", "current-context": "reader",
         "clusters": admin["clusters"].clone(),
-        "users": [{"name": "reader", "user": {"token": kube.reader_token()}}],
+        "users": [{"name": "reader", "user": {"exec": exec}}],
         "contexts": [{"name": "reader", "context": {"cluster": admin["clusters"][0]["name"].clone(), "user": "reader"}}]});
     let kubeconfig = kube.run_dir().join("reader-kubeconfig");
     std::fs::write(&kubeconfig, reader.to_string()).expect("write the reader's kubeconfig");
