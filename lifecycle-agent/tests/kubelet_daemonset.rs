@@ -688,6 +688,13 @@ fn probe_answers_survive_two_agent_restarts() {
             log = agent_log(&kube, &guard.names[new]);
         }
         assert!(took(&log), "{} took the probed pod's listener from {}:\n{log}", guard.names[new], guard.names[old]);
+        // Both answer on the health port now (SO_REUSEPORT spreads connections over the two);
+        // the replaced one says so, so its ready answer cannot make the new pod Ready early.
+        let replaced = (0..40).any(|_| {
+            get(&format!("127.0.0.1:{}", ports.health), "/readyz")
+                .is_some_and(|(code, body)| code == 503 && body.contains("replaced"))
+        });
+        assert!(replaced, "{} answered /readyz as replaced", guard.names[old]);
         eprintln!("{} deleting {}", wall_clock(), guard.names[old]);
         logs.push_str(&format!(
             "--- {} (until its deletion)\n{}",

@@ -40,6 +40,11 @@ pub struct Heartbeats {
     /// (or given up): until then `/readyz` says not ready, so a rolling update does not stop the
     /// previous agent before this one answers for its pods.
     pub settled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Set by the handoff socket once a newer agent on this node took the probe listeners. Both
+    /// answer on the health port then (`SO_REUSEPORT`): saying not ready from here on keeps the
+    /// kubelet's readiness probe of the new agent's pod from being answered ready by this one
+    /// before the new one serves what it took.
+    pub handed_over: std::sync::Arc<std::sync::atomic::AtomicBool>,
     origin: Instant,
     /// Per [`Loop`]: milliseconds since `origin` at its last beat; `u64::MAX` for a loop not
     /// started (not judged: a plain host without probes has no supervisor).
@@ -53,6 +58,7 @@ impl Heartbeats {
     pub fn new(reader_allowance: Duration, supervisor_allowance: Duration) -> Self {
         Self {
             settled: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            handed_over: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
             origin: Instant::now(),
             last_ms: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
             allowance: [reader_allowance, supervisor_allowance],
@@ -70,9 +76,12 @@ impl Heartbeats {
         self.check_at(self.origin.elapsed())
     }
 
-    /// Live, and serving what the previous agent handed over.
+    /// Live, serving what the previous agent handed over, and not replaced by a newer one.
     pub fn ready(&self) -> Result<(), String> {
         self.check()?;
+        if self.handed_over.load(Ordering::Acquire) {
+            return Err("replaced: a newer agent on this node took the probe listeners".into());
+        }
         if !self.settled.load(Ordering::Acquire) {
             return Err("probe listeners taken from the previous agent are not served yet".into());
         }
@@ -108,5 +117,17 @@ mod tests {
         let later = beats.origin.elapsed() + Duration::from_secs(7);
         let failure = beats.check_at(later).expect_err("the reader is 7 s silent");
         assert!(failure.starts_with("ring reader made no progress for 7."), "{failure}");
+    }
+
+    #[test]
+    fn an_agent_a_newer_one_replaced_is_live_but_not_ready() {
+        // During a surge both agents answer on the health port: the replaced one must not
+        // answer the new pod's readiness probe with ready.
+        let beats = Heartbeats::new(Duration::from_secs(5), Duration::from_secs(10));
+        beats.settled.store(true, Ordering::Release);
+        assert_eq!(beats.ready(), Ok(()));
+        beats.handed_over.store(true, Ordering::Release);
+        assert!(beats.ready().expect_err("replaced").starts_with("replaced"));
+        assert_eq!(beats.check(), Ok(()), "still live: it serves until it is stopped");
     }
 }

@@ -218,7 +218,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
             if !adopted.is_empty() {
                 log::info!("took {} pod probe listener(s) from the running agent", adopted.len());
             }
-            if let Err(err) = handoff::serve(dir, registry.clone()) {
+            if let Err(err) = handoff::serve(dir, registry.clone(), heartbeats.handed_over.clone()) {
                 log::warn!("probe listeners will not be handed to a successor: {}", crate::ErrorChain(&err));
             }
             adopted

@@ -140,9 +140,13 @@ pub fn adopt(dir: &Path) -> Result<Adopted, HandoffError> {
 }
 
 /// Serves `dir`'s handoff socket on a thread of its own: every agent that connects gets every
-/// listener in `registry`. The socket is made anew (a previous agent's stays reachable to those
-/// who already connected, not by its name).
-pub fn serve(dir: &Path, registry: Arc<ListenerRegistry>) -> Result<(), HandoffError> {
+/// listener in `registry`, and `handed_over` is set once one has. The socket is made anew (a
+/// previous agent's stays reachable to those who already connected, not by its name).
+pub fn serve(
+    dir: &Path,
+    registry: Arc<ListenerRegistry>,
+    handed_over: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<(), HandoffError> {
     std::fs::create_dir_all(dir).map_err(socket_error("mkdir", dir))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(socket_error("chmod", dir))?;
     let path = dir.join(SOCKET);
@@ -170,7 +174,11 @@ pub fn serve(dir: &Path, registry: Arc<ListenerRegistry>) -> Result<(), HandoffE
                         sent += 1;
                     }
                 }
-                log::info!("handed {sent} pod probe listener(s) to a new agent; both serve them until this one exits");
+                handed_over.store(true, std::sync::atomic::Ordering::Release);
+                log::info!(
+                    "handed {sent} pod probe listener(s) to a new agent; both serve them until this one exits, \
+                     and /readyz says this one is replaced"
+                );
             }
         })
         .map_err(socket_error("spawn", &path))?;
@@ -369,8 +377,16 @@ mod tests {
         let port = listener.local_addr().expect("addr").port();
         let facts = ListenerFacts { namespace: "shop".into(), pod: "web-1".into(), netns: 4026531999, port };
         let registration = registry.register(facts.clone(), &listener).expect("register");
-        serve(&dir, Arc::clone(&registry)).expect("serve");
+        let handed_over = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        serve(&dir, Arc::clone(&registry), handed_over.clone()).expect("serve");
+        assert!(!handed_over.load(std::sync::atomic::Ordering::Acquire), "nobody took anything yet");
         let adopted = adopt(&dir).expect("handoff");
+        // The handoff thread sets it right after the last send the new agent received.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !handed_over.load(std::sync::atomic::Ordering::Acquire) && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert!(handed_over.load(std::sync::atomic::Ordering::Acquire), "the running agent knows it was replaced");
         let (got, taken) = adopted.get(&4026531999).expect("the listener was handed over");
         assert_eq!(got, &facts);
         // The same socket: a connection made now is accepted on the adopted copy.
