@@ -141,7 +141,7 @@ impl NodeTracker {
     /// shows only once they are stopped.
     ///
     /// Anyone allowed to create Events in the pod's namespace can write one that names this
-    /// node's kubelet, so a notice holds only [`EVICTION_NOTICE_NS`] unless the Pod's status
+    /// node's kubelet, so a notice holds only 10 s (`EVICTION_NOTICE_NS`) unless the Pod's status
     /// (which only the kubelet writes) confirms it: a forged one cannot shorten the grace a
     /// later stop is judged with.
     pub fn apply_eviction_notice(&mut self, uid: &str, now: u64) {
