@@ -286,8 +286,10 @@ fn explained_from_anywhere_with_a_readers_own_rights(kube: &Kube, port: u16) {
             .output()
             .expect("run kubectl-lifecycle")
     };
-    // The pod is gone: its node is named, and the story comes from the agent's history.
-    let explain = ["explain", "default/stubborn", "--node", kube.node_name(), "-o", "json"];
+    // The pod is gone from the API, and with it the name of its node: the plugin asks every
+    // node's agent, and the story comes from the agent's history.
+    kube.wait_pod_gone("default", "stubborn", kube::POD_REMOVAL).expect("stubborn gone from the API");
+    let explain = ["explain", "default/stubborn", "-o", "json"];
     let began = Instant::now();
     let output = loop {
         let output = plugin(&explain);
@@ -308,6 +310,11 @@ fn explained_from_anywhere_with_a_readers_own_rights(kube: &Kube, port: u16) {
             .is_some_and(|v| v.starts_with("SIGKILLed 2.0s after SIGTERM: it did not exit within its 2.0s grace")),
         "{stories:#}"
     );
+    // Naming its node asks that node's agent alone: the same story.
+    let named = plugin(&["explain", "default/stubborn", "--node", kube.node_name(), "-o", "json"]);
+    assert!(named.status.success(), "{named:?}");
+    let named: Value = serde_json::from_slice(&named.stdout).expect("JSON");
+    assert_eq!(named[0]["verdict"], story["verdict"], "{named:#}");
     // The same client for an OOM kill and a liveness kill, each judged by the DaemonSet's agent.
     let explained = |pod: &str, done: &dyn Fn(&Value) -> bool| -> Value {
         let began = Instant::now();

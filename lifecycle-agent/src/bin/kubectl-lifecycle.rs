@@ -52,7 +52,8 @@ enum Command {
         namespace: String,
         #[arg(long, short)]
         container: Option<String>,
-        /// The node the pod ran on, for a pod that is gone from the API.
+        /// The node the pod ran on, for a pod that is gone from the API (without it, every
+        /// node's agent is asked for the pod's past stops).
         #[arg(long)]
         node: Option<String>,
         /// Every stop the node kept, not only each container's last.

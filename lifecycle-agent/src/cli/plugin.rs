@@ -190,11 +190,15 @@ pub async fn explain_pod(
     let (namespace, pod) = (request.namespace.as_str(), request.pod.as_str());
     let (node, container, all_instances) =
         (request.node.as_deref(), request.container.as_deref(), request.all_instances);
+    let query = format!("namespace={}&pod={}", percent_encoded(namespace), percent_encoded(pod));
     let node = match node {
         Some(node) => node.to_owned(),
         None => {
             let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-            let found = pods.get(pod).await?;
+            let Some(found) = pods.get_opt(pod).await? else {
+                // Gone from the API, and with it the name of its node: every node's history.
+                return explain_gone_pod(client, location, request, &query, token).await;
+            };
             found
                 .spec
                 .and_then(|s| s.node_name)
@@ -202,7 +206,6 @@ pub async fn explain_pod(
         }
     };
     let agent = agent_on(client, location, &node).await?;
-    let query = format!("namespace={}&pod={}", percent_encoded(namespace), percent_encoded(pod));
     let mut stories = Vec::new();
     if !all_instances {
         let answer = ask(client, location, &agent, &node, &format!("/api/v1/containers?{query}"), token).await?;
@@ -217,6 +220,34 @@ pub async fn explain_pod(
     }
     Ok(stories)
 }
+
+/// The stories of a pod the API no longer has, from the history of every node's agent (its
+/// node is not known any more; the agents that never ran it answer nothing). A node that did not
+/// answer is said on stderr; the stories found are the answer.
+async fn explain_gone_pod(
+    client: &Client,
+    location: &AgentLocation,
+    request: &ExplainRequest,
+    query: &str,
+    token: &str,
+) -> Result<Vec<explain::ContainerStory>, PluginError> {
+    let path = format!("/api/v1/history?{query}");
+    let answers = ask_agents(client, location, None, &path, token, GONE_POD_TIMEOUT).await?;
+    let mut stories = Vec::new();
+    for NodeAnswer { node, answer } in answers {
+        match answer {
+            Ok(answer) => stories.extend(explain::explain_history(&answer, request.container.as_deref())),
+            Err(err) => eprintln!("warning: node {node}: {}", crate::ErrorChain(&err)),
+        }
+    }
+    if stories.is_empty() {
+        return Err(PluginError::Unknown { namespace: request.namespace.clone(), pod: request.pod.clone() });
+    }
+    Ok(stories)
+}
+
+/// How long each agent has to answer for a pod gone from the API.
+const GONE_POD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One node's answer to `status`.
 pub struct NodeAnswer {
@@ -257,6 +288,19 @@ pub async fn status(
         }
         (None, _) => None,
     };
+    ask_agents(client, location, node, &request.selection.path(), token, timeout).await
+}
+
+/// GET `path` of the agent on `node`, or of every agent, `STATUS_CONCURRENCY` at a time, each
+/// within `timeout`; sorted by node.
+async fn ask_agents(
+    client: &Client,
+    location: &AgentLocation,
+    node: Option<String>,
+    path: &str,
+    token: &str,
+    timeout: Duration,
+) -> Result<Vec<NodeAnswer>, PluginError> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &location.namespace);
     let mut params = ListParams::default().labels(&location.selector);
     if let Some(node) = &node {
@@ -272,7 +316,7 @@ pub async fn status(
             });
         }
     }
-    let path = Arc::new(request.selection.path());
+    let path = Arc::new(path.to_owned());
     let limit = Arc::new(Semaphore::new(STATUS_CONCURRENCY));
     let mut asks = tokio::task::JoinSet::new();
     for agent in agents.items {
