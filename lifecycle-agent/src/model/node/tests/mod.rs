@@ -472,6 +472,7 @@ fn a_container_gone_before_its_metadata_arrived_is_still_judged() {
     assert_eq!(tracker.containers(SECOND).len(), 1);
 }
 
+mod restart_all;
 mod spec;
 
 #[test]
