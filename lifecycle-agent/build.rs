@@ -1,29 +1,62 @@
-//! Builds the kernel programs with the pinned nightly and bpf-linker (both installed by
-//! `xtask bootstrap`), leaving the object in OUT_DIR for `include_bytes_aligned!`.
+//! Puts the kernel programs in OUT_DIR for `include_bytes_aligned!`: the checked-in object when
+//! its digest matches the sources (no nightly, no bpf-linker needed), otherwise a build from
+//! source with the pinned nightly and bpf-linker (both installed by `xtask bootstrap` in that case).
+
+use std::path::Path;
 
 use anyhow::{bail, Context as _};
 
-/// The pin file at the workspace root; its EBPF_NIGHTLY builds `lifecycle-ebpf`. The same file
-/// pins the stable toolchain and bpf-linker for xtask/x.sh and xtask.
-const PINS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../toolchains.env");
+#[path = "build/ebpf_object.rs"]
+mod ebpf_object;
+
+/// The workspace root, where the pin file, the object and its inputs are.
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+/// Set to 1 to build the programs from source even when the checked-in object is current.
+const FROM_SOURCE: &str = "LIFECYCLE_EBPF_FROM_SOURCE";
 
 /// The value of `key` in the pin file (the format xtask/x.sh and xtask's toolchain module parse):
 /// the rest of the one line starting with `key=`, non-empty, of `[A-Za-z0-9._-]` only.
 fn pin<'a>(text: &'a str, key: &str) -> anyhow::Result<&'a str> {
     let mut values = text.split('\n').filter_map(|line| line.strip_prefix(key)?.strip_prefix('='));
     let (Some(value), None) = (values.next(), values.next()) else {
-        bail!("{PINS} needs exactly one line {key}=<version>");
+        bail!("toolchains.env needs exactly one line {key}=<version>");
     };
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
-        bail!("{PINS}: {key}={value:?} is not a plain version ([A-Za-z0-9._-] only)");
+        bail!("toolchains.env: {key}={value:?} is not a plain version ([A-Za-z0-9._-] only)");
     }
     Ok(value)
 }
 
 fn main() -> anyhow::Result<()> {
-    println!("cargo:rerun-if-changed={PINS}");
-    let pins = std::fs::read_to_string(PINS).with_context(|| format!("reading {PINS}"))?;
+    let root = Path::new(ROOT);
+    let pins_path = root.join("toolchains.env");
+    println!("cargo:rerun-if-changed={}", pins_path.display());
+    for input in ebpf_object::INPUTS {
+        println!("cargo:rerun-if-changed={}", root.join(input).display());
+    }
+    println!("cargo:rerun-if-changed={}", root.join(ebpf_object::OBJECT).display());
+    println!("cargo:rerun-if-changed={}", root.join(ebpf_object::DIGEST).display());
+    println!("cargo:rerun-if-env-changed={FROM_SOURCE}");
+
+    let pins = std::fs::read_to_string(&pins_path).with_context(|| format!("reading {}", pins_path.display()))?;
     let nightly = pin(&pins, "EBPF_NIGHTLY")?;
+    let bpf_linker = pin(&pins, "BPF_LINKER_VERSION")?;
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").context("CARGO_CFG_TARGET_ARCH not set")?;
+    let from_source = std::env::var_os(FROM_SOURCE).is_some_and(|value| value == "1");
+
+    let digest = ebpf_object::digest(root, nightly, bpf_linker, &arch).context("hashing the eBPF object's inputs")?;
+    let recorded = std::fs::read_to_string(root.join(ebpf_object::DIGEST)).unwrap_or_default();
+    if !from_source && recorded.trim() == digest {
+        let out = Path::new(&std::env::var("OUT_DIR").context("OUT_DIR not set")?).join("lifecycle");
+        std::fs::copy(root.join(ebpf_object::OBJECT), &out).context("copying the checked-in eBPF object")?;
+        return Ok(());
+    }
+    if !from_source && arch == ebpf_object::ARCH {
+        println!(
+            "cargo:warning=lifecycle-ebpf/object is not current for these sources; building the programs \
+             from source with {nightly} (`xtask/x.sh ebpf-object` brings the object up to date)"
+        );
+    }
     let ebpf = aya_build::Package {
         name: "lifecycle-ebpf",
         root_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../lifecycle-ebpf"),

@@ -1,8 +1,10 @@
 //! `cargo xtask`: bootstrap, run, test tiers and benchmarks. Not the normal build: the agent
-//! builds with plain cargo once `bootstrap` has installed the eBPF toolchain.
+//! builds with plain cargo (its build script embeds the checked-in eBPF object, or builds the
+//! programs from source once `bootstrap` has installed the eBPF toolchain).
 
 mod bench;
 mod bench_probes;
+mod ebpf;
 mod fuzz;
 mod helm;
 mod image;
@@ -28,8 +30,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install the pinned nightly, rust-src, bpf-linker and the build's Debian packages.
+    /// Install what the agent's build needs: the build's Debian packages, and the pinned nightly,
+    /// rust-src and bpf-linker unless the checked-in eBPF object is current.
     Bootstrap,
+    /// Rebuild the checked-in eBPF object (lifecycle-ebpf/object/) from source and record its
+    /// inputs' digest; run it after changing lifecycle-ebpf, lifecycle-common or the lock file.
+    EbpfObject {
+        /// Change nothing; fail unless the object is current and rebuilds byte for byte.
+        #[arg(long)]
+        check: bool,
+    },
     /// Bootstrap, build the agent in release mode, and start it on this host.
     Run {
         /// Arguments for `lifecycle-agent run` (e.g. --listen 0.0.0.0:9890).
@@ -76,7 +86,19 @@ pub fn cargo() -> Command {
     command
 }
 
+/// What the agent's build needs: the eBPF toolchain only when its build script will build the
+/// programs from source (the checked-in object is not current for these sources).
 fn bootstrap() -> Result<()> {
+    if ebpf::is_current()? {
+        eprintln!("xtask: the checked-in eBPF object is current; no nightly or bpf-linker needed");
+        return packages::ensure(packages::BUILD);
+    }
+    bootstrap_all()
+}
+
+/// Everything, the eBPF toolchain included: the tiers (the checks tier rebuilds the object, fuzz
+/// targets build with the nightly) and the benchmarks.
+fn bootstrap_all() -> Result<()> {
     // bpf-linker lands in $CARGO_HOME/bin; aya-build looks it up on PATH.
     if let Some(bin) = toolchain::bpf_linker_path().parent() {
         let path = std::env::var_os("PATH").unwrap_or_default();
@@ -94,6 +116,14 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Task::Bootstrap => bootstrap(),
+        Task::EbpfObject { check } => {
+            bootstrap_all()?;
+            if check {
+                ebpf::check()
+            } else {
+                ebpf::write()
+            }
+        }
         Task::Run { args } => {
             bootstrap()?;
             // The agent alone: the kubectl plugin is built when asked for (`--bin kubectl-lifecycle`).
@@ -108,11 +138,11 @@ fn main() -> Result<()> {
             image::run(&args)
         }
         Task::Test { tiers } => {
-            bootstrap()?;
+            bootstrap_all()?;
             tiers::run(&tiers)
         }
         Task::Fuzz(args) => {
-            bootstrap()?;
+            bootstrap_all()?;
             fuzz::run(&args)
         }
         Task::Kubernetes => kubernetes::ensure().map(drop),
@@ -126,7 +156,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::Bench { which } => {
-            bootstrap()?;
+            bootstrap_all()?;
             bench::run(which)
         }
     }

@@ -183,11 +183,12 @@ fn which(binary: &str) -> Option<PathBuf> {
 }
 
 /// Formatting and clippy first (they fail fast, with what to run to fix them), then the
-/// Python-side checks: dashboards' structure and the deploy manifests and alert rules; the Helm
+/// checked-in eBPF object against a rebuild from source, then the Python-side checks: dashboards' structure and the deploy manifests and alert rules; the Helm
 /// chart against the kustomize base (helm built once per machine); last, a short run of every
 /// fuzz target (the first one on a machine also builds them, a few minutes).
 fn checks() -> Result<()> {
     rust_lints()?;
+    crate::ebpf::check()?;
     python_checks()?;
     chart_checks()?;
     fuzz::smoke()

@@ -163,7 +163,8 @@ fn ensure_nightly() -> Result<()> {
     Ok(())
 }
 
-fn cargo_home() -> PathBuf {
+/// `$CARGO_HOME`, or `~/.cargo` when unset (as cargo and rustup resolve it).
+pub fn cargo_home() -> PathBuf {
     std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"))
