@@ -7,8 +7,8 @@
 //! - [`discovery`] (I/O): cgroupfs, the runtime's CRI socket, `/proc`, network namespaces, the
 //!   boot-time clock.
 //! - [`model`] (pure): identity, runtime metadata, container states, back-off, termination
-//!   verdicts and the node's units. Events, metadata and times in; state and verdicts out. It
-//!   imports no other layer of this crate (a test checks that).
+//!   verdicts and the node's units. Events, metadata and times in; state and verdicts out. It is
+//!   the `lifecycle-model` crate, which depends on no I/O crate and on no layer of this one.
 //! - [`export`] (pure formatting over a read-only view): Prometheus series and their label
 //!   spellings, histograms, the JSON containers view.
 //! - [`probe`]: exec-free probes answered from the model's and the kernel's facts.
@@ -21,8 +21,11 @@ pub mod cli;
 pub mod discovery;
 pub mod export;
 pub mod kernel;
-pub mod model;
 pub mod probe;
+
+/// The pure core, its own crate so the compiler keeps it free of I/O (`lifecycle-model`); named
+/// `model` here as the layer it is.
+pub use lifecycle_model as model;
 
 /// Displays an error with every cause in its chain, `outer: cause: root`. Errors in this crate
 /// name their cause through `#[source]` and not in their own message, so logs print them with

@@ -4,7 +4,7 @@
 //! verdict in words, as `explain` says it.
 //!
 //! A stop settles when its cause is known, or [`SETTLE`] after its exit (a cause the kubelet
-//! writes while it stops the containers can come that late; see `model/node/pods.rs`).
+//! writes while it stops the containers can come that late; see `lifecycle-model/src/node/pods.rs`).
 
 use std::{
     io::Write as _,

@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use crate::model::{oom::OomLimit, spec::SpecSource};
+use crate::{oom::OomLimit, spec::SpecSource};
 
 use super::{
     report::OomVictim, PreStopHandler, PreStopSeen, ProcessAtStop, SignalSender, StopScene, StopSignalSeen,
@@ -125,7 +125,7 @@ pub struct TerminationTracker {
     settings: TerminationSettings,
     signals: SignalLog,
     oom_kills: OomLog,
-    /// The limit the last OOM kill answered, when the kernel said (see [`crate::model::oom`]).
+    /// The limit the last OOM kill answered, when the kernel said (see [`crate::oom`]).
     oom_limit: Option<OomLimit>,
     exec_sessions: Vec<ExecSession>,
     /// Connections the app accepted after the stop signal: how many, and the first ones' times.

@@ -12,7 +12,7 @@
 
 use serde::Serialize;
 
-use crate::model::backoff::BackoffTracker;
+use crate::backoff::BackoffTracker;
 
 /// Why a container is waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -1,9 +1,9 @@
 //! The tracker driven by hand-made event sequences.
 
 use super::*;
-use crate::model::event::{CgroupDetail, SignalResult, TcpDetail};
-use crate::model::metadata::{ContainerState as CriState, KubeletAnnotations};
-use crate::model::{
+use crate::event::{CgroupDetail, SignalResult, TcpDetail};
+use crate::metadata::{ContainerState as CriState, KubeletAnnotations};
+use crate::{
     backoff::Verdict,
     container_state::{ContainerState, TerminatedReason},
     metadata::ContainerType,
@@ -136,7 +136,7 @@ fn a_sidecar_signalled_before_the_main_container_exited_is_flagged() {
     let order = proxy.sidecar_order.clone().expect("judged");
     assert_eq!(
         order.verdict,
-        crate::model::termination::SidecarVerdict::SignalledBeforeMainExited { main_container: "app".into() }
+        crate::termination::SidecarVerdict::SignalledBeforeMainExited { main_container: "app".into() }
     );
     let app = views.iter().find(|v| v.labels.container == "app").expect("app");
     assert!(!app.sidecar && app.sidecar_order.is_none());

@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use crate::model::termination::Retention;
+use crate::termination::Retention;
 
 /// What was dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

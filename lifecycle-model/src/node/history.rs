@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use serde::Serialize;
 
 use super::{bounds::DroppedKind, DroppedCounts, NodeTracker};
-use crate::model::{spec::StopCause, termination::TerminationReport};
+use crate::{spec::StopCause, termination::TerminationReport};
 
 /// Stops kept on the node.
 pub const MAX_STOPS: usize = 4096;
@@ -112,7 +112,7 @@ impl History {
         uid: &str,
         container: &str,
         exit_time: u64,
-        change: impl FnOnce(&mut crate::model::termination::TerminationReport),
+        change: impl FnOnce(&mut crate::termination::TerminationReport),
     ) {
         if let Some(stop) = self
             .stops

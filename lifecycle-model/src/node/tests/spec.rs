@@ -3,11 +3,8 @@
 
 use super::*;
 
-pub(super) fn pod_facts(
-    grace_s: u64,
-    restart_policy: crate::model::container_state::RestartPolicy,
-) -> crate::model::spec::PodFacts {
-    use crate::model::spec::{ContainerFacts, ContainerKind, PodFacts};
+pub(super) fn pod_facts(grace_s: u64, restart_policy: crate::container_state::RestartPolicy) -> crate::spec::PodFacts {
+    use crate::spec::{ContainerFacts, ContainerKind, PodFacts};
     PodFacts {
         uid: POD_UID.into(),
         namespace: "shop".into(),
@@ -20,10 +17,7 @@ pub(super) fn pod_facts(
         containers: vec![ContainerFacts {
             name: "app".into(),
             kind: ContainerKind::Regular,
-            restart: crate::model::container_state::RestartSpec {
-                pod_restart_policy: restart_policy,
-                ..Default::default()
-            },
+            restart: crate::container_state::RestartSpec { pod_restart_policy: restart_policy, ..Default::default() },
             stop_signal: None,
             pre_stop: None,
             liveness_grace_ns: Some(5 * SECOND),
@@ -37,7 +31,7 @@ pub(super) fn pod_facts(
 }
 
 /// A running container of the pod above, with the API as its spec source.
-fn tracker_with_pod(pod: crate::model::spec::PodFacts) -> (NodeTracker, u64) {
+fn tracker_with_pod(pod: crate::spec::PodFacts) -> (NodeTracker, u64) {
     let mut tracker = tracker_with_cri();
     tracker.set_api_configured();
     tracker.set_api_reachable(true);
@@ -50,7 +44,7 @@ fn tracker_with_pod(pod: crate::model::spec::PodFacts) -> (NodeTracker, u64) {
 
 #[test]
 fn a_deletion_shorter_than_the_spec_is_judged_with_the_deletions_grace() {
-    use crate::model::{
+    use crate::{
         container_state::RestartPolicy,
         spec::{SpecSource, StopCause},
     };
@@ -77,7 +71,7 @@ fn a_forced_deletion_is_the_deletions_stop_with_the_kubelets_two_second_floor() 
     // Issue 19: after `kubectl delete --force --grace-period=0` the object is gone at once, the
     // kubelet still sends TERM and kills (its 2 s floor; the runtime ~1.3 s after TERM here).
     // The verdict was `runtime_or_unknown` with the spec's grace.
-    use crate::model::{
+    use crate::{
         container_state::RestartPolicy,
         spec::{SpecSource, StopCause},
     };
@@ -109,7 +103,7 @@ fn a_pod_past_its_active_deadline_names_the_stops_judged_before_the_status_came(
     // Issue 19: a pod past `activeDeadlineSeconds` was `runtime_or_unknown`. The kubelet writes
     // `status.reason: DeadlineExceeded` while it stops the containers, so the status may come
     // after the stop was judged.
-    use crate::model::{
+    use crate::{
         container_state::RestartPolicy,
         spec::{Disruption, StopCause},
     };
@@ -145,7 +139,7 @@ fn a_pod_past_its_active_deadline_names_the_stops_judged_before_the_status_came(
 fn a_shell_entrypoint_that_keeps_the_stop_signal_from_its_child_shows_in_the_scene() {
     // Issue 20 (kubernetes#119884, #67126): PID 1 `sh` got SIGTERM and did not pass it on;
     // `java` never got it and was SIGKILLed with it after the grace.
-    use crate::model::container_state::RestartPolicy;
+    use crate::container_state::RestartPolicy;
     let (mut tracker, cg) = tracker_with_pod(pod_facts(2, RestartPolicy::Always));
     // pid 100 is the init (`app`, started at 1 s); `java` (pid 107) and `logger` (pid 108) run
     // beside it, and the init passes TERM on to `logger` only.
@@ -159,7 +153,7 @@ fn a_shell_entrypoint_that_keeps_the_stop_signal_from_its_child_shows_in_the_sce
     tracker.apply(&exit(12 * SECOND + 1000, 107, cg, None, Some(9)));
     tracker.apply(&exit(12 * SECOND + 2000, 100, cg, None, Some(9)));
     let report = only_view(&tracker, 13 * SECOND).last_termination.expect("judged");
-    let listed = |processes: &[crate::model::termination::ProcessAtStop]| -> Vec<(u32, bool, bool)> {
+    let listed = |processes: &[crate::termination::ProcessAtStop]| -> Vec<(u32, bool, bool)> {
         processes.iter().map(|p| (p.pid, p.init, p.got_stop_signal)).collect()
     };
     assert_eq!(
@@ -186,7 +180,7 @@ fn a_shell_entrypoint_that_keeps_the_stop_signal_from_its_child_shows_in_the_sce
 fn a_stop_outlives_its_unit_and_pod_in_the_history() {
     // Issue 20: "explain" answers for a pod deleted 20 minutes earlier: units expire with their
     // series, the history does not.
-    use crate::model::container_state::RestartPolicy;
+    use crate::container_state::RestartPolicy;
     let (mut tracker, cg) = tracker_with_pod(pod_facts(2, RestartPolicy::Always));
     let shim = (50, SHIM_CGROUP, "containerd-shim");
     tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
@@ -208,7 +202,7 @@ fn a_stop_outlives_its_unit_and_pod_in_the_history() {
 
 #[test]
 fn a_scene_lists_at_most_its_bound_the_init_first() {
-    use crate::model::{container_state::RestartPolicy, termination::MAX_SCENE_PROCESSES};
+    use crate::{container_state::RestartPolicy, termination::MAX_SCENE_PROCESSES};
     let (mut tracker, cg) = tracker_with_pod(pod_facts(2, RestartPolicy::Always));
     for pid in 200..300u32 {
         tracker.apply(&exec(2 * SECOND + u64::from(pid), pid, cg, cg, "worker"));
@@ -225,7 +219,7 @@ fn a_scene_lists_at_most_its_bound_the_init_first() {
 
 #[test]
 fn a_never_pod_that_exited_is_final() {
-    use crate::model::container_state::RestartPolicy;
+    use crate::container_state::RestartPolicy;
     let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Never));
     tracker.apply(&exit(2 * SECOND, 100, cg, Some(2), None));
     let view = only_view(&tracker, 60 * SECOND);
@@ -240,7 +234,7 @@ fn a_never_pod_that_exited_is_final() {
 
 #[test]
 fn a_liveness_kill_uses_the_probes_grace_and_names_the_cause() {
-    use crate::model::{
+    use crate::{
         container_state::RestartPolicy,
         spec::{KillNotice, StopCause},
     };
@@ -261,15 +255,12 @@ fn a_liveness_kill_uses_the_probes_grace_and_names_the_cause() {
     );
     let unit = tracker.units().next().expect("unit");
     let counted: Vec<_> = unit.counters().terminations.keys().collect();
-    assert_eq!(
-        counted,
-        vec![&(crate::model::termination::OutcomeKind::SigkilledAfterGrace, Some(StopCause::LivenessProbe))]
-    );
+    assert_eq!(counted, vec![&(crate::termination::OutcomeKind::SigkilledAfterGrace, Some(StopCause::LivenessProbe))]);
 }
 
 #[test]
 fn verdicts_made_while_the_api_is_away_say_so() {
-    use crate::model::{
+    use crate::{
         container_state::RestartPolicy,
         spec::{SpecSource, StopCause},
     };
@@ -284,7 +275,7 @@ fn verdicts_made_while_the_api_is_away_say_so() {
 
 #[test]
 fn sidecars_come_from_the_spec() {
-    use crate::model::{container_state::RestartPolicy, spec::ContainerKind};
+    use crate::{container_state::RestartPolicy, spec::ContainerKind};
     let mut pod = pod_facts(30, RestartPolicy::Always);
     pod.containers[0].kind = ContainerKind::Sidecar;
     pod.containers[0].restart.is_init_container = true;
@@ -295,7 +286,7 @@ fn sidecars_come_from_the_spec() {
 
 #[test]
 fn a_pid_1_oom_kill_the_kubelet_reports_as_error_is_a_disagreement() {
-    use crate::model::{
+    use crate::{
         container_state::RestartPolicy,
         spec::{ReportedContainer, ReportedState},
     };
@@ -327,7 +318,7 @@ fn a_pid_1_oom_kill_the_kubelet_reports_as_error_is_a_disagreement() {
 
 #[test]
 fn a_sigkill_after_grace_is_a_warning_for_the_pod() {
-    use crate::model::container_state::RestartPolicy;
+    use crate::container_state::RestartPolicy;
     let (mut tracker, cg) = tracker_with_pod(pod_facts(2, RestartPolicy::Always));
     let shim = (50, SHIM_CGROUP, "containerd-shim");
     tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
@@ -348,7 +339,7 @@ fn a_sigkill_after_grace_is_a_warning_for_the_pod() {
 fn a_sigkill_before_the_grace_ran_out_is_told_as_early_everywhere() {
     // Issue 19: a forced deletion's SIGKILL 1 s after TERM (the kubelet's second StopContainer)
     // was judged `killed_early` in the API while the Event blamed the app for its grace.
-    use crate::model::container_state::RestartPolicy;
+    use crate::container_state::RestartPolicy;
     let (mut tracker, cg) = tracker_with_pod(pod_facts(3, RestartPolicy::Always));
     let shim = (50, SHIM_CGROUP, "containerd-shim");
     tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
@@ -378,7 +369,7 @@ fn a_sigkill_before_the_grace_ran_out_is_told_as_early_everywhere() {
 
 #[test]
 fn a_kill_notice_after_the_exit_names_the_cause_of_that_stop() {
-    use crate::model::{
+    use crate::{
         container_state::RestartPolicy,
         spec::{KillNotice, StopCause},
     };
@@ -410,21 +401,18 @@ fn pods_show_their_phase_and_the_conditions_the_kernel_can_tell() {
     let running_init = pod(&tracker);
     assert!(running_init.conditions.ready_to_start_containers);
     assert!(!running_init.conditions.initialized);
-    assert_eq!(running_init.phase, crate::model::node::PodPhase::Pending);
+    assert_eq!(running_init.phase, crate::node::PodPhase::Pending);
     tracker.apply(&exit(2 * SECOND, 100, migrate, Some(0), None));
     let app = container_cgroup(&mut tracker, 3 * SECOND, 2);
     tracker.apply(&exec(3 * SECOND, 200, app, SHIM_CGROUP, "app"));
     let running = pod(&tracker);
     assert!(running.conditions.initialized && running.conditions.ready_to_start_containers);
-    assert_eq!(
-        (running.phase, running.running_containers, running.containers),
-        (crate::model::node::PodPhase::Running, 1, 1)
-    );
+    assert_eq!((running.phase, running.running_containers, running.containers), (crate::node::PodPhase::Running, 1, 1));
 }
 
 /// The kernel's log line about an OOM kill, with the victim `pid` and the limit at `oom_memcg`.
-fn oom_line(pid: u32, oom_memcg: &str) -> crate::model::oom::KernelOomKill {
-    crate::model::oom::KernelOomKill {
+fn oom_line(pid: u32, oom_memcg: &str) -> crate::oom::KernelOomKill {
+    crate::oom::KernelOomKill {
         pid,
         comm: "app".into(),
         oom_memcg: Some(oom_memcg.into()),
@@ -434,7 +422,7 @@ fn oom_line(pid: u32, oom_memcg: &str) -> crate::model::oom::KernelOomKill {
 
 #[test]
 fn the_limit_an_oom_kill_answered_joins_its_victim_in_either_order() {
-    use crate::model::{container_state::RestartPolicy, oom::OomScope};
+    use crate::{container_state::RestartPolicy, oom::OomScope};
     let victim =
         |cg| Detail::OomVictim { victim_pid: 100, victim_tgid: 100, victim_cgroup_id: cg, victim_comm: "app".into() };
     // The log line first (the kernel logs before it kills), then the victim, then the exit.
@@ -466,7 +454,7 @@ fn the_kubelets_eviction_notice_sets_its_grace_before_the_pod_shows_it() {
     // Issue 19: the eviction manager records `Evicted` and kills with a 1 s override (2 s with
     // the runtime's floor); the Pod's `status.reason: Evicted` comes after the containers
     // stopped. Judged with the pod's 20 s, the SIGKILL 2 s after TERM read as an early kill.
-    use crate::model::{container_state::RestartPolicy, spec::StopCause};
+    use crate::{container_state::RestartPolicy, spec::StopCause};
     let (mut tracker, cg) = tracker_with_pod(pod_facts(20, RestartPolicy::Always));
     let uid = pod_facts(20, RestartPolicy::Always).uid;
     tracker.apply_eviction_notice(&uid, 8 * SECOND);
@@ -487,7 +475,7 @@ fn an_eviction_notice_the_pods_status_never_confirms_lapses() {
     // Anyone allowed to create Events can write an `Evicted` one naming this node's kubelet.
     // Unconfirmed by the Pod's status, it must not shorten the grace of a later stop (a
     // deletion 30 s on, judged with its 20 s, not the eviction's 1 s).
-    use crate::model::{container_state::RestartPolicy, spec::StopCause};
+    use crate::{container_state::RestartPolicy, spec::StopCause};
     let (mut tracker, cg) = tracker_with_pod(pod_facts(20, RestartPolicy::Always));
     let uid = pod_facts(20, RestartPolicy::Always).uid;
     tracker.apply_eviction_notice(&uid, 2 * SECOND);
@@ -511,7 +499,7 @@ fn an_eviction_notice_the_pods_status_never_confirms_lapses() {
     let (mut tracker, _) = tracker_with_pod(pod_facts(20, RestartPolicy::Always));
     tracker.apply_eviction_notice(&uid, 2 * SECOND);
     let mut evicted = pod_facts(20, RestartPolicy::Always);
-    evicted.disruption = Some(crate::model::spec::Disruption::EvictedByKubelet);
+    evicted.disruption = Some(crate::spec::Disruption::EvictedByKubelet);
     tracker.apply_pod(evicted, 5 * SECOND);
     tracker.expire(60 * SECOND, u64::MAX);
     assert!(tracker.evicted_by_kubelet.get(&uid).is_some_and(|n| n.confirmed));
@@ -521,7 +509,7 @@ fn an_eviction_notice_the_pods_status_never_confirms_lapses() {
 fn a_deleted_pods_stop_is_explained_long_after_its_series_expired() {
     // Issue 20: `explain` of a pod deleted 20 minutes earlier. Its unit, its pod facts and its
     // series are gone after the retention (10 minutes); the node's history keeps the stop.
-    use crate::model::container_state::RestartPolicy;
+    use crate::container_state::RestartPolicy;
     let (mut tracker, cg) = tracker_with_pod(pod_facts(2, RestartPolicy::Always));
     let mut deleted = pod_facts(2, RestartPolicy::Always);
     deleted.deletion_grace_ns = Some(2 * SECOND);
@@ -542,6 +530,6 @@ fn a_deleted_pods_stop_is_explained_long_after_its_series_expired() {
     assert!(tracker.units().next().is_none(), "the unit and its series are gone");
     let past = tracker.history_of_pod("shop", "web-1");
     assert_eq!(past.len(), 1, "{past:?}");
-    assert_eq!(past[0].last_termination.cause, Some(crate::model::spec::StopCause::Deleted));
+    assert_eq!(past[0].last_termination.cause, Some(crate::spec::StopCause::Deleted));
     assert!(matches!(past[0].last_termination.outcome, TerminationOutcome::SigkilledAfterGrace { .. }));
 }

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::model::{
+use crate::{
     oom::OomLimit,
     spec::{SpecSource, StopCause},
 };

@@ -15,7 +15,7 @@ use super::{
     warning::WarningReason,
     NodeTracker, Notice,
 };
-use crate::model::{
+use crate::{
     backoff::{BackoffTracker, Observation, Verdict},
     container_state::{ContainerState, ContainerStatus, ContainerStatusSnapshot, RestartSpec, TerminatedReason},
     metadata::ContainerMeta,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use lifecycle_common::CgroupCounters;
 
 use super::{bounds::DroppedKind, unit::start_unit, NodeTracker, PortStats, UnitCounters, UnitKey};
-use crate::model::{
+use crate::{
     identity::{classify, CgroupIdentity},
     termination::{TerminationSettings, TerminationTracker},
 };

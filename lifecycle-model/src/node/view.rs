@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{instance::InstanceKind, Disagreement, NodeTracker, PortStats, Unit, UnitLabels};
-use crate::model::{
+use crate::{
     backoff::Observation,
     container_state::ContainerStatusSnapshot,
     spec::HttpProbe,

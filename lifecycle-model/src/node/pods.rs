@@ -5,7 +5,7 @@
 
 use super::bounds::DroppedKind;
 use super::{unit::termination_settings, InstanceKind, NodeTracker, Unit, UnitKey};
-use crate::model::{
+use crate::{
     container_state::{ContainerState, RestartSpec},
     metadata::{ContainerMeta, ContainerType},
     spec::{

@@ -1,7 +1,7 @@
 //! Container states over hand-made instance histories.
 
 use super::*;
-use crate::model::backoff::{BackoffPolicy, Tolerance};
+use crate::backoff::{BackoffPolicy, Tolerance};
 
 const S: u64 = 1_000_000_000;
 const UID: &str = "0b0f2e4b-2d44-4d2a-9a5f-3c1b6a7e8f90";

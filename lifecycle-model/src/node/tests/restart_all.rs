@@ -7,7 +7,7 @@ use super::*;
 /// The pod of `pod_facts` with a second container `helper`, `app` under a RestartAllContainers
 /// rule for exit code 42; both running (cgroups 1001 and 1002, init pids 100 and 200).
 fn restart_all_pod(tracker_links_app_first: bool) -> (NodeTracker, u64, u64) {
-    use crate::model::container_state::{ExitCodeOperator, RestartPolicy, RestartRule, RestartRuleAction};
+    use crate::container_state::{ExitCodeOperator, RestartPolicy, RestartRule, RestartRuleAction};
     let mut pod = pod_facts(3, RestartPolicy::Always);
     let mut helper = pod.containers[0].clone();
     helper.name = "helper".into();
@@ -43,7 +43,7 @@ fn app_exits_then_helper_stopped(tracker: &mut NodeTracker, (app, helper): (u64,
     tracker.apply(&exit(stop_at + 100_000_000, 200, helper, Some(0), None));
 }
 
-fn cause_of(tracker: &NodeTracker, container: &str, now: u64) -> Option<crate::model::spec::StopCause> {
+fn cause_of(tracker: &NodeTracker, container: &str, now: u64) -> Option<crate::spec::StopCause> {
     tracker
         .containers(now)
         .into_iter()
@@ -57,7 +57,7 @@ fn a_restart_all_containers_rule_names_the_siblings_stop_without_the_pods_condit
     // Seen on the 1.37 node: the kubelet set AllContainersRestarting and cleared it between two
     // status syncs, so the API never showed it, and `helper`'s stop was `runtime_or_unknown`.
     // `app`'s exit 42, which its rule says restarts every container, names it.
-    use crate::model::spec::StopCause;
+    use crate::spec::StopCause;
     let (mut tracker, app, helper) = restart_all_pod(true);
     app_exits_then_helper_stopped(&mut tracker, (app, helper), 42, 10 * SECOND + 500_000_000);
     assert_eq!(cause_of(&tracker, "helper", 11 * SECOND), Some(StopCause::RestartAllContainers));
@@ -78,7 +78,7 @@ fn a_restart_all_containers_rule_names_the_siblings_stop_without_the_pods_condit
 fn a_restart_all_exit_judged_after_the_siblings_stop_names_that_stop() {
     // `app`'s runtime metadata came late: `helper`'s stop was judged first, without a cause;
     // the exit that fired the rule names it once `app` is linked and judged.
-    use crate::model::spec::StopCause;
+    use crate::spec::StopCause;
     let (mut tracker, app, helper) = restart_all_pod(false);
     app_exits_then_helper_stopped(&mut tracker, (app, helper), 42, 10 * SECOND + 500_000_000);
     assert_eq!(cause_of(&tracker, "helper", 11 * SECOND), Some(StopCause::RuntimeOrUnknown));

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use super::{pods::LATE_NOTICE_NS, DroppedKind, NodeTracker};
-use crate::model::oom::{KernelOomKill, OomLimit};
+use crate::oom::{KernelOomKill, OomLimit};
 
 /// Victims and log lines kept waiting for their other half. The kernel logs at most 10 OOM
 /// reports per 5 s; more waiting than this means the other half is not coming.

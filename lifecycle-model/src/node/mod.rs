@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use lifecycle_common::CgroupCounters;
 
-use crate::model::{
+use crate::{
     backoff::{BackoffPolicy, Tolerance},
     container_state::RestartPolicy,
     event::{Detail, Event},

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{instance::InstanceKind, NodeTracker, UnitKey};
-use crate::model::{container_state::ContainerState, spec::ReportedPodStatus};
+use crate::{container_state::ContainerState, spec::ReportedPodStatus};
 
 /// `PodPhase` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use super::{warning::WarningReason, NodeTracker, UnitKey};
-use crate::model::{
+use crate::{
     container_state::TerminatedReason,
     spec::{PodFacts, ReportedState},
 };

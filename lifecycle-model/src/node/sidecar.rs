@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{NodeTracker, Unit, UnitKey};
-use crate::model::{
+use crate::{
     container_state::ContainerState,
     termination::{sidecar_order, SidecarOrder},
 };
