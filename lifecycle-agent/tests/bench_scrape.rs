@@ -25,7 +25,7 @@ use lifecycle_agent::{
     export::units::{KernelCounters, UnitMetrics},
     model::event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
     model::metadata::{ContainerMeta, ContainerState, ContainerType, KubeletAnnotations},
-    model::node::{NodeTracker, TrackerConfig},
+    model::node::{Judgement, NodeTracker, Outcome, TrackerConfig},
 };
 use lifecycle_common::CgroupCounters;
 
@@ -54,8 +54,11 @@ fn event(time: u64, tgid: u32, cgroup_id: u64, detail: Detail) -> Event {
 
 /// A node with `n` containers: each ran once, exited with a varying code, restarted, received a
 /// stop signal and listens on a port.
-fn node(n: u64) -> NodeTracker {
+/// The tracker of a node running `n` pods, and the terminations judged on the way (the agent
+/// routes them into the distributions; so does the bench).
+fn node(n: u64) -> (NodeTracker, Vec<Judgement>) {
     let mut tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
+    let mut outcome = Outcome::default();
     let mut metas = Vec::new();
     for i in 0..n {
         let uid = format!("00000000-0000-0000-0000-{i:012x}");
@@ -89,7 +92,7 @@ fn node(n: u64) -> NodeTracker {
             });
         }
     }
-    tracker.set_metadata(metas);
+    outcome.extend(tracker.set_metadata(metas));
     let second = 1_000_000_000u64;
     for i in 0..n {
         let uid = format!("00000000-0000-0000-0000-{i:012x}");
@@ -98,7 +101,12 @@ fn node(n: u64) -> NodeTracker {
             let path = format!("/kubepods/burstable/pod{uid}/{:064x}", i * 2 + attempt);
             let t = attempt * 20 * second + i;
             let pid = (100_000 + i * 2 + attempt) as u32;
-            tracker.apply(&event(t, 1, 1, Detail::CgroupMkdir(CgroupDetail { id: cgroup, path, truncated: false })));
+            outcome.extend(tracker.apply(&event(
+                t,
+                1,
+                1,
+                Detail::CgroupMkdir(CgroupDetail { id: cgroup, path, truncated: false }),
+            )));
             let exec = Detail::Exec {
                 parent_tgid: 1,
                 parent_cgroup_id: 1,
@@ -107,10 +115,10 @@ fn node(n: u64) -> NodeTracker {
                 start_time_ns: t + 1,
                 comm: "app".into(),
             };
-            tracker.apply(&event(t + 1, pid, cgroup, exec));
+            outcome.extend(tracker.apply(&event(t + 1, pid, cgroup, exec)));
             let tcp =
                 TcpDetail { socket_cgroup_id: cgroup, netns: 1, family: 2, local_port: 8080, remote_port: 0, fd: None };
-            tracker.apply(&event(t + 2, pid, cgroup, Detail::TcpListen(tcp)));
+            outcome.extend(tracker.apply(&event(t + 2, pid, cgroup, Detail::TcpListen(tcp))));
             let signal = Detail::Signal {
                 signal: 15,
                 result: SignalResult::Delivered,
@@ -121,7 +129,7 @@ fn node(n: u64) -> NodeTracker {
                 sender_comm: "containerd-shim".into(),
                 target_comm: "app".into(),
             };
-            tracker.apply(&event(t + second, 7, 7, signal));
+            outcome.extend(tracker.apply(&event(t + second, 7, 7, signal)));
             if attempt == 0 {
                 let exit = Detail::Exit {
                     exit_status: Some((i % 3) as u8),
@@ -133,11 +141,11 @@ fn node(n: u64) -> NodeTracker {
                     cpu_time_ns: 1,
                     comm: "app".into(),
                 };
-                tracker.apply(&event(t + 2 * second, pid, cgroup, exit));
+                outcome.extend(tracker.apply(&event(t + 2 * second, pid, cgroup, exit)));
             }
         }
     }
-    tracker
+    (tracker, outcome.judgements)
 }
 
 fn scrape(addr: &str) -> usize {
@@ -183,7 +191,8 @@ fn serve(runtime: &tokio::runtime::Runtime, metrics: Metrics, stop: tokio::sync:
 fn scrape_of_a_thousand_containers() {
     let containers: u64 = std::env::var("LIFECYCLE_BENCH_CONTAINERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     let scrapes: usize = std::env::var("LIFECYCLE_BENCH_SCRAPES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
-    let tracker = Arc::new(Mutex::new(node(containers)));
+    let (tracker, judgements) = node(containers);
+    let tracker = Arc::new(Mutex::new(tracker));
     assert_eq!(tracker.lock().expect("lock").units().count() as u64, containers);
     let kernel = Arc::new(FakeKernel {
         cgroups: (0..containers * 2).map(|i| 10_000 + i).collect(),
@@ -196,6 +205,7 @@ fn scrape_of_a_thousand_containers() {
         Box::new(|| 100_000_000_000),
         Box::new(lifecycle_agent::discovery::clock::unix_minus_boot_seconds),
     ));
+    units.record_judgements(judgements);
     let mut written_once = String::new();
     units.render(&mut written_once);
     let mut metrics = Metrics::bare();

@@ -3,16 +3,13 @@
 //! API (one line); an API that does not answer, at start or later, is retried with back-off
 //! while the tracker marks verdicts made meanwhile as lacking the spec.
 
-use std::{
-    collections::HashSet,
-    path::PathBuf,
-    sync::{Arc, Mutex},
-};
+use std::{collections::HashSet, path::PathBuf, sync::Arc};
 
 use futures::StreamExt as _;
 use prometheus::{IntCounter, IntGauge, Opts, Registry};
 use tokio::sync::watch;
 
+use super::shared_tracker::SharedTracker;
 use crate::{
     discovery::clock::boottime_ns,
     discovery::kube::{
@@ -20,7 +17,7 @@ use crate::{
         watch::{KubeError, KubeSource, PodChange},
     },
     export::metrics::NAMESPACE,
-    model::{node::NodeTracker, spec::KillNotice},
+    model::{node::Outcome, spec::KillNotice},
     ErrorChain,
 };
 
@@ -81,7 +78,7 @@ impl KubeMetrics {
 /// Applies pod changes to the tracker until shutdown.
 pub(super) async fn pod_loop(
     source: KubeSource,
-    tracker: Arc<Mutex<NodeTracker>>,
+    tracker: Arc<SharedTracker>,
     metrics: KubeMetrics,
     probes_wanted: Arc<tokio::sync::Notify>,
     mut shutdown: watch::Receiver<bool>,
@@ -96,7 +93,7 @@ pub(super) async fn pod_loop(
             _ = shutdown.changed() => return,
         };
         let Some(change) = change else { return };
-        let lock = || tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+        let lock = || tracker.read();
         match change {
             PodChange::Relisting => relisted = Some(HashSet::new()),
             PodChange::Pod(pod) => {
@@ -108,7 +105,7 @@ pub(super) async fn pod_loop(
                     if let Some(seen) = relisted.as_mut() {
                         seen.insert(facts.uid.clone());
                     }
-                    lock().apply_pod(facts, boottime_ns());
+                    tracker.update(|tracker| tracker.apply_pod(facts, boottime_ns()));
                     // A new pod, or a changed declaration: its probe listener now, not at the
                     // supervisor's next tick (the kubelet's first probe may come first).
                     probes_wanted.notify_one();
@@ -131,7 +128,7 @@ pub(super) async fn pod_loop(
             PodChange::Gone(pod) => {
                 let mut problems = Vec::new();
                 match pod_facts(&pod, &mut problems) {
-                    Some(facts) => lock().pod_gone(facts, boottime_ns()),
+                    Some(facts) => tracker.update(|tracker| tracker.pod_gone(facts, boottime_ns())),
                     None => {
                         if let Some(uid) = pod.metadata.uid.as_deref() {
                             lock().forget_pod(uid);
@@ -161,7 +158,7 @@ enum KubeletNotice {
 /// Applies the kubelet's probe-kill and eviction notices to the tracker until shutdown.
 pub(super) async fn kill_loop(
     source: KubeSource,
-    tracker: Arc<Mutex<NodeTracker>>,
+    tracker: Arc<SharedTracker>,
     metrics: KubeMetrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -177,17 +174,16 @@ pub(super) async fn kill_loop(
         match notice {
             None => return,
             Some(Ok(notice)) => {
-                let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
                 // Events are not selected by node: only pods of this node count.
-                match notice {
+                tracker.update(|tracker| match notice {
                     KubeletNotice::Kill(notice) if tracker.knows_pod(&notice.pod_uid) => {
                         tracker.apply_kill_notice(notice, boottime_ns())
                     }
                     KubeletNotice::Eviction(uid) if tracker.knows_pod(&uid) => {
                         tracker.apply_eviction_notice(&uid, boottime_ns())
                     }
-                    _ => {}
-                }
+                    _ => Outcome::default(),
+                });
             }
             Some(Err(why)) => {
                 metrics.errors.inc();

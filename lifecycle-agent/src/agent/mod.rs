@@ -10,6 +10,7 @@ mod kube;
 mod reader;
 mod routes;
 mod runtime;
+mod shared_tracker;
 mod tasks;
 pub mod tls;
 mod verdicts;
@@ -49,6 +50,7 @@ use http::{HttpError, Routes};
 use reader::Reader;
 use routes::ContainersApi;
 use runtime::{runtime_loop, RuntimeLink};
+use shared_tracker::SharedTracker;
 use tasks::{expiry_loop, seed};
 
 /// The sensor's counter map is where the exporters' kernel counters come from.
@@ -151,8 +153,10 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     // Until the runtime is first asked, containers wait for their names; the first refresh below
     // names them, or tells the tracker to name them by id.
     let tracker_config = TrackerConfig { cri_available: true, ..config.tracker.clone() };
-    let tracker = Arc::new(Mutex::new(NodeTracker::new(tracker_config)));
-    seed(&tracker, &root);
+    let mut seeding = NodeTracker::new(tracker_config);
+    // Routed below, once the routes exist (the runtime is asked before the first batch anyway).
+    let seeded = seed(&mut seeding, &root);
+    let tracker = Arc::new(Mutex::new(seeding));
     let kube = kube::connect(config.kubeconfig.clone(), config.node_name.clone()).await;
     if kube.is_some() {
         tracker.lock().unwrap_or_else(|poison| poison.into_inner()).set_api_configured();
@@ -181,6 +185,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     )
     .map_err(MetricsError::from)?;
     metrics.registry().register(Box::new(latency.clone())).map_err(MetricsError::from)?;
+    let repairs = tasks::register_repairs(metrics.registry()).map_err(MetricsError::from)?;
     metrics.set_family_filter(config.metric_families.clone());
     let units =
         UnitMetrics::new(tracker.clone(), maps.clone(), Box::new(boottime_ns), Box::new(unix_minus_boot_seconds));
@@ -191,6 +196,16 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let units = Arc::new(if host_units { units } else { units.without_host_units() });
     let scraped_units = units.clone();
     metrics.add_text_source(Box::new(move |out| scraped_units.render(out)));
+    let metadata_wanted = Arc::new(Notify::new());
+    let shared = Arc::new(SharedTracker::new(
+        tracker.clone(),
+        units.clone(),
+        metadata_wanted.clone(),
+        root.clone(),
+        repairs.clone(),
+        kernel_log,
+    ));
+    shared.update(|_| seeded);
 
     let probe_metrics = ProbeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let node_probes = Arc::new(NodeProbes::new(Some(probe_metrics.clone())));
@@ -231,13 +246,12 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let mut loops = tokio::task::JoinSet::new();
     loops.spawn(supervisor.run(tracker.clone(), Duration::from_secs(1), probes_wanted.clone(), heartbeats.clone()));
 
-    let metadata_wanted = Arc::new(Notify::new());
     let runtime_metrics = RuntimeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let mut runtime = RuntimeLink::new(config.cri_socket.clone(), runtime_metrics);
-    runtime.refresh(&tracker).await;
+    runtime.refresh(&shared).await;
     loops.spawn(runtime_loop(
         runtime,
-        tracker.clone(),
+        shared.clone(),
         metadata_wanted.clone(),
         probes_wanted.clone(),
         config.cri_refresh,
@@ -248,21 +262,20 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         let kube_metrics = kube::KubeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
         loops.spawn(kube::pod_loop(
             source.clone(),
-            tracker.clone(),
+            shared.clone(),
             kube_metrics.clone(),
             probes_wanted.clone(),
             shutdown.clone(),
         ));
-        loops.spawn(kube::kill_loop(source.clone(), tracker.clone(), kube_metrics, shutdown.clone()));
+        loops.spawn(kube::kill_loop(source.clone(), shared.clone(), kube_metrics, shutdown.clone()));
         if config.events {
             let counts = events::register(metrics.registry()).map_err(MetricsError::from)?;
             loops.spawn(events::event_loop(source, tracker.clone(), probe_metrics, counts, shutdown.clone()));
         }
     }
-    loops.spawn(expiry_loop(tracker.clone(), config.series_retention, shutdown.clone()));
+    loops.spawn(expiry_loop(shared.clone(), config.series_retention, shutdown.clone()));
     loops.spawn(verdicts::verdict_log_loop(tracker.clone(), shutdown.clone()));
-    let repairs = tasks::register_repairs(metrics.registry()).map_err(MetricsError::from)?;
-    loops.spawn(tasks::resync_loop(tracker.clone(), maps.clone(), root.clone(), repairs.clone(), shutdown.clone()));
+    loops.spawn(tasks::resync_loop(shared.clone(), maps.clone(), root.clone(), repairs.clone(), shutdown.clone()));
 
     let gate = match config.api_auth {
         false => None,
@@ -329,17 +342,12 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
 
     let stream = sensor.take_events().ok_or(AgentError::StreamTaken)?;
     let reader = Reader {
-        tracker: tracker.clone(),
+        tracker: shared.clone(),
         maps: maps.clone(),
         probes: node_probes.clone(),
-        units: units.clone(),
         latency,
         counters: agent_counters.clone(),
-        root: root.clone(),
-        metadata_wanted: metadata_wanted.clone(),
-        repairs: repairs.clone(),
         heartbeats: heartbeats.clone(),
-        kernel_log,
     };
     let mut reading =
         reader.start(stream, config.poll).map_err(|err| AgentError::Stream(StreamError::Register(err)))?;

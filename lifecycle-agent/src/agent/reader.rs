@@ -9,43 +9,37 @@ use std::{
     os::fd::{AsFd as _, FromRawFd as _, OwnedFd},
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
+        Arc,
     },
     time::Duration,
 };
 
-use prometheus::{Histogram, IntCounterVec};
-use tokio::sync::{oneshot, Notify};
+use prometheus::Histogram;
+use tokio::sync::oneshot;
 
 use super::{
     health::{Heartbeats, Loop},
-    tasks::handle_notices,
+    shared_tracker::SharedTracker,
 };
 use crate::{
-    discovery::{cgroupfs::CgroupRoot, clock::boottime_ns},
-    export::{metrics::AgentCounters, units::UnitMetrics},
+    discovery::clock::boottime_ns,
+    export::metrics::AgentCounters,
     kernel::{EventStream, SensorMaps, StreamError},
     model::{
         event::{Detail, Event},
-        node::NodeTracker,
+        node::Outcome,
     },
     probe::NodeProbes,
 };
 
 /// Everything a batch of events feeds.
 pub(super) struct Reader {
-    pub(super) tracker: Arc<Mutex<NodeTracker>>,
+    pub(super) tracker: Arc<SharedTracker>,
     pub(super) maps: Arc<SensorMaps>,
     pub(super) probes: Arc<NodeProbes>,
-    pub(super) units: Arc<UnitMetrics>,
     /// `lifecycle_event_to_state_seconds`.
     pub(super) latency: Histogram,
     pub(super) counters: Arc<AgentCounters>,
-    pub(super) root: CgroupRoot,
-    pub(super) metadata_wanted: Arc<Notify>,
-    pub(super) repairs: IntCounterVec,
-    /// Whether the kernel log can be read for the limit of OOM kills.
-    pub(super) kernel_log: bool,
     /// Beaten on every pass, so `/healthz` tells a stuck reader (`health.rs`).
     pub(super) heartbeats: Arc<Heartbeats>,
 }
@@ -86,9 +80,6 @@ impl Reader {
         wake: &OwnedFd,
     ) -> Result<EventStream, StreamError> {
         let mut batch: Vec<Event> = Vec::with_capacity(1024);
-        let mut last_rescan: Option<std::time::Instant> = None;
-        // Kernel times of the exits in a batch that ended a container (or a host unit's run).
-        let mut state_changes: Vec<u64> = Vec::new();
         loop {
             stream.wait(wake.as_fd(), poll)?;
             if stop.load(Ordering::Acquire) {
@@ -100,8 +91,8 @@ impl Reader {
             }
             self.counters.events_read.fetch_add(batch.len() as u64, Ordering::Relaxed);
             self.counters.decode_errors.store(stream.decode_errors(), Ordering::Relaxed);
-            let notices = {
-                let mut tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+            self.tracker.update(|tracker| {
+                let mut outcome = Outcome::default();
                 for event in &batch {
                     if let Detail::CgroupRmdir(c) = &event.detail {
                         // The kernel's counts of a departing cgroup move to its unit before its
@@ -110,30 +101,18 @@ impl Reader {
                             tracker.absorb_kernel_counters(c.id, last);
                         }
                     }
-                    let ended = tracker.instances_ended();
-                    tracker.apply(event);
-                    if tracker.instances_ended() > ended {
-                        state_changes.push(event.time_ns);
-                    }
+                    outcome.extend(tracker.apply(event));
                     self.probes.on_event(event);
                 }
+                // The exits that ended a container (or a host unit's run): their state is in the
+                // model now, before the lock is released.
                 let now = boottime_ns();
-                for time in state_changes.drain(..) {
-                    self.latency.observe(now.saturating_sub(time) as f64 / 1e9);
+                for ended in &outcome.ended {
+                    self.latency.observe(now.saturating_sub(ended.exit_ns) as f64 / 1e9);
                 }
-                self.units.take_judgements(&mut tracker);
-                tracker.take_notices()
-            };
+                outcome
+            });
             batch.clear();
-            handle_notices(
-                notices,
-                self.kernel_log,
-                &self.tracker,
-                &self.root,
-                &self.metadata_wanted,
-                &mut last_rescan,
-                &self.repairs,
-            );
         }
     }
 }

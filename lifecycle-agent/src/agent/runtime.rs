@@ -11,16 +11,16 @@
 
 use std::{
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use tokio::sync::{watch, Notify};
 
+use super::shared_tracker::SharedTracker;
 use crate::{
     discovery::cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
     export::metrics::RuntimeMetrics,
-    model::node::NodeTracker,
     ErrorChain,
 };
 
@@ -50,7 +50,7 @@ impl RuntimeLink {
 
     /// One attempt: connect if needed, list every container, hand the list to the tracker.
     /// Returns whether the runtime answered.
-    pub(super) async fn refresh(&mut self, tracker: &Mutex<NodeTracker>) -> bool {
+    pub(super) async fn refresh(&mut self, tracker: &SharedTracker) -> bool {
         if self.client.is_none() {
             match self.connect().await {
                 Ok(client) => {
@@ -71,7 +71,7 @@ impl RuntimeLink {
         let Some(client) = &self.client else { return false };
         match client.list_containers().await {
             Ok(list) => {
-                tracker.lock().unwrap_or_else(|poison| poison.into_inner()).set_metadata(list);
+                tracker.update(|tracker| tracker.set_metadata(list));
                 self.metrics.succeeded();
                 if self.answered == Some(false) {
                     log::info!("the container runtime answers again; containers named by id take their names");
@@ -88,9 +88,9 @@ impl RuntimeLink {
         }
     }
 
-    fn failed(&mut self, tracker: &Mutex<NodeTracker>, why: impl FnOnce() -> String) {
+    fn failed(&mut self, tracker: &SharedTracker, why: impl FnOnce() -> String) {
         self.metrics.failed();
-        tracker.lock().unwrap_or_else(|poison| poison.into_inner()).set_runtime_reachable(false);
+        tracker.update(|tracker| tracker.set_runtime_reachable(false));
         if self.answered != Some(false) {
             log::warn!("{}", why());
         } else {
@@ -115,7 +115,7 @@ impl RuntimeLink {
 /// is away (waking the probe supervisor, `probes_wanted`, after each answer), with back-off from [`MIN_RETRY`] to [`MAX_RETRY`], until shutdown.
 pub(super) async fn runtime_loop(
     mut link: RuntimeLink,
-    tracker: Arc<Mutex<NodeTracker>>,
+    tracker: Arc<SharedTracker>,
     wanted: Arc<Notify>,
     probes_wanted: Arc<Notify>,
     period: Duration,

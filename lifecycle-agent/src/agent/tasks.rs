@@ -2,102 +2,53 @@
 //! metadata (connect, refresh on demand and on a timer), rescans on notices, repairs after lost
 //! records, and expiry.
 
-use std::{
-    collections::HashSet,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use prometheus::IntCounterVec;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
+use super::shared_tracker::SharedTracker;
 use crate::{
     discovery::{cgroupfs::CgroupRoot, clock::boottime_ns, proc},
     kernel::SensorMaps,
-    model::node::{NodeTracker, Notice, Resync, SeedProcess},
+    model::node::{NodeTracker, Outcome, Resync, SeedProcess},
 };
 
-pub(super) fn handle_notices(
-    notices: Vec<Notice>,
-    kernel_log: bool,
-    tracker: &Mutex<NodeTracker>,
-    root: &CgroupRoot,
-    metadata_wanted: &Notify,
-    last_rescan: &mut Option<std::time::Instant>,
-    repairs: &IntCounterVec,
-) {
-    let mut rescan = false;
-    let mut oom_victims = Vec::new();
-    for notice in notices {
-        match notice {
-            Notice::MetadataNeeded { .. } => metadata_wanted.notify_one(),
-            Notice::UnknownCgroup(_) => rescan = true,
-            Notice::BadCgroupPath { path, error } => log::warn!("cgroup {path}: {error}"),
-            Notice::OomLimitWanted { pid } => oom_victims.push(pid),
-        }
-    }
-    // One read of the log's tail for the batch's kills, however many (it costs microseconds).
-    if kernel_log && !oom_victims.is_empty() {
-        match crate::discovery::kmsg::oom_kills_of(&oom_victims) {
-            Ok(kills) => {
-                let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-                for kill in kills {
-                    tracker.apply_oom_log(kill, boottime_ns());
-                }
-            }
-            Err(err) => log::warn!("reading the kernel log for an OOM kill: {err}"),
-        }
-    }
-    // A walk of cgroupfs costs milliseconds on a busy node: at most one a second, however many
-    // events name an unknown cgroup (a vanished one would otherwise trigger a walk per batch).
-    if rescan && last_rescan.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
-        *last_rescan = Some(std::time::Instant::now());
-        // A cgroup's mkdir record was lost (ring overflow, counted): learn it from cgroupfs.
-        let on_disk: Vec<(u64, String)> = root.scan().into_iter().collect();
-        let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-        let report = tracker.resync(&[], &[], &on_disk, |_| None, boottime_ns());
-        repairs.with_label_values(&["cgroup_created"]).inc_by(report.cgroups_created_unseen as u64);
-    }
-}
-
-/// Cgroups and processes that existed before the programs were attached.
-pub(super) fn seed(tracker: &Mutex<NodeTracker>, root: &CgroupRoot) {
+/// Cgroups and processes that existed before the programs were attached. What seeding changed
+/// is returned for routing once the agent's outcome routes exist (`SharedTracker`).
+pub(super) fn seed(tracker: &mut NodeTracker, root: &CgroupRoot) -> Outcome {
     let cgroups = root.scan();
     let by_path: std::collections::HashMap<&str, u64> = cgroups.iter().map(|(id, path)| (path.as_str(), *id)).collect();
     let now = boottime_ns();
     let processes = proc::processes_at_start(&by_path);
-    {
-        let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-        for (id, path) in &cgroups {
-            tracker.seed_cgroup(*id, path, now);
-        }
+    let mut outcome = Outcome::default();
+    for (id, path) in &cgroups {
+        outcome.extend(tracker.seed_cgroup(*id, path, now));
     }
-    seed_processes(tracker, &processes);
+    outcome.extend(seed_processes(tracker, &processes));
     log::info!("found {} cgroups at start", cgroups.len());
+    outcome
 }
 
 /// Hands processes found in /proc (oldest first) to the tracker; it skips those it knows.
-fn seed_processes(tracker: &Mutex<NodeTracker>, processes: &[proc::StartProcess]) {
+fn seed_processes(tracker: &mut NodeTracker, processes: &[proc::StartProcess]) -> Outcome {
     let cgroup_of: std::collections::HashMap<u32, u64> = processes.iter().map(|p| (p.tgid, p.cgroup_id)).collect();
-    let mut tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+    let mut outcome = Outcome::default();
     for process in processes {
         let parent_cgroup_id = cgroup_of.get(&process.ppid).copied().unwrap_or(0);
-        tracker.seed_process(SeedProcess {
+        outcome.extend(tracker.seed_process(SeedProcess {
             tgid: process.tgid,
             cgroup_id: process.cgroup_id,
             parent_cgroup_id,
             child_pid_namespace: process.child_pid_namespace,
             start_time_ns: process.start_time_ns,
             comm: &process.comm,
-        });
+        }));
     }
+    outcome
 }
 
-pub(super) async fn expiry_loop(
-    tracker: Arc<Mutex<NodeTracker>>,
-    retention: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub(super) async fn expiry_loop(tracker: Arc<SharedTracker>, retention: Duration, mut shutdown: watch::Receiver<bool>) {
     let mut ticker = tokio::time::interval(Duration::from_secs(30).min(retention.max(Duration::from_secs(1))));
     loop {
         tokio::select! {
@@ -105,7 +56,7 @@ pub(super) async fn expiry_loop(
             _ = shutdown.changed() => return,
         }
         let retention_ns = u64::try_from(retention.as_nanos()).unwrap_or(u64::MAX);
-        tracker.lock().unwrap_or_else(|poison| poison.into_inner()).expire(boottime_ns(), retention_ns);
+        tracker.update(|tracker| tracker.expire(boottime_ns(), retention_ns));
     }
 }
 
@@ -126,7 +77,7 @@ pub(super) fn kernel_log_readable() -> bool {
 /// only if it still looks gone a second later, so that a record still in the ring is applied
 /// first with its real facts (exit status, time); cgroups found are seeded at once.
 pub(super) async fn resync_loop(
-    tracker: Arc<Mutex<NodeTracker>>,
+    tracker: Arc<SharedTracker>,
     maps: Arc<SensorMaps>,
     root: CgroupRoot,
     repairs: IntCounterVec,
@@ -158,7 +109,7 @@ pub(super) async fn resync_loop(
         }
         rounds_left = rounds_left.saturating_sub(1);
         let (processes, cgroups) = {
-            let tracker = tracker.lock().unwrap_or_else(|poison| poison.into_inner());
+            let tracker = tracker.read();
             (tracker.tracked_processes(), tracker.tracked_cgroups())
         };
         let root = root.clone();
@@ -187,15 +138,13 @@ pub(super) async fn resync_loop(
             suspects = Some((dead, gone));
         }
         let on_disk: Vec<(u64, String)> = on_disk.into_iter().collect();
-        let report = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).resync(
-            &confirmed_dead,
-            &confirmed_gone,
-            &on_disk,
-            |id| maps.take_counters(id),
-            boottime_ns(),
-        );
-        // Processes whose exec records were lost (in cgroups found now, or in known ones).
-        seed_processes(&tracker, &running);
+        let report = tracker.update_with(|tracker| {
+            let (report, mut outcome) =
+                tracker.resync(&confirmed_dead, &confirmed_gone, &on_disk, |id| maps.take_counters(id), boottime_ns());
+            // Processes whose exec records were lost (in cgroups found now, or in known ones).
+            outcome.extend(seed_processes(tracker, &running));
+            (report, outcome)
+        });
         repairs.with_label_values(&["exit"]).inc_by(report.exits_unseen as u64);
         repairs.with_label_values(&["cgroup_removed"]).inc_by(report.cgroups_removed_unseen as u64);
         repairs.with_label_values(&["cgroup_created"]).inc_by(report.cgroups_created_unseen as u64);

@@ -26,7 +26,7 @@ use super::{
     labels,
     unit_text::{new_families, write_unit, Families, Labels, UnitView, F, FAMILY_COUNT},
 };
-use crate::model::node::{DroppedCounts, NodeTracker, UnitKey};
+use crate::model::node::{DroppedCounts, Judgement, NodeTracker, UnitKey};
 
 /// Source of the kernel's per-cgroup counters (the sensor's map, or a fake in tests).
 pub trait KernelCounters: Send + Sync {
@@ -119,10 +119,9 @@ impl UnitMetrics {
         self
     }
 
-    /// Moves the tracker's judged terminations into the distributions. The agent calls this after
-    /// every batch of events; a scrape calls it too, so nothing waits for the next batch.
-    pub fn take_judgements(&self, tracker: &mut NodeTracker) {
-        let judged = tracker.take_judgements();
+    /// Adds judged terminations to the distributions: the agent routes every change's judgements
+    /// here (`agent/shared_tracker.rs`) before it releases the tracker.
+    pub fn record_judgements(&self, judged: Vec<Judgement>) {
         if !judged.is_empty() {
             self.histograms.lock().unwrap_or_else(|poison| poison.into_inner()).record(judged);
         }
@@ -143,8 +142,7 @@ impl UnitMetrics {
         let mut units: Vec<(Box<CachedUnit>, bool)> = Vec::with_capacity(previous.len());
         let dropped;
         {
-            let mut tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-            self.take_judgements(&mut tracker);
+            let tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
             dropped = *tracker.dropped();
             // Both sequences are in unit-key order: a merge keeps the entries of units still here.
             for unit in tracker.units().filter(|u| self.host_units || !matches!(u.key(), UnitKey::Host { .. })) {
@@ -224,6 +222,9 @@ fn stable_offset(kept: &mut Option<f64>, now: f64) -> f64 {
     }
 }
 
+// The tests feed the tracker events for the state they then render; the outcomes (routed by the
+// agent, `agent/shared_tracker.rs`) are not what they examine.
 #[cfg(test)]
+#[allow(unused_must_use)]
 #[path = "units_tests.rs"]
 mod tests;

@@ -30,8 +30,6 @@ pub enum DroppedKind {
     DepartedInstance,
     /// A departed unit past the cap on departed units.
     DepartedUnit,
-    /// A judgement nobody took for the distributions in time.
-    Judgement,
     /// A pod from the API past the cap on pods.
     Pod,
     /// A kill notice (the cause of a stop announced by the kubelet) past the cap.
@@ -45,7 +43,7 @@ pub enum DroppedKind {
 
 impl DroppedKind {
     /// Every kind, in label order.
-    pub const ALL: [DroppedKind; 13] = [
+    pub const ALL: [DroppedKind; 12] = [
         DroppedKind::Signal,
         DroppedKind::OomKill,
         DroppedKind::ExecSession,
@@ -54,7 +52,6 @@ impl DroppedKind {
         DroppedKind::Port,
         DroppedKind::DepartedInstance,
         DroppedKind::DepartedUnit,
-        DroppedKind::Judgement,
         DroppedKind::Pod,
         DroppedKind::KillNotice,
         DroppedKind::History,
@@ -72,7 +69,6 @@ impl DroppedKind {
             DroppedKind::Port => "port",
             DroppedKind::DepartedInstance => "departed_instance",
             DroppedKind::DepartedUnit => "departed_unit",
-            DroppedKind::Judgement => "judgement",
             DroppedKind::Pod => "pod",
             DroppedKind::KillNotice => "kill_notice",
             DroppedKind::History => "history",

@@ -237,7 +237,7 @@ impl NodeTracker {
             }
         }
         instance.exit = Some(InitExit { time, exit_status, signal });
-        self.instances_ended += 1;
+        self.staged.ended.push(super::Ended { cgroup_id, exit_ns: time });
         if instance.unit.is_some() {
             self.finish(cgroup_id);
         }

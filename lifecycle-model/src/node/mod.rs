@@ -23,11 +23,15 @@ mod history;
 mod instance;
 mod naming;
 mod oom;
+mod outcome;
 mod phase;
 mod pods;
 mod resync;
 mod sidecar;
+// Tests apply events for their effect on the state they then examine; most have no use for
+// the outcome, and those about it read it.
 #[cfg(test)]
+#[allow(unused_must_use)]
 mod tests;
 mod unit;
 mod view;
@@ -52,6 +56,7 @@ pub use disagree::{Disagreement, DisagreementKind};
 pub use history::{PastStop, MAX_BYTES as MAX_HISTORY_BYTES, MAX_STOPS as MAX_HISTORY_STOPS};
 pub use instance::SeedProcess;
 use instance::{ExecFacts, Instance, InstanceKind, ProcessEntry};
+pub use outcome::{Ended, Outcome};
 pub use phase::{PodConditions, PodPhase, PodView};
 pub use unit::{Judgement, PortStats, Unit, UnitCounters, UnitKey, UnitLabels, MAX_PORTS_PER_UNIT};
 pub use view::{ContainerView, RunningContainer};
@@ -112,10 +117,6 @@ pub struct Resync {
 /// The kubelet's process name as the kernel records it.
 const KUBELET_COMM: &str = "kubelet";
 
-/// Judgements kept for the exporters between two drains; beyond this the oldest are dropped
-/// (and counted), so a node nobody scrapes cannot grow the agent.
-const MAX_PENDING_JUDGEMENTS: usize = 4096;
-
 /// Everything the tracker knows about the node.
 pub struct NodeTracker {
     config: TrackerConfig,
@@ -124,12 +125,11 @@ pub struct NodeTracker {
     instances: HashMap<u64, Instance>,
     units: BTreeMap<UnitKey, Unit>,
     metadata: HashMap<String, ContainerMeta>,
-    notices: Vec<Notice>,
-    judgements: Vec<Judgement>,
+    /// What the public call in progress changed, handed back when it returns (`outcome.rs`):
+    /// empty between calls.
+    staged: Outcome,
     /// What was dropped to stay within the bounds (see `bounds.rs`).
     dropped: DroppedCounts,
-    /// Instances ended by their init's exit record (see [`NodeTracker::instances_ended`]).
-    instances_ended: u64,
     /// The runtime answered the last time it was asked (see `naming.rs`).
     runtime_reachable: bool,
     /// Pods from the API by uid (see `pods.rs`).
@@ -162,10 +162,8 @@ impl NodeTracker {
             instances: HashMap::new(),
             units: BTreeMap::new(),
             metadata: HashMap::new(),
-            notices: Vec::new(),
-            judgements: Vec::new(),
+            staged: Outcome::default(),
             dropped: DroppedCounts::default(),
-            instances_ended: 0,
             runtime_reachable,
             pods: HashMap::new(),
             pods_gone: std::collections::VecDeque::new(),
@@ -178,13 +176,20 @@ impl NodeTracker {
         }
     }
 
-    /// Notices since the last call.
-    pub fn take_notices(&mut self) -> Vec<Notice> {
-        std::mem::take(&mut self.notices)
+    /// What the call that is returning changed (every public mutator ends with this).
+    fn outcome(&mut self) -> Outcome {
+        std::mem::take(&mut self.staged)
     }
 
     /// A cgroup that existed before the agent started (from the initial scan).
-    pub fn seed_cgroup(&mut self, id: u64, path: &str, now: u64) {
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn seed_cgroup(&mut self, id: u64, path: &str, now: u64) -> Outcome {
+        self.found_cgroup(id, path, now);
+        self.outcome()
+    }
+
+    /// A cgroup found on disk rather than seen created (start-up, or a repair).
+    fn found_cgroup(&mut self, id: u64, path: &str, now: u64) {
         self.watching_since = now;
         if !self.cgroups.contains_key(&id) {
             self.on_cgroup_created(id, path, now);
@@ -197,9 +202,10 @@ impl NodeTracker {
 
     /// A process that existed before the agent started (from /proc). Seed in start-time order:
     /// the first process of a container whose parent is outside it becomes its init.
-    pub fn seed_process(&mut self, process: SeedProcess<'_>) {
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn seed_process(&mut self, process: SeedProcess<'_>) -> Outcome {
         if self.processes.contains_key(&process.tgid) || !self.cgroups.contains_key(&process.cgroup_id) {
-            return;
+            return self.outcome();
         }
         let start = process.start_time_ns;
         let exec = ExecFacts {
@@ -218,11 +224,13 @@ impl NodeTracker {
         {
             instance.termination.watched_since(self.watching_since);
         }
+        self.outcome()
     }
 
     /// Runtime metadata for every container the runtime lists now. Instances still unlinked whose
     /// id the runtime does not list are sandboxes or foreign containers and are ignored.
-    pub fn set_metadata(&mut self, containers: Vec<ContainerMeta>) {
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn set_metadata(&mut self, containers: Vec<ContainerMeta>) -> Outcome {
         self.metadata = containers.into_iter().map(|m| (m.container_id.clone(), m)).collect();
         self.runtime_reachable = true;
         self.name_units_named_by_id();
@@ -262,6 +270,7 @@ impl NodeTracker {
             }
         }
         self.drop_departed();
+        self.outcome()
     }
 
     /// The processes running in cgroup `cgroup_id` now, as a stop's scene lists them.
@@ -281,7 +290,13 @@ impl NodeTracker {
     }
 
     /// Applies one kernel event.
-    pub fn apply(&mut self, event: &Event) {
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn apply(&mut self, event: &Event) -> Outcome {
+        self.apply_event(event);
+        self.outcome()
+    }
+
+    fn apply_event(&mut self, event: &Event) {
         match &event.detail {
             // Ids are never reused within a boot: a cgroup already known was found by a scan
             // before its record arrived, and what was learned about it since is kept.
@@ -398,7 +413,8 @@ impl NodeTracker {
 
     /// Forgets units that have not run for `retention_ns` and have no live instance.
     /// Closed ports idle as long expire too (a port's four series must not outlive its use).
-    pub fn expire(&mut self, now: u64, retention_ns: u64) {
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn expire(&mut self, now: u64, retention_ns: u64) -> Outcome {
         self.expire_gone_pods(now);
         self.expire_eviction_notices(now);
         let live: HashSet<UnitKey> =
@@ -423,11 +439,7 @@ impl NodeTracker {
             }
             self.dropped.add(DroppedKind::DepartedUnit, excess as u64);
         }
-    }
-
-    /// Terminations judged since the last call, for the exporters' distributions.
-    pub fn take_judgements(&mut self) -> Vec<Judgement> {
-        std::mem::take(&mut self.judgements)
+        self.outcome()
     }
 
     /// What was dropped to stay within the bounds, by kind (see `bounds.rs`).
@@ -435,18 +447,8 @@ impl NodeTracker {
         &self.dropped
     }
 
-    /// How many instances an init's exit record has ended so far: a caller applying an exit sees
-    /// from it whether that exit changed a container's state.
-    pub fn instances_ended(&self) -> u64 {
-        self.instances_ended
-    }
-
     fn record_judgement(&mut self, judgement: Judgement) {
-        if self.judgements.len() >= MAX_PENDING_JUDGEMENTS {
-            self.judgements.remove(0);
-            self.dropped.add(DroppedKind::Judgement, 1);
-        }
-        self.judgements.push(judgement);
+        self.staged.judgements.push(judgement);
     }
 
     /// A kubelet process started on the host: every container's back-off starts over.
@@ -466,7 +468,7 @@ impl NodeTracker {
         if self.cgroups.contains_key(&id) {
             return true;
         }
-        self.notices.push(Notice::UnknownCgroup(id));
+        self.staged.notices.push(Notice::UnknownCgroup(id));
         false
     }
 
@@ -493,7 +495,9 @@ impl NodeTracker {
             }
             // Host cgroups become units when a process runs in them; the rest hold no container.
             Ok(_) => {}
-            Err(error) => self.notices.push(Notice::BadCgroupPath { path: path.to_owned(), error: error.to_string() }),
+            Err(error) => {
+                self.staged.notices.push(Notice::BadCgroupPath { path: path.to_owned(), error: error.to_string() })
+            }
         }
     }
 

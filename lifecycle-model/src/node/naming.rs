@@ -8,7 +8,13 @@ use super::{instance::InstanceKind, NodeTracker, UnitCounters};
 
 impl NodeTracker {
     /// Whether the runtime answers. Going unreachable names every waiting container by id.
-    pub fn set_runtime_reachable(&mut self, reachable: bool) {
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn set_runtime_reachable(&mut self, reachable: bool) -> super::Outcome {
+        self.note_runtime_reachable(reachable);
+        self.outcome()
+    }
+
+    fn note_runtime_reachable(&mut self, reachable: bool) {
         if self.runtime_reachable == reachable {
             return;
         }

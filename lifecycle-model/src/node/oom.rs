@@ -26,7 +26,13 @@ pub(super) struct OomJoin {
 
 impl NodeTracker {
     /// The kernel's `oom-kill:` line for a kill, at `now` (boot ns).
-    pub fn apply_oom_log(&mut self, kill: KernelOomKill, now: u64) {
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn apply_oom_log(&mut self, kill: KernelOomKill, now: u64) -> super::Outcome {
+        self.join_oom_log(kill, now);
+        self.outcome()
+    }
+
+    fn join_oom_log(&mut self, kill: KernelOomKill, now: u64) {
         self.oom.expire(now);
         let victim = self.oom.victims.iter().rev().find(|(_, tgid, _)| *tgid == kill.pid).map(|(_, _, cgroup)| *cgroup);
         match victim {
@@ -55,7 +61,7 @@ impl NodeTracker {
             self.dropped.add(DroppedKind::OomLog, 1);
         }
         self.oom.victims.push_back((time, tgid, cgroup_id));
-        self.notices.push(super::Notice::OomLimitWanted { pid: tgid });
+        self.staged.notices.push(super::Notice::OomLimitWanted { pid: tgid });
     }
 
     /// Gives `limit` to the instance in `cgroup_id`: to its evidence while it runs, else to the

@@ -81,7 +81,13 @@ impl NodeTracker {
     /// The pod as the API shows it at `now` (boot ns). A cause the Pod shows only after its
     /// containers stopped (the kubelet writes `DeadlineExceeded` or `Evicted` into the status
     /// while it stops them) names the stops judged in the last `LATE_NOTICE_NS` without one.
-    pub fn apply_pod(&mut self, mut pod: PodFacts, now: u64) {
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn apply_pod(&mut self, pod: PodFacts, now: u64) -> super::Outcome {
+        self.record_pod(pod, now);
+        self.outcome()
+    }
+
+    fn record_pod(&mut self, mut pod: PodFacts, now: u64) {
         let uid = pod.uid.clone();
         if !self.pods.contains_key(&uid) && self.pods.len() >= MAX_PODS {
             self.dropped.add(DroppedKind::Pod, 1);
@@ -126,14 +132,16 @@ impl NodeTracker {
     /// `GONE_POD_KEPT_NS`: after a forced deletion (`--grace-period=0 --force`) the object is
     /// gone at once while the kubelet still stops the containers, and those stops are the
     /// deletion's, with its grace (0 when the final object carries none).
-    pub fn pod_gone(&mut self, mut last: PodFacts, now: u64) {
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn pod_gone(&mut self, mut last: PodFacts, now: u64) -> super::Outcome {
         last.deletion_grace_ns.get_or_insert(0);
         let uid = last.uid.clone();
-        self.apply_pod(last, now);
+        self.record_pod(last, now);
         if self.pods.contains_key(&uid) {
             self.pods_gone.retain(|(_, gone)| *gone != uid);
             self.pods_gone.push_back((now, uid));
         }
+        self.outcome()
     }
 
     /// The kubelet announced that it evicts pod `uid` (its `Evicted` event, recorded before it
@@ -144,7 +152,13 @@ impl NodeTracker {
     /// node's kubelet, so a notice holds only 10 s (`EVICTION_NOTICE_NS`) unless the Pod's status
     /// (which only the kubelet writes) confirms it: a forged one cannot shorten the grace a
     /// later stop is judged with.
-    pub fn apply_eviction_notice(&mut self, uid: &str, now: u64) {
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn apply_eviction_notice(&mut self, uid: &str, now: u64) -> super::Outcome {
+        self.record_eviction_notice(uid, now);
+        self.outcome()
+    }
+
+    fn record_eviction_notice(&mut self, uid: &str, now: u64) {
         let Some(pod) = self.pods.get_mut(uid) else { return };
         if pod.disruption.is_none() {
             pod.disruption = Some(Disruption::EvictedByKubelet);
@@ -208,7 +222,13 @@ impl NodeTracker {
     /// `now` (boot ns). The kubelet records the event and stops the container at the same
     /// time, so the event often arrives after the exit: a stop judged in the last
     /// `LATE_NOTICE_NS` without a known cause takes it; otherwise the notice waits for the stop.
-    pub fn apply_kill_notice(&mut self, notice: KillNotice, now: u64) {
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn apply_kill_notice(&mut self, notice: KillNotice, now: u64) -> super::Outcome {
+        self.record_kill_notice(notice, now);
+        self.outcome()
+    }
+
+    fn record_kill_notice(&mut self, notice: KillNotice, now: u64) {
         let unit_key = UnitKey::Container { pod_uid: notice.pod_uid.clone(), container: notice.container.clone() };
         if let Some(unit) = self.units.get_mut(&unit_key) {
             if name_a_recent_unknown_stop(unit, notice.cause, now) {

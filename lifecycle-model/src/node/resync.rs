@@ -26,6 +26,7 @@ impl NodeTracker {
     ///
     /// The caller confirms `dead` and `gone` over two looks a second apart, so that a record
     /// still on its way through the ring is applied first, with its real facts.
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
     pub fn resync(
         &mut self,
         dead: &[u32],
@@ -33,7 +34,7 @@ impl NodeTracker {
         on_disk: &[(u64, String)],
         mut take_counters: impl FnMut(u64) -> Option<CgroupCounters>,
         now: u64,
-    ) -> Resync {
+    ) -> (Resync, super::Outcome) {
         let mut report = Resync::default();
         for tgid in dead {
             if let Some(cgroup_id) = self.processes.get(tgid).map(|p| p.cgroup_id) {
@@ -53,10 +54,10 @@ impl NodeTracker {
         }
         for (id, path) in on_disk {
             if !self.cgroups.contains_key(id) {
-                self.seed_cgroup(*id, path, now);
+                self.found_cgroup(*id, path, now);
                 report.cgroups_created_unseen += 1;
             }
         }
-        report
+        (report, self.outcome())
     }
 }

@@ -260,7 +260,7 @@ impl NodeTracker {
                 ),
                 None if !self.runtime_reachable => {
                     // Named by id now; the plumbing keeps asking the runtime for the name.
-                    self.notices.push(Notice::MetadataNeeded { container_id: container_id.clone() });
+                    self.staged.notices.push(Notice::MetadataNeeded { container_id: container_id.clone() });
                     // Keyed by the full id (unique); labelled with the short one, as crictl shows it.
                     let short: String = container_id.chars().take(12).collect();
                     (
@@ -275,7 +275,7 @@ impl NodeTracker {
                     )
                 }
                 None => {
-                    self.notices.push(Notice::MetadataNeeded { container_id: container_id.clone() });
+                    self.staged.notices.push(Notice::MetadataNeeded { container_id: container_id.clone() });
                     return;
                 }
             },

@@ -174,8 +174,10 @@ fn a_container_runs_and_completes_with_kubelet_names() {
 #[test]
 fn late_metadata_links_the_instance_and_judges_with_its_grace_period() {
     let mut tracker = tracker_with_cri();
-    let cg = container_cgroup(&mut tracker, SECOND, 1);
-    assert_eq!(tracker.take_notices(), vec![Notice::MetadataNeeded { container_id: container_id(1) }]);
+    let id = 1000 + 1;
+    let created = tracker.apply(&mkdir(SECOND, id, &format!("/kubepods/burstable/pod{POD_UID}/{}", container_id(1))));
+    assert_eq!(created.notices, vec![Notice::MetadataNeeded { container_id: container_id(1) }]);
+    let cg = id;
     tracker.apply(&exec(2 * SECOND, 100, cg, SHIM_CGROUP, "app"));
     tracker.apply(&signal(10 * SECOND, (50, SHIM_CGROUP, "containerd-shim"), (100, cg), 15));
     tracker.apply(&signal(13 * SECOND, (50, SHIM_CGROUP, "containerd-shim"), (100, cg), 9));
@@ -316,15 +318,15 @@ fn host_cgroups_are_units_that_run_while_any_process_does() {
     assert!(tracker.containers(0).is_empty(), "a cgroup becomes a unit when something runs in it");
     tracker.apply(&exec(SECOND, 10, 42, 1, "web"));
     tracker.apply(&exec(2 * SECOND, 11, 42, 42, "worker"));
-    tracker.apply(&exit(3 * SECOND, 10, 42, Some(0), None));
+    let first_exit = tracker.apply(&exit(3 * SECOND, 10, 42, Some(0), None));
     let view = only_view(&tracker, 4 * SECOND);
     assert_eq!((view.labels.namespace.as_str(), view.labels.container.as_str()), ("host", "/system.slice/web.service"));
     assert!(matches!(view.status.state, ContainerState::Running { .. }), "the worker still runs");
-    assert_eq!(tracker.instances_ended(), 0, "an exit that changes no state is not an end");
-    tracker.apply(&exit(5 * SECOND, 11, 42, Some(2), None));
+    assert!(first_exit.ended.is_empty(), "an exit that changes no state is not an end");
+    let last_exit = tracker.apply(&exit(5 * SECOND, 11, 42, Some(2), None));
     let view = only_view(&tracker, 6 * SECOND);
     assert!(matches!(view.status.state, ContainerState::Terminated { exit_code: 2, .. }));
-    assert_eq!(tracker.instances_ended(), 1, "the last process's exit ends the run");
+    assert_eq!(last_exit.ended, [Ended { cgroup_id: 42, exit_ns: 5 * SECOND }], "the last process's exit ends the run");
     tracker.apply(&exec(7 * SECOND, 12, 42, 1, "web"));
     let view = only_view(&tracker, 8 * SECOND);
     assert!(matches!(view.status.state, ContainerState::Running { started_at } if started_at == 7 * SECOND));
@@ -334,8 +336,8 @@ fn host_cgroups_are_units_that_run_while_any_process_does() {
 #[test]
 fn events_for_unknown_cgroups_ask_for_a_rescan_and_departed_units_expire() {
     let mut tracker = NodeTracker::new(TrackerConfig::default());
-    tracker.apply(&exec(SECOND, 10, 77, 1, "x"));
-    assert_eq!(tracker.take_notices(), vec![Notice::UnknownCgroup(77)]);
+    let unknown = tracker.apply(&exec(SECOND, 10, 77, 1, "x"));
+    assert_eq!(unknown.notices, vec![Notice::UnknownCgroup(77)]);
     tracker.seed_cgroup(77, "/batch/job", SECOND);
     tracker.apply(&exec(2 * SECOND, 10, 77, 1, "x"));
     tracker.apply(&exit(3 * SECOND, 10, 77, Some(0), None));
@@ -369,14 +371,15 @@ fn containers_the_runtime_cannot_name_are_listed_by_id_and_named_when_it_answers
     // is an early kill; the pod's 2 s grace (known once named) makes it a kill after grace.
     tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
     tracker.apply(&signal(12 * SECOND, shim, (100, cg), 9));
-    tracker.apply(&exit(12 * SECOND + 1000, 100, cg, None, Some(9)));
+    let exited = tracker.apply(&exit(12 * SECOND + 1000, 100, cg, None, Some(9)));
     let early = only_view(&tracker, 13 * SECOND).last_termination.expect("judged while unnamed");
     assert!(matches!(early.outcome, TerminationOutcome::SigkilledEarly { .. }));
-    assert!(tracker.take_judgements().is_empty(), "no namespace yet: not in the distributions");
+    assert_eq!(exited.ended.len(), 1, "its state changed");
+    assert!(exited.judgements.is_empty(), "no namespace yet: not in the distributions");
 
     let mut known = meta(1, 2);
     known.state = CriState::Exited;
-    tracker.set_metadata(vec![known]);
+    let named = tracker.set_metadata(vec![known]);
     let view = only_view(&tracker, 14 * SECOND);
     assert!(!view.named_by_id);
     assert_eq!(
@@ -392,7 +395,8 @@ fn containers_the_runtime_cannot_name_are_listed_by_id_and_named_when_it_answers
     let unit = tracker.units().next().expect("one unit");
     assert_eq!(unit.counters().signals.get(&(10, SenderKind::OtherProcess)), Some(&1), "counts joined the name");
     assert_eq!(unit.counters().grace_violations, 1, "judged once");
-    assert_eq!(tracker.take_judgements().len(), 1);
+    assert_eq!(named.judgements.len(), 1, "judged under its name, for the distributions");
+    assert!(named.ended.is_empty(), "the exit was applied before, not now");
 }
 
 #[test]
@@ -485,7 +489,7 @@ fn a_resync_repairs_what_lost_records_would_have_changed() {
     assert_eq!(tracker.tracked_processes().len(), 2);
     let on_disk = vec![(42, "/system.slice/web.service".to_owned()), (44, "/system.slice/new.service".to_owned())];
     let mut taken = Vec::new();
-    let report = tracker.resync(
+    let (report, repaired) = tracker.resync(
         &[10],
         &[43],
         &on_disk,
@@ -497,6 +501,7 @@ fn a_resync_repairs_what_lost_records_would_have_changed() {
     );
     assert_eq!(report, Resync { exits_unseen: 1, cgroups_removed_unseen: 1, cgroups_created_unseen: 1 });
     assert_eq!(taken, [43], "a removed cgroup's kernel counts are taken first");
+    assert_eq!(repaired.ended, [Ended { cgroup_id: 42, exit_ns: 5 * SECOND }], "the lost exit ended web's run");
     let web = tracker.containers(6 * SECOND).into_iter().find(|v| v.labels.container == "/system.slice/web.service");
     let web = web.expect("web");
     assert!(
@@ -511,7 +516,7 @@ fn a_resync_repairs_what_lost_records_would_have_changed() {
     let new = tracker.containers(7 * SECOND).into_iter().find(|v| v.labels.container == "/system.slice/new.service");
     assert!(new.is_some_and(|v| matches!(v.status.state, ContainerState::Running { .. })));
     // Repeating it is harmless: nothing left to repair.
-    assert_eq!(tracker.resync(&[10], &[43], &on_disk, |_| None, 8 * SECOND), Resync::default());
+    assert_eq!(tracker.resync(&[10], &[43], &on_disk, |_| None, 8 * SECOND), (Resync::default(), Outcome::default()));
 }
 
 fn tcp(time: u64, cgroup_id: u64, port: u16, listen: bool) -> Event {

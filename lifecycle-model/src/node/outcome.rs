@@ -1,0 +1,36 @@
+//! What one call into the tracker changed that its caller must act on, returned by that call:
+//! the instances it ended (the exit -> state latency is measured from them), the terminations it
+//! judged (the exporters' distributions) and the notices for the plumbing (rescan, ask the
+//! runtime, read the kernel's OOM line). Nothing waits in the tracker between calls.
+
+use super::{Judgement, Notice};
+
+/// A container instance (or a host unit's run) that its init's exit ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ended {
+    pub cgroup_id: u64,
+    /// The exit's time (boot clock, ns): the kernel's, or the repair's for an exit it found.
+    pub exit_ns: u64,
+}
+
+/// The outcome of one call (see the module header).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outcome {
+    pub ended: Vec<Ended>,
+    pub judgements: Vec<Judgement>,
+    pub notices: Vec<Notice>,
+}
+
+impl Outcome {
+    /// Whether the call changed nothing its caller acts on.
+    pub fn is_empty(&self) -> bool {
+        self.ended.is_empty() && self.judgements.is_empty() && self.notices.is_empty()
+    }
+
+    /// Appends `other`, for a caller that routes the outcomes of several calls at once.
+    pub fn extend(&mut self, other: Outcome) {
+        self.ended.extend(other.ended);
+        self.judgements.extend(other.judgements);
+        self.notices.extend(other.notices);
+    }
+}
