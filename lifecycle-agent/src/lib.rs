@@ -15,6 +15,8 @@
 //! - [`agent`] (plumbing): the owner loop that ties the layers together, background tasks,
 //!   HTTP routes and shutdown.
 //! - [`cli`]: the client side of the subcommands (the `status` table).
+//! - [`sys`]: the few system calls no well-kept crate wraps (the rest go through rustix, aya
+//!   and std), each made once, with errors that name the call.
 
 pub mod agent;
 pub mod cli;
@@ -22,6 +24,7 @@ pub mod discovery;
 pub mod export;
 pub mod kernel;
 pub mod probe;
+pub mod sys;
 
 /// The pure core, its own crate so the compiler keeps it free of I/O (`lifecycle-model`); named
 /// `model` here as the layer it is.

@@ -197,29 +197,27 @@ struct SensorArgs {
     #[arg(long, default_value = "/sys/kernel/tracing")]
     tracefs: PathBuf,
     /// Ring buffer size in bytes (a power of two, a multiple of the page size, well above
-    /// --wakeup-bytes). What arrives between the kernel's wake-up and the agent's read must fit:
-    /// on 2 vCPUs, with 4 processes sending 500,000-650,000 recorded signals/s (~70 MB/s),
-    /// 1 MiB lost no record and 512 KiB up to 0.6 % (xtask/x.sh bench ring); the default is
-    /// twice the loss-free size, and drained 1.7 M records/s (~210 MB/s) for 10 s without loss
-    /// (xtask/x.sh bench rate). A full ring loses records, never counts
+    /// --wakeup-bytes). What arrives between the kernel's wake-up and the agent's read must fit;
+    /// the default is twice the smallest size that lost nothing under a signal flood
+    /// (BENCHMARKS.md: ring, rate). A full ring loses records, never counts
     /// (lifecycle_events_lost_total). Costs twice its size in RSS: the kernel maps it twice.
     #[arg(long, default_value_t = lifecycle_common::defaults::RING_BYTES)]
     ring_bytes: u32,
     /// Bytes waiting in the ring before the kernel wakes the agent (below that, the next poll
-    /// reads them). Waking per record cost +12-22 % on a fork/exec/exit loop; 256 KiB (~2,500
-    /// records) is one wake-up per batch on a busy node and leaves most of the ring for what
-    /// arrives before the agent runs. A container's end (its pid namespace's init exiting) and a
+    /// reads them). Waking per record is costly on a busy node (BENCHMARKS.md: overhead); 256 KiB
+    /// (~2,500 records) is one wake-up per batch and leaves most of the ring for what arrives
+    /// before the agent runs. A container's end (its pid namespace's init exiting) and a
     /// cgroup's last process exiting (a plain-host unit's end) wake it at once regardless.
     #[arg(long, default_value_t = 256 * 1024)]
     wakeup_bytes: u64,
     /// How often the agent drains the ring when the kernel has not woken it, in milliseconds:
-    /// the most an ordinary record waits on a quiet node. 5 ms cost +3 % CPU on a fork/exec/exit
-    /// loop and 0.9 % of a CPU idle; 50 ms +1.4-2.0 % and 0.4 % (BENCHMARKS.md, overhead).
+    /// the most an ordinary record waits on a quiet node. Shorter costs CPU, on busy and idle
+    /// nodes alike (BENCHMARKS.md: overhead).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1000))]
     poll_ms: u64,
     /// Capacity of the per-cgroup counters map: one entry per cgroup that ran, signalled or
-    /// listened since it was created, freed when it is removed. 1,000 containers used 1,001
-    /// entries (xtask/x.sh bench memory): the default is four times that. Each entry costs ~400
+    /// listened since it was created, freed when it is removed: about one per container
+    /// (BENCHMARKS.md: memory); the default is four times a 1,000-container node's need. Each entry costs ~400
     /// bytes of kernel memory, charged to the agent's memory cgroup. When full, new cgroups'
     /// counts are lost (lifecycle_kernel_map_full_total; lifecycle_kernel_map_entries shows use
     /// and capacity).

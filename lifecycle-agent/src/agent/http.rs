@@ -302,11 +302,7 @@ const TRIM_AFTER_BYTES: u64 = 64 * 1024;
 /// there made the next scrape fault its pages in again, ~1.2-1.8 ms of a 2.5 ms scrape of 1,000
 /// containers (xtask/x.sh bench scrape), while a scrape now leaves little free.
 fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks glibc's own arenas (taking their locks); no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    crate::sys::release_free_heap();
 }
 
 /// Whether a connection opens with a TLS handshake record (content type 22), read without

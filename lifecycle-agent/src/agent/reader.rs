@@ -6,7 +6,7 @@
 //! a second thread hop; HTTP load on the workers could hold a container's exit back.
 
 use std::{
-    os::fd::{AsFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, OwnedFd},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -55,13 +55,8 @@ pub(super) struct Running {
 impl Reader {
     /// Starts the reading thread: it drains on every kernel wake-up and at least every `poll`.
     pub(super) fn start(self, stream: EventStream, poll: Duration) -> std::io::Result<Running> {
-        // SAFETY: eventfd has no memory-safety preconditions; a negative return is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh eventfd nobody else owns.
-        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        use rustix::event::{eventfd, EventfdFlags};
+        let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
         let stop = Arc::new(AtomicBool::new(false));
         let (sender, done) = oneshot::channel();
         let (thread_stop, thread_wake) = (stop.clone(), wake.clone());
@@ -131,9 +126,9 @@ impl Running {
     /// Stops the reader and returns the stream (None if the thread had already ended).
     pub(super) async fn stop(self) -> Option<EventStream> {
         self.stop.store(true, Ordering::Release);
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe { libc::write(std::os::fd::AsRawFd::as_raw_fd(&*self.wake), (&one as *const u64).cast(), 8) };
+        // An eventfd counts what is written to it: one wakes the reader's poll. It cannot fail
+        // short of the counter's overflow, and the reader is stopped by the flag either way.
+        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
         self.done.await.ok().and_then(Result::ok)
     }
 }

@@ -3,23 +3,27 @@
 
 use std::time::SystemTime;
 
+use rustix::time::ClockId;
+
 /// `CLOCK_BOOTTIME` now, in ns: the clock the kernel stamps events with.
 pub fn boottime_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec through a valid pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    let ts = rustix::time::clock_gettime(ClockId::Boottime);
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// `CLOCK_REALTIME` now, in ns since the Unix epoch.
+pub fn realtime_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(ClockId::Realtime);
     (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
 }
 
 /// `CLOCK_REALTIME - CLOCK_BOOTTIME`, in seconds: adds to a boot time to give a Unix time.
 pub fn unix_minus_boot_seconds() -> f64 {
     let read = |clock| {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: ts is a valid timespec for clock_gettime to fill.
-        unsafe { libc::clock_gettime(clock, &mut ts) };
+        let ts = rustix::time::clock_gettime(clock);
         ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
     };
-    read(libc::CLOCK_REALTIME) - read(libc::CLOCK_BOOTTIME)
+    read(ClockId::Realtime) - read(ClockId::Boottime)
 }
 
 /// Converts a wall-clock time to `CLOCK_BOOTTIME` ns, given both clocks read now.

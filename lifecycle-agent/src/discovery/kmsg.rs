@@ -9,31 +9,20 @@ use std::io;
 
 use crate::model::oom::KernelOomKill;
 
-/// `SYSLOG_ACTION_READ_ALL`: copies the last `len` bytes of the log, leaving it as it is.
-const READ_ALL: libc::c_int = 3;
-/// `SYSLOG_ACTION_SIZE_BUFFER`: the log's size; a harmless way to ask whether reading is allowed.
-const SIZE_BUFFER: libc::c_int = 10;
 /// How much of the log's tail is read: the line comes after the kill's report (task list and
 /// memory summary of the cgroup, usually a few KiB), so the newest 128 KiB hold it.
 const TAIL_BYTES: usize = 128 * 1024;
 
 /// Whether this process may read the kernel log (CAP_SYSLOG, or `kernel.dmesg_restrict` 0).
 pub fn readable() -> io::Result<()> {
-    // SAFETY: SIZE_BUFFER takes no buffer (null, 0) and only returns a number.
-    let size = unsafe { libc::klogctl(SIZE_BUFFER, std::ptr::null_mut(), 0) };
-    if size < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    crate::sys::kernel_log_size().map(drop).map_err(|error| error.source)
 }
 
 /// The kernel's lines about the OOM kills of `pids`, from the log's tail.
 pub fn oom_kills_of(pids: &[u32]) -> io::Result<Vec<KernelOomKill>> {
     let mut buffer = vec![0u8; TAIL_BYTES];
-    // SAFETY: the buffer is valid for TAIL_BYTES writable bytes, and the length says so.
-    let read = unsafe { libc::klogctl(READ_ALL, buffer.as_mut_ptr().cast(), TAIL_BYTES as libc::c_int) };
-    let read = usize::try_from(read).map_err(|_| io::Error::last_os_error())?;
-    Ok(oom_kills_in(&buffer[..read.min(TAIL_BYTES)], pids))
+    let read = crate::sys::read_kernel_log_tail(&mut buffer).map_err(|error| error.source)?;
+    Ok(oom_kills_in(&buffer[..read], pids))
 }
 
 /// The OOM kill lines of `pids` in a piece of the log, newest last.

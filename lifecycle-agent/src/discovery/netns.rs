@@ -9,7 +9,7 @@
 use std::{
     fs::File,
     io,
-    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
+    os::{fd::AsFd as _, unix::fs::MetadataExt as _},
     path::{Path, PathBuf},
 };
 
@@ -66,11 +66,10 @@ where
     let entered = std::thread::Builder::new()
         .name(name.to_owned())
         .spawn(move || {
-            // SAFETY: setns on an fd we own; it changes only this thread's netns, and this thread
-            // ends right after `work`, so no other code ever runs in that namespace.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            // setns changes only this thread's netns, and this thread ends right after `work`,
+            // so no other code ever runs in that namespace.
+            use rustix::thread::{move_into_link_name_space, LinkNameSpaceType};
+            move_into_link_name_space(file.as_fd(), Some(LinkNameSpaceType::Network))?;
             Ok(work())
         })
         .map_err(|_| NetnsError::Thread { path: path.clone() })?

@@ -12,13 +12,9 @@
 //! by) the container's root. A kernel without openat2 is refused, never worked around.
 
 use std::{
-    ffi::CString,
     fs::{File, OpenOptions},
     io::{self, Read as _},
-    os::{
-        fd::{AsRawFd as _, FromRawFd as _},
-        unix::fs::OpenOptionsExt as _,
-    },
+    os::{fd::AsRawFd as _, unix::fs::OpenOptionsExt as _},
     path::PathBuf,
     time::SystemTime,
 };
@@ -301,12 +297,9 @@ pub fn netns_inode(pid: u32) -> Result<u32, ObserveError> {
 /// user-space one (a read can hang for as long as the server or the FUSE daemon, which the pod
 /// controls, wants).
 fn refused_filesystem(file: &File) -> Option<(&'static str, Refusal)> {
-    // SAFETY: statfs is a plain struct of integers; all-zero is a valid value to be filled.
-    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: the fd is open for the call and `stat` is a valid statfs to write.
-    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut stat) } != 0 {
+    let Ok(stat) = rustix::fs::fstatfs(file) else {
         return Some(("an unknown filesystem", Refusal::Kernel));
-    }
+    };
     const REFUSED: [(i64, &str, Refusal); 13] = [
         (0x9fa0, "procfs", Refusal::Kernel),
         (0x6265_6572, "sysfs", Refusal::Kernel),
@@ -322,7 +315,8 @@ fn refused_filesystem(file: &File) -> Option<(&'static str, Refusal)> {
         (0x00c3_6400, "ceph", Refusal::Network),
         (0x0102_1997, "9p", Refusal::Network),
     ];
-    let kind = stat.f_type as i64;
+    // The magic numbers are compared as i64, the type f_type has on 64-bit Linux.
+    let kind: i64 = stat.f_type;
     REFUSED.iter().find(|(magic, _, _)| *magic == kind).map(|(_, name, refusal)| (*name, *refusal))
 }
 
@@ -363,31 +357,20 @@ pub fn read_file_in_root(pid: u32, path: &str, max_bytes: usize) -> Result<FileR
 /// of it (opening some devices acts: a watchdog arms, a tape rewinds).
 pub fn read_file_in_pinned_root(root: &File, pid: u32, path: &str, max_bytes: usize) -> Result<FileRead, ObserveError> {
     let open_err = |source| ObserveError::Open { pid, path: path.to_owned(), source };
-    let c_path = CString::new(path).map_err(|_| open_err(io::Error::from_raw_os_error(libc::EINVAL)))?;
-    // SAFETY: open_how is a plain struct of u64s; all-zero is a valid value.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
-    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: the dirfd is open for the duration of the call, c_path is NUL-terminated, and `how`
-    // is a valid open_how whose size is passed alongside.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root.as_raw_fd(),
-            c_path.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
+    use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
+    // A path with a NUL byte is refused by rustix with EINVAL before any call.
+    let opened = openat2(
+        root,
+        path,
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+    );
+    let handle = match opened {
+        Ok(fd) => File::from(fd),
+        Err(rustix::io::Errno::NOSYS) => return Err(ObserveError::Openat2Unsupported { pid, path: path.to_owned() }),
+        Err(errno) => return Err(open_err(errno.into())),
     };
-    if fd < 0 {
-        let err = io::Error::last_os_error();
-        return Err(match err.raw_os_error() {
-            Some(libc::ENOSYS) => ObserveError::Openat2Unsupported { pid, path: path.to_owned() },
-            _ => open_err(err),
-        });
-    }
-    // SAFETY: openat2 returned a new fd that nothing else owns.
-    let handle = unsafe { File::from_raw_fd(fd as i32) };
     if let Some((fs, refusal)) = refused_filesystem(&handle) {
         // A declared path may lead (by a symlink inside the container's root) to the
         // container's own /proc or /sys: refused whatever the path said.
@@ -469,9 +452,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lifecycle-proc-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let fifo = dir.join("fifo");
-        let c_fifo = CString::new(fifo.to_string_lossy().into_owned()).expect("path");
-        // SAFETY: mkfifo reads a NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+        use rustix::fs::{mknodat, FileType, Mode, CWD};
+        mknodat(CWD, &fifo, FileType::Fifo, Mode::from_raw_mode(0o600), 0).expect("mkfifo");
         let me = std::process::id();
         let refused = read_file_in_root(me, &fifo.to_string_lossy(), 64);
         assert!(matches!(refused, Err(ObserveError::NotRegular { .. })), "{refused:?}");

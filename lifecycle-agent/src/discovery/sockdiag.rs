@@ -11,7 +11,7 @@
 
 use std::{
     io,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::OwnedFd,
     path::{Path, PathBuf},
 };
 
@@ -62,14 +62,8 @@ impl SockDiag {
     pub fn open_in(netns: &Path) -> Result<Self, SockDiagError> {
         let path = netns.to_path_buf();
         let fd = netns::run_in(netns, "probe-netns-diag", || -> io::Result<OwnedFd> {
-            // SAFETY: plain socket(2) call; the result is checked before use.
-            let fd =
-                unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG) };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: fd is a new descriptor nothing else owns.
-            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+            use rustix::net::{netlink, socket_with, AddressFamily, SocketFlags, SocketType};
+            Ok(socket_with(AddressFamily::NETLINK, SocketType::RAW, SocketFlags::CLOEXEC, Some(netlink::SOCK_DIAG))?)
         })?
         .map_err(|source| SockDiagError::Open { path, source })?;
         Ok(Self { fd })
@@ -95,24 +89,18 @@ impl SockDiag {
         request[HEADER] = family;
         request[HEADER + 1] = libc::IPPROTO_TCP as u8;
         request[HEADER + 4..HEADER + 8].copy_from_slice(&(1u32 << TCP_LISTEN).to_ne_bytes());
-        // SAFETY: the fd is a netlink socket; the buffer is valid for its length. With no address
-        // the kernel is the destination.
-        let sent = unsafe { libc::send(self.fd.as_raw_fd(), request.as_ptr().cast(), request.len(), 0) };
-        if sent < 0 {
-            return Err(SockDiagError::Dump(io::Error::last_os_error()));
-        }
+        // With no address the kernel is the destination.
+        rustix::net::send(&self.fd, &request, rustix::net::SendFlags::empty())
+            .map_err(|errno| SockDiagError::Dump(errno.into()))?;
         Ok(())
     }
 
     fn read_dump(&self, out: &mut Vec<Listener>) -> Result<(), SockDiagError> {
         let mut buffer = vec![0u8; 32 * 1024];
         loop {
-            // SAFETY: reading into a buffer valid for its length.
-            let got = unsafe { libc::recv(self.fd.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len(), 0) };
-            if got < 0 {
-                return Err(SockDiagError::Dump(io::Error::last_os_error()));
-            }
-            if parse_messages(&buffer[..got as usize], out)? {
+            let (got, _) = rustix::net::recv(&self.fd, &mut buffer[..], rustix::net::RecvFlags::empty())
+                .map_err(|errno| SockDiagError::Dump(errno.into()))?;
+            if parse_messages(&buffer[..got], out)? {
                 return Ok(());
             }
         }

@@ -13,9 +13,6 @@ use std::{
 
 use lifecycle_common::CgroupCounters;
 
-/// `BPF_MAP_LOOKUP_BATCH` in `enum bpf_cmd` (uapi/linux/bpf.h).
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-
 /// What the kernel returns for a map type without batch operations (`ENOTSUPP`, kernel-internal,
 /// not in libc).
 const KERNEL_ENOTSUPP: i32 = 524;
@@ -88,18 +85,10 @@ pub fn read_counters<'b>(
         // SAFETY: attr points at buffers of `count` keys (8 bytes) and `count` values (the map's
         // value size, which is CgroupCounters' repr(C) size) that outlive the call, and at two
         // u32 position tokens; the kernel writes no further than that.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        let error = (rc < 0).then(io::Error::last_os_error);
+        let error = unsafe { crate::sys::bpf_map_lookup_batch(&mut attr) }.err();
         // The kernel sets `count` to what it filled, including on the last call (ENOENT).
         let filled = (attr.count as usize).min(ENTRIES_PER_CALL);
-        match error.as_ref().and_then(io::Error::raw_os_error) {
+        match error.as_ref().and_then(crate::sys::SysError::errno) {
             None => {}
             Some(libc::ENOENT) => {
                 entries.extend(keys[..filled].iter().copied().zip(values[..filled].iter().copied()));
@@ -108,7 +97,7 @@ pub fn read_counters<'b>(
             Some(libc::EINVAL | libc::EOPNOTSUPP | KERNEL_ENOTSUPP | libc::ENOSPC) => {
                 return Err(BatchError::Unsupported)
             }
-            Some(_) => return Err(BatchError::Io(error.unwrap_or_else(io::Error::last_os_error))),
+            Some(_) => return Err(BatchError::Io(error.map_or_else(io::Error::last_os_error, |error| error.source))),
         }
         entries.extend(keys[..filled].iter().copied().zip(values[..filled].iter().copied()));
         position = Some(next);

@@ -12,7 +12,6 @@ mod ring;
 
 use crate::ErrorChain;
 use std::{
-    ffi::CString,
     io,
     os::fd::AsFd as _,
     path::{Path, PathBuf},
@@ -149,9 +148,6 @@ pub enum AttachError {
 /// tracefs is not mounted and could not be mounted.
 #[derive(Debug, thiserror::Error)]
 pub enum TracefsError {
-    /// The configured path cannot be passed to mount(2).
-    #[error("tracefs path {0} contains a NUL byte")]
-    NulInPath(PathBuf),
     /// mount(2) failed (no CAP_SYS_ADMIN in the mount namespace, or no tracefs in the kernel).
     #[error("tracefs is not mounted and mounting it at {path} failed")]
     Mount {
@@ -470,13 +466,9 @@ fn ensure_tracefs(path: &Path) -> Result<(), TracefsError> {
     if path.join("events").is_dir() || debugfs_tracing.is_dir() {
         return Ok(());
     }
-    let target =
-        CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| TracefsError::NulInPath(path.to_owned()))?;
-    let fstype = c"tracefs";
-    // SAFETY: all pointers are valid NUL-terminated strings that outlive the call; data is null.
-    let rc = unsafe { libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
-    if rc != 0 {
-        let source = io::Error::last_os_error();
+    let mounted = rustix::mount::mount("tracefs", path, "tracefs", rustix::mount::MountFlags::empty(), None);
+    if let Err(errno) = mounted {
+        let source = io::Error::from(errno);
         // Another process (a second agent starting at the same moment) may have mounted it in
         // between: EBUSY then means it is there.
         if path.join("events").is_dir() {
@@ -497,12 +489,7 @@ fn ensure_tracefs(path: &Path) -> Result<(), TracefsError> {
 /// answer for 1,000 containers, ~1 MB each) in the heap, resident after it is freed. Setting the
 /// thresholds explicitly turns that adjustment off.
 fn pin_malloc_thresholds() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes glibc's tuning parameters; it has no preconditions.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 * 1024);
-    }
+    crate::sys::pin_malloc_thresholds(128 * 1024);
 }
 
 /// Hands the memory that only loading needed back to the system.
@@ -513,11 +500,7 @@ fn pin_malloc_thresholds() {
 /// on a 6.18 kernel, 28 MB of a 48 MB idle RSS was such free heap. `malloc_trim(0)` returns every
 /// whole free page to the kernel.
 fn release_load_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks glibc's own arenas; it has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    crate::sys::release_free_heap();
 }
 
 /// CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON, in the effective set.
@@ -534,7 +517,5 @@ fn has_bpf_privileges() -> bool {
 }
 
 fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(size).unwrap_or(4096)
+    rustix::param::page_size()
 }

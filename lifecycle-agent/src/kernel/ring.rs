@@ -4,10 +4,7 @@
 //! an exec/exit loop), so the reader also polls on a short timer: a quiet node still sees each
 //! record within one poll period, a busy one is drained in batches.
 
-use std::{
-    os::fd::{AsRawFd as _, BorrowedFd},
-    time::Duration,
-};
+use std::{os::fd::BorrowedFd, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{unix::AsyncFd, Interest};
@@ -59,20 +56,13 @@ impl EventStream {
     /// Blocks until the kernel wakes the reader (or records wait already), `stop` is readable,
     /// or `timeout` passes; the caller then drains and checks its own stop flag.
     pub fn wait(&self, stop: BorrowedFd<'_>, timeout: Duration) -> Result<(), StreamError> {
-        let mut fds = [
-            libc::pollfd { fd: self.ring.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        ];
-        let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: fds is a live array of two pollfd for the call's duration.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
-        if rc < 0 {
-            let error = std::io::Error::last_os_error();
-            if error.kind() != std::io::ErrorKind::Interrupted {
-                return Err(StreamError::Wait(error));
-            }
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(&self.ring, PollFlags::IN), PollFd::new(&stop, PollFlags::IN)];
+        let timeout = Timespec::try_from(timeout).unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 });
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+            Err(errno) => Err(StreamError::Wait(errno.into())),
         }
-        Ok(())
     }
 
     /// Turns the stream into an async one that yields batches: on a kernel wake-up or every

@@ -17,11 +17,11 @@
 
 use std::{
     collections::HashMap,
-    io,
-    mem::size_of,
+    io::{self, IoSlice, IoSliceMut},
+    mem::MaybeUninit,
     net::TcpListener,
     os::{
-        fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
+        fd::{AsFd as _, BorrowedFd, OwnedFd},
         unix::{fs::PermissionsExt as _, net::UnixListener},
     },
     path::{Path, PathBuf},
@@ -29,6 +29,10 @@ use std::{
     time::Duration,
 };
 
+use rustix::net::{
+    self, sockopt, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
 use serde::{Deserialize, Serialize};
 
 /// The socket's name in the handoff directory.
@@ -170,7 +174,7 @@ pub fn serve(
                 let mut sent = 0;
                 for (facts, socket) in &listeners {
                     let Ok(payload) = serde_json::to_vec(facts) else { continue };
-                    if send(&peer, &payload, socket.as_raw_fd()).is_ok() {
+                    if send(&peer, &payload, socket.as_fd()).is_ok() {
                         sent += 1;
                     }
                 }
@@ -186,178 +190,71 @@ pub fn serve(
 }
 
 fn seqpacket_socket() -> io::Result<OwnedFd> {
-    // SAFETY: socket(2) has no memory-safety preconditions; the result is checked.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn unix_address(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
-    // SAFETY: sockaddr_un is plain data; all-zero is valid.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = path.as_os_str().as_encoded_bytes();
-    if bytes.len() >= addr.sun_path.len() {
-        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
-    }
-    for (to, from) in addr.sun_path.iter_mut().zip(bytes) {
-        *to = *from as libc::c_char;
-    }
-    Ok((addr, size_of::<libc::sockaddr_un>() as libc::socklen_t))
+    Ok(net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?)
 }
 
 fn connect(fd: &OwnedFd, path: &Path) -> io::Result<()> {
-    let (addr, len) = unix_address(path)?;
-    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes for the duration of the call.
-    let rc = unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(net::connect(fd, &SocketAddrUnix::new(path)?)?)
 }
 
 fn bind_listen(fd: &OwnedFd, path: &Path) -> io::Result<()> {
-    let (addr, len) = unix_address(path)?;
-    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes for the duration of the call.
-    if unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    net::bind(fd, &SocketAddrUnix::new(path)?)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    // SAFETY: listen(2) on an fd we own.
-    if unsafe { libc::listen(fd.as_raw_fd(), 8) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(net::listen(fd, 8)?)
 }
 
 fn peer_uid(fd: &OwnedFd) -> io::Result<u32> {
-    // SAFETY: ucred is plain data; all-zero is valid.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cred.uid)
+    Ok(sockopt::socket_peercred(fd)?.uid.as_raw())
 }
 
 fn set_receive_timeout(fd: &OwnedFd, timeout: Duration) -> io::Result<()> {
-    let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as _ };
-    // SAFETY: setsockopt reads a timeval of the size passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(sockopt::set_socket_timeout(fd, sockopt::Timeout::Recv, Some(timeout))?)
 }
 
 /// Whether `fd` is a TCP socket in the listening state.
 fn is_tcp_listener(fd: &OwnedFd) -> bool {
-    let option = |name: libc::c_int| -> Option<libc::c_int> {
-        let mut value: libc::c_int = 0;
-        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into `value`.
-        let rc = unsafe {
-            libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, name, (&mut value as *mut libc::c_int).cast(), &mut len)
-        };
-        (rc == 0).then_some(value)
-    };
-    option(libc::SO_ACCEPTCONN) == Some(1)
-        && option(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
-        && option(libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
+    sockopt::socket_acceptconn(fd).unwrap_or(false)
+        && sockopt::socket_type(fd).ok() == Some(SocketType::STREAM)
+        && sockopt::socket_protocol(fd).ok().flatten() == Some(net::ipproto::TCP)
 }
 
-/// Room for one fd in a control message.
+/// Room for the control messages of one receive: one fd needs 24 bytes; more fds than fit are
+/// truncated (the message is then dropped, and the kernel closes what did not fit).
 const CONTROL_LEN: usize = 64;
 
 /// Sends `payload` with `fd` attached.
-fn send(peer: &OwnedFd, payload: &[u8], fd: RawFd) -> io::Result<()> {
-    let mut iov = libc::iovec { iov_base: payload.as_ptr() as *mut libc::c_void, iov_len: payload.len() };
-    let mut control = [0u8; CONTROL_LEN];
-    // SAFETY: msghdr is plain data; all-zero is valid.
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &mut iov;
-    message.msg_iovlen = 1;
-    message.msg_control = control.as_mut_ptr().cast();
-    // SAFETY: CMSG_SPACE computes a size from a constant.
-    message.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as _;
-    // SAFETY: msg_control points at `control`, large enough for one header and one fd (checked
-    // by CMSG_FIRSTHDR returning non-null).
-    unsafe {
-        let header = libc::CMSG_FIRSTHDR(&message);
-        if header.is_null() {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        (*header).cmsg_level = libc::SOL_SOCKET;
-        (*header).cmsg_type = libc::SCM_RIGHTS;
-        (*header).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
+fn send(peer: &OwnedFd, payload: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::from(rustix::io::Errno::INVAL));
     }
-    // SAFETY: every pointer in `message` is valid for the call.
-    if unsafe { libc::sendmsg(peer.as_raw_fd(), &message, libc::MSG_NOSIGNAL) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    net::sendmsg(peer, &[IoSlice::new(payload)], &mut control, SendFlags::NOSIGNAL)?;
     Ok(())
 }
 
 /// Receives one message and the fd attached to it, if any; None at the end.
 fn receive(fd: &OwnedFd) -> io::Result<Option<(Vec<u8>, Option<OwnedFd>)>> {
     let mut payload = vec![0u8; MAX_MESSAGE];
-    let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
-    let mut control = [0u8; CONTROL_LEN];
-    // SAFETY: msghdr is plain data; all-zero is valid.
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &mut iov;
-    message.msg_iovlen = 1;
-    message.msg_control = control.as_mut_ptr().cast();
-    message.msg_controllen = control.len() as _;
-    // SAFETY: every pointer in `message` is valid for the call; MSG_CMSG_CLOEXEC marks received
-    // fds close-on-exec.
-    let got = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut message, libc::MSG_CMSG_CLOEXEC) };
-    if got < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if got == 0 {
+    let mut space = [MaybeUninit::uninit(); CONTROL_LEN];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    // CMSG_CLOEXEC: received fds are close-on-exec.
+    let message = net::recvmsg(fd, &mut [IoSliceMut::new(&mut payload)], &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    if message.bytes == 0 {
         return Ok(None);
     }
-    payload.truncate(got as usize);
+    payload.truncate(message.bytes);
     let mut received = None;
-    // SAFETY: the kernel filled `control` up to msg_controllen; the CMSG_* walk stays inside it.
-    unsafe {
-        let mut header = libc::CMSG_FIRSTHDR(&message);
-        while !header.is_null() {
-            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
-                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>());
-                // Each received fd is ours to close; only the first is kept.
-                let owned = OwnedFd::from_raw_fd(raw);
-                if received.is_none() {
-                    received = Some(owned);
-                }
+    for ancillary in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = ancillary {
+            // Each received fd is ours (closed when dropped); only the first is kept.
+            for owned in fds {
+                received.get_or_insert(owned);
             }
-            header = libc::CMSG_NXTHDR(&message, header);
         }
     }
-    if message.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+    if message.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) {
         return Ok(Some((Vec::new(), None)));
     }
     Ok(Some((payload, received)))

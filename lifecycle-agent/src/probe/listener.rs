@@ -16,7 +16,6 @@
 use std::{
     io::{self, Read as _, Write as _},
     net::SocketAddr,
-    os::fd::AsRawFd as _,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -340,36 +339,24 @@ impl Connection {
     }
 }
 
-/// Asks the kernel to complete accept only once the request has arrived (TCP_DEFER_ACCEPT):
-/// one wake-up per probe instead of one for the handshake and another for the request. Best
-/// effort; without it probes are answered all the same.
 /// Connections the kernel queues for the listener (capped by net.core.somaxconn): clients that
 /// connect and say nothing wait there, not in front of the kubelet's next probe.
-const BACKLOG: libc::c_int = 4096;
+const BACKLOG: i32 = 4096;
 
 /// Sets the listen backlog to [`BACKLOG`] (listen(2) again on a listening socket only resizes
 /// its queue, so this also serves a socket taken from a previous agent).
 fn deepen_backlog(listener: &std::net::TcpListener) {
-    // SAFETY: listen(2) on a socket we own.
-    if unsafe { libc::listen(listener.as_raw_fd(), BACKLOG) } != 0 {
-        log::debug!("the probe listener's backlog stays as it was: {}", io::Error::last_os_error());
+    if let Err(errno) = rustix::net::listen(listener, BACKLOG) {
+        log::debug!("the probe listener's backlog stays as it was: {}", io::Error::from(errno));
     }
 }
 
+/// Asks the kernel to complete accept only once the request has arrived (TCP_DEFER_ACCEPT):
+/// one wake-up per probe instead of one for the handshake and another for the request. Best
+/// effort; without it probes are answered all the same.
 fn defer_accept(listener: &std::net::TcpListener) {
-    let seconds: libc::c_int = 1;
-    // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            listener.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_DEFER_ACCEPT,
-            (&seconds as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        log::debug!("TCP_DEFER_ACCEPT not set on a probe listener: {}", io::Error::last_os_error());
+    if let Err(error) = crate::sys::set_tcp_defer_accept(listener, 1) {
+        log::debug!("TCP_DEFER_ACCEPT not set on a probe listener: {}", crate::ErrorChain(&error));
     }
 }
 

@@ -22,7 +22,7 @@ use super::{
 };
 use crate::{
     discovery::{
-        clock::boottime_ns,
+        clock::{boottime_ns, realtime_ns},
         cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
         kube::watch::{KubeError, KubeSource},
     },
@@ -158,11 +158,9 @@ fn load_programs(args: &DoctorArgs, btf: &BtfRead, effective: Option<u64>) -> Pr
 }
 
 fn memlock() -> Option<Memlock> {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes one rlimit through a valid pointer.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
-    let bytes = |value: libc::rlim_t| if value == libc::RLIM_INFINITY { u64::MAX } else { value };
-    (rc == 0).then(|| Memlock { soft: bytes(limit.rlim_cur), hard: bytes(limit.rlim_max) })
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Memlock);
+    // None is RLIM_INFINITY.
+    Some(Memlock { soft: limit.current.unwrap_or(u64::MAX), hard: limit.maximum.unwrap_or(u64::MAX) })
 }
 
 /// The flag's socket alone when given; else the agent's defaults and the distributions' paths.
@@ -269,13 +267,6 @@ fn port_holder(port: u16) -> Option<Holder> {
     None
 }
 
-fn realtime_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec through a valid pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
-}
-
 /// `btime` of /proc/stat: the kernel's own idea of the boot's wall time, in seconds.
 fn boot_time_from_proc_stat() -> Option<u64> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
@@ -283,15 +274,9 @@ fn boot_time_from_proc_stat() -> Option<u64> {
 }
 
 fn clock_sync() -> ClockSync {
-    // SAFETY: an all-zero timex is a valid argument; modes 0 only reads the kernel's state.
-    let mut timex: libc::timex = unsafe { std::mem::zeroed() };
-    // SAFETY: adjtimex reads and writes one timex through a valid pointer; modes 0 changes nothing.
-    let state = unsafe { libc::adjtimex(&mut timex) };
-    if state < 0 {
-        return ClockSync::Unknown(format!("adjtimex: {}", io::Error::last_os_error()));
+    match crate::sys::clock_discipline() {
+        Err(error) => ClockSync::Unknown(ErrorChain(&error).to_string()),
+        Ok(discipline) if discipline.unsynchronised => ClockSync::Unsynchronised,
+        Ok(discipline) => ClockSync::Synchronised { max_error_us: discipline.max_error_us },
     }
-    if state == libc::TIME_ERROR || timex.status & libc::STA_UNSYNC != 0 {
-        return ClockSync::Unsynchronised;
-    }
-    ClockSync::Synchronised { max_error_us: timex.maxerror as i64 }
 }
