@@ -12,7 +12,7 @@
 
 use serde::Serialize;
 
-const SECOND_NS: u64 = 1_000_000_000;
+use crate::time::SECOND;
 
 /// The back-off parameters of one kubelet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -31,20 +31,20 @@ impl Default for BackoffPolicy {
     /// The kubelet's defaults: `backOffPeriod` 10 s, `MaxContainerBackOff` 300 s, and the
     /// 2 x 300 s = 10 min reset ("If a container has run for 10 minutes without any problems").
     fn default() -> Self {
-        Self { initial_ns: 10 * SECOND_NS, max_ns: 300 * SECOND_NS, reset_after_ns: 600 * SECOND_NS }
+        Self { initial_ns: 10 * SECOND, max_ns: 300 * SECOND, reset_after_ns: 600 * SECOND }
     }
 }
 
 impl BackoffPolicy {
     /// The smallest `crashLoopBackOff.maxContainerRestartPeriod` the kubelet accepts.
-    pub const MIN_RESTART_PERIOD_NS: u64 = SECOND_NS;
+    pub const MIN_RESTART_PERIOD_NS: u64 = SECOND;
     /// The largest `crashLoopBackOff.maxContainerRestartPeriod` the kubelet accepts.
-    pub const MAX_RESTART_PERIOD_NS: u64 = 300 * SECOND_NS;
+    pub const MAX_RESTART_PERIOD_NS: u64 = 300 * SECOND;
 
     /// Gate `ReduceDefaultCrashLoopBackOffDecay` (alpha 1.33): 1 s doubling to 60 s; the reset
     /// stays at 10 min.
     pub fn reduced_decay() -> Self {
-        Self { initial_ns: SECOND_NS, max_ns: 60 * SECOND_NS, reset_after_ns: 600 * SECOND_NS }
+        Self { initial_ns: SECOND, max_ns: 60 * SECOND, reset_after_ns: 600 * SECOND }
     }
 
     /// Gate `KubeletCrashLoopBackOffMax` (beta 1.35): the kubelet config's
@@ -96,7 +96,7 @@ impl Default for Tolerance {
     /// 500 ms early; late 3 s + 50% of min(delay, 60 s): 8 s on a 10 s back-off, 33 s on 300 s,
     /// 3 s on the immediate first restart. See the type's documentation for where each comes from.
     fn default() -> Self {
-        Self { early_ns: SECOND_NS / 2, late_ns: 3 * SECOND_NS, late_ratio: 0.5, late_ratio_cap_ns: 60 * SECOND_NS }
+        Self { early_ns: SECOND / 2, late_ns: 3 * SECOND, late_ratio: 0.5, late_ratio_cap_ns: 60 * SECOND }
     }
 }
 
@@ -286,7 +286,7 @@ impl BackoffTracker {
 mod tests {
     use super::*;
 
-    const S: u64 = SECOND_NS;
+    const S: u64 = SECOND;
 
     fn tracker() -> BackoffTracker {
         BackoffTracker::new(BackoffPolicy::default(), Tolerance::default())

@@ -16,3 +16,4 @@ pub mod node;
 pub mod oom;
 pub mod spec;
 pub mod termination;
+pub mod time;

@@ -255,7 +255,7 @@ fn parse_hash(raw: &str) -> Result<u64, &'static str> {
 
 fn seconds_to_ns(raw: &str) -> Result<u64, &'static str> {
     let seconds: u64 = raw.parse().map_err(|_| "not a non-negative decimal number of seconds")?;
-    seconds.checked_mul(1_000_000_000).ok_or("too many seconds to express in nanoseconds")
+    seconds.checked_mul(crate::time::SECOND).ok_or("too many seconds to express in nanoseconds")
 }
 
 fn checked_json(raw: &str) -> Result<String, &'static str> {

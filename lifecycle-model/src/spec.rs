@@ -261,7 +261,7 @@ pub fn grace_used_ns(pod: &PodFacts, container: &ContainerFacts, cause: Option<S
 /// `pkg/kubelet/eviction/eviction_manager.go`): for hard thresholds and for pods past their
 /// ephemeral-storage or emptyDir limits; the runtime then applies the 2 s floor. A soft
 /// threshold's `evictionMaxPodGracePeriod` is not known here (not in the Pod object).
-pub const KUBELET_EVICTION_GRACE_NS: u64 = 1_000_000_000;
+pub const KUBELET_EVICTION_GRACE_NS: u64 = crate::time::SECOND;
 
 /// The cause the Pod object itself shows (disruption, deletion, restart-all), if any.
 pub fn pod_level_cause(pod: &PodFacts) -> Option<StopCause> {

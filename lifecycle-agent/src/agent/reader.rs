@@ -28,6 +28,7 @@ use crate::{
     model::{
         event::{Detail, Event},
         node::Outcome,
+        time::seconds,
     },
     probe::NodeProbes,
 };
@@ -103,7 +104,7 @@ impl Reader {
                 // model now, before the lock is released.
                 let now = boottime_ns();
                 for ended in &outcome.ended {
-                    self.latency.observe(now.saturating_sub(ended.exit_ns) as f64 / 1e9);
+                    self.latency.observe(seconds(now.saturating_sub(ended.exit_ns)));
                 }
                 outcome
             });

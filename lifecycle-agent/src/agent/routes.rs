@@ -164,7 +164,7 @@ pub(super) fn rfc3339_times(value: &mut serde_json::Value, boot_to_unix: f64) {
 /// A boot time as RFC 3339 in UTC.
 fn rfc3339(boot_ns: u64, boot_to_unix: f64) -> String {
     // The offset is whole nanoseconds of wall clock at boot; adding in integers keeps ns detail.
-    let offset_ns = (boot_to_unix * 1e9) as i128;
+    let offset_ns = (boot_to_unix * crate::model::time::SECOND as f64) as i128;
     let unix_ns = i128::from(boot_ns) + offset_ns;
     jiff::Timestamp::from_nanosecond(unix_ns).map(|t| t.to_string()).unwrap_or_default()
 }

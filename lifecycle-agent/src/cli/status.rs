@@ -395,7 +395,7 @@ fn signal_name(signal: u64) -> String {
 
 /// `kubectl`-style ages: 45s, 3m12s, 2h5m, 3d4h; sub-second as ms.
 fn age(ns: u64) -> String {
-    let ms = ns / 1_000_000;
+    let ms = ns / crate::model::time::MILLISECOND;
     let s = ms / 1000;
     match s {
         0 => format!("{ms}ms"),

@@ -5,23 +5,25 @@ use std::time::SystemTime;
 
 use rustix::time::ClockId;
 
+use crate::model::time::SECOND;
+
 /// `CLOCK_BOOTTIME` now, in ns: the clock the kernel stamps events with.
 pub fn boottime_ns() -> u64 {
     let ts = rustix::time::clock_gettime(ClockId::Boottime);
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64).saturating_mul(SECOND).saturating_add(ts.tv_nsec as u64)
 }
 
 /// `CLOCK_REALTIME` now, in ns since the Unix epoch.
 pub fn realtime_ns() -> u64 {
     let ts = rustix::time::clock_gettime(ClockId::Realtime);
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64).saturating_mul(SECOND).saturating_add(ts.tv_nsec as u64)
 }
 
 /// `CLOCK_REALTIME - CLOCK_BOOTTIME`, in seconds: adds to a boot time to give a Unix time.
 pub fn unix_minus_boot_seconds() -> f64 {
     let read = |clock| {
         let ts = rustix::time::clock_gettime(clock);
-        ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+        ts.tv_sec as f64 + crate::model::time::seconds(ts.tv_nsec as u64)
     };
     read(ClockId::Realtime) - read(ClockId::Boottime)
 }

@@ -23,6 +23,7 @@ use super::{
     netns,
     sockdiag::{SockDiag, SockDiagError},
 };
+use crate::model::time::SECOND;
 
 /// Scheduler state of a process, from the state letter of `/proc/<pid>/stat.`
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,7 +79,7 @@ pub fn processes_at_start(cgroup_ids: &std::collections::HashMap<&str, u64>) -> 
             ppid: stat.ppid as u32,
             cgroup_id,
             child_pid_namespace,
-            start_time_ns: stat.starttime * (1_000_000_000 / ticks),
+            start_time_ns: stat.starttime * (SECOND / ticks),
             comm: stat.comm,
         });
     }
@@ -245,7 +246,7 @@ pub fn parse_netstat(text: &str) -> Result<ListenCounters, &'static str> {
 /// exists, is not a zombie, and started then (within two clock ticks; a reused pid started
 /// later). An unreadable /proc entry counts as running: only a sure absence says it ended.
 pub fn still_runs(pid: u32, start_time_ns: u64) -> bool {
-    let tick_ns = 1_000_000_000 / procfs::ticks_per_second().max(1);
+    let tick_ns = SECOND / procfs::ticks_per_second().max(1);
     match process_state(pid) {
         Ok(Some(sample)) => {
             let started_ns = sample.start_ticks * tick_ns;

@@ -58,7 +58,7 @@ fn boot_ns(v: &Value, field: &str) -> Option<u64> {
 }
 
 fn seconds(ns: u64) -> String {
-    format!("{:.1}s", ns as f64 / 1e9)
+    format!("{:.1}s", crate::model::time::seconds(ns))
 }
 
 /// A signal number as its name.

@@ -14,6 +14,7 @@ use crate::model::{
     container_state::ContainerState,
     node::{PortStats, Unit, UnitCounters, UnitLabels},
     termination::{SenderKind, TerminationOutcome},
+    time::seconds,
 };
 
 const STATES: [&str; 3] = ["waiting", "running", "terminated"];
@@ -57,7 +58,7 @@ impl UnitView<'_> {
         };
         let last_terminated = match last {
             Some(ContainerState::Terminated { reason, exit_code, finished_at, .. }) => {
-                Some((labels::terminated_reason(*reason), *exit_code, *finished_at as f64 / 1e9 + boot_to_unix))
+                Some((labels::terminated_reason(*reason), *exit_code, seconds(*finished_at) + boot_to_unix))
             }
             _ => None,
         };
@@ -74,14 +75,14 @@ impl UnitView<'_> {
             restart_count: unit.restart_count(),
             counters: Cow::Borrowed(unit.counters()),
             last_stop_seconds: report
-                .and_then(|r| r.stop_signal.as_ref().map(|stop| r.exit_time.saturating_sub(stop.time) as f64 / 1e9)),
+                .and_then(|r| r.stop_signal.as_ref().map(|stop| seconds(r.exit_time.saturating_sub(stop.time)))),
             last_grace_ratio: report.and_then(|r| match r.outcome {
                 TerminationOutcome::ExitedWithinGrace { grace_used_ratio, .. } => Some(grace_used_ratio),
                 _ => None,
             }),
             last_backoff_seconds: unit
                 .last_backoff()
-                .map(|b| (b.observed_delay_ns as f64 / 1e9, b.expected_delay_ns as f64 / 1e9)),
+                .map(|b| (seconds(b.observed_delay_ns), seconds(b.expected_delay_ns))),
             kernel,
             tcp: Cow::Borrowed(unit.tcp()),
         }
@@ -344,6 +345,6 @@ pub(super) fn write_unit(f: &mut Families, view: &UnitView<'_>) {
     }
     if c.exec_sessions > 0 {
         f.sample(F::ExecProcesses, "", &with_uid, &[], c.exec_sessions as f64);
-        f.sample(F::ExecCpu, "", &with_uid, &[], c.exec_session_cpu_ns as f64 / 1e9);
+        f.sample(F::ExecCpu, "", &with_uid, &[], seconds(c.exec_session_cpu_ns));
     }
 }

@@ -24,6 +24,7 @@ use crate::{
         OutcomeKind, PreStopHandler, SenderKind, SignalSender, TerminationOutcome, TerminationReport,
         TerminationSettings,
     },
+    time::seconds,
 };
 
 /// Who a unit is.
@@ -403,10 +404,7 @@ impl NodeTracker {
         let mut judgement = Judgement {
             namespace: unit.labels.namespace.clone(),
             outcome,
-            stop_to_exit_seconds: report
-                .stop_signal
-                .as_ref()
-                .map(|stop| exit.time.saturating_sub(stop.time) as f64 / 1e9),
+            stop_to_exit_seconds: report.stop_signal.as_ref().map(|stop| seconds(exit.time.saturating_sub(stop.time))),
             grace_used_ratio: None,
         };
         match &report.outcome {
@@ -414,8 +412,8 @@ impl NodeTracker {
                 unit.counters.grace_violations += 1;
                 let mut note = format!(
                     "SIGKILLed {:.1}s after the stop signal: it did not exit within its {:.0}s grace period",
-                    *stop_to_kill_ns as f64 / 1e9,
-                    *grace_ns as f64 / 1e9
+                    seconds(*stop_to_kill_ns),
+                    seconds(*grace_ns)
                 );
                 // What the app's owner must fix, when the kernel saw it: a shell as PID 1 that
                 // keeps the stop signal from the app.
@@ -440,9 +438,9 @@ impl NodeTracker {
                 let note = format!(
                     "SIGKILLed by {by} {:.1}s after the stop signal, {:.1}s before its {:.0}s grace period \
                      ran out: killed early, not an overrun by the app",
-                    *stop_to_kill_ns as f64 / 1e9,
-                    expected_kill_after_ns.saturating_sub(*stop_to_kill_ns) as f64 / 1e9,
-                    *grace_ns as f64 / 1e9
+                    seconds(*stop_to_kill_ns),
+                    seconds(expected_kill_after_ns.saturating_sub(*stop_to_kill_ns)),
+                    seconds(*grace_ns)
                 );
                 unit.warn(WarningReason::KilledBeforeGracePeriod, note);
             }
@@ -491,7 +489,6 @@ pub(super) fn start_unit(unit: &mut Unit, started_at: u64, spec_hash: Option<Str
     if let Some(observation) = unit.backoff.on_started(started_at, spec_hash) {
         *unit.counters.backoff_verdicts.entry(observation.verdict).or_default() += 1;
         if observation.verdict != Verdict::WithinTolerance {
-            let seconds = |ns: u64| ns as f64 / 1e9;
             unit.warn(
                 WarningReason::BackOffDeviation,
                 format!(

@@ -76,7 +76,7 @@ impl NodeTracker {
             last_termination: unit.last_termination.clone(),
             last_backoff: unit.last_backoff.clone(),
             exec_sessions: unit.counters.exec_sessions,
-            exec_session_cpu_seconds: unit.counters.exec_session_cpu_ns as f64 / 1e9,
+            exec_session_cpu_seconds: crate::time::seconds(unit.counters.exec_session_cpu_ns),
             tcp: unit.tcp.clone(),
             sidecar: unit.sidecar,
             named_by_id: unit.named_by_id,

@@ -13,7 +13,7 @@ use crate::{oom::OomLimit, spec::SpecSource};
 
 use super::{
     report::OomVictim, PreStopHandler, PreStopSeen, ProcessAtStop, SignalSender, StopScene, StopSignalSeen,
-    TerminationOutcome, TerminationReport, TerminationSettings, MINIMUM_GRACE_NS, SECOND_NS, SIGKILL,
+    TerminationOutcome, TerminationReport, TerminationSettings, MINIMUM_GRACE_NS, SECOND, SIGKILL,
 };
 
 #[derive(Clone, Debug)]
@@ -499,7 +499,7 @@ impl TerminationTracker {
         let hook = self.settings.pre_stop.as_ref().filter(|_| grace_ns > 0);
         let elapsed_ns = match hook {
             None => 0,
-            Some(PreStopHandler::Sleep { seconds }) => seconds.saturating_mul(SECOND_NS).min(grace_ns),
+            Some(PreStopHandler::Sleep { seconds }) => seconds.saturating_mul(SECOND).min(grace_ns),
             Some(PreStopHandler::Exec { .. }) => match (pre_stop, stop_time) {
                 // The hook ends when the kubelet stops waiting (at most the grace period), and
                 // the stop signal follows at once, so stop - start is the kubelet's elapsed.
@@ -508,7 +508,7 @@ impl TerminationTracker {
             },
             Some(PreStopHandler::HttpGet | PreStopHandler::TcpSocket) => return floor_only,
         };
-        let elapsed_whole_seconds_ns = elapsed_ns / SECOND_NS * SECOND_NS;
+        let elapsed_whole_seconds_ns = elapsed_ns / SECOND * SECOND;
         (grace_ns.saturating_sub(elapsed_whole_seconds_ns).max(MINIMUM_GRACE_NS), true)
     }
 

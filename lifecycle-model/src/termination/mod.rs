@@ -33,5 +33,4 @@ pub use settings::{
 };
 pub use sidecar::{sidecar_order, SidecarOrder, SidecarVerdict};
 
-/// One second in the kernel's nanoseconds.
-const SECOND_NS: u64 = 1_000_000_000;
+use crate::time::SECOND;

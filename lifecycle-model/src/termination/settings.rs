@@ -3,17 +3,17 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::SECOND_NS;
+use crate::time::SECOND;
 
 /// `SIGKILL`.
 pub const SIGKILL: u8 = 9;
 /// `SIGTERM`, the stop signal unless the image or the pod names another.
 pub const SIGTERM: u8 = 15;
 /// The pod's terminationGracePeriodSeconds when unset.
-pub const DEFAULT_GRACE_NS: u64 = 30 * SECOND_NS;
+pub const DEFAULT_GRACE_NS: u64 = 30 * SECOND;
 /// `minimumGracePeriodInSeconds`: the kubelet always leaves this long between the stop signal and
 /// SIGKILL, even when the preStop hook used up the grace period.
-pub const MINIMUM_GRACE_NS: u64 = 2 * SECOND_NS;
+pub const MINIMUM_GRACE_NS: u64 = 2 * SECOND;
 /// `TASK_COMM_LEN - 1`: the kernel keeps this many bytes of a program's name.
 pub const COMM_VISIBLE_LEN: usize = 15;
 
@@ -144,7 +144,7 @@ impl Default for TerminationSettings {
             pre_stop: None,
             stop_signal: SIGTERM,
             is_sidecar: false,
-            kill_tolerance_ns: SECOND_NS / 2,
+            kill_tolerance_ns: SECOND / 2,
         }
     }
 }

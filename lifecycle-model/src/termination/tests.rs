@@ -2,7 +2,7 @@
 
 use super::*;
 
-const S: u64 = SECOND_NS;
+const S: u64 = SECOND;
 const MS: u64 = 1_000_000;
 
 fn runtime() -> SignalSender {

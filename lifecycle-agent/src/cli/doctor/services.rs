@@ -5,6 +5,7 @@
 use std::{fmt::Write as _, net::SocketAddr, path::PathBuf};
 
 use super::Finding;
+use crate::model::time::SECOND;
 
 // ---- CRI socket -----------------------------------------------------------------------------
 
@@ -293,18 +294,18 @@ pub fn check_clock(boot_ns: u64, realtime_ns: u64, btime_seconds: Option<u64>) -
     const TOLERANCE_SECONDS: i64 = 2;
     /// 2001-09-09: a wall clock before it was never set.
     const SET_CLOCK_SECONDS: u64 = 1_000_000_000;
-    if realtime_ns / 1_000_000_000 < SET_CLOCK_SECONDS {
+    if realtime_ns / SECOND < SET_CLOCK_SECONDS {
         return Finding::missing(
             CHECK,
-            format!("CLOCK_REALTIME reads {} s since 1970: the clock was never set", realtime_ns / 1_000_000_000),
+            format!("CLOCK_REALTIME reads {} s since 1970: the clock was never set", realtime_ns / SECOND),
             "set the clock (NTP): wall times of events would be wrong",
         );
     }
     let Some(boot_wall_ns) = realtime_ns.checked_sub(boot_ns) else {
         return Finding::missing(CHECK, "CLOCK_BOOTTIME is ahead of CLOCK_REALTIME", "set the clock (NTP)");
     };
-    let boot_wall_seconds = boot_wall_ns / 1_000_000_000;
-    let uptime = format!("up {} s, booted at Unix {boot_wall_seconds}", boot_ns / 1_000_000_000);
+    let boot_wall_seconds = boot_wall_ns / SECOND;
+    let uptime = format!("up {} s, booted at Unix {boot_wall_seconds}", boot_ns / SECOND);
     match btime_seconds {
         Some(btime) if (boot_wall_seconds as i64 - btime as i64).abs() > TOLERANCE_SECONDS => Finding::warn(
             CHECK,

@@ -20,7 +20,7 @@ use crate::model::{
     termination::PreStopHandler,
 };
 
-const SECOND_NS: u64 = 1_000_000_000;
+use crate::model::time::SECOND;
 
 /// A field the agent could not use, with the pod's and the field's names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -321,7 +321,7 @@ pub fn signal_number(name: &str) -> Option<u8> {
 }
 
 fn seconds_ns(seconds: i64) -> u64 {
-    u64::try_from(seconds).unwrap_or(0).saturating_mul(SECOND_NS)
+    u64::try_from(seconds).unwrap_or(0).saturating_mul(SECOND)
 }
 
 /// Longest `httpGet.path` taken as a probe declaration (a pod's whole annotation may be 4 KiB).

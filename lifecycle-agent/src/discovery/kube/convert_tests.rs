@@ -19,7 +19,7 @@ fn newer_fields_restart_rules_stop_signal_sidecars_and_probes_decode() {
     assert!(problems.is_empty(), "{problems:?}");
     assert_eq!((pod.namespace.as_str(), pod.name.as_str()), ("shop", "web-1"));
     assert_eq!(pod.restart_policy, RestartPolicy::OnFailure);
-    assert_eq!(pod.grace_ns, Some(45 * SECOND_NS));
+    assert_eq!(pod.grace_ns, Some(45 * SECOND));
     assert_eq!(pod.deletion_grace_ns, None);
     assert!(pod.restarting_all_containers);
     let reported = &pod.reported_status;
@@ -38,7 +38,7 @@ fn newer_fields_restart_rules_stop_signal_sidecars_and_probes_decode() {
     let app = pod.container("app").expect("app");
     assert_eq!(app.stop_signal, Some(10));
     assert_eq!(app.pre_stop, Some(PreStopHandler::Sleep { seconds: 5 }));
-    assert_eq!(app.liveness_grace_ns, Some(7 * SECOND_NS));
+    assert_eq!(app.liveness_grace_ns, Some(7 * SECOND));
     assert_eq!(app.startup_grace_ns, None);
     assert_eq!(app.restart.container_restart_policy, Some(RestartPolicy::Never));
     let actions: Vec<_> = app.restart.restart_policy_rules.iter().map(|r| r.action).collect();
@@ -73,7 +73,7 @@ fn a_pod_the_kubelet_evicted_then_deleted_carries_both() {
     assert!(problems.is_empty(), "{problems:?}");
     assert_eq!(pod.restart_policy, RestartPolicy::Never);
     assert_eq!(pod.grace_ns, None, "the API default applies");
-    assert_eq!(pod.deletion_grace_ns, Some(3 * SECOND_NS));
+    assert_eq!(pod.deletion_grace_ns, Some(3 * SECOND));
     assert_eq!(pod.disruption, Some(Disruption::EvictedByKubelet), "status.reason Evicted is the kubelet's");
     assert_eq!(pod.reported_phase.as_deref(), Some("Failed"));
 }
