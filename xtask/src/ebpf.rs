@@ -32,8 +32,9 @@ fn recorded_digest() -> Option<String> {
 
 /// Whether the agent's build script will embed the checked-in object here (so the build needs
 /// no nightly and no bpf-linker).
-pub fn is_current() -> Result<bool> {
-    Ok(recorded_digest().is_some_and(|recorded| recorded == current_digest().unwrap_or_default()))
+pub fn is_current() -> bool {
+    // An input that cannot be read makes the digest unknown: not current, so build from source.
+    recorded_digest().is_some_and(|recorded| current_digest().is_ok_and(|current| current == recorded))
 }
 
 /// `--remap-path-prefix` flags: the workspace, the nightly's sysroot (whose `rust-src` build-std

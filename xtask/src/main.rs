@@ -89,7 +89,7 @@ pub fn cargo() -> Command {
 /// What the agent's build needs: the eBPF toolchain only when its build script will build the
 /// programs from source (the checked-in object is not current for these sources).
 fn bootstrap() -> Result<()> {
-    if ebpf::is_current()? {
+    if ebpf::is_current() {
         eprintln!("xtask: the checked-in eBPF object is current; no nightly or bpf-linker needed");
         return packages::ensure(packages::BUILD);
     }

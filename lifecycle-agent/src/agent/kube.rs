@@ -93,7 +93,7 @@ pub(super) async fn pod_loop(
             _ = shutdown.changed() => return,
         };
         let Some(change) = change else { return };
-        let lock = || tracker.read();
+        let lock = || tracker.lock();
         match change {
             PodChange::Relisting => relisted = Some(HashSet::new()),
             PodChange::Pod(pod) => {

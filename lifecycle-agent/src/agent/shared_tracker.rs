@@ -48,8 +48,9 @@ impl SharedTracker {
         Self { tracker, units, metadata_wanted, root, repairs, kernel_log, last_rescan: Mutex::new(None) }
     }
 
-    /// The tracker, locked for reading (and for the calls that return no outcome).
-    pub(crate) fn read(&self) -> MutexGuard<'_, NodeTracker> {
+    /// The tracker, locked: for reading, and for the calls that return no outcome (they judge
+    /// nothing and raise no notice, so there is nothing to route).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, NodeTracker> {
         self.tracker.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
@@ -61,7 +62,7 @@ impl SharedTracker {
     /// [`update`](Self::update) for a change that also returns a report of its own.
     pub(crate) fn update_with<T>(&self, change: impl FnOnce(&mut NodeTracker) -> (T, Outcome)) -> T {
         let (report, notices) = {
-            let mut tracker = self.read();
+            let mut tracker = self.lock();
             let (report, outcome) = change(&mut tracker);
             self.units.record_judgements(outcome.judgements);
             (report, outcome.notices)

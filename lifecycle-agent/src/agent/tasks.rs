@@ -109,7 +109,7 @@ pub(super) async fn resync_loop(
         }
         rounds_left = rounds_left.saturating_sub(1);
         let (processes, cgroups) = {
-            let tracker = tracker.read();
+            let tracker = tracker.lock();
             (tracker.tracked_processes(), tracker.tracked_cgroups())
         };
         let root = root.clone();

@@ -22,11 +22,6 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Whether the call changed nothing its caller acts on.
-    pub fn is_empty(&self) -> bool {
-        self.ended.is_empty() && self.judgements.is_empty() && self.notices.is_empty()
-    }
-
     /// Appends `other`, for a caller that routes the outcomes of several calls at once.
     pub fn extend(&mut self, other: Outcome) {
         self.ended.extend(other.ended);
