@@ -76,26 +76,26 @@ fn stops_are_judged_with_the_grace_and_the_cause_the_kubelet_used() {
     // Deleted with a grace shorter than the spec's: the kubelet stops it with 3 s, not 30.
     kube.kubectl(&["delete", "pod", "shortened", "--grace-period=3", "--wait=false"]).expect("delete");
 
-    let graceful = wait_agent(&agent, "graceful", "judged", Duration::from_secs(40), judged);
+    let graceful = wait_agent(&agent, "graceful", "judged", kube::POD_STOPPED, judged);
     assert_eq!(outcome(&graceful), "exited_within_grace", "{graceful:#}");
     assert_eq!(graceful["last_termination"]["cause"], "deleted");
     assert_eq!(graceful["last_termination"]["spec"], "api");
     assert_eq!(graceful["state"]["reason"], "Completed");
 
-    let stubborn = wait_agent(&agent, "stubborn", "judged", Duration::from_secs(40), judged);
+    let stubborn = wait_agent(&agent, "stubborn", "judged", kube::POD_STOPPED, judged);
     assert_eq!(outcome(&stubborn), "sigkilled_after_grace", "{stubborn:#}");
     assert_eq!(grace_s(&stubborn), 2.0);
     assert_eq!(stubborn["last_termination"]["outcome"]["sender"]["kind"], "runtime");
     assert_eq!((&stubborn["state"]["reason"], &stubborn["state"]["exit_code"]), (&"Error".into(), &137.into()));
     assert_eq!(stubborn["state"]["signal"], 9);
 
-    let shortened = wait_agent(&agent, "shortened", "judged", Duration::from_secs(40), judged);
+    let shortened = wait_agent(&agent, "shortened", "judged", kube::POD_STOPPED, judged);
     assert_eq!(outcome(&shortened), "sigkilled_after_grace", "{shortened:#}");
     assert_eq!(grace_s(&shortened), 3.0, "the deletion's grace, not the spec's 30 s");
     assert_eq!(shortened["last_termination"]["outcome"]["sender"]["kind"], "runtime");
     assert_eq!(shortened["last_termination"]["cause"], "deleted");
 
-    let prestop = wait_agent(&agent, "prestop", "judged", Duration::from_secs(40), judged);
+    let prestop = wait_agent(&agent, "prestop", "judged", kube::POD_STOPPED, judged);
     let hook = &prestop["last_termination"]["pre_stop"];
     assert_eq!(hook["overran_grace"], true, "preStop sleep 8 with grace 5: {prestop:#}");
     assert_eq!(prestop["last_termination"]["cause"], "deleted");
@@ -219,7 +219,7 @@ fn oom_kills_are_attributed_by_the_kernel() {
     });
     assert_eq!(child["restart_count"], 0, "the container lives on");
     kube.kubectl(&["delete", "pod", "childoom", "--wait=false"]).expect("delete");
-    let child = wait_agent(&agent, "childoom", "judged", Duration::from_secs(40), judged);
+    let child = wait_agent(&agent, "childoom", "judged", kube::POD_STOPPED, judged);
     assert_eq!(child["last_termination"]["oom_victim"], "child", "{child:#}");
     assert_eq!(child["state"]["reason"], "Completed", "not OOMKilled: its init exited on SIGTERM");
 }
@@ -440,7 +440,7 @@ fn an_agent_killed_during_a_termination_says_what_it_did_not_see() {
         &["--kubeconfig", &kubeconfig, "--node-name", kube.node_name()],
     );
     // The kubelet SIGKILLs it 8 s after the SIGTERM the new agent never saw: not "without grace".
-    let judged = wait_agent(&agent, "stubborn", "judged", Duration::from_secs(40), judged);
+    let judged = wait_agent(&agent, "stubborn", "judged", kube::POD_STOPPED, judged);
     let termination = &judged["last_termination"];
     assert_eq!(outcome(&judged), "stop_signal_not_observed", "{judged:#}");
     assert_eq!(termination["cause"], "deleted", "{judged:#}");

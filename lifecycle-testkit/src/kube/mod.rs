@@ -89,6 +89,12 @@ pub const NODE: &str = "lifecycle-node";
 /// unmounted, pod cgroup removed by housekeeping); on the 1.20 kubelet that took from 2 s to past
 /// 30 s in clean-clone runs of this suite. A precondition of the tests that use it, not a check.
 pub const POD_REMOVAL: Duration = Duration::from_secs(120);
+/// How long a test waits for the kubelet to stop the containers of a pod it was told to delete:
+/// its pod worker picks the deletion up from the API watch, then gives the grace period. On the
+/// 1.20 kubelet under the suite's load the pickup alone once took past 40 s (a child-OOM pod with
+/// no grace to speak of, in a clean-clone run). A precondition, not a check: what the tests
+/// assert is the stop's judgement, and how fast the kubelet is belongs to no test.
+pub const POD_STOPPED: Duration = Duration::from_secs(90);
 /// How long the API server may take to answer /readyz, and the node to become Ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a daemon may take to exit after SIGTERM before it is killed.
