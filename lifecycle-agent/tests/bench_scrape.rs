@@ -14,7 +14,7 @@ use std::{
     net::TcpStream,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc, Mutex,
+        Arc,
     },
     time::Instant,
 };
@@ -192,15 +192,16 @@ fn scrape_of_a_thousand_containers() {
     let containers: u64 = std::env::var("LIFECYCLE_BENCH_CONTAINERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     let scrapes: usize = std::env::var("LIFECYCLE_BENCH_SCRAPES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
     let (tracker, judgements) = node(containers);
-    let tracker = Arc::new(Mutex::new(tracker));
-    assert_eq!(tracker.lock().expect("lock").units().count() as u64, containers);
+    assert_eq!(tracker.units().count() as u64, containers);
+    // The snapshot the model's owner would publish; its channel's sender is not needed after.
+    let snapshots = tokio::sync::watch::Sender::new(Arc::new(tracker.snapshot())).subscribe();
     let kernel = Arc::new(FakeKernel {
         cgroups: (0..containers * 2).map(|i| 10_000 + i).collect(),
         reads: AtomicU64::new(0),
         moving_per_mille: AtomicU64::new(0),
     });
     let units = Arc::new(UnitMetrics::new(
-        tracker,
+        snapshots,
         kernel.clone(),
         Box::new(|| 100_000_000_000),
         Box::new(lifecycle_agent::discovery::clock::unix_minus_boot_seconds),

@@ -4,7 +4,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use crate::{
     discovery::kube::watch::KubeSource,
     export::metrics::NAMESPACE,
-    model::node::{NodeTracker, PodWarning, WarningReason},
+    model::node::{Outcome, PodWarning, WarningReason},
     probe::metrics::ProbeMetrics,
     ErrorChain,
 };
@@ -66,7 +66,7 @@ pub(super) fn register(registry: &Registry) -> Result<IntCounterVec, prometheus:
 /// Publishes the tracker's warnings as Events until shutdown.
 pub(super) async fn event_loop(
     source: KubeSource,
-    tracker: Arc<Mutex<NodeTracker>>,
+    tracker: super::owner::ModelHandle,
     probes: Arc<ProbeMetrics>,
     counts: IntCounterVec,
     mut shutdown: watch::Receiver<bool>,
@@ -80,7 +80,10 @@ pub(super) async fn event_loop(
             _ = ticker.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let mut warnings = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).take_warnings();
+        let Some(mut warnings) = tracker.update_with(|tracker| (tracker.take_warnings(), Outcome::default())).await
+        else {
+            return;
+        };
         warnings.extend(probes.take_stall_warnings());
         for warning in warnings {
             if !limit.allow(&warning.pod_uid, Instant::now()) {

@@ -9,7 +9,7 @@ use futures::StreamExt as _;
 use prometheus::{IntCounter, IntGauge, Opts, Registry};
 use tokio::sync::watch;
 
-use super::shared_tracker::SharedTracker;
+use super::owner::ModelHandle;
 use crate::{
     discovery::clock::boottime_ns,
     discovery::kube::{
@@ -78,7 +78,7 @@ impl KubeMetrics {
 /// Applies pod changes to the tracker until shutdown.
 pub(super) async fn pod_loop(
     source: KubeSource,
-    tracker: Arc<SharedTracker>,
+    tracker: ModelHandle,
     metrics: KubeMetrics,
     probes_wanted: Arc<tokio::sync::Notify>,
     mut shutdown: watch::Receiver<bool>,
@@ -93,7 +93,6 @@ pub(super) async fn pod_loop(
             _ = shutdown.changed() => return,
         };
         let Some(change) = change else { return };
-        let lock = || tracker.lock();
         match change {
             PodChange::Relisting => relisted = Some(HashSet::new()),
             PodChange::Pod(pod) => {
@@ -105,20 +104,25 @@ pub(super) async fn pod_loop(
                     if let Some(seen) = relisted.as_mut() {
                         seen.insert(facts.uid.clone());
                     }
-                    tracker.update(|tracker| tracker.apply_pod(facts, boottime_ns()));
+                    tracker.update(|tracker| tracker.apply_pod(facts, boottime_ns())).await;
                     // A new pod, or a changed declaration: its probe listener now, not at the
                     // supervisor's next tick (the kubelet's first probe may come first).
                     probes_wanted.notify_one();
                 }
             }
             PodChange::Listed => {
-                let mut tracker = lock();
-                if let Some(seen) = relisted.take() {
-                    for uid in tracker.pod_uids().into_iter().filter(|uid| !seen.contains(uid)) {
-                        tracker.forget_pod(&uid);
-                    }
-                }
-                tracker.set_api_reachable(true);
+                let seen = relisted.take();
+                tracker
+                    .update(move |tracker| {
+                        if let Some(seen) = seen {
+                            for uid in tracker.pod_uids().into_iter().filter(|uid| !seen.contains(uid)) {
+                                tracker.forget_pod(&uid);
+                            }
+                        }
+                        tracker.set_api_reachable(true);
+                        Outcome::default()
+                    })
+                    .await;
                 metrics.up.set(1);
                 if !up {
                     log::info!("the Kubernetes API answers again");
@@ -128,16 +132,26 @@ pub(super) async fn pod_loop(
             PodChange::Gone(pod) => {
                 let mut problems = Vec::new();
                 match pod_facts(&pod, &mut problems) {
-                    Some(facts) => tracker.update(|tracker| tracker.pod_gone(facts, boottime_ns())),
+                    Some(facts) => tracker.update(|tracker| tracker.pod_gone(facts, boottime_ns())).await,
                     None => {
-                        if let Some(uid) = pod.metadata.uid.as_deref() {
-                            lock().forget_pod(uid);
+                        if let Some(uid) = pod.metadata.uid.clone() {
+                            tracker
+                                .update(move |tracker| {
+                                    tracker.forget_pod(&uid);
+                                    Outcome::default()
+                                })
+                                .await;
                         }
                     }
                 }
             }
             PodChange::Unreachable(why) => {
-                lock().set_api_reachable(false);
+                tracker
+                    .update(|tracker| {
+                        tracker.set_api_reachable(false);
+                        Outcome::default()
+                    })
+                    .await;
                 metrics.up.set(0);
                 metrics.errors.inc();
                 if up {
@@ -158,7 +172,7 @@ enum KubeletNotice {
 /// Applies the kubelet's probe-kill and eviction notices to the tracker until shutdown.
 pub(super) async fn kill_loop(
     source: KubeSource,
-    tracker: Arc<SharedTracker>,
+    tracker: ModelHandle,
     metrics: KubeMetrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -175,15 +189,17 @@ pub(super) async fn kill_loop(
             None => return,
             Some(Ok(notice)) => {
                 // Events are not selected by node: only pods of this node count.
-                tracker.update(|tracker| match notice {
-                    KubeletNotice::Kill(notice) if tracker.knows_pod(&notice.pod_uid) => {
-                        tracker.apply_kill_notice(notice, boottime_ns())
-                    }
-                    KubeletNotice::Eviction(uid) if tracker.knows_pod(&uid) => {
-                        tracker.apply_eviction_notice(&uid, boottime_ns())
-                    }
-                    _ => Outcome::default(),
-                });
+                tracker
+                    .update(|tracker| match notice {
+                        KubeletNotice::Kill(notice) if tracker.knows_pod(&notice.pod_uid) => {
+                            tracker.apply_kill_notice(notice, boottime_ns())
+                        }
+                        KubeletNotice::Eviction(uid) if tracker.knows_pod(&uid) => {
+                            tracker.apply_eviction_notice(&uid, boottime_ns())
+                        }
+                        _ => Outcome::default(),
+                    })
+                    .await;
             }
             Some(Err(why)) => {
                 metrics.errors.inc();

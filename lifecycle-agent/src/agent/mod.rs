@@ -7,22 +7,17 @@ mod events;
 pub mod health;
 pub mod http;
 mod kube;
+mod owner;
 mod reader;
 mod routes;
 mod runtime;
-mod shared_tracker;
 mod tasks;
 pub mod tls;
 mod verdicts;
 
 use crate::probe::handoff::{self, ListenerRegistry};
 use health::Heartbeats;
-use std::{
-    net::SocketAddr,
-    path::PathBuf,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use lifecycle_common::{CgroupCounters, KindStats, EVENT_KIND_COUNT};
 use prometheus::{Histogram, HistogramOpts};
@@ -50,7 +45,6 @@ use http::{HttpError, Routes};
 use reader::Reader;
 use routes::ContainersApi;
 use runtime::{runtime_loop, RuntimeLink};
-use shared_tracker::SharedTracker;
 use tasks::{expiry_loop, seed};
 
 /// The sensor's counter map is where the exporters' kernel counters come from.
@@ -153,14 +147,14 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     // Until the runtime is first asked, containers wait for their names; the first refresh below
     // names them, or tells the tracker to name them by id.
     let tracker_config = TrackerConfig { cri_available: true, ..config.tracker.clone() };
-    let mut seeding = NodeTracker::new(tracker_config);
+    let mut tracker = NodeTracker::new(tracker_config);
     // Routed below, once the routes exist (the runtime is asked before the first batch anyway).
-    let seeded = seed(&mut seeding, &root);
-    let tracker = Arc::new(Mutex::new(seeding));
+    let seeded = seed(&mut tracker, &root);
     let kube = kube::connect(config.kubeconfig.clone(), config.node_name.clone()).await;
     if kube.is_some() {
-        tracker.lock().unwrap_or_else(|poison| poison.into_inner()).set_api_configured();
+        tracker.set_api_configured();
     }
+    let snapshots = owner::snapshots_of(&tracker);
     let maps = sensor.maps();
     let agent_counters = Arc::new(AgentCounters::default());
     let mut features: Vec<FeatureFlag> =
@@ -188,7 +182,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let repairs = tasks::register_repairs(metrics.registry()).map_err(MetricsError::from)?;
     metrics.set_family_filter(config.metric_families.clone());
     let units =
-        UnitMetrics::new(tracker.clone(), maps.clone(), Box::new(boottime_ns), Box::new(unix_minus_boot_seconds));
+        UnitMetrics::new(snapshots.subscribe(), maps.clone(), Box::new(boottime_ns), Box::new(unix_minus_boot_seconds));
     let host_units = config.host_cgroups.unwrap_or(kube.is_none());
     if !host_units {
         log::info!("no series for host cgroups (--host-cgroups on to have them)");
@@ -197,15 +191,16 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let scraped_units = units.clone();
     metrics.add_text_source(Box::new(move |out| scraped_units.render(out)));
     let metadata_wanted = Arc::new(Notify::new());
-    let shared = Arc::new(SharedTracker::new(
-        tracker.clone(),
-        units.clone(),
-        metadata_wanted.clone(),
-        root.clone(),
-        repairs.clone(),
+    let routes = owner::Routes {
+        units: units.clone(),
+        metadata_wanted: metadata_wanted.clone(),
+        root: root.clone(),
+        repairs: repairs.clone(),
         kernel_log,
-    ));
-    shared.update(|_| seeded);
+    };
+    let (mut owner, model) =
+        owner::own(tracker, snapshots, routes).map_err(|err| AgentError::Stream(StreamError::Register(err)))?;
+    owner.change(|_| seeded);
 
     let probe_metrics = ProbeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let node_probes = Arc::new(NodeProbes::new(Some(probe_metrics.clone())));
@@ -244,14 +239,16 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     // Every loop the agent runs until shutdown, owned here: joined at shutdown, and one that
     // ends before it is said in the log.
     let mut loops = tokio::task::JoinSet::new();
-    loops.spawn(supervisor.run(tracker.clone(), Duration::from_secs(1), probes_wanted.clone(), heartbeats.clone()));
+    loops.spawn(supervisor.run(model.snapshots(), Duration::from_secs(1), probes_wanted.clone(), heartbeats.clone()));
 
     let runtime_metrics = RuntimeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let mut runtime = RuntimeLink::new(config.cri_socket.clone(), runtime_metrics);
-    runtime.refresh(&shared).await;
+    // Before the first batch of events: containers seen at start are judged under their names.
+    let answer = runtime.refresh().await;
+    owner.change(|tracker| answer.apply(tracker));
     loops.spawn(runtime_loop(
         runtime,
-        shared.clone(),
+        model.clone(),
         metadata_wanted.clone(),
         probes_wanted.clone(),
         config.cri_refresh,
@@ -262,20 +259,20 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         let kube_metrics = kube::KubeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
         loops.spawn(kube::pod_loop(
             source.clone(),
-            shared.clone(),
+            model.clone(),
             kube_metrics.clone(),
             probes_wanted.clone(),
             shutdown.clone(),
         ));
-        loops.spawn(kube::kill_loop(source.clone(), shared.clone(), kube_metrics, shutdown.clone()));
+        loops.spawn(kube::kill_loop(source.clone(), model.clone(), kube_metrics, shutdown.clone()));
         if config.events {
             let counts = events::register(metrics.registry()).map_err(MetricsError::from)?;
-            loops.spawn(events::event_loop(source, tracker.clone(), probe_metrics, counts, shutdown.clone()));
+            loops.spawn(events::event_loop(source, model.clone(), probe_metrics, counts, shutdown.clone()));
         }
     }
-    loops.spawn(expiry_loop(shared.clone(), config.series_retention, shutdown.clone()));
-    loops.spawn(verdicts::verdict_log_loop(tracker.clone(), shutdown.clone()));
-    loops.spawn(tasks::resync_loop(shared.clone(), maps.clone(), root.clone(), repairs.clone(), shutdown.clone()));
+    loops.spawn(expiry_loop(model.clone(), config.series_retention, shutdown.clone()));
+    loops.spawn(verdicts::verdict_log_loop(model.snapshots(), shutdown.clone()));
+    loops.spawn(tasks::resync_loop(model.clone(), maps.clone(), root.clone(), repairs.clone(), shutdown.clone()));
 
     let gate = match config.api_auth {
         false => None,
@@ -322,7 +319,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let node = config.node_name.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
     });
-    let api = ContainersApi { tracker: tracker.clone(), probes: node_probes.clone(), node };
+    let api = ContainersApi { snapshots: model.snapshots(), probes: node_probes.clone(), node };
     let routes = Arc::new(Routes {
         metrics,
         api: Some(Arc::new(api)),
@@ -342,7 +339,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
 
     let stream = sensor.take_events().ok_or(AgentError::StreamTaken)?;
     let reader = Reader {
-        tracker: shared.clone(),
+        owner,
         maps: maps.clone(),
         probes: node_probes.clone(),
         latency,

@@ -1,5 +1,6 @@
-//! The ring reader: a thread of its own that waits on the kernel's ring (or the poll period) and
-//! applies each batch to the tracker.
+//! The ring reader: a thread of its own, the model's owner (`owner.rs`), that waits on the
+//! kernel's ring, the changes queued by the agent's loops, or the poll period; applies each
+//! batch and change to the tracker, and publishes a snapshot.
 //!
 //! Not a tokio task: a wake-up from the kernel reaches this thread directly. As a task it came
 //! through the runtime's I/O driver, which only a worker with nothing else to do polls, and then
@@ -19,7 +20,7 @@ use tokio::sync::oneshot;
 
 use super::{
     health::{Heartbeats, Loop},
-    shared_tracker::SharedTracker,
+    owner::Owner,
 };
 use crate::{
     discovery::clock::boottime_ns,
@@ -35,7 +36,7 @@ use crate::{
 
 /// Everything a batch of events feeds.
 pub(super) struct Reader {
-    pub(super) tracker: Arc<SharedTracker>,
+    pub(super) owner: Owner,
     pub(super) maps: Arc<SensorMaps>,
     pub(super) probes: Arc<NodeProbes>,
     /// `lifecycle_event_to_state_seconds`.
@@ -56,8 +57,7 @@ pub(super) struct Running {
 impl Reader {
     /// Starts the reading thread: it drains on every kernel wake-up and at least every `poll`.
     pub(super) fn start(self, stream: EventStream, poll: Duration) -> std::io::Result<Running> {
-        use rustix::event::{eventfd, EventfdFlags};
-        let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
+        let wake = self.owner.wake_fd();
         let stop = Arc::new(AtomicBool::new(false));
         let (sender, done) = oneshot::channel();
         let (thread_stop, thread_wake) = (stop.clone(), wake.clone());
@@ -69,46 +69,53 @@ impl Reader {
     }
 
     fn run(
-        self,
+        mut self,
         mut stream: EventStream,
         poll: Duration,
         stop: &AtomicBool,
         wake: &OwnedFd,
     ) -> Result<EventStream, StreamError> {
         let mut batch: Vec<Event> = Vec::with_capacity(1024);
+        let mut publish_in: Option<Duration> = None;
         loop {
-            stream.wait(wake.as_fd(), poll)?;
+            stream.wait(wake.as_fd(), publish_in.map_or(poll, |due| due.min(poll)))?;
             if stop.load(Ordering::Acquire) {
                 return Ok(stream);
             }
+            self.owner.clear_wake();
             self.heartbeats.beat(Loop::RingReader);
-            if stream.drain_into(&mut batch) == 0 {
-                continue;
-            }
-            self.counters.events_read.fetch_add(batch.len() as u64, Ordering::Relaxed);
-            self.counters.decode_errors.store(stream.decode_errors(), Ordering::Relaxed);
-            self.tracker.update(|tracker| {
-                let mut outcome = Outcome::default();
-                for event in &batch {
-                    if let Detail::CgroupRmdir(c) = &event.detail {
-                        // The kernel's counts of a departing cgroup move to its unit before its
-                        // map entry is freed for reuse.
-                        if let Some(last) = self.maps.take_counters(c.id) {
-                            tracker.absorb_kernel_counters(c.id, last);
+            // Changes first: a container's metadata or pod spec queued before its exit is there
+            // when the exit is judged.
+            self.owner.run_changes();
+            let mut ended = Vec::new();
+            if stream.drain_into(&mut batch) > 0 {
+                self.counters.events_read.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                self.counters.decode_errors.store(stream.decode_errors(), Ordering::Relaxed);
+                let (maps, probes) = (&self.maps, &self.probes);
+                ended = self.owner.change(|tracker| {
+                    let mut outcome = Outcome::default();
+                    for event in &batch {
+                        if let Detail::CgroupRmdir(c) = &event.detail {
+                            // The kernel's counts of a departing cgroup move to its unit before
+                            // its map entry is freed for reuse.
+                            if let Some(last) = maps.take_counters(c.id) {
+                                tracker.absorb_kernel_counters(c.id, last);
+                            }
                         }
+                        outcome.extend(tracker.apply(event));
+                        probes.on_event(event);
                     }
-                    outcome.extend(tracker.apply(event));
-                    self.probes.on_event(event);
-                }
-                // The exits that ended a container (or a host unit's run): their state is in the
-                // model now, before the lock is released.
-                let now = boottime_ns();
-                for ended in &outcome.ended {
-                    self.latency.observe(seconds(now.saturating_sub(ended.exit_ns)));
-                }
-                outcome
-            });
-            batch.clear();
+                    outcome
+                });
+                batch.clear();
+            }
+            publish_in = self.owner.publish(!ended.is_empty());
+            // The exits that ended a container (or a host unit's run): their state is in the
+            // published snapshot now.
+            let now = boottime_ns();
+            for ended in &ended {
+                self.latency.observe(seconds(now.saturating_sub(ended.exit_ns)));
+            }
         }
     }
 }

@@ -5,16 +5,17 @@
 //! host-network pods: declared checks only, 403 otherwise). `/metrics` and `/healthz` are served
 //! by `http.rs`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use hyper::StatusCode;
 use serde::Serialize;
+use tokio::sync::watch;
 
 use super::http::ApiHandler;
 use crate::{
     discovery::clock::{boottime_ns, unix_minus_boot_seconds},
     export::{explain, explain_html},
-    model::node::{ContainerView, NodeTracker, PodView},
+    model::node::{ContainerView, NodeSnapshot, PodView},
     probe::{metrics::ProbeTarget, query::Query, CheckSpec, NodeProbes},
 };
 
@@ -31,10 +32,17 @@ pub struct ContainersResponse {
 }
 
 pub(super) struct ContainersApi {
-    pub(super) tracker: Arc<Mutex<NodeTracker>>,
+    pub(super) snapshots: watch::Receiver<Arc<NodeSnapshot>>,
     pub(super) probes: Arc<NodeProbes>,
     /// The node's name, for the `/explain` page's title.
     pub(super) node: String,
+}
+
+impl ContainersApi {
+    /// The model as last published; held for one answer, never across an await.
+    fn snapshot(&self) -> Arc<NodeSnapshot> {
+        self.snapshots.borrow().clone()
+    }
 }
 
 /// Stops the `/explain` node page lists at most (newest first).
@@ -63,8 +71,8 @@ impl ApiHandler for ContainersApi {
         };
         let now = boottime_ns();
         let (mut containers, mut pods) = {
-            let tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-            (tracker.containers(now), tracker.pods(now))
+            let snapshot = self.snapshot();
+            (snapshot.containers(now), snapshot.pods(now))
         };
         if !selection.is_everything() {
             containers.retain(|c| selection.selects(c));
@@ -197,10 +205,10 @@ impl ContainersApi {
         let (namespace, pod) = (namespace.to_owned(), pod.to_owned());
         let now = boottime_ns();
         let (containers, past) = {
-            let tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-            let mut containers = tracker.containers(now);
+            let snapshot = self.snapshot();
+            let mut containers = snapshot.containers(now);
             containers.retain(|c| c.labels.namespace == namespace && c.labels.pod == pod);
-            (containers, tracker.history_of_pod(&namespace, &pod))
+            (containers, snapshot.history_of_pod(&namespace, &pod))
         };
         let current = Self::api_json(&serde_json::json!({ "containers": containers }));
         let mut stories = explain::explain(&current, &namespace, &pod, None);
@@ -212,7 +220,7 @@ impl ContainersApi {
 
     /// `GET /explain`: the node's recent stops, newest first.
     fn node_page(&self) -> (StatusCode, String) {
-        let recent = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner()).recent_stops(NODE_PAGE_STOPS);
+        let recent = self.snapshot().recent_stops(NODE_PAGE_STOPS);
         let stories = explain::explain_history(&Self::api_json(&serde_json::json!({ "stops": recent })), None);
         (StatusCode::OK, explain_html::node_page(&self.node, &stories))
     }
@@ -229,7 +237,7 @@ impl ContainersApi {
         let (Some(namespace), Some(pod), None) = (&selection.namespace, &selection.pod, &selection.container_id) else {
             return bad("history needs namespace and pod (and no container_id)");
         };
-        let stops = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner()).history_of_pod(namespace, pod);
+        let stops = self.snapshot().history_of_pod(namespace, pod);
         let boot_to_unix = unix_minus_boot_seconds();
         match serde_json::to_value(HistoryResponse { boot_to_unix_seconds: boot_to_unix, stops }) {
             Ok(mut json) => {
@@ -267,7 +275,7 @@ fn forbidden((_, body): (u16, String)) -> (StatusCode, String) {
 }
 
 // The tests feed the tracker events for the state they then render; the outcomes (routed by the
-// agent, `agent/shared_tracker.rs`) are not what they examine.
+// agent, `agent/owner.rs`) are not what they examine.
 #[cfg(test)]
 #[allow(unused_must_use)]
 mod tests {
@@ -288,7 +296,7 @@ mod tests {
     use crate::model::{
         event::{CgroupDetail, Detail, Event},
         metadata::{ContainerMeta, ContainerState, KubeletAnnotations},
-        node::TrackerConfig,
+        node::{NodeTracker, TrackerConfig},
     };
 
     /// Two running containers: `aaaa…` in shop/web, `bbbb…` in shop/db.
@@ -333,7 +341,7 @@ mod tests {
             tracker.apply(&event(2, 1000 + n as u32, cgroup, exec));
         }
         ContainersApi {
-            tracker: Arc::new(Mutex::new(tracker)),
+            snapshots: watch::channel(Arc::new(tracker.snapshot())).1,
             probes: Arc::new(NodeProbes::new(None)),
             node: "node-a".into(),
         }

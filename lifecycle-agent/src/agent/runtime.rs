@@ -17,10 +17,14 @@ use std::{
 
 use tokio::sync::{watch, Notify};
 
-use super::shared_tracker::SharedTracker;
+use super::owner::ModelHandle;
 use crate::{
     discovery::cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
     export::metrics::RuntimeMetrics,
+    model::{
+        metadata::ContainerMeta,
+        node::{NodeTracker, Outcome},
+    },
     ErrorChain,
 };
 
@@ -28,6 +32,29 @@ use crate::{
 const MIN_RETRY: Duration = Duration::from_millis(200);
 /// Longest gap between two connection attempts while the runtime stays away.
 const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// What one attempt found.
+#[derive(Debug)]
+pub(super) enum Answer {
+    /// Every container the runtime has.
+    Listed(Vec<ContainerMeta>),
+    /// No runtime answered: containers are named by pod uid and container id meanwhile.
+    Unreachable,
+}
+
+impl Answer {
+    pub(super) fn answered(&self) -> bool {
+        matches!(self, Answer::Listed(_))
+    }
+
+    /// What it changes in the model.
+    pub(super) fn apply(self, tracker: &mut NodeTracker) -> Outcome {
+        match self {
+            Answer::Listed(list) => tracker.set_metadata(list),
+            Answer::Unreachable => tracker.set_runtime_reachable(false),
+        }
+    }
+}
 
 /// The runtime connection and its state.
 pub(super) struct RuntimeLink {
@@ -48,9 +75,8 @@ impl RuntimeLink {
         Self { candidates, client: None, metrics, answered: None }
     }
 
-    /// One attempt: connect if needed, list every container, hand the list to the tracker.
-    /// Returns whether the runtime answered.
-    pub(super) async fn refresh(&mut self, tracker: &SharedTracker) -> bool {
+    /// One attempt: connect if needed, list every container.
+    pub(super) async fn refresh(&mut self) -> Answer {
         if self.client.is_none() {
             match self.connect().await {
                 Ok(client) => {
@@ -58,45 +84,42 @@ impl RuntimeLink {
                     self.client = Some(client);
                 }
                 Err(errors) => {
-                    self.failed(tracker, || {
+                    return self.failed(|| {
                         format!(
                             "no container runtime answers ({}): containers are named by pod uid and container id until one does",
                             errors.join("; ")
                         )
                     });
-                    return false;
                 }
             }
         }
-        let Some(client) = &self.client else { return false };
+        let Some(client) = &self.client else { return Answer::Unreachable };
         match client.list_containers().await {
             Ok(list) => {
-                tracker.update(|tracker| tracker.set_metadata(list));
                 self.metrics.succeeded();
                 if self.answered == Some(false) {
                     log::info!("the container runtime answers again; containers named by id take their names");
                 }
                 self.answered = Some(true);
-                true
+                Answer::Listed(list)
             }
             Err(err) => {
                 let socket = client.socket().display().to_string();
                 self.client = None;
-                self.failed(tracker, || format!("listing containers from {socket} failed: {}", ErrorChain(&err)));
-                false
+                self.failed(|| format!("listing containers from {socket} failed: {}", ErrorChain(&err)))
             }
         }
     }
 
-    fn failed(&mut self, tracker: &SharedTracker, why: impl FnOnce() -> String) {
+    fn failed(&mut self, why: impl FnOnce() -> String) -> Answer {
         self.metrics.failed();
-        tracker.update(|tracker| tracker.set_runtime_reachable(false));
         if self.answered != Some(false) {
             log::warn!("{}", why());
         } else {
             log::debug!("{}", why());
         }
         self.answered = Some(false);
+        Answer::Unreachable
     }
 
     async fn connect(&self) -> Result<CriClient, Vec<String>> {
@@ -115,7 +138,7 @@ impl RuntimeLink {
 /// is away (waking the probe supervisor, `probes_wanted`, after each answer), with back-off from [`MIN_RETRY`] to [`MAX_RETRY`], until shutdown.
 pub(super) async fn runtime_loop(
     mut link: RuntimeLink,
-    tracker: Arc<SharedTracker>,
+    tracker: ModelHandle,
     wanted: Arc<Notify>,
     probes_wanted: Arc<Notify>,
     period: Duration,
@@ -142,7 +165,9 @@ pub(super) async fn runtime_loop(
             }
         }
         last_attempt = Instant::now();
-        up = link.refresh(&tracker).await;
+        let answer = link.refresh().await;
+        up = answer.answered();
+        tracker.update(move |tracker| answer.apply(tracker)).await;
         if up {
             // Containers just named may declare probes: the supervisor looks now.
             probes_wanted.notify_one();

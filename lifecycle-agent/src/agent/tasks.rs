@@ -7,7 +7,7 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 use prometheus::IntCounterVec;
 use tokio::sync::watch;
 
-use super::shared_tracker::SharedTracker;
+use super::owner::ModelHandle;
 use crate::{
     discovery::{cgroupfs::CgroupRoot, clock::boottime_ns, proc},
     kernel::SensorMaps,
@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// Cgroups and processes that existed before the programs were attached. What seeding changed
-/// is returned for routing once the agent's outcome routes exist (`SharedTracker`).
+/// is returned for routing once the model's owner exists (`owner.rs`).
 pub(super) fn seed(tracker: &mut NodeTracker, root: &CgroupRoot) -> Outcome {
     let cgroups = root.scan();
     let by_path: std::collections::HashMap<&str, u64> = cgroups.iter().map(|(id, path)| (path.as_str(), *id)).collect();
@@ -48,7 +48,7 @@ fn seed_processes(tracker: &mut NodeTracker, processes: &[proc::StartProcess]) -
     outcome
 }
 
-pub(super) async fn expiry_loop(tracker: Arc<SharedTracker>, retention: Duration, mut shutdown: watch::Receiver<bool>) {
+pub(super) async fn expiry_loop(tracker: ModelHandle, retention: Duration, mut shutdown: watch::Receiver<bool>) {
     let mut ticker = tokio::time::interval(Duration::from_secs(30).min(retention.max(Duration::from_secs(1))));
     loop {
         tokio::select! {
@@ -56,7 +56,7 @@ pub(super) async fn expiry_loop(tracker: Arc<SharedTracker>, retention: Duration
             _ = shutdown.changed() => return,
         }
         let retention_ns = u64::try_from(retention.as_nanos()).unwrap_or(u64::MAX);
-        tracker.update(|tracker| tracker.expire(boottime_ns(), retention_ns));
+        tracker.update(move |tracker| tracker.expire(boottime_ns(), retention_ns)).await;
     }
 }
 
@@ -77,7 +77,7 @@ pub(super) fn kernel_log_readable() -> bool {
 /// only if it still looks gone a second later, so that a record still in the ring is applied
 /// first with its real facts (exit status, time); cgroups found are seeded at once.
 pub(super) async fn resync_loop(
-    tracker: Arc<SharedTracker>,
+    tracker: ModelHandle,
     maps: Arc<SensorMaps>,
     root: CgroupRoot,
     repairs: IntCounterVec,
@@ -108,9 +108,11 @@ pub(super) async fn resync_loop(
             continue;
         }
         rounds_left = rounds_left.saturating_sub(1);
-        let (processes, cgroups) = {
-            let tracker = tracker.lock();
-            (tracker.tracked_processes(), tracker.tracked_cgroups())
+        let Some((processes, cgroups)) = tracker
+            .update_with(|tracker| ((tracker.tracked_processes(), tracker.tracked_cgroups()), Outcome::default()))
+            .await
+        else {
+            return;
         };
         let root = root.clone();
         // /proc and cgroupfs reads block: off the async workers.
@@ -138,13 +140,22 @@ pub(super) async fn resync_loop(
             suspects = Some((dead, gone));
         }
         let on_disk: Vec<(u64, String)> = on_disk.into_iter().collect();
-        let report = tracker.update_with(|tracker| {
-            let (report, mut outcome) =
-                tracker.resync(&confirmed_dead, &confirmed_gone, &on_disk, |id| maps.take_counters(id), boottime_ns());
-            // Processes whose exec records were lost (in cgroups found now, or in known ones).
-            outcome.extend(seed_processes(tracker, &running));
-            (report, outcome)
-        });
+        let maps_now = maps.clone();
+        let repaired = tracker
+            .update_with(move |tracker| {
+                let (report, mut outcome) = tracker.resync(
+                    &confirmed_dead,
+                    &confirmed_gone,
+                    &on_disk,
+                    |id| maps_now.take_counters(id),
+                    boottime_ns(),
+                );
+                // Processes whose exec records were lost (in cgroups found now, or in known ones).
+                outcome.extend(seed_processes(tracker, &running));
+                (report, outcome)
+            })
+            .await;
+        let Some(report) = repaired else { return };
         repairs.with_label_values(&["exit"]).inc_by(report.exits_unseen as u64);
         repairs.with_label_values(&["cgroup_removed"]).inc_by(report.cgroups_removed_unseen as u64);
         repairs.with_label_values(&["cgroup_created"]).inc_by(report.cgroups_created_unseen as u64);

@@ -6,11 +6,7 @@
 //! A stop settles when its cause is known, or [`SETTLE`] after its exit (a cause the kubelet
 //! writes while it stops the containers can come that late; see `lifecycle-model/src/node/pods.rs`).
 
-use std::{
-    io::Write as _,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{io::Write as _, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 
@@ -18,7 +14,7 @@ use super::routes::rfc3339_times;
 use crate::{
     discovery::clock::{boottime_ns, unix_minus_boot_seconds},
     export::explain,
-    model::node::NodeTracker,
+    model::node::NodeSnapshot,
 };
 
 /// How long after its exit a stop without a cause waits for one before it is written.
@@ -27,7 +23,10 @@ const SETTLE: Duration = Duration::from_secs(11);
 const PER_PASS: usize = 256;
 
 /// Writes every settled stop once, each pass a second apart, until shutdown.
-pub(super) async fn verdict_log_loop(tracker: Arc<Mutex<NodeTracker>>, mut shutdown: watch::Receiver<bool>) {
+pub(super) async fn verdict_log_loop(
+    snapshots: watch::Receiver<Arc<NodeSnapshot>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut next = 0u64;
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -35,12 +34,8 @@ pub(super) async fn verdict_log_loop(tracker: Arc<Mutex<NodeTracker>>, mut shutd
             _ = ticker.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let stops = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).settled_stops_since(
-            next,
-            boottime_ns(),
-            SETTLE.as_nanos() as u64,
-            PER_PASS,
-        );
+        let stops =
+            snapshots.borrow().clone().settled_stops_since(next, boottime_ns(), SETTLE.as_nanos() as u64, PER_PASS);
         let Some(last) = stops.last() else { continue };
         next = last.seq + 1;
         // Off the async workers: a reader of stdout that stalls (a full pipe) would hold the

@@ -19,6 +19,8 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use tokio::sync::watch;
+
 use lifecycle_common::CgroupCounters;
 
 use super::{
@@ -26,7 +28,7 @@ use super::{
     labels,
     unit_text::{new_families, write_unit, Families, Labels, UnitView, F, FAMILY_COUNT},
 };
-use crate::model::node::{DroppedCounts, Judgement, NodeTracker, UnitKey};
+use crate::model::node::{DroppedCounts, Judgement, NodeSnapshot, UnitKey};
 
 /// Source of the kernel's per-cgroup counters (the sensor's map, or a fake in tests).
 pub trait KernelCounters: Send + Sync {
@@ -37,7 +39,8 @@ pub trait KernelCounters: Send + Sync {
 
 /// Writes the per-container families; handed to [`crate::export::metrics::Metrics::add_text_source`].
 pub struct UnitMetrics {
-    tracker: Arc<Mutex<NodeTracker>>,
+    /// The model's published snapshots (`agent/owner.rs`).
+    snapshots: watch::Receiver<Arc<NodeSnapshot>>,
     kernel: Arc<dyn KernelCounters>,
     clock: Box<dyn Fn() -> u64 + Send + Sync>,
     /// The offset that turns a boot time into a Unix time, read at each scrape.
@@ -97,13 +100,13 @@ impl CachedUnit {
 
 impl UnitMetrics {
     pub fn new(
-        tracker: Arc<Mutex<NodeTracker>>,
+        snapshots: watch::Receiver<Arc<NodeSnapshot>>,
         kernel: Arc<dyn KernelCounters>,
         clock: Box<dyn Fn() -> u64 + Send + Sync>,
         boot_to_unix: Box<dyn Fn() -> f64 + Send + Sync>,
     ) -> Self {
         Self {
-            tracker,
+            snapshots,
             kernel,
             clock,
             boot_to_unix,
@@ -119,8 +122,9 @@ impl UnitMetrics {
         self
     }
 
-    /// Adds judged terminations to the distributions: the agent routes every change's judgements
-    /// here (`agent/shared_tracker.rs`) before it releases the tracker.
+    /// Adds judged terminations to the distributions: the model's owner routes every change's
+    /// judgements here (`agent/owner.rs`) before it publishes the snapshot that shows them, so a
+    /// scrape never sees a judged stop without its distributions.
     pub fn record_judgements(&self, judged: Vec<Judgement>) {
         if !judged.is_empty() {
             self.histograms.lock().unwrap_or_else(|poison| poison.into_inner()).record(judged);
@@ -131,7 +135,7 @@ impl UnitMetrics {
     pub fn render(&self, out: &mut String) {
         let now = (self.clock)();
         let mut cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
-        // Read before the tracker's lock: the event loop need not wait for the kernel's map.
+        // The kernel's map, read once per scrape into the kept map.
         let mut live = std::mem::take(&mut cache.live);
         live.clear();
         self.kernel.read_all(&mut live);
@@ -142,10 +146,10 @@ impl UnitMetrics {
         let mut units: Vec<(Box<CachedUnit>, bool)> = Vec::with_capacity(previous.len());
         let dropped;
         {
-            let tracker = self.tracker.lock().unwrap_or_else(|poison| poison.into_inner());
-            dropped = *tracker.dropped();
+            let snapshot = self.snapshots.borrow().clone();
+            dropped = *snapshot.dropped();
             // Both sequences are in unit-key order: a merge keeps the entries of units still here.
-            for unit in tracker.units().filter(|u| self.host_units || !matches!(u.key(), UnitKey::Host { .. })) {
+            for unit in snapshot.units().filter(|u| self.host_units || !matches!(u.key(), UnitKey::Host { .. })) {
                 while previous.next_if(|cached| cached.key < *unit.key()).is_some() {}
                 let cached = previous.next_if(|cached| cached.key == *unit.key());
                 let view = UnitView::of(unit, now, boot_to_unix, unit.cgroup_id().and_then(|id| live.get(&id)));
@@ -159,7 +163,6 @@ impl UnitMetrics {
                 });
             }
         }
-        // Written after the tracker's lock is released: events need not wait for the text.
         cache.units = units
             .into_iter()
             .map(|(mut cached, stale)| {
@@ -223,7 +226,7 @@ fn stable_offset(kept: &mut Option<f64>, now: f64) -> f64 {
 }
 
 // The tests feed the tracker events for the state they then render; the outcomes (routed by the
-// agent, `agent/shared_tracker.rs`) are not what they examine.
+// agent, `agent/owner.rs`) are not what they examine.
 #[cfg(test)]
 #[allow(unused_must_use)]
 #[path = "units_tests.rs"]

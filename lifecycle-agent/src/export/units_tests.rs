@@ -2,7 +2,12 @@
 
 use super::*;
 use crate::model::event::{CgroupDetail, Detail, Event, SignalResult};
-use crate::model::node::TrackerConfig;
+use crate::model::node::{NodeTracker, TrackerConfig};
+
+/// The channel a tracker's snapshots are published on, as the model's owner does.
+fn publisher(tracker: &NodeTracker) -> watch::Sender<Arc<NodeSnapshot>> {
+    watch::Sender::new(Arc::new(tracker.snapshot()))
+}
 
 /// The kernel's counts for the one cgroup of the test: 7 SIGUSR1 (10) and 3 SIGURG (23)
 /// sent inside it and not recorded.
@@ -55,7 +60,7 @@ fn signals_only_counted_in_the_kernel_join_the_recorded_ones_from_the_same_conta
         };
         tracker.apply(&event(3, sender, sender_cgroup, signal));
     }
-    let units = UnitMetrics::new(Arc::new(Mutex::new(tracker)), Arc::new(Kernel), Box::new(|| 10), Box::new(|| 0.0));
+    let units = UnitMetrics::new(publisher(&tracker).subscribe(), Arc::new(Kernel), Box::new(|| 10), Box::new(|| 0.0));
     let mut text = String::new();
     units.render(&mut text);
     let signals: Vec<&str> = text.lines().filter(|l| l.starts_with("lifecycle_signals_received_total{")).collect();
@@ -98,10 +103,10 @@ fn a_scrape_shows_every_change_since_the_last_and_keeps_nothing_stale() {
     for (cgroup, pid, name) in [(50, 500, "a"), (51, 510, "b"), (52, 520, "c")] {
         start_host_unit(&mut tracker, cgroup, pid, name);
     }
-    let tracker = Arc::new(Mutex::new(tracker));
+    let published = publisher(&tracker);
     let kernel = Arc::new(Changing::default());
     let metrics = |kernel: Arc<Changing>| {
-        UnitMetrics::new(tracker.clone(), kernel, Box::new(|| 10_000_000_000), Box::new(|| 1_700_000_000.0))
+        UnitMetrics::new(published.subscribe(), kernel, Box::new(|| 10_000_000_000), Box::new(|| 1_700_000_000.0))
     };
     let cached = metrics(kernel.clone());
     let scrape = |m: &UnitMetrics| {
@@ -124,14 +129,12 @@ fn a_scrape_shows_every_change_since_the_last_and_keeps_nothing_stale() {
         comm: "a".into(),
     };
     kernel.0.lock().expect("lock").insert(51, CgroupCounters { execs: 4, ..Default::default() });
-    {
-        let mut tracker = tracker.lock().expect("lock");
-        tracker.apply(&event(3_000_000_000, 500, 50, exit));
-        let rmdir = CgroupDetail { id: 52, path: "/system.slice/c.service".into(), truncated: false };
-        tracker.apply(&event(3_000_000_001, 520, 52, Detail::CgroupRmdir(rmdir)));
-        // c changed last at 2 ns, a at 3 s: a retention of 7 s at 9 s keeps a only.
-        tracker.expire(9_000_000_000, 7_000_000_000);
-    }
+    tracker.apply(&event(3_000_000_000, 500, 50, exit));
+    let rmdir = CgroupDetail { id: 52, path: "/system.slice/c.service".into(), truncated: false };
+    tracker.apply(&event(3_000_000_001, 520, 52, Detail::CgroupRmdir(rmdir)));
+    // c changed last at 2 ns, a at 3 s: a retention of 7 s at 9 s keeps a only.
+    tracker.expire(9_000_000_000, 7_000_000_000);
+    published.send_replace(Arc::new(tracker.snapshot()));
     let second = scrape(&cached);
     assert_eq!(
         unit_lines(&second),
@@ -151,13 +154,14 @@ fn without_host_units_a_scrape_has_no_host_cgroup_series() {
     // Issue 21: on a Kubernetes node host cgroups are off by default (`--host-cgroups`).
     let mut tracker = NodeTracker::new(TrackerConfig::default());
     start_host_unit(&mut tracker, 50, 500, "nginx");
-    let tracker = Arc::new(Mutex::new(tracker));
+    let published = publisher(&tracker);
     let scrape = |m: UnitMetrics| {
         let mut text = String::new();
         m.render(&mut text);
         text
     };
-    let make = || UnitMetrics::new(tracker.clone(), Arc::new(Kernel), Box::new(|| 10), Box::new(|| 1_700_000_000.0));
+    let make =
+        || UnitMetrics::new(published.subscribe(), Arc::new(Kernel), Box::new(|| 10), Box::new(|| 1_700_000_000.0));
     assert!(scrape(make()).contains("container=\"/system.slice/nginx.service\""));
     let without = scrape(make().without_host_units());
     assert!(!without.contains("nginx"), "{without}");
@@ -210,7 +214,7 @@ fn a_pod_recreated_under_the_same_name_gives_two_series_sets_not_duplicates() {
         tracker.apply(&event(2, 1000 + n as u32, cgroup, exec));
     }
     let metrics = UnitMetrics::new(
-        Arc::new(Mutex::new(tracker)),
+        publisher(&tracker).subscribe(),
         Arc::new(Kernel),
         Box::new(|| 10_000_000_000),
         Box::new(|| 1_700_000_000.0),
@@ -242,13 +246,13 @@ fn a_thousand_units_beside_a_hostile_one_stay_under_four_megabytes() {
     }
     let (hostile, pid) = (50, 500);
     start_host_unit(&mut tracker, hostile, pid, "hostile");
-    let shared = Arc::new(Mutex::new(tracker));
-    let units = UnitMetrics::new(shared.clone(), Arc::new(Changing::default()), Box::new(|| 10), Box::new(|| 0.0));
+    let published = publisher(&tracker);
+    let units =
+        UnitMetrics::new(published.subscribe(), Arc::new(Changing::default()), Box::new(|| 10), Box::new(|| 0.0));
     let hostile_lines = |text: &str| text.lines().filter(|l| l.contains("/hostile.service\"")).count();
     let mut text = String::new();
     units.render(&mut text);
     let alone = hostile_lines(&text);
-    let mut tracker = shared.lock().expect("lock");
     for port in 1..=20_000u16 {
         let tcp = |remote_port| TcpDetail {
             socket_cgroup_id: hostile,
@@ -276,7 +280,7 @@ fn a_thousand_units_beside_a_hostile_one_stay_under_four_megabytes() {
             tracker.apply(&event(5, sender, sender_cgroup, detail));
         }
     }
-    drop(tracker);
+    published.send_replace(Arc::new(tracker.snapshot()));
     let mut text = String::new();
     units.render(&mut text);
     let hostile_series = hostile_lines(&text);

@@ -19,7 +19,7 @@ use std::{
     net::SocketAddr,
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
+        Arc,
     },
     time::{Duration, Instant},
 };
@@ -30,7 +30,7 @@ use super::handoff::{Adopted, ListenerFacts, ListenerRegistry, Registration};
 use crate::agent::health::{Heartbeats, Loop};
 use crate::{
     discovery::netns,
-    model::node::{NodeTracker, RunningContainer},
+    model::node::{NodeSnapshot, RunningContainer},
     probe::{
         bind_in_netns,
         declaration::{Declaration, Refusal, RefusalReason},
@@ -175,11 +175,11 @@ impl ProbeSupervisor {
 
     /// Brings probes and listeners in line with the containers running now and what their pods
     /// declared.
-    pub fn reconcile(&mut self, tracker: &Mutex<NodeTracker>) {
+    pub fn reconcile(&mut self, model: &NodeSnapshot) {
         if let Err(err) = self.sources.refresh_node_addresses() {
             log::warn!("cannot read the node's addresses (probe listeners keep the last ones): {err}");
         }
-        let running = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).running_containers();
+        let running = model.running_containers();
         let mut seen = Vec::new();
         for container in running {
             let sources = DeclarationSources::of(&container, self.pod_port);
@@ -233,7 +233,7 @@ impl ProbeSupervisor {
         // Containers that stopped running keep their probe (it answers "gone") until their unit
         // expires from the tracker; then everything about them goes.
         let known: Vec<ProbeTarget> = self.running.keys().cloned().collect();
-        let units = tracker.lock().unwrap_or_else(|poison| poison.into_inner()).unit_targets();
+        let units = model.unit_targets();
         for target in known {
             if !seen.contains(&target)
                 && !units.contains(&(target.namespace.clone(), target.pod.clone(), target.container.clone()))
@@ -356,7 +356,7 @@ impl ProbeSupervisor {
     /// requests.
     pub async fn run(
         self,
-        tracker: Arc<Mutex<NodeTracker>>,
+        snapshots: watch::Receiver<Arc<NodeSnapshot>>,
         period: Duration,
         wanted: Arc<tokio::sync::Notify>,
         heartbeats: Arc<Heartbeats>,
@@ -376,9 +376,9 @@ impl ProbeSupervisor {
                 _ = shutdown.changed() => return,
             }
             last_pass = Instant::now();
-            let tracker = Arc::clone(&tracker);
+            let snapshot = snapshots.borrow().clone();
             let pass = tokio::task::spawn_blocking(move || {
-                supervisor.reconcile(&tracker);
+                supervisor.reconcile(&snapshot);
                 supervisor
             });
             supervisor = match pass.await {

@@ -6,11 +6,14 @@
 //! [`MAX_STOPS_PER_POD`] per pod (a crash-looping or churning pod cannot push every other pod's
 //! history out). What goes is counted (`lifecycle_state_dropped_total{kind="history"}`).
 
-use std::collections::{HashMap, VecDeque};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+};
 
 use serde::Serialize;
 
-use super::{bounds::DroppedKind, DroppedCounts, NodeTracker};
+use super::{bounds::DroppedKind, DroppedCounts, NodeSnapshot};
 use crate::{spec::StopCause, termination::TerminationReport};
 
 /// Stops kept on the node.
@@ -53,9 +56,11 @@ impl PastStop {
 }
 
 /// The stops kept, oldest first.
-#[derive(Debug, Default)]
+/// Cloned for a snapshot when a stop is kept after one was published (`shared.rs`): each stop
+/// is shared, so that copies pointers, not reports.
+#[derive(Clone, Debug, Default)]
 pub struct History {
-    stops: VecDeque<PastStop>,
+    stops: VecDeque<Arc<PastStop>>,
     bytes: usize,
     per_pod: HashMap<String, usize>,
     next_seq: u64,
@@ -75,7 +80,7 @@ impl History {
         }
         self.bytes += stop.estimated_bytes();
         *self.per_pod.entry(uid).or_default() += 1;
-        self.stops.push_back(stop);
+        self.stops.push_back(Arc::new(stop));
         while self.stops.len() > MAX_STOPS || self.bytes > MAX_BYTES {
             self.remove(0);
             dropped.add(DroppedKind::History, 1);
@@ -101,7 +106,7 @@ impl History {
             .rev()
             .find(|s| s.uid == uid && s.container == container && s.last_termination.exit_time == exit_time)
         {
-            stop.last_termination.cause = Some(cause);
+            Arc::make_mut(stop).last_termination.cause = Some(cause);
         }
     }
 
@@ -120,6 +125,7 @@ impl History {
             .rev()
             .find(|s| s.uid == uid && s.container == container && s.last_termination.exit_time == exit_time)
         {
+            let stop = Arc::make_mut(stop);
             let before = stop.estimated_bytes();
             change(&mut stop.last_termination);
             self.bytes = (self.bytes + stop.estimated_bytes()).saturating_sub(before);
@@ -129,12 +135,17 @@ impl History {
     /// The stops of pod `pod` in `namespace` (any uid: a pod recreated under the same name
     /// too), newest first.
     pub fn of_pod(&self, namespace: &str, pod: &str) -> Vec<PastStop> {
-        self.stops.iter().rev().filter(|s| s.namespace == namespace && s.pod == pod).cloned().collect()
+        self.stops
+            .iter()
+            .rev()
+            .filter(|s| s.namespace == namespace && s.pod == pod)
+            .map(|s| PastStop::clone(s))
+            .collect()
     }
 
     /// The last `limit` stops of the node, newest first.
     pub fn recent(&self, limit: usize) -> Vec<PastStop> {
-        self.stops.iter().rev().take(limit).cloned().collect()
+        self.stops.iter().rev().take(limit).map(|s| PastStop::clone(s)).collect()
     }
 
     /// Stops with `seq >= from` whose exit is at least `settle_ns` before `now` or whose cause
@@ -148,7 +159,7 @@ impl History {
                     || now.saturating_sub(s.last_termination.exit_time) >= settle_ns
             })
             .take(limit)
-            .cloned()
+            .map(|s| PastStop::clone(s))
             .collect()
     }
 
@@ -160,7 +171,7 @@ impl History {
 }
 
 /// The node's history, as its readers (the API, `explain`, the verdict log) ask for it.
-impl NodeTracker {
+impl NodeSnapshot {
     /// The stops kept of pod `pod` in `namespace`, newest first (its containers may be gone).
     pub fn history_of_pod(&self, namespace: &str, pod: &str) -> Vec<PastStop> {
         self.history.of_pod(namespace, pod)

@@ -41,8 +41,14 @@ pub(super) struct InitExit {
 
 #[derive(Clone, Debug)]
 pub(super) enum InstanceKind {
-    Container { container_id: String, pod_uid: String },
-    Host { path: String },
+    /// The pod uid is shared with the snapshots that list the pods with a process.
+    Container {
+        container_id: String,
+        pod_uid: std::sync::Arc<str>,
+    },
+    Host {
+        path: String,
+    },
 }
 
 #[derive(Clone, Debug)]

@@ -27,7 +27,9 @@ mod outcome;
 mod phase;
 mod pods;
 mod resync;
+mod shared;
 mod sidecar;
+mod snapshot;
 // Tests apply events for their effect on the state they then examine; most have no use for
 // the outcome, and those about it read it.
 #[cfg(test)]
@@ -47,7 +49,7 @@ use crate::{
     event::{Detail, Event},
     identity::{classify, CgroupIdentity},
     metadata::ContainerMeta,
-    spec::{PodFacts, StopCause},
+    spec::StopCause,
     termination::{ProcessAtStop, Retention, SignalSender},
 };
 
@@ -58,6 +60,7 @@ pub use instance::SeedProcess;
 use instance::{ExecFacts, Instance, InstanceKind, ProcessEntry};
 pub use outcome::{Ended, Outcome};
 pub use phase::{PodConditions, PodPhase, PodView};
+pub use snapshot::NodeSnapshot;
 pub use unit::{Judgement, PortStats, Unit, UnitCounters, UnitKey, UnitLabels, MAX_PORTS_PER_UNIT};
 pub use view::{ContainerView, RunningContainer};
 pub use warning::{PodWarning, WarningReason};
@@ -123,7 +126,7 @@ pub struct NodeTracker {
     cgroups: HashMap<u64, String>,
     processes: HashMap<u32, ProcessEntry>,
     instances: HashMap<u64, Instance>,
-    units: BTreeMap<UnitKey, Unit>,
+    units: shared::Units,
     metadata: HashMap<String, ContainerMeta>,
     /// What the public call in progress changed, handed back when it returns (`outcome.rs`):
     /// empty between calls.
@@ -133,9 +136,9 @@ pub struct NodeTracker {
     /// The runtime answered the last time it was asked (see `naming.rs`).
     runtime_reachable: bool,
     /// Pods from the API by uid (see `pods.rs`).
-    pods: HashMap<String, PodFacts>,
+    pods: shared::Pods,
     /// Judged stops, kept after their containers and pods are gone (`history.rs`).
-    history: history::History,
+    history: std::sync::Arc<history::History>,
     /// Deleted pods kept past their object's removal, oldest first (`pods.rs`, `pod_gone`).
     pods_gone: std::collections::VecDeque<(u64, String)>,
     /// When the last scan of cgroupfs and /proc (start-up, or a rescan) was made: instances it
@@ -160,14 +163,14 @@ impl NodeTracker {
             cgroups: HashMap::new(),
             processes: HashMap::new(),
             instances: HashMap::new(),
-            units: BTreeMap::new(),
+            units: shared::Units::default(),
             metadata: HashMap::new(),
             staged: Outcome::default(),
             dropped: DroppedCounts::default(),
             runtime_reachable,
-            pods: HashMap::new(),
+            pods: shared::Pods::default(),
             pods_gone: std::collections::VecDeque::new(),
-            history: history::History::default(),
+            history: Default::default(),
             watching_since: 0,
             kill_notices: BTreeMap::new(),
             evicted_by_kubelet: HashMap::new(),
@@ -420,8 +423,9 @@ impl NodeTracker {
         let live: HashSet<UnitKey> =
             self.instances.values().filter(|i| i.exit.is_none()).filter_map(|i| i.unit.clone()).collect();
         self.units.retain(|key, unit| live.contains(key) || now.saturating_sub(unit.last_change_ns) < retention_ns);
-        for unit in self.units.values_mut() {
-            unit.tcp.retain(|_, port| port.listeners > 0 || now.saturating_sub(port.last_change_ns) < retention_ns);
+        let stale = |port: &PortStats| port.listeners == 0 && now.saturating_sub(port.last_change_ns) >= retention_ns;
+        for unit in self.units.changing(|unit| unit.tcp.values().any(stale)) {
+            unit.tcp.retain(|_, port| !stale(port));
         }
         // Churn (cgroups created and removed by the thousand) must not grow memory and series
         // for the whole retention: past the cap, the departed units that changed longest ago go.
@@ -490,7 +494,8 @@ impl NodeTracker {
         self.cgroups.insert(id, path.to_owned());
         match classify(path) {
             Ok(CgroupIdentity::Container { pod_uid, container_id, .. }) => {
-                self.instances.insert(id, Instance::new(InstanceKind::Container { container_id, pod_uid }, time));
+                self.instances
+                    .insert(id, Instance::new(InstanceKind::Container { container_id, pod_uid: pod_uid.into() }, time));
                 self.link(id);
             }
             // Host cgroups become units when a process runs in them; the rest hold no container.

@@ -81,7 +81,8 @@ impl NodeTracker {
         report.oom_limit = Some(limit.clone());
         let exit_time = report.exit_time;
         let (uid, container) = (unit.labels.uid.clone(), unit.labels.container.clone());
-        self.history.amend(&uid, &container, exit_time, |stop| stop.oom_limit = Some(limit));
+        std::sync::Arc::make_mut(&mut self.history)
+            .amend(&uid, &container, exit_time, |stop| stop.oom_limit = Some(limit));
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{instance::InstanceKind, NodeTracker, UnitKey};
+use super::{NodeSnapshot, UnitKey};
 use crate::{container_state::ContainerState, spec::ReportedPodStatus};
 
 /// `PodPhase` values.
@@ -76,20 +76,16 @@ fn phase(parts: &[Part]) -> PodPhase {
     }
 }
 
-impl NodeTracker {
+impl NodeSnapshot {
     /// Whether any cgroup of the pod (its sandbox's included) has a live init.
     fn pod_has_process(&self, uid: &str) -> bool {
-        self.instances.values().any(|i| {
-            matches!(&i.kind, InstanceKind::Container { pod_uid, .. } if pod_uid == uid)
-                && i.init.is_some()
-                && i.exit.is_none()
-        })
+        self.pods_with_process.binary_search_by(|pod| (**pod).cmp(uid)).is_ok()
     }
 
     /// Every Kubernetes pod with a unit, with its phase at `now`.
     pub fn pods(&self, now: u64) -> Vec<PodView> {
         let mut pods: BTreeMap<&str, (PodView, Vec<Part>)> = BTreeMap::new();
-        for unit in self.units.values() {
+        for unit in self.units() {
             let UnitKey::Container { pod_uid, .. } = &unit.key else { continue };
             let entry = pods.entry(pod_uid.as_str()).or_insert_with(|| {
                 let view = PodView {

@@ -120,7 +120,12 @@ impl NodeTracker {
                 if let Some(unit) = self.units.get_mut(&key) {
                     if name_a_recent_unknown_stop(unit, cause, now) {
                         let exit_time = unit.last_termination.as_ref().map(|r| r.exit_time).unwrap_or_default();
-                        self.history.name_cause(&unit.labels.uid, &unit.labels.container, exit_time, cause);
+                        std::sync::Arc::make_mut(&mut self.history).name_cause(
+                            &unit.labels.uid,
+                            &unit.labels.container,
+                            exit_time,
+                            cause,
+                        );
                     }
                 }
             }
@@ -233,7 +238,12 @@ impl NodeTracker {
         if let Some(unit) = self.units.get_mut(&unit_key) {
             if name_a_recent_unknown_stop(unit, notice.cause, now) {
                 let exit_time = unit.last_termination.as_ref().map(|r| r.exit_time).unwrap_or_default();
-                self.history.name_cause(&notice.pod_uid, &notice.container, exit_time, notice.cause);
+                std::sync::Arc::make_mut(&mut self.history).name_cause(
+                    &notice.pod_uid,
+                    &notice.container,
+                    exit_time,
+                    notice.cause,
+                );
                 return;
             }
         }
@@ -416,7 +426,7 @@ impl NodeTracker {
             // Judged at most LATE_NOTICE_NS after the exit that fired the rule.
             if after_the_exit && name_a_recent_unknown_stop(unit, StopCause::RestartAllContainers, exit_time) {
                 let exit_time = unit.last_termination.as_ref().map(|r| r.exit_time).unwrap_or_default();
-                self.history.name_cause(
+                std::sync::Arc::make_mut(&mut self.history).name_cause(
                     &unit.labels.uid,
                     &unit.labels.container,
                     exit_time,

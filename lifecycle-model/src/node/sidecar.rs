@@ -3,18 +3,18 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{NodeTracker, Unit, UnitKey};
+use super::{NodeSnapshot, NodeTracker, Unit, UnitKey};
 use crate::{
     container_state::ContainerState,
     termination::{sidecar_order, SidecarOrder},
 };
 
-impl NodeTracker {
+impl NodeSnapshot {
     /// Sidecar stop order for every pod with a terminated sidecar: sidecars in the order they
     /// started (their definition order), main containers after, as `sidecar_order` expects.
     pub(super) fn sidecar_orders(&self) -> HashMap<(String, String), SidecarOrder> {
         let mut pods: BTreeMap<&str, Vec<&Unit>> = BTreeMap::new();
-        for unit in self.units.values() {
+        for unit in self.units() {
             if let UnitKey::Container { pod_uid, .. } = &unit.key {
                 pods.entry(pod_uid.as_str()).or_default().push(unit);
             }
@@ -35,7 +35,9 @@ impl NodeTracker {
         }
         out
     }
+}
 
+impl NodeTracker {
     /// Without the pod spec, marks init containers running beside a main container of their pod as sidecars.
     pub(super) fn recognise_sidecars(&mut self, pod_uid: &str) {
         // With the pod spec, sidecars are what it declares (set when it is applied).
@@ -48,10 +50,8 @@ impl NodeTracker {
         if !main_running {
             return;
         }
-        for unit in self.units.values_mut() {
-            if in_pod(unit) && unit.init_container && running(unit) {
-                unit.sidecar = true;
-            }
+        for unit in self.units.changing(|u| in_pod(u) && u.init_container && running(u) && !u.sidecar) {
+            unit.sidecar = true;
         }
     }
 }

@@ -265,12 +265,12 @@ impl NodeTracker {
                     // Keyed by the full id (unique); labelled with the short one, as crictl shows it.
                     let short: String = container_id.chars().take(12).collect();
                     (
-                        UnitKey::Container { pod_uid: pod_uid.clone(), container: container_id.clone() },
+                        UnitKey::Container { pod_uid: pod_uid.to_string(), container: container_id.clone() },
                         UnitLabels {
                             namespace: String::new(),
                             pod: String::new(),
                             container: short,
-                            uid: pod_uid.clone(),
+                            uid: pod_uid.to_string(),
                         },
                         None,
                     )
@@ -285,7 +285,7 @@ impl NodeTracker {
         let settings = self.settings_for(&key, meta.as_ref());
         let sidecar_in_spec = self.spec_of(&key).map(|(_, c)| c.kind == ContainerKind::Sidecar);
         let (backoff_policy, tolerance) = (self.config.backoff, self.config.tolerance);
-        let unit = self.units.entry(key.clone()).or_insert_with(|| Unit {
+        let unit = self.units.get_or_insert_with(&key, || Unit {
             key: key.clone(),
             labels: labels.clone(),
             status: match &key {
@@ -460,7 +460,7 @@ impl NodeTracker {
                 restart_count: unit.status.restart_count(),
                 last_termination: report.clone(),
             };
-            self.history.record(stop, &mut self.dropped);
+            std::sync::Arc::make_mut(&mut self.history).record(stop, &mut self.dropped);
         }
         unit.last_termination = Some(report);
         unit.last_change_ns = exit.time;

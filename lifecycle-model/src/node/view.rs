@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{instance::InstanceKind, Disagreement, NodeTracker, PortStats, Unit, UnitLabels};
+use super::{Disagreement, NodeSnapshot, NodeTracker, PortStats, Unit, UnitLabels};
 use crate::{
     backoff::Observation,
     container_state::ContainerStatusSnapshot,
@@ -54,10 +54,12 @@ impl NodeTracker {
     pub fn units(&self) -> impl Iterator<Item = &Unit> {
         self.units.values()
     }
+}
 
+impl NodeSnapshot {
     /// The API view of every unit at `now`.
     pub fn containers(&self, now: u64) -> Vec<ContainerView> {
-        let mut views: Vec<ContainerView> = self.units.values().map(|unit| self.view(unit, now)).collect();
+        let mut views: Vec<ContainerView> = self.units().map(|unit| self.view(unit, now)).collect();
         let orders = self.sidecar_orders();
         for view in &mut views {
             if view.sidecar {
@@ -88,14 +90,12 @@ impl NodeTracker {
     /// Kubernetes containers running now, with their main process and their pod's probe
     /// declaration.
     pub fn running_containers(&self) -> Vec<RunningContainer> {
-        self.instances
-            .values()
-            .filter(|i| matches!(i.kind, InstanceKind::Container { .. }) && i.exit.is_none())
-            .filter_map(|i| {
-                let unit = self.units.get(i.unit.as_ref()?)?;
+        self.units
+            .iter()
+            .filter_map(|(unit, main_pid)| {
                 Some(RunningContainer {
                     labels: unit.labels.clone(),
-                    main_pid: i.init?.tgid,
+                    main_pid: (*main_pid)?,
                     probe_declaration: unit.probe_declaration.clone(),
                     spec_probes: self
                         .pods
@@ -111,9 +111,6 @@ impl NodeTracker {
 
     /// (namespace, pod, container) of every unit still tracked.
     pub fn unit_targets(&self) -> Vec<(String, String, String)> {
-        self.units
-            .values()
-            .map(|u| (u.labels.namespace.clone(), u.labels.pod.clone(), u.labels.container.clone()))
-            .collect()
+        self.units().map(|u| (u.labels.namespace.clone(), u.labels.pod.clone(), u.labels.container.clone())).collect()
     }
 }

@@ -64,10 +64,7 @@ impl NodeTracker {
     /// Kubernetes objects the agent can point at yet).
     pub fn take_warnings(&mut self) -> Vec<PodWarning> {
         let mut out = Vec::new();
-        for unit in self.units.values_mut() {
-            if unit.pending_warnings.is_empty() {
-                continue;
-            }
+        for unit in self.units.changing(|unit| !unit.pending_warnings.is_empty()) {
             let pending = std::mem::take(&mut unit.pending_warnings);
             let UnitKey::Container { pod_uid, .. } = &unit.key else { continue };
             if unit.labels.pod.is_empty() {

@@ -45,6 +45,7 @@ fn app_exits_then_helper_stopped(tracker: &mut NodeTracker, (app, helper): (u64,
 
 fn cause_of(tracker: &NodeTracker, container: &str, now: u64) -> Option<crate::spec::StopCause> {
     tracker
+        .snapshot()
         .containers(now)
         .into_iter()
         .find(|v| v.labels.container == container)

@@ -1,0 +1,221 @@
+//! The owner's routing and its queue, driven by hand on the test's thread where the agent runs
+//! it on the ring reader's.
+
+use std::collections::HashMap;
+
+use futures::FutureExt as _;
+use lifecycle_common::CgroupCounters;
+
+use super::*;
+use crate::{
+    discovery::cgroupfs::CgroupRoot,
+    export::units::KernelCounters,
+    model::{
+        event::{CgroupDetail, Detail, Event, SignalResult},
+        metadata::{ContainerMeta, ContainerState, KubeletAnnotations},
+        node::{TrackerConfig, Unit},
+    },
+};
+
+use crate::model::time::SECOND;
+const CGROUP: u64 = 4242;
+const POD_UID: &str = "00000000-0000-0000-0000-000000000001";
+
+struct NoKernel;
+
+impl KernelCounters for NoKernel {
+    fn read_all(&self, _: &mut HashMap<u64, CgroupCounters>) {}
+}
+
+fn container_id() -> String {
+    "ab".repeat(32)
+}
+
+fn event(time_ns: u64, tgid: u32, cgroup_id: u64, detail: Detail) -> Event {
+    Event { time_ns, pid: tgid, tgid, cgroup_id, detail }
+}
+
+fn meta() -> ContainerMeta {
+    ContainerMeta {
+        container_id: container_id(),
+        pod_sandbox_id: "sandbox".into(),
+        pod_name: "web-1".into(),
+        pod_namespace: "shop".into(),
+        pod_uid: POD_UID.into(),
+        container_name: "app".into(),
+        attempt: 0,
+        kubelet: KubeletAnnotations { termination_grace_period_ns: Some(30 * SECOND), ..Default::default() },
+        probe_declaration: None,
+        state: ContainerState::Running,
+        exit_code: None,
+        reason: None,
+        message: None,
+        created_ns: 0,
+        started_ns: None,
+        finished_ns: None,
+    }
+}
+
+/// An owner with the routes the agent gives it, and the pieces a test looks at.
+fn owned() -> (Owner, ModelHandle, Arc<UnitMetrics>, Arc<Notify>) {
+    let tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
+    let snapshots = snapshots_of(&tracker);
+    let units = Arc::new(UnitMetrics::new(
+        snapshots.subscribe(),
+        Arc::new(NoKernel),
+        Box::new(|| 10 * SECOND),
+        Box::new(|| 0.0),
+    ));
+    let wanted = Arc::new(Notify::new());
+    let routes = Routes {
+        units: units.clone(),
+        metadata_wanted: wanted.clone(),
+        root: CgroupRoot::at("/nonexistent-cgroupfs-for-a-test"),
+        repairs: IntCounterVec::new(prometheus::Opts::new("repairs", "test"), &["kind"]).expect("counter"),
+        kernel_log: false,
+    };
+    let (owner, handle) = own(tracker, snapshots, routes).expect("eventfd");
+    (owner, handle, units, wanted)
+}
+
+fn duration_count(units: &UnitMetrics) -> Option<String> {
+    let mut text = String::new();
+    units.render(&mut text);
+    text.lines().find(|l| l.starts_with("lifecycle_termination_duration_seconds_count{")).map(str::to_owned)
+}
+
+/// The published state of the one container.
+fn published_state(handle: &ModelHandle) -> Option<String> {
+    let snapshot = handle.snapshots().borrow().clone();
+    let state = snapshot.units().next().map(|unit: &Unit| format!("{:?}", unit.state()));
+    state
+}
+
+fn exec() -> Detail {
+    Detail::Exec {
+        parent_tgid: 1,
+        parent_cgroup_id: 1,
+        namespace_init: true,
+        child_pid_namespace: true,
+        start_time_ns: 2 * SECOND,
+        comm: "app".into(),
+    }
+}
+
+/// A running container `app` of shop/web-1, published.
+fn running_container(owner: &mut Owner, wanted: &Notify) {
+    let path = format!("/kubepods/burstable/pod{POD_UID}/{}", container_id());
+    let mkdir = Detail::CgroupMkdir(CgroupDetail { id: CGROUP, path, truncated: false });
+    owner.change(|tracker| tracker.apply(&event(SECOND, 1, 1, mkdir)));
+    // A container the runtime has not named yet: the runtime is asked at once.
+    assert!(wanted.notified().now_or_never().is_some(), "MetadataNeeded woke the runtime link");
+    owner.change(|tracker| tracker.set_metadata(vec![meta()]));
+    owner.change(|tracker| tracker.apply(&event(2 * SECOND, 100, CGROUP, exec())));
+    assert_eq!(owner.publish(true), None);
+}
+
+#[test]
+fn judgements_reach_the_distributions_before_the_snapshot_that_shows_the_stop() {
+    let (mut owner, handle, units, wanted) = owned();
+    running_container(&mut owner, &wanted);
+    let term = Detail::Signal {
+        signal: 15,
+        result: SignalResult::Delivered,
+        group: true,
+        target_pid: 100,
+        target_tgid: 100,
+        target_cgroup_id: CGROUP,
+        sender_comm: "containerd-shim".into(),
+        target_comm: "app".into(),
+    };
+    owner.change(|tracker| tracker.apply(&event(3 * SECOND, 7, 7, term)));
+    assert_eq!(duration_count(&units), None, "nothing judged yet");
+    let exit = Detail::Exit {
+        exit_status: Some(0),
+        signal: None,
+        core_dumped: false,
+        group_dead: true,
+        parent_tgid: 1,
+        start_time_ns: 2 * SECOND,
+        cpu_time_ns: 1,
+        comm: "app".into(),
+    };
+    let ended = owner.change(|tracker| tracker.apply(&event(4 * SECOND, 100, CGROUP, exit)));
+    assert_eq!(ended.len(), 1, "the exit ended the container");
+    let count = duration_count(&units).expect("the stop is in the distributions");
+    assert!(count.contains("namespace=\"shop\"") && count.ends_with(" 1"), "{count}");
+    let running = published_state(&handle).expect("published");
+    assert!(running.starts_with("Running"), "not published yet: readers still see {running}");
+    assert_eq!(owner.publish(true), None);
+    let terminated = published_state(&handle).expect("published");
+    assert!(terminated.starts_with("Terminated"), "{terminated}");
+    // A scrape reads; it takes nothing from the model (a second one says the same).
+    assert_eq!(duration_count(&units), Some(count));
+}
+
+#[test]
+fn a_pass_that_only_counted_publishes_within_the_counting_interval_and_a_state_change_at_once() {
+    let (mut owner, handle, _, wanted) = owned();
+    running_container(&mut owner, &wanted);
+    let published = || handle.snapshots().borrow().clone();
+    let before = published();
+    owner.change(|tracker| tracker.apply(&event(3 * SECOND, 101, CGROUP, exec())));
+    let due = owner.publish(false).expect("a publish is pending");
+    assert!(due <= COUNTING_PUBLISH_EVERY, "{due:?}");
+    assert!(Arc::ptr_eq(&published(), &before), "not published within the interval");
+    assert_eq!(owner.publish(true), None);
+    assert!(!Arc::ptr_eq(&published(), &before), "published");
+    assert_eq!(owner.publish(false), None, "nothing left to publish");
+}
+
+#[test]
+fn rescans_are_at_most_one_a_second() {
+    let (mut owner, ..) = owned();
+    assert!(owner.rescan_due());
+    assert!(!owner.rescan_due(), "a second notice within the second waits");
+}
+
+#[test]
+fn a_loops_change_is_run_by_the_owner_and_answered_once_its_snapshot_is_published() {
+    let (mut owner, handle, _, wanted) = owned();
+    running_container(&mut owner, &wanted);
+    let mut answer = Box::pin(handle.update_with(|tracker| {
+        let outcome = tracker.set_runtime_reachable(false);
+        (tracker.units().count(), outcome)
+    }));
+    assert!((&mut answer).now_or_never().is_none(), "queued: the owner has not run it");
+    assert!(owner.run_changes(), "the owner ran it");
+    assert!((&mut answer).now_or_never().is_none(), "run, but its snapshot is not published yet");
+    assert_eq!(owner.publish(false), None, "a pass that ran a change publishes at once");
+    assert_eq!(answer.now_or_never(), Some(Some(1)));
+}
+
+#[test]
+fn a_burst_of_changes_is_run_a_pass_at_a_time_and_the_owner_is_woken_for_the_rest() {
+    let (mut owner, handle, ..) = owned();
+    let burst = CHANGES_PER_PASS + 6;
+    let mut senders: Vec<_> =
+        (0..burst).map(|_| Box::pin(handle.update(|tracker| tracker.set_runtime_reachable(true)))).collect();
+    for sender in &mut senders {
+        assert!(sender.as_mut().now_or_never().is_none(), "queued");
+    }
+    let woken = |owner: &Owner| {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let fd = owner.wake_fd();
+        let mut fds = [PollFd::new(&*fd, PollFlags::IN)];
+        poll(&mut fds, Some(&Timespec { tv_sec: 0, tv_nsec: 0 })).expect("poll") == 1
+    };
+    assert!(woken(&owner), "the first change woke the owner");
+    owner.clear_wake();
+    assert!(!woken(&owner));
+    assert!(owner.run_changes());
+    assert!(woken(&owner), "changes are left: the next poll returns at once");
+    owner.clear_wake();
+    assert!(owner.run_changes());
+    assert!(!woken(&owner), "the queue is empty");
+    assert!(!owner.run_changes());
+    owner.publish(false);
+    for sender in senders {
+        assert_eq!(sender.now_or_never(), Some(()), "every sender saw its change published");
+    }
+}
