@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use lifecycle_agent::model::metadata::keys;
+use lifecycle_agent::{export::families, model::metadata::keys};
 use lifecycle_testkit::{
     agent::{free_port, Agent},
     containerd::{start_or_skip, KubeletAnnotations, Pod},
@@ -226,6 +226,17 @@ fn probes_answer_from_kernel_state_and_exec_sessions_are_costed() {
     assert!(c["exec_session_cpu_seconds"].as_f64().is_some_and(|s| s >= 0.0));
     let metrics = agent.metrics();
     assert_eq!(metric_line(&metrics, "lifecycle_exec_probe_processes_total", &pod, ""), Some(2.0));
+    // Every family served (probes and containers tracked) is one the list names, which
+    // docs/metrics.md documents.
+    for served in metrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let (name, kind) = served.split_once(' ').expect("name and type");
+        let listed = families::all().find(|f| f.name == name);
+        assert_eq!(
+            listed.map(|f| f.kind.as_str()),
+            Some(kind),
+            "{name} served as {kind}: not as export/families.rs lists it"
+        );
+    }
 
     // Stopping the container flips the probes from the kernel's exit event.
     h.stop_container(&id, 5).expect("stop");

@@ -16,6 +16,7 @@
 //! refused at once, without asking anyone. When the API cannot answer, the gate fails closed
 //! (503), and no answer is cached.
 
+use crate::export::{families::AgentFamily, metrics::vec_of};
 use std::{
     collections::{hash_map::RandomState, HashMap},
     future::Future,
@@ -25,13 +26,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use prometheus::{IntCounterVec, Opts, Registry};
+use prometheus::{IntCounterVec, Registry};
 use tokio::sync::Semaphore;
 
-use crate::{
-    discovery::kube::review::{Access, AccessRequest},
-    export::metrics::NAMESPACE,
-};
+use crate::discovery::kube::review::{Access, AccessRequest};
 
 /// How long an allowed (token, access) is trusted without asking again (a revoked binding or token
 /// takes at most this long to bite; kube-rbac-proxy's default is 5 minutes).
@@ -141,14 +139,7 @@ impl ApiGate {
     /// A gate asking `reviewer` (None fails every request closed), counting reviews in
     /// `lifecycle_api_auth_reviews_total{result}` when a registry is given.
     pub fn new(reviewer: Option<Box<dyn Reviewer>>, registry: Option<&Registry>) -> Result<Self, prometheus::Error> {
-        let reviews = IntCounterVec::new(
-            Opts::new(
-                "api_auth_reviews_total",
-                "Token and access reviews the API server answered for requests to /api/* (--api-auth kubernetes), by result: allowed, denied, unauthenticated, error. Cached answers are not counted.",
-            )
-            .namespace(NAMESPACE),
-            &["result"],
-        )?;
+        let reviews = vec_of(AgentFamily::ApiAuthReviews, IntCounterVec::new)?;
         for result in ["allowed", "denied", "unauthenticated", "error"] {
             reviews.with_label_values(&[result]).inc_by(0);
         }

@@ -2,6 +2,7 @@
 //! Pod with kube's event recorder, which folds repeats into one Event series, and rate limited
 //! per pod so a crash-looping pod cannot flood the API server.
 
+use crate::export::{families::AgentFamily, metrics::vec_of};
 use std::{
     collections::HashMap,
     sync::Arc,
@@ -10,12 +11,11 @@ use std::{
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use prometheus::{IntCounterVec, Opts, Registry};
+use prometheus::{IntCounterVec, Registry};
 use tokio::sync::watch;
 
 use crate::{
     discovery::kube::watch::KubeSource,
-    export::metrics::NAMESPACE,
     model::node::{Outcome, PodWarning, WarningReason},
     probe::metrics::ProbeMetrics,
     ErrorChain,
@@ -54,11 +54,7 @@ impl RateLimit {
 
 /// `lifecycle_kubernetes_events_total{result}`: published, rate_limited, failed.
 pub(super) fn register(registry: &Registry) -> Result<IntCounterVec, prometheus::Error> {
-    let events = IntCounterVec::new(
-        Opts::new("kubernetes_events_total", "Warnings about pods sent as Kubernetes Events, by result.")
-            .namespace(NAMESPACE),
-        &["result"],
-    )?;
+    let events = vec_of(AgentFamily::KubernetesEvents, IntCounterVec::new)?;
     registry.register(Box::new(events.clone()))?;
     Ok(events)
 }

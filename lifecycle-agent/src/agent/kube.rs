@@ -3,10 +3,11 @@
 //! API (one line); an API that does not answer, at start or later, is retried with back-off
 //! while the tracker marks verdicts made meanwhile as lacking the spec.
 
+use crate::export::families::AgentFamily;
 use std::{collections::HashSet, path::PathBuf, sync::Arc};
 
 use futures::StreamExt as _;
-use prometheus::{IntCounter, IntGauge, Opts, Registry};
+use prometheus::{IntCounter, IntGauge, Registry};
 use tokio::sync::watch;
 
 use super::owner::ModelHandle;
@@ -16,7 +17,6 @@ use crate::{
         convert::pod_facts,
         watch::{KubeError, KubeSource, PodChange},
     },
-    export::metrics::NAMESPACE,
     model::{node::Outcome, spec::KillNotice},
     ErrorChain,
 };
@@ -61,14 +61,8 @@ pub(super) struct KubeMetrics {
 
 impl KubeMetrics {
     pub(super) fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
-        let up = IntGauge::with_opts(
-            Opts::new("kubernetes_api_up", "1 while the watch of this node's pods works, 0 while it retries.")
-                .namespace(NAMESPACE),
-        )?;
-        let errors = IntCounter::with_opts(
-            Opts::new("kubernetes_api_watch_errors_total", "Failures of the pod and event watches (each is retried).")
-                .namespace(NAMESPACE),
-        )?;
+        let up = IntGauge::with_opts(AgentFamily::KubernetesUp.family().opts())?;
+        let errors = IntCounter::with_opts(AgentFamily::KubernetesWatchErrors.family().opts())?;
         registry.register(Box::new(up.clone()))?;
         registry.register(Box::new(errors.clone()))?;
         Ok(Self { up, errors })

@@ -20,9 +20,10 @@ use health::Heartbeats;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use lifecycle_common::{CgroupCounters, KindStats, EVENT_KIND_COUNT};
-use prometheus::{Histogram, HistogramOpts};
+use prometheus::Histogram;
 use tokio::sync::{watch, Notify};
 
+use crate::export::families::AgentFamily;
 use crate::{
     discovery::{
         cgroupfs::{CgroupFsError, CgroupRoot},
@@ -170,12 +171,9 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         agent_counters.clone(),
     )?;
     let latency = Histogram::with_opts(
-        HistogramOpts::new(
-            "event_to_state_seconds",
-            "From the kernel seeing the exit of a container's main process (a host unit's last) to the container state reflecting it.",
-        )
-        .namespace(crate::export::metrics::NAMESPACE)
-        .buckets(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]),
+        AgentFamily::EventToState
+            .family()
+            .histogram_opts(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]),
     )
     .map_err(MetricsError::from)?;
     metrics.registry().register(Box::new(latency.clone())).map_err(MetricsError::from)?;

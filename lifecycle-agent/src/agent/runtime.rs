@@ -175,3 +175,65 @@ pub(super) async fn runtime_loop(
         retry = if up { MIN_RETRY } else { (retry * 2).min(MAX_RETRY) };
     }
 }
+
+// The model's own tests cover what naming means; these check what the link hands it.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{
+        event::{CgroupDetail, Detail, Event},
+        metadata::{ContainerState, KubeletAnnotations},
+        node::TrackerConfig,
+    };
+
+    const POD_UID: &str = "00000000-0000-0000-0000-000000000007";
+
+    /// A tracker waiting for the runtime, with one container cgroup it cannot name yet.
+    fn waiting_for_names() -> NodeTracker {
+        let mut tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
+        let path = format!("/kubepods/besteffort/pod{POD_UID}/{}", "cd".repeat(32));
+        let mkdir = Detail::CgroupMkdir(CgroupDetail { id: 77, path, truncated: false });
+        let outcome = tracker.apply(&Event { time_ns: 1, pid: 1, tgid: 1, cgroup_id: 1, detail: mkdir });
+        assert!(!outcome.notices.is_empty(), "it asks for the runtime's metadata");
+        assert_eq!(tracker.units().count(), 0, "not named yet");
+        tracker
+    }
+
+    #[test]
+    fn a_listing_names_the_containers_waiting_for_it() {
+        let mut tracker = waiting_for_names();
+        let meta = ContainerMeta {
+            container_id: "cd".repeat(32),
+            pod_sandbox_id: "sandbox".into(),
+            pod_name: "web-0".into(),
+            pod_namespace: "shop".into(),
+            pod_uid: POD_UID.into(),
+            container_name: "app".into(),
+            attempt: 0,
+            kubelet: KubeletAnnotations::default(),
+            probe_declaration: None,
+            state: ContainerState::Running,
+            exit_code: None,
+            reason: None,
+            message: None,
+            created_ns: 0,
+            started_ns: None,
+            finished_ns: None,
+        };
+        let answer = Answer::Listed(vec![meta]);
+        assert!(answer.answered());
+        let _ = answer.apply(&mut tracker);
+        let names: Vec<String> = tracker.units().map(|u| u.labels().container.clone()).collect();
+        assert_eq!(names, ["app"]);
+    }
+
+    #[test]
+    fn an_unreachable_runtime_has_the_waiting_containers_named_by_id() {
+        let mut tracker = waiting_for_names();
+        let answer = Answer::Unreachable;
+        assert!(!answer.answered());
+        let _ = answer.apply(&mut tracker);
+        let units: Vec<(String, bool)> = tracker.units().map(|u| (u.labels().uid.clone(), u.named_by_id())).collect();
+        assert_eq!(units, [(POD_UID.to_owned(), true)]);
+    }
+}

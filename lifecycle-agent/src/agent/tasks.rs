@@ -2,6 +2,7 @@
 //! metadata (connect, refresh on demand and on a timer), rescans on notices, repairs after lost
 //! records, and expiry.
 
+use crate::export::{families::AgentFamily, metrics::vec_of};
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use prometheus::IntCounterVec;
@@ -172,17 +173,37 @@ pub(super) async fn resync_loop(
 
 /// `lifecycle_state_repairs_total{kind}`: what [`resync_loop`] repaired.
 pub(super) fn register_repairs(registry: &prometheus::Registry) -> Result<IntCounterVec, prometheus::Error> {
-    let repairs = IntCounterVec::new(
-        prometheus::Opts::new(
-            "state_repairs_total",
-            "State repaired from /proc and cgroupfs after ring records were lost, by kind: exit (a process found gone), cgroup_removed, cgroup_created.",
-        )
-        .namespace(crate::export::metrics::NAMESPACE),
-        &["kind"],
-    )?;
+    let repairs = vec_of(AgentFamily::StateRepairs, IntCounterVec::new)?;
     for kind in ["exit", "cgroup_removed", "cgroup_created"] {
         repairs.with_label_values(&[kind]).inc_by(0);
     }
     registry.register(Box::new(repairs.clone()))?;
     Ok(repairs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::node::TrackerConfig;
+
+    fn process(tgid: u32, ppid: u32, cgroup_id: u64, start_time_ns: u64, comm: &str) -> proc::StartProcess {
+        proc::StartProcess { tgid, ppid, cgroup_id, child_pid_namespace: false, start_time_ns, comm: comm.into() }
+    }
+
+    #[test]
+    fn processes_found_in_proc_seed_the_host_units_they_run_in_once() {
+        let mut tracker = NodeTracker::new(TrackerConfig::default());
+        let _ = tracker.seed_cgroup(50, "/system.slice/nginx.service", 1);
+        // Oldest first, as /proc is read: the first process of the cgroup is its init; its
+        // child (parent in the same cgroup) is not a second unit.
+        let found = [process(500, 1, 50, 10, "nginx"), process(501, 500, 50, 20, "nginx")];
+        let _ = seed_processes(&mut tracker, &found);
+        let units: Vec<String> = tracker.units().map(|u| u.labels().container.clone()).collect();
+        assert_eq!(units, ["/system.slice/nginx.service"]);
+        assert_eq!(tracker.tracked_processes().len(), 2);
+        // A repair finds the same processes again: nothing is added twice.
+        let _ = seed_processes(&mut tracker, &found);
+        assert_eq!(tracker.tracked_processes().len(), 2);
+        assert_eq!(tracker.units().count(), 1);
+    }
 }

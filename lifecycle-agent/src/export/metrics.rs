@@ -9,6 +9,8 @@ use std::sync::{
 use bytes::Bytes;
 
 use lifecycle_common::{EventKind, KindStats, EVENT_KIND_COUNT};
+
+use super::families::AgentFamily;
 use prometheus::{
     core::{Collector, Desc},
     proto::MetricFamily,
@@ -17,6 +19,15 @@ use prometheus::{
 
 /// Metric name prefix.
 pub const NAMESPACE: &str = "lifecycle";
+
+/// A labelled family made with `new` from its entry in `families.rs` (name, help and labels).
+pub fn vec_of<T>(
+    family: AgentFamily,
+    new: impl FnOnce(Opts, &[&str]) -> Result<T, prometheus::Error>,
+) -> Result<T, prometheus::Error> {
+    let family = family.family();
+    new(family.opts(), family.labels)
+}
 
 /// What the exporters read of the kernel's own statistics at scrape time (the sensor's maps, or
 /// a fake in tests).
@@ -48,24 +59,9 @@ pub struct RuntimeMetrics {
 impl RuntimeMetrics {
     /// Registers the three series.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
-        let up = IntGauge::with_opts(
-            Opts::new(
-                "runtime_metadata_up",
-                "1 when the container runtime's CRI socket answered the last refresh, 0 while containers are named by id.",
-            )
-            .namespace(NAMESPACE),
-        )?;
-        let failures = IntCounter::with_opts(
-            Opts::new("runtime_metadata_refresh_failures_total", "Refreshes of runtime metadata that failed.")
-                .namespace(NAMESPACE),
-        )?;
-        let last_success = Gauge::with_opts(
-            Opts::new(
-                "runtime_metadata_last_success_timestamp_seconds",
-                "Unix time of the last refresh the runtime answered (0: never).",
-            )
-            .namespace(NAMESPACE),
-        )?;
+        let up = IntGauge::with_opts(AgentFamily::RuntimeUp.family().opts())?;
+        let failures = IntCounter::with_opts(AgentFamily::RuntimeFailures.family().opts())?;
+        let last_success = Gauge::with_opts(AgentFamily::RuntimeLastSuccess.family().opts())?;
         registry.register(Box::new(up.clone()))?;
         registry.register(Box::new(failures.clone()))?;
         registry.register(Box::new(last_success.clone()))?;
@@ -163,29 +159,17 @@ impl Metrics {
     ) -> Result<Self, MetricsError> {
         let registry = Registry::new();
 
-        let enabled = IntGaugeVec::new(
-            Opts::new(
-                "feature_enabled",
-                "1 when a kernel feature is attached, 0 when it is off (see the agent log for why).",
-            )
-            .namespace(NAMESPACE),
-            &["feature"],
-        )?;
+        let enabled = vec_of(AgentFamily::FeatureEnabled, IntGaugeVec::new)?;
         for state in features {
             enabled.with_label_values(&[state.name]).set(i64::from(state.enabled));
         }
         registry.register(Box::new(enabled))?;
 
-        let build = IntGaugeVec::new(
-            Opts::new("build_info", "Always 1; labels carry the agent version.").namespace(NAMESPACE),
-            &["version"],
-        )?;
+        let build = vec_of(AgentFamily::BuildInfo, IntGaugeVec::new)?;
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         registry.register(Box::new(build))?;
 
-        let ring = IntGauge::with_opts(
-            Opts::new("ring_buffer_bytes", "Size of the kernel event ring buffer.").namespace(NAMESPACE),
-        )?;
+        let ring = IntGauge::with_opts(AgentFamily::RingBufferBytes.family().opts())?;
         ring.set(i64::from(ring_bytes));
         registry.register(Box::new(ring))?;
 
@@ -322,44 +306,13 @@ struct KernelStatsCollector {
 
 impl KernelStatsCollector {
     fn new(maps: Arc<dyn KernelStats>, capacity: u32, agent: Arc<AgentCounters>) -> Result<Self, prometheus::Error> {
-        let submitted = IntCounterVec::new(
-            Opts::new("events_total", "Event records the kernel programs sent to the agent, by kind.")
-                .namespace(NAMESPACE),
-            &["kind"],
-        )?;
-        let lost = IntCounterVec::new(
-            Opts::new("events_lost_total", "Event records lost because the ring buffer was full, by kind. Counters stay exact; only the records are missing.")
-                .namespace(NAMESPACE),
-            &["kind"],
-        )?;
-        let rate_limited = IntCounterVec::new(
-            Opts::new(
-                "events_rate_limited_total",
-                "Event records not sent because the sending cgroup had spent its budget (signals: 200/s, bursts of 2,048), by kind. Counters stay exact.",
-            )
-            .namespace(NAMESPACE),
-            &["kind"],
-        )?;
-        let map_full = IntCounterVec::new(
-            Opts::new(
-                "kernel_map_full_total",
-                "Updates a kernel map refused because it was full, by map and event kind.",
-            )
-            .namespace(NAMESPACE),
-            &["map", "kind"],
-        )?;
-        let decode_errors = IntCounterVec::new(
-            Opts::new("event_decode_errors_total", "Ring records the agent could not decode.").namespace(NAMESPACE),
-            &[],
-        )?;
-        let map_entries = IntGaugeVec::new(
-            Opts::new("kernel_map_entries", "Entries in use in a kernel map.").namespace(NAMESPACE),
-            &["map"],
-        )?;
-        let map_capacity = IntGaugeVec::new(
-            Opts::new("kernel_map_capacity", "Entries a kernel map can hold.").namespace(NAMESPACE),
-            &["map"],
-        )?;
+        let submitted = vec_of(AgentFamily::Events, IntCounterVec::new)?;
+        let lost = vec_of(AgentFamily::EventsLost, IntCounterVec::new)?;
+        let rate_limited = vec_of(AgentFamily::EventsRateLimited, IntCounterVec::new)?;
+        let map_full = vec_of(AgentFamily::KernelMapFull, IntCounterVec::new)?;
+        let decode_errors = vec_of(AgentFamily::EventDecodeErrors, IntCounterVec::new)?;
+        let map_entries = vec_of(AgentFamily::KernelMapEntries, IntGaugeVec::new)?;
+        let map_capacity = vec_of(AgentFamily::KernelMapCapacity, IntGaugeVec::new)?;
         map_capacity.with_label_values(&["cgroup_counters"]).set(i64::from(capacity));
         let descs = [
             &submitted.desc(),

@@ -4,6 +4,7 @@
 
 pub mod explain;
 pub mod explain_html;
+pub mod families;
 pub mod histogram;
 pub mod labels;
 pub mod metrics;

@@ -9,7 +9,8 @@ use std::{borrow::Cow, collections::BTreeMap, fmt::Write as _};
 
 use lifecycle_common::CgroupCounters;
 
-use super::{histogram::Histogram, labels};
+pub(super) use super::families::PerContainer as F;
+use super::{families::PER_CONTAINER, histogram::Histogram, labels};
 use crate::model::{
     container_state::ContainerState,
     node::{PortStats, Unit, UnitCounters, UnitLabels},
@@ -116,46 +117,23 @@ pub(super) struct Family {
 /// The families in exposition order (each must be contiguous in the output).
 pub(super) struct Families(pub(super) Vec<Family>);
 
-macro_rules! families {
-    ($($id:ident: $name:literal, $kind:literal, $help:literal;)*) => {
-        #[derive(Clone, Copy)]
-        #[repr(usize)]
-        pub(super) enum F { $($id),* }
-        pub(super) const FAMILY_COUNT: usize = [$($name),*].len();
-        pub(super) fn new_families() -> Families {
-            Families(vec![$(Family { name: $name, help: $help, kind: $kind, body: String::new() }),*])
-        }
-    };
+/// The per-container families (`families.rs`), each with the text written so far.
+pub(super) fn new_families() -> Families {
+    Families(
+        PER_CONTAINER
+            .iter()
+            .map(|family| Family {
+                name: family.name,
+                help: family.help,
+                kind: family.kind.as_str(),
+                body: String::new(),
+            })
+            .collect(),
+    )
 }
-families! {
-    State: "lifecycle_container_state", "gauge", "1 for the container's current state (waiting, running, terminated), 0 for the others.";
-    Waiting: "lifecycle_container_waiting_reason", "gauge", "1 while the container waits for this reason (ContainerCreating, CrashLoopBackOff).";
-    LastReason: "lifecycle_container_last_terminated_reason", "gauge", "1 for the reason of the container's last termination.";
-    LastCode: "lifecycle_container_last_terminated_exit_code", "gauge", "Exit code of the last termination (128+signal when killed).";
-    LastTime: "lifecycle_container_last_terminated_timestamp_seconds", "gauge", "When the last termination happened, Unix seconds.";
-    Restarts: "lifecycle_container_restarts_total", "counter", "Restarts of the container seen by the agent.";
-    Exits: "lifecycle_container_exits_total", "counter", "Exits of the container's main process by reason, exit code and signal.";
-    Terminations: "lifecycle_terminations_total", "counter", "Container terminations by outcome under the kubelet's rules.";
-    Violations: "lifecycle_grace_period_violations_total", "counter", "Containers SIGKILLed after their grace period.";
-    Disagreements: "lifecycle_status_disagreements_total", "counter", "Times the kubelet's reported container status disagreed with what the kernel saw, by kind.";
-    LastStopSeconds: "lifecycle_container_last_termination_seconds", "gauge", "Stop signal to exit of the container's last termination that had a stop signal.";
-    LastGraceRatio: "lifecycle_container_last_grace_used_ratio", "gauge", "Share of the grace period the last termination within grace used.";
-    Duration: "lifecycle_termination_duration_seconds", "histogram", "Stop signal to exit, per namespace and outcome.";
-    GraceUsed: "lifecycle_termination_grace_used_ratio", "histogram", "Share of the grace period used by exits within grace, per namespace.";
-    Observed: "lifecycle_backoff_observed_seconds", "gauge", "Delay between the last exit and the restart, as observed.";
-    Expected: "lifecycle_backoff_expected_seconds", "gauge", "Delay the kubelet's back-off required for the last restart.";
-    Verdicts: "lifecycle_backoff_verdicts_total", "counter", "Restarts judged against the kubelet's back-off.";
-    Signals: "lifecycle_signals_received_total", "counter", "Signals received by the container's processes, by signal and sender.";
-    Oom: "lifecycle_oom_kills_total", "counter", "OOM kills in the container (kernel OOM events).";
-    Execs: "lifecycle_process_execs_total", "counter", "Program executions in the container (kernel counter).";
-    ProcessExits: "lifecycle_process_exits_total", "counter", "Process exits in the container (kernel counter).";
-    Listeners: "lifecycle_tcp_listeners", "gauge", "Listening TCP sockets of the container by port.";
-    Established: "lifecycle_tcp_connections_established_total", "counter", "Connections that completed the handshake into the container's listener.";
-    Accepts: "lifecycle_tcp_accepts_total", "counter", "Connections the application accepted.";
-    QueueDepth: "lifecycle_tcp_accept_queue_depth", "gauge", "Connections established but not accepted yet (kernel counts).";
-    ExecProcesses: "lifecycle_exec_probe_processes_total", "counter", "Processes the runtime started into the container outside its init's tree (exec probes, hooks, exec sessions).";
-    ExecCpu: "lifecycle_exec_probe_cpu_seconds_total", "counter", "CPU time of those processes.";
-}
+
+/// How many per-container families there are.
+pub(super) const FAMILY_COUNT: usize = PER_CONTAINER.len();
 
 impl Families {
     /// One sample: `name{labels} value`. `suffix` extends the name (histogram parts).

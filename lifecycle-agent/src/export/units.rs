@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use lifecycle_common::CgroupCounters;
 
 use super::{
+    families::AgentFamily,
     histogram::{TerminationHistograms, GRACE_RATIO_BUCKETS, TERMINATION_BUCKETS},
     labels,
     unit_text::{new_families, write_unit, Families, Labels, UnitView, F, FAMILY_COUNT},
@@ -204,12 +205,10 @@ impl UnitMetrics {
 /// `lifecycle_state_dropped_total{kind}`: what the model dropped to stay within its bounds,
 /// every kind from the start (a zero is an answer: nothing was dropped).
 fn write_dropped(out: &mut String, dropped: &DroppedCounts) {
-    let name = "lifecycle_state_dropped_total";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Records the node model dropped to stay within its bounds (docs/security.md), by kind; verdicts never depend on them."
-    );
-    let _ = writeln!(out, "# TYPE {name} counter");
+    let family = AgentFamily::StateDropped.family();
+    let name = family.name;
+    let _ = writeln!(out, "# HELP {name} {}", family.help);
+    let _ = writeln!(out, "# TYPE {name} {}", family.kind.as_str());
     for (kind, count) in dropped.iter() {
         let _ = writeln!(out, "{name}{{kind=\"{}\"}} {count}", kind.as_str());
     }

@@ -8,17 +8,17 @@
 //! check) series; past that, results are not exported and `lifecycle_probe_series_dropped_total`
 //! counts the checks left out. Every other label comes from a fixed set.
 
+use crate::export::{families::AgentFamily, metrics::vec_of};
 use std::{
     collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
 };
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Registry};
 
 use crate::model::node::{PodWarning, WarningReason};
 
 use super::{check::Verdict, declaration::RefusalReason};
-use crate::export::metrics::NAMESPACE;
 
 /// (container, check) series a pod may have; checks past it answer but are not exported.
 pub const MAX_CHECK_SERIES_PER_POD: usize = 32;
@@ -67,15 +67,7 @@ impl ConnectionCounters {
 
 fn connection_family() -> IntCounterVec {
     // A constant, valid name and label set: `new` cannot fail.
-    IntCounterVec::new(
-        Opts::new(
-            "probe_connections_rejected_total",
-            "Connections to pod probe listeners closed without an answer, by reason: source (address not allowed), busy (connection bound reached), timeout (request head too slow).",
-        )
-        .namespace(NAMESPACE),
-        &["reason"],
-    )
-    .expect("valid metric")
+    vec_of(AgentFamily::ProbeConnectionsRejected, IntCounterVec::new).expect("valid metric")
 }
 
 /// The probe metric families.
@@ -128,54 +120,21 @@ impl ProbeMetrics {
 
     /// Creates the families and registers them into `registry`.
     pub fn register(registry: &Registry) -> Result<Arc<Self>, prometheus::Error> {
-        let labels = ["namespace", "pod", "container", "check"];
-        let result = IntGaugeVec::new(
-            Opts::new("probe_result", "Last result of a declared agent probe check: 1 pass, 0 fail.")
-                .namespace(NAMESPACE),
-            &labels,
-        )?;
-        let transitions = IntCounterVec::new(
-            Opts::new("probe_transitions_total", "Times a declared agent probe check changed between pass and fail.")
-                .namespace(NAMESPACE),
-            &labels,
-        )?;
-        let requests = IntCounterVec::new(
-            Opts::new("probe_requests_total", "Probe HTTP requests for declared checks answered, by HTTP status code.")
-                .namespace(NAMESPACE),
-            &["namespace", "pod", "container", "check", "code"],
-        )?;
-        let duration = HistogramVec::new(
-            HistogramOpts::new("probe_duration_seconds", "Time to answer a probe request from cached state.")
-                .namespace(NAMESPACE)
-                .buckets(vec![1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2]),
-            &["check"],
-        )?;
-        let declarations_refused = IntCounterVec::new(
-            Opts::new(
-                "probe_declarations_refused_total",
-                "Entries of pods' probe declarations refused, by reason (unparsable, forbidden_path, too_many).",
-            )
-            .namespace(NAMESPACE),
-            &["reason"],
-        )?;
+        let result = vec_of(AgentFamily::ProbeResult, IntGaugeVec::new)?;
+        let transitions = vec_of(AgentFamily::ProbeTransitions, IntCounterVec::new)?;
+        let requests = vec_of(AgentFamily::ProbeRequests, IntCounterVec::new)?;
+        let duration = {
+            let family = AgentFamily::ProbeDuration.family();
+            let buckets = vec![1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2];
+            HistogramVec::new(family.histogram_opts(buckets), family.labels)?
+        };
+        let declarations_refused = vec_of(AgentFamily::ProbeDeclarationsRefused, IntCounterVec::new)?;
         for reason in RefusalReason::ALL {
             declarations_refused.with_label_values(&[reason.label()]).inc_by(0);
         }
         let connections = connection_family();
-        let forbidden = IntCounter::with_opts(
-            Opts::new(
-                "probe_requests_forbidden_total",
-                "Probe requests answered 403: not a declared check of a known container, or not a probe request.",
-            )
-            .namespace(NAMESPACE),
-        )?;
-        let series_dropped = IntCounter::with_opts(
-            Opts::new(
-                "probe_series_dropped_total",
-                "Declared (container, check) pairs left without series because their pod reached the per-pod cap.",
-            )
-            .namespace(NAMESPACE),
-        )?;
+        let forbidden = IntCounter::with_opts(AgentFamily::ProbeRequestsForbidden.family().opts())?;
+        let series_dropped = IntCounter::with_opts(AgentFamily::ProbeSeriesDropped.family().opts())?;
         registry.register(Box::new(result.clone()))?;
         registry.register(Box::new(transitions.clone()))?;
         registry.register(Box::new(requests.clone()))?;
@@ -183,13 +142,7 @@ impl ProbeMetrics {
         registry.register(Box::new(declarations_refused.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(forbidden.clone()))?;
-        let ports_untracked = IntCounter::with_opts(
-            Opts::new(
-                "probe_ports_untracked_total",
-                "Listener events and samples of undeclared ports not tracked because a container's probe already tracks 64 (declared ports always are).",
-            )
-            .namespace(NAMESPACE),
-        )?;
+        let ports_untracked = IntCounter::with_opts(AgentFamily::ProbePortsUntracked.family().opts())?;
         registry.register(Box::new(series_dropped.clone()))?;
         registry.register(Box::new(ports_untracked.clone()))?;
         Ok(Arc::new(Self {
