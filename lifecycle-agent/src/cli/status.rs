@@ -3,9 +3,9 @@
 
 use std::{fmt::Write as _, net::SocketAddr, path::PathBuf, sync::Arc};
 
+use hyper_util::rt::TokioIo;
 use rustls_pki_types::{pem::PemObject as _, CertificateDer, ServerName};
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio_rustls::{rustls, TlsConnector};
 
 pub use crate::export::explain_html::percent_encoded;
@@ -63,8 +63,11 @@ pub async fn fetch(addr: SocketAddr, token: Option<&str>, transport: &Transport)
     fetch_path(addr, "/api/v1/containers", token, transport).await
 }
 
+/// Largest answer read: a node's containers are a few MiB of JSON at most (1,000 are ~1 MiB).
+const MAX_BODY: usize = 64 << 20;
+
 /// The body of `GET <path_and_query>` (an `/api/v1/...` path the caller built from escaped
-/// parts), as [`fetch`].
+/// parts), as [`fetch`]. Asked with hyper's HTTP/1.1 client over one connection.
 pub async fn fetch_path(
     addr: SocketAddr,
     path_and_query: &str,
@@ -73,10 +76,8 @@ pub async fn fetch_path(
 ) -> Result<String, StatusError> {
     let connect = |source| StatusError::Connect { addr, source };
     let stream = tokio::net::TcpStream::connect(addr).await.map_err(connect)?;
-    let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let request = format!("GET {path_and_query} HTTP/1.0\r\nHost: lifecycle\r\n{authorization}\r\n");
-    let response = match transport {
-        Transport::Plain => exchange(stream, &request).await.map_err(connect)?,
+    match transport {
+        Transport::Plain => get(TokioIo::new(stream), addr, path_and_query, token).await,
         Transport::Tls { ca_file } => {
             let mut roots = rustls::RootCertStore::empty();
             let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca_file)
@@ -94,28 +95,45 @@ pub async fn fetch_path(
                 .with_no_client_auth();
             let name = ServerName::IpAddress(addr.ip().into());
             let stream = TlsConnector::from(Arc::new(config)).connect(name, stream).await.map_err(tls)?;
-            exchange(stream, &request).await.map_err(connect)?
+            get(TokioIo::new(stream), addr, path_and_query, token).await
         }
-    };
-    let response = String::from_utf8_lossy(&response);
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status_line = head.lines().next().unwrap_or_default().to_owned();
-    if !status_line.contains(" 200 ") {
-        return Err(StatusError::Status { addr, status_line });
     }
-    Ok(body.to_owned())
 }
 
-/// Sends `request` and reads the whole answer (HTTP/1.0: the server closes when done).
-async fn exchange(mut stream: impl AsyncRead + AsyncWrite + Unpin, request: &str) -> std::io::Result<Vec<u8>> {
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = Vec::new();
-    // A TLS peer that closes without close_notify still sent everything before: keep it.
-    match stream.read_to_end(&mut response).await {
-        Ok(_) => Ok(response),
-        Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof && !response.is_empty() => Ok(response),
-        Err(err) => Err(err),
+/// One GET on `io`, its body if the answer is 200.
+async fn get(
+    io: impl hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    addr: SocketAddr,
+    path_and_query: &str,
+    token: Option<&str>,
+) -> Result<String, StatusError> {
+    use http_body_util::{BodyExt as _, Empty, Limited};
+    use hyper::header::{AUTHORIZATION, HOST};
+    let broken = |err: Box<dyn std::error::Error + Send + Sync>| StatusError::Connect {
+        addr,
+        source: std::io::Error::other(err),
+    };
+    let mut request = hyper::Request::get(path_and_query).header(HOST, "lifecycle");
+    if let Some(token) = token {
+        request = request.header(AUTHORIZATION, format!("Bearer {token}"));
     }
+    let request = request.body(Empty::<bytes::Bytes>::new()).map_err(|err| broken(err.into()))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.map_err(|err| broken(err.into()))?;
+    let exchange = async move {
+        let response = sender.send_request(request).await.map_err(|err| broken(err.into()))?;
+        let status = response.status();
+        if status != hyper::StatusCode::OK {
+            let status_line = format!("{} {}", status.as_u16(), status.canonical_reason().unwrap_or_default());
+            return Err(StatusError::Status { addr, status_line });
+        }
+        let body = Limited::new(response.into_body(), MAX_BODY).collect().await.map_err(broken)?.to_bytes();
+        Ok(String::from_utf8_lossy(&body).into_owned())
+        // The sender is dropped here: the connection below ends.
+    };
+    // The connection does the I/O while the exchange waits on it; it ends once the answer is
+    // read and the sender is gone (a failure of its own shows in the exchange).
+    let (answer, _) = tokio::join!(exchange, connection);
+    answer
 }
 
 /// Which containers `status` asks for: the selection `/api/v1/containers` takes (the agent

@@ -28,7 +28,7 @@ use mio::{net::TcpStream, Events, Interest, Poll, Token, Waker};
 
 use super::{
     metrics::ConnectionCounters,
-    server::{response, ProbeAnswer, ServerError, MAX_REQUEST_HEAD},
+    server::{head_is_answerable, response, ProbeAnswer, ServerError, MAX_REQUEST_HEAD},
     source::SourceFilter,
 };
 
@@ -324,10 +324,8 @@ impl Connection {
                     if self.head.len() + n > MAX_REQUEST_HEAD {
                         return Err(io::ErrorKind::InvalidData.into());
                     }
-                    // Only the new bytes (and the three before them) can complete the blank line.
-                    let from = self.head.len().saturating_sub(3);
                     self.head.extend_from_slice(&chunk[..n]);
-                    if self.head[from..].windows(4).any(|w| w == b"\r\n\r\n") {
+                    if head_is_answerable(&self.head) {
                         return Ok(true);
                     }
                 }

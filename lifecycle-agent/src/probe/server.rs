@@ -89,17 +89,32 @@ pub(super) fn response(head: &[u8], answer: &dyn ProbeAnswer) -> String {
 /// Longest request head a probe may send (the kubelet's are ~200 bytes).
 pub const MAX_REQUEST_HEAD: usize = 4096;
 
+/// Headers a probe request may carry (the kubelet sends four, plus the probe's own
+/// `httpHeaders`); more is answered 431.
+const MAX_HEADERS: usize = 32;
+
+/// Whether `head` holds a whole request head, or enough to refuse it: the connection can be
+/// answered. A head is parsed by httparse, hyper's parser, so the line endings and limits are
+/// what an HTTP/1.1 server accepts.
+pub(super) fn head_is_answerable(head: &[u8]) -> bool {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    !matches!(httparse::Request::new(&mut headers).parse(head), Ok(httparse::Status::Partial))
+}
+
 /// Status, body and whether to send the body (not for HEAD) for a raw request head.
 pub fn respond(head: &[u8], answer: &dyn ProbeAnswer) -> (u16, String, bool) {
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next()) else {
-        return (400, "malformed request line\n".to_owned(), true);
-    };
-    if !version.starts_with("HTTP/1.") {
-        return (400, "only HTTP/1.x is served\n".to_owned(), true);
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return (400, "incomplete request head\n".to_owned(), true),
+        Err(httparse::Error::TooManyHeaders) => return (431, "too many headers\n".to_owned(), true),
+        Err(httparse::Error::Version) => return (400, "only HTTP/1.x is served\n".to_owned(), true),
+        Err(_) => return (400, "malformed request\n".to_owned(), true),
     }
+    let (Some(method), Some(target)) = (request.method, request.path) else {
+        return (400, "malformed request\n".to_owned(), true);
+    };
     let send_body = method != "HEAD";
     if method != "GET" && method != "HEAD" {
         return (405, "only GET is served\n".to_owned(), true);
@@ -119,6 +134,7 @@ fn reason_phrase(status: u16) -> &'static str {
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
         503 => "Service Unavailable",
         _ => "",
     }
@@ -307,6 +323,21 @@ mod request_tests {
         assert_eq!(respond(b"POST /probe/tcp HTTP/1.1\r\n\r\n", &Echo).0, 405);
         assert_eq!(respond(b"GET /probe/tcp SPDY/3\r\n\r\n", &Echo).0, 400);
         assert_eq!(respond(b"nonsense\r\n\r\n", &Echo).0, 400);
+        assert_eq!(respond(b"GET /probe/tcp HTTP/1.1\r\nNo colon here\r\n\r\n", &Echo).0, 400);
+        let crowded = format!("GET /probe/tcp HTTP/1.1\r\n{}\r\n", "X-A: b\r\n".repeat(MAX_HEADERS + 1));
+        assert_eq!(respond(crowded.as_bytes(), &Echo).0, 431);
+    }
+
+    #[test]
+    fn a_head_is_answerable_once_complete_or_once_it_cannot_be_valid() {
+        let head = b"GET /probe/tcp?port=8080 HTTP/1.1\r\nHost: x\r\n\r\n";
+        for end in 0..head.len() {
+            assert!(!head_is_answerable(&head[..end]), "{:?}", String::from_utf8_lossy(&head[..end]));
+        }
+        assert!(head_is_answerable(head));
+        // Bare line feeds end a head as well (HTTP/1.1 allows them).
+        assert!(head_is_answerable(b"GET /probe/tcp HTTP/1.1\nHost: x\n\n"));
+        assert!(head_is_answerable(b"\x16\x03\x01 not http"), "a TLS hello is refused at once, not waited on");
     }
 
     #[test]
