@@ -22,6 +22,11 @@ use serde_json::Value;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
 
+/// The agent measured: this tree's, or the one `xtask/x.sh bench ... --baseline-agent` names.
+fn agent() -> String {
+    std::env::var("LIFECYCLE_BENCH_AGENT").unwrap_or_else(|_| AGENT.to_owned())
+}
+
 fn boot_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid timespec.
@@ -61,7 +66,7 @@ fn exit_to_visible_state_latency() {
     let addr = format!("127.0.0.1:{port}");
     let socket = h.socket().to_string_lossy().into_owned();
     let _agent = KillOnDrop(
-        Command::new(AGENT)
+        Command::new(agent())
             .args(["run", "--listen", &addr, "--cri-socket", &socket])
             .env("RUST_LOG", "warn")
             .spawn()

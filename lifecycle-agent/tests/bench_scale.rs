@@ -32,6 +32,11 @@ use lifecycle_testkit::{
 use serde_json::Value;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
+
+/// The agent measured: this tree's, or the one `xtask/x.sh bench ... --baseline-agent` names.
+fn agent() -> String {
+    std::env::var("LIFECYCLE_BENCH_AGENT").unwrap_or_else(|_| AGENT.to_owned())
+}
 const HOST_UNITS: usize = 900;
 const PODS: usize = 10;
 const CONTAINERS_PER_POD: usize = 10;
@@ -114,7 +119,7 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 fn a_thousand_units_on_two_cpus() {
     let Some(mut h) = start_or_skip("a_thousand_units_on_two_cpus") else { return };
     // The harness's CRI socket; no pod probe listeners (nothing here declares probes).
-    let agent = Agent::start(AGENT, &h, &["--pod-probe-port", "0"]);
+    let agent = Agent::start(agent(), &h, &["--pod-probe-port", "0"]);
     let pid = agent.pid();
 
     // Baseline: the agent idle on this machine, 10 s.

@@ -58,6 +58,10 @@ pub enum Bench {
         /// Container exits to measure.
         #[arg(long, default_value_t = 200)]
         exits: usize,
+        /// Another lifecycle-agent binary (e.g. an older commit's build), measured first in the
+        /// same run: before/after.
+        #[arg(long)]
+        baseline_agent: Option<PathBuf>,
     },
     /// The cost of a liveness check: exec (runc exec), tcpSocket connect, the agent's httpGet;
     /// and the httpGet's latency while 50 clients hold half-sent requests.
@@ -139,7 +143,12 @@ pub enum Bench {
     /// containerd + runc; the agent's CPU, RSS and map memory against its idle baseline, records
     /// lost, exit -> state latency and scrapes under a restart churn, and a 100-container stop
     /// storm whose every verdict must be right.
-    Scale,
+    Scale {
+        /// Another lifecycle-agent binary (e.g. an older commit's build), measured first in the
+        /// same run: before/after.
+        #[arg(long)]
+        baseline_agent: Option<PathBuf>,
+    },
     /// The README's `xtask/x.sh run` on a fresh machine: a clone with empty RUSTUP_HOME and
     /// CARGO_HOME, timed until /metrics answers, with when each step began.
     FreshRun {
@@ -165,9 +174,9 @@ pub fn run(which: Bench) -> Result<()> {
                 .collect();
             overhead::overhead(rounds, &poll_ms, latency_samples, &workloads, baseline_agent.as_deref())
         }
-        Bench::Latency { exits } => {
+        Bench::Latency { exits, baseline_agent } => {
             packages::ensure(packages::TEST)?;
-            ignored_test("bench_latency", &[("LIFECYCLE_BENCH_EXITS", exits.to_string())])
+            with_baseline(baseline_agent.as_deref(), "bench_latency", &[("LIFECYCLE_BENCH_EXITS", exits.to_string())])
         }
         Bench::Probes { count } => {
             packages::ensure(packages::TEST)?;
@@ -181,9 +190,9 @@ pub fn run(which: Bench) -> Result<()> {
         Bench::Ring { sizes, producers, signals, rounds } => ring::run(&sizes, producers, signals, rounds),
         Bench::Rate { rates, seconds, producers, agent_flags } => rate::run(&rates, seconds, producers, &agent_flags),
         Bench::SignalProducer { rate, seconds } => rate::produce(rate, seconds),
-        Bench::Scale => {
+        Bench::Scale { baseline_agent } => {
             packages::ensure(packages::TEST)?;
-            ignored_test("bench_scale", &[])
+            with_baseline(baseline_agent.as_deref(), "bench_scale", &[])
         }
         Bench::FreshRun { baseline } => fresh::run(baseline.as_deref()),
         Bench::Scrape { containers, scrapes } => ignored_test(
@@ -191,6 +200,21 @@ pub fn run(which: Bench) -> Result<()> {
             &[("LIFECYCLE_BENCH_CONTAINERS", containers.to_string()), ("LIFECYCLE_BENCH_SCRAPES", scrapes.to_string())],
         ),
     }
+}
+
+/// The agent binary a benchmark test runs instead of this tree's (`LIFECYCLE_BENCH_AGENT`).
+const BENCH_AGENT_ENV: &str = "LIFECYCLE_BENCH_AGENT";
+
+/// [`ignored_test`], first with `baseline` as the agent when given, then with this tree's.
+fn with_baseline(baseline: Option<&std::path::Path>, name: &str, env: &[(&str, String)]) -> Result<()> {
+    if let Some(baseline) = baseline {
+        println!("== baseline: {}", baseline.display());
+        let mut with_agent = env.to_vec();
+        with_agent.push((BENCH_AGENT_ENV, baseline.display().to_string()));
+        ignored_test(name, &with_agent)?;
+        println!("== this tree");
+    }
+    ignored_test(name, env)
 }
 
 /// Runs a benchmark kept as an ignored test of the agent crate (it reuses the test harnesses),
