@@ -40,10 +40,12 @@ const QUEUED_CHANGES: usize = 1024;
 /// container's exit back by more than this many changes.
 const CHANGES_PER_PASS: usize = 64;
 /// A pass that only counted (execs, signals, accepts) publishes at most this often. One that
-/// ended a container, or ran a change, publishes at once: counters may lag a scrape by this,
-/// states never. Publishing costs a pointer per unit; an exec storm wakes the reader thousands
-/// of times a second.
-const COUNTING_PUBLISH_EVERY: Duration = Duration::from_millis(5);
+/// changed a container's state (created, named, started, ended), or ran a loop's change,
+/// publishes at once: counters may lag a reader by this, states do not. A snapshot costs a
+/// pointer per unit, and each unit changed since the last one is copied once; a node whose
+/// containers exec every 200 ms wakes the reader a thousand times a second (`bench scale`:
+/// at 5 ms the agent used 3x the CPU of the lock it replaced, BENCHMARKS.md).
+const COUNTING_PUBLISH_EVERY: Duration = Duration::from_millis(50);
 /// A walk of cgroupfs costs milliseconds on a busy node: at most one a second, however many
 /// events name an unknown cgroup (a vanished one would otherwise trigger a walk per batch).
 const RESCAN_EVERY: Duration = Duration::from_secs(1);
@@ -121,6 +123,8 @@ pub(crate) struct Owner {
     published_at: Instant,
     /// Changes made since the last snapshot.
     unpublished: bool,
+    /// Among them, a container's state changed: the next pass publishes at once.
+    states_changed: bool,
 }
 
 /// The channel snapshots are published on, starting with `tracker`'s (made before the owner:
@@ -151,6 +155,7 @@ pub(crate) fn own(
         last_rescan: None,
         published_at: Instant::now(),
         unpublished: false,
+        states_changed: false,
     };
     Ok((owner, ModelHandle { changes: changes_sender, wake, snapshots: snapshot_receiver }))
 }
@@ -192,26 +197,28 @@ impl Owner {
     }
 
     fn route(&mut self, outcome: Outcome) -> Vec<Ended> {
-        let Outcome { ended, judgements, notices } = outcome;
+        let Outcome { ended, states_changed, judgements, notices } = outcome;
+        self.states_changed |= states_changed || !ended.is_empty();
         self.routes.units.record_judgements(judgements);
         self.handle_notices(notices);
         ended
     }
 
-    /// Publishes a snapshot if there are changes and `ended` (a container's state changed),
-    /// a loop's change waits for it, or the counting interval passed; returns how long until a
-    /// pending one is due.
-    pub(crate) fn publish(&mut self, ended: bool) -> Option<Duration> {
+    /// Publishes a snapshot if there are changes and a container's state changed, a loop's
+    /// change waits for it, or the counting interval passed; returns how long until a pending
+    /// one is due.
+    pub(crate) fn publish(&mut self) -> Option<Duration> {
         if !self.unpublished {
             return None;
         }
         let since = self.published_at.elapsed();
-        if !ended && self.waiting.is_empty() && since < COUNTING_PUBLISH_EVERY {
+        if !self.states_changed && self.waiting.is_empty() && since < COUNTING_PUBLISH_EVERY {
             return Some(COUNTING_PUBLISH_EVERY - since);
         }
         self.snapshots.send_replace(Arc::new(self.tracker.snapshot()));
         self.published_at = Instant::now();
         self.unpublished = false;
+        self.states_changed = false;
         for waiting in self.waiting.drain(..) {
             let _ = waiting.send(());
         }

@@ -111,7 +111,7 @@ fn running_container(owner: &mut Owner, wanted: &Notify) {
     assert!(wanted.notified().now_or_never().is_some(), "MetadataNeeded woke the runtime link");
     owner.change(|tracker| tracker.set_metadata(vec![meta()]));
     owner.change(|tracker| tracker.apply(&event(2 * SECOND, 100, CGROUP, exec())));
-    assert_eq!(owner.publish(true), None);
+    assert_eq!(owner.publish(), None);
 }
 
 #[test]
@@ -146,7 +146,7 @@ fn judgements_reach_the_distributions_before_the_snapshot_that_shows_the_stop() 
     assert!(count.contains("namespace=\"shop\"") && count.ends_with(" 1"), "{count}");
     let running = published_state(&handle).expect("published");
     assert!(running.starts_with("Running"), "not published yet: readers still see {running}");
-    assert_eq!(owner.publish(true), None);
+    assert_eq!(owner.publish(), None);
     let terminated = published_state(&handle).expect("published");
     assert!(terminated.starts_with("Terminated"), "{terminated}");
     // A scrape reads; it takes nothing from the model (a second one says the same).
@@ -159,13 +159,29 @@ fn a_pass_that_only_counted_publishes_within_the_counting_interval_and_a_state_c
     running_container(&mut owner, &wanted);
     let published = || handle.snapshots().borrow().clone();
     let before = published();
+    // A process the runtime starts into the running container (an exec probe): counted only.
     owner.change(|tracker| tracker.apply(&event(3 * SECOND, 101, CGROUP, exec())));
-    let due = owner.publish(false).expect("a publish is pending");
+    let due = owner.publish().expect("a publish is pending");
     assert!(due <= COUNTING_PUBLISH_EVERY, "{due:?}");
     assert!(Arc::ptr_eq(&published(), &before), "not published within the interval");
-    assert_eq!(owner.publish(true), None);
-    assert!(!Arc::ptr_eq(&published(), &before), "published");
-    assert_eq!(owner.publish(false), None, "nothing left to publish");
+    // The container's init exits: its state changes, and everything pending goes out at once.
+    let exit = Detail::Exit {
+        exit_status: Some(1),
+        signal: None,
+        core_dumped: false,
+        group_dead: true,
+        parent_tgid: 1,
+        start_time_ns: 2 * SECOND,
+        cpu_time_ns: 1,
+        comm: "app".into(),
+    };
+    owner.change(|tracker| tracker.apply(&event(4 * SECOND, 100, CGROUP, exit)));
+    assert_eq!(owner.publish(), None);
+    let after = published();
+    assert!(!Arc::ptr_eq(&after, &before), "published");
+    let exec_sessions = after.containers(5 * SECOND)[0].exec_sessions;
+    assert_eq!(exec_sessions, 1, "the counted exec went out with the exit");
+    assert_eq!(owner.publish(), None, "nothing left to publish");
 }
 
 #[test]
@@ -186,7 +202,7 @@ fn a_loops_change_is_run_by_the_owner_and_answered_once_its_snapshot_is_publishe
     assert!((&mut answer).now_or_never().is_none(), "queued: the owner has not run it");
     assert!(owner.run_changes(), "the owner ran it");
     assert!((&mut answer).now_or_never().is_none(), "run, but its snapshot is not published yet");
-    assert_eq!(owner.publish(false), None, "a pass that ran a change publishes at once");
+    assert_eq!(owner.publish(), None, "a pass that ran a change publishes at once");
     assert_eq!(answer.now_or_never(), Some(Some(1)));
 }
 
@@ -214,7 +230,7 @@ fn a_burst_of_changes_is_run_a_pass_at_a_time_and_the_owner_is_woken_for_the_res
     assert!(owner.run_changes());
     assert!(!woken(&owner), "the queue is empty");
     assert!(!owner.run_changes());
-    owner.publish(false);
+    owner.publish();
     for sender in senders {
         assert_eq!(sender.now_or_never(), Some(()), "every sender saw its change published");
     }

@@ -109,7 +109,7 @@ impl Reader {
                 });
                 batch.clear();
             }
-            publish_in = self.owner.publish(!ended.is_empty());
+            publish_in = self.owner.publish();
             // The exits that ended a container (or a host unit's run): their state is in the
             // published snapshot now.
             let now = boottime_ns();

@@ -161,6 +161,7 @@ impl NodeTracker {
             let replaces_provisional = instance.init.is_some();
             let started_at = exec_time.unwrap_or(start_time_ns);
             instance.init = Some(InitProcess { tgid, started_at, provisional: !child_pid_namespace });
+            self.staged.states_changed = true;
             instance.provisional_exit = None;
             let (unit_key, spec_hash) = (instance.unit.clone(), instance.spec_hash.clone());
             if !replaces_provisional {
@@ -176,6 +177,7 @@ impl NodeTracker {
         } else if !is_container && instance.init.is_none() && instance.exit.is_none() {
             let started_at = exec_time.unwrap_or(start_time_ns);
             instance.init = Some(InitProcess { tgid, started_at, provisional: false });
+            self.staged.states_changed = true;
             let (unit_key, spec_hash) = (instance.unit.clone(), instance.spec_hash.clone());
             if let Some(unit) = unit_key.and_then(|k| self.units.get_mut(&k)) {
                 start_unit(unit, started_at, spec_hash);
@@ -262,5 +264,6 @@ impl NodeTracker {
         if let Some(unit) = self.unit_of(cgroup_id) {
             unit.status.on_instance_created(time);
         }
+        self.staged.states_changed = true;
     }
 }

@@ -1,5 +1,6 @@
 //! What one call into the tracker changed that its caller must act on, returned by that call:
-//! the instances it ended (the exit -> state latency is measured from them), the terminations it
+//! the instances it ended (the exit -> state latency is measured from them), whether a
+//! container's state changed otherwise (readers should see it at once), the terminations it
 //! judged (the exporters' distributions) and the notices for the plumbing (rescan, ask the
 //! runtime, read the kernel's OOM line). Nothing waits in the tracker between calls.
 
@@ -17,6 +18,9 @@ pub struct Ended {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
     pub ended: Vec<Ended>,
+    /// A unit appeared or a container started (besides the instances that ended): what
+    /// readers are shown changed, not only counters.
+    pub states_changed: bool,
     pub judgements: Vec<Judgement>,
     pub notices: Vec<Notice>,
 }
@@ -25,6 +29,7 @@ impl Outcome {
     /// Appends `other`, for a caller that routes the outcomes of several calls at once.
     pub fn extend(&mut self, other: Outcome) {
         self.ended.extend(other.ended);
+        self.states_changed |= other.states_changed;
         self.judgements.extend(other.judgements);
         self.notices.extend(other.notices);
     }

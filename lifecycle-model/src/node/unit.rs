@@ -323,6 +323,7 @@ impl NodeTracker {
         }
         let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
         instance.unit = Some(key.clone());
+        self.staged.states_changed = true;
         let named_by_id = meta.is_none() && matches!(instance.kind, InstanceKind::Container { .. });
         instance.named_by_id = named_by_id;
         unit.named_by_id = named_by_id;
