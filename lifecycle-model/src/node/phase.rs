@@ -77,13 +77,9 @@ fn phase(parts: &[Part]) -> PodPhase {
 }
 
 impl NodeSnapshot {
-    /// Whether any cgroup of the pod (its sandbox's included) has a live init.
-    fn pod_has_process(&self, uid: &str) -> bool {
-        self.pods_with_process.binary_search_by(|pod| (**pod).cmp(uid)).is_ok()
-    }
-
     /// Every Kubernetes pod with a unit, with its phase at `now`.
     pub fn pods(&self, now: u64) -> Vec<PodView> {
+        let with_process = self.pods_with_process();
         let mut pods: BTreeMap<&str, (PodView, Vec<Part>)> = BTreeMap::new();
         for unit in self.units() {
             let UnitKey::Container { pod_uid, .. } = &unit.key else { continue };
@@ -98,7 +94,7 @@ impl NodeSnapshot {
                     running_containers: 0,
                     containers: 0,
                     conditions: PodConditions {
-                        ready_to_start_containers: self.pod_has_process(pod_uid),
+                        ready_to_start_containers: with_process.contains(pod_uid.as_str()),
                         initialized: true,
                     },
                 };

@@ -2,67 +2,78 @@
 //! without a lock by the API, the scrapes, the probe supervisor and the verdict log.
 //!
 //! It shares the tracker's units, pod table and history (`shared.rs`): taking one copies a
-//! pointer per unit and the few facts a reader needs from the instances (each unit's running
-//! main process, the pods with a live process), nothing else.
+//! pointer per unit and the one fact readers need from the instances (which container cgroups
+//! have a live init), nothing else.
 
-use std::sync::Arc;
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use super::{history::History, instance::InstanceKind, shared::Pods, DroppedCounts, NodeTracker, Unit};
 
 /// The node as it was when the snapshot was taken (see the module header).
 #[derive(Default)]
 pub struct NodeSnapshot {
-    /// Every unit in key order, with the main process of its instance when that runs.
-    pub(super) units: Vec<(Arc<Unit>, Option<u32>)>,
-    /// The pods with a cgroup (the sandbox's included) whose init lives, sorted.
-    pub(super) pods_with_process: Vec<Arc<str>>,
+    /// Every unit, in key order.
+    pub(super) units: Vec<Arc<Unit>>,
+    /// The container cgroups (a pod's sandbox's too) whose init lives, in no order: joined with
+    /// the units only when a reader asks (`running_containers`, `pods`), not at every publish.
+    pub(super) live_inits: Vec<LiveInit>,
     pub(super) pods: Pods,
     pub(super) history: Arc<History>,
     pub(super) dropped: DroppedCounts,
 }
 
+/// A container cgroup whose init is alive.
+pub(super) struct LiveInit {
+    pub(super) cgroup_id: u64,
+    pub(super) tgid: u32,
+    pub(super) pod_uid: Arc<str>,
+}
+
 impl NodeSnapshot {
     /// Every unit, in key order.
     pub fn units(&self) -> impl Iterator<Item = &Unit> {
-        self.units.iter().map(|(unit, _)| &**unit)
+        self.units.iter().map(|unit| &**unit)
     }
 
     /// What was dropped to stay within the bounds, by kind (see `bounds.rs`).
     pub fn dropped(&self) -> &DroppedCounts {
         &self.dropped
     }
+
+    /// The init of each container cgroup that has a live one, by cgroup.
+    pub(super) fn main_pids(&self) -> HashMap<u64, u32> {
+        self.live_inits.iter().map(|init| (init.cgroup_id, init.tgid)).collect()
+    }
+
+    /// The pods with a cgroup (their sandbox's included) whose init lives.
+    pub(super) fn pods_with_process(&self) -> HashSet<&str> {
+        self.live_inits.iter().map(|init| &*init.pod_uid).collect()
+    }
 }
 
 impl NodeTracker {
-    /// The model as it is now, for readers (see the module header).
+    /// The model as it is now, for readers (see the module header). Publishing one costs a
+    /// pointer per unit and a pass over the instances, with no lookup: a publish happens up to
+    /// 20 times a second for counters alone (`agent/owner.rs`), and a lookup per unit there was
+    /// most of a busy agent's CPU (`bench scale`, BENCHMARKS.md).
     pub fn snapshot(&self) -> NodeSnapshot {
-        let live_init = |cgroup_id: u64| {
-            let instance = self.instances.get(&cgroup_id)?;
-            let running = matches!(instance.kind, InstanceKind::Container { .. }) && instance.exit.is_none();
-            running.then_some(instance.init?.tgid)
-        };
-        let units = self
-            .units
-            .shared()
-            .map(|unit| {
-                let main_pid = unit.cgroup_id.and_then(live_init);
-                (unit.clone(), main_pid)
-            })
-            .collect();
-        let mut pods_with_process: Vec<Arc<str>> = self
+        let live_inits = self
             .instances
-            .values()
-            .filter(|i| i.init.is_some() && i.exit.is_none())
-            .filter_map(|i| match &i.kind {
-                InstanceKind::Container { pod_uid, .. } => Some(pod_uid.clone()),
-                InstanceKind::Host { .. } => None,
+            .iter()
+            .filter(|(_, i)| i.exit.is_none())
+            .filter_map(|(id, i)| match (&i.kind, i.init) {
+                (InstanceKind::Container { pod_uid, .. }, Some(init)) => {
+                    Some(LiveInit { cgroup_id: *id, tgid: init.tgid, pod_uid: pod_uid.clone() })
+                }
+                _ => None,
             })
             .collect();
-        pods_with_process.sort_unstable();
-        pods_with_process.dedup();
         NodeSnapshot {
-            units,
-            pods_with_process,
+            units: self.units.shared().cloned().collect(),
+            live_inits,
             pods: self.pods.clone(),
             history: self.history.clone(),
             dropped: self.dropped,

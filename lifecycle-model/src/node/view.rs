@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{Disagreement, NodeSnapshot, NodeTracker, PortStats, Unit, UnitLabels};
+use super::{Disagreement, NodeSnapshot, NodeTracker, PortStats, Unit, UnitKey, UnitLabels};
 use crate::{
     backoff::Observation,
     container_state::ContainerStatusSnapshot,
@@ -87,15 +87,16 @@ impl NodeSnapshot {
         }
     }
 
-    /// Kubernetes containers running now, with their main process and their pod's probe
-    /// declaration.
+    /// Kubernetes containers running now (each unit's current instance), with their main
+    /// process and their pod's probe declaration.
     pub fn running_containers(&self) -> Vec<RunningContainer> {
-        self.units
-            .iter()
-            .filter_map(|(unit, main_pid)| {
+        let main_pids = self.main_pids();
+        self.units()
+            .filter(|unit| matches!(unit.key, UnitKey::Container { .. }))
+            .filter_map(|unit| {
                 Some(RunningContainer {
                     labels: unit.labels.clone(),
-                    main_pid: (*main_pid)?,
+                    main_pid: *main_pids.get(&unit.cgroup_id?)?,
                     probe_declaration: unit.probe_declaration.clone(),
                     spec_probes: self
                         .pods
