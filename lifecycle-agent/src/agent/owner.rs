@@ -41,11 +41,11 @@ const QUEUED_CHANGES: usize = 1024;
 const CHANGES_PER_PASS: usize = 64;
 /// A pass that only counted (execs, signals, accepts) publishes at most this often. One that
 /// changed a container's state (created, named, started, ended), or ran a loop's change,
-/// publishes at once: counters may lag a reader by this, states do not. A snapshot costs a
-/// pointer per unit, and each unit changed since the last one is copied once; a node whose
-/// containers exec every 200 ms wakes the reader a thousand times a second (`bench scale`:
-/// at 5 ms the agent used 3x the CPU of the lock it replaced, BENCHMARKS.md).
-const COUNTING_PUBLISH_EVERY: Duration = Duration::from_millis(50);
+/// publishes at once: counters may lag a reader by this (a scrape is seconds apart), states do
+/// not. A snapshot costs a pointer per unit, and each unit changed since the last one is copied
+/// once; a node whose containers exec every 200 ms wakes the reader a thousand times a second
+/// (`bench scale`: at 5 ms the agent used 3x the CPU of the lock it replaced, BENCHMARKS.md).
+const COUNTING_PUBLISH_EVERY: Duration = Duration::from_millis(500);
 /// A walk of cgroupfs costs milliseconds on a busy node: at most one a second, however many
 /// events name an unknown cgroup (a vanished one would otherwise trigger a walk per batch).
 const RESCAN_EVERY: Duration = Duration::from_secs(1);

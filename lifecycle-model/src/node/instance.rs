@@ -162,6 +162,7 @@ impl NodeTracker {
             let started_at = exec_time.unwrap_or(start_time_ns);
             instance.init = Some(InitProcess { tgid, started_at, provisional: !child_pid_namespace });
             self.staged.states_changed = true;
+            self.live_inits.take();
             instance.provisional_exit = None;
             let (unit_key, spec_hash) = (instance.unit.clone(), instance.spec_hash.clone());
             if !replaces_provisional {
@@ -241,10 +242,12 @@ impl NodeTracker {
             if let Some(heir) = heir {
                 let started_at = instance.init.map_or(heir.started_at, |i| i.started_at);
                 instance.init = Some(InitProcess { tgid: heir.tgid, started_at, provisional: false });
+                self.live_inits.take();
                 return;
             }
         }
         instance.exit = Some(InitExit { time, exit_status, signal });
+        self.live_inits.take();
         self.staged.ended.push(super::Ended { cgroup_id, exit_ns: time });
         if instance.unit.is_some() {
             self.finish(cgroup_id);

@@ -153,6 +153,10 @@ pub struct NodeTracker {
     api: pods::ApiState,
     /// OOM victims and the kernel's log lines about them, until they meet (`oom.rs`).
     oom: oom::OomJoin,
+    /// The container cgroups whose init lives, as snapshots list them: listed at the first
+    /// snapshot after one started, exited, was replaced by an heir or went (each of those empties
+    /// it), shared by the snapshots until then (`snapshot.rs`).
+    live_inits: std::sync::OnceLock<std::sync::Arc<[snapshot::LiveInit]>>,
 }
 
 impl NodeTracker {
@@ -176,6 +180,7 @@ impl NodeTracker {
             evicted_by_kubelet: HashMap::new(),
             api: pods::ApiState::default(),
             oom: oom::OomJoin::default(),
+            live_inits: std::sync::OnceLock::new(),
         }
     }
 
@@ -496,6 +501,8 @@ impl NodeTracker {
             Ok(CgroupIdentity::Container { pod_uid, container_id, .. }) => {
                 self.instances
                     .insert(id, Instance::new(InstanceKind::Container { container_id, pod_uid: pod_uid.into() }, time));
+                // A reused cgroup id may replace an instance whose end was lost.
+                self.live_inits.take();
                 self.link(id);
             }
             // Host cgroups become units when a process runs in them; the rest hold no container.
@@ -531,6 +538,7 @@ impl NodeTracker {
         for (_, cgroup_id) in &waiting[..excess] {
             self.instances.remove(cgroup_id);
         }
+        self.live_inits.take();
         self.dropped.add(DroppedKind::DepartedInstance, excess as u64);
     }
 
@@ -540,6 +548,7 @@ impl NodeTracker {
             if instance.exit.is_none() {
                 if let Some(exit) = instance.provisional_exit.take() {
                     instance.exit = Some(exit);
+                    self.live_inits.take();
                     self.finish(cgroup_id);
                 }
             }
@@ -554,6 +563,7 @@ impl NodeTracker {
             return;
         }
         let Some(instance) = self.instances.remove(&cgroup_id) else { return };
+        self.live_inits.take();
         if let Some(unit) = instance.unit.and_then(|k| self.units.get_mut(&k)) {
             if unit.cgroup_id == Some(cgroup_id) {
                 unit.cgroup_id = None;

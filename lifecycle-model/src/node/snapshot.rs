@@ -13,13 +13,12 @@ use std::{
 use super::{history::History, instance::InstanceKind, shared::Pods, DroppedCounts, NodeTracker, Unit};
 
 /// The node as it was when the snapshot was taken (see the module header).
-#[derive(Default)]
 pub struct NodeSnapshot {
     /// Every unit, in key order.
     pub(super) units: Vec<Arc<Unit>>,
     /// The container cgroups (a pod's sandbox's too) whose init lives, in no order: joined with
     /// the units only when a reader asks (`running_containers`, `pods`), not at every publish.
-    pub(super) live_inits: Vec<LiveInit>,
+    pub(super) live_inits: Arc<[LiveInit]>,
     pub(super) pods: Pods,
     pub(super) history: Arc<History>,
     pub(super) dropped: DroppedCounts,
@@ -55,25 +54,26 @@ impl NodeSnapshot {
 }
 
 impl NodeTracker {
-    /// The model as it is now, for readers (see the module header). Publishing one costs a
-    /// pointer per unit and a pass over the instances, with no lookup: a publish happens up to
-    /// 20 times a second for counters alone (`agent/owner.rs`), and a lookup per unit there was
-    /// most of a busy agent's CPU (`bench scale`, BENCHMARKS.md).
+    /// The model as it is now, for readers (see the module header). Taking one costs a pointer
+    /// per unit; the live inits are listed again only after one changed. A lookup per unit, and
+    /// a pass over the instances at every snapshot, were most of a busy agent's CPU (`bench
+    /// scale` with 1,000 units, BENCHMARKS.md).
     pub fn snapshot(&self) -> NodeSnapshot {
-        let live_inits = self
-            .instances
-            .iter()
-            .filter(|(_, i)| i.exit.is_none())
-            .filter_map(|(id, i)| match (&i.kind, i.init) {
-                (InstanceKind::Container { pod_uid, .. }, Some(init)) => {
-                    Some(LiveInit { cgroup_id: *id, tgid: init.tgid, pod_uid: pod_uid.clone() })
-                }
-                _ => None,
-            })
-            .collect();
+        let live_inits = self.live_inits.get_or_init(|| {
+            self.instances
+                .iter()
+                .filter(|(_, i)| i.exit.is_none())
+                .filter_map(|(id, i)| match (&i.kind, i.init) {
+                    (InstanceKind::Container { pod_uid, .. }, Some(init)) => {
+                        Some(LiveInit { cgroup_id: *id, tgid: init.tgid, pod_uid: pod_uid.clone() })
+                    }
+                    _ => None,
+                })
+                .collect()
+        });
         NodeSnapshot {
             units: self.units.shared().cloned().collect(),
-            live_inits,
+            live_inits: live_inits.clone(),
             pods: self.pods.clone(),
             history: self.history.clone(),
             dropped: self.dropped,
