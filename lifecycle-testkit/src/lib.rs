@@ -19,6 +19,7 @@ pub mod agent;
 pub mod bpf;
 pub mod cgroup;
 pub mod containerd;
+pub mod fixtures;
 pub mod hub;
 pub mod kube;
 pub mod netns;

@@ -12,7 +12,7 @@ use crate::{
     export::units::KernelCounters,
     model::{
         event::{CgroupDetail, Detail, Event, SignalResult},
-        metadata::{ContainerMeta, ContainerState, KubeletAnnotations},
+        metadata::{ContainerMeta, KubeletAnnotations},
         node::{TrackerConfig, Unit},
     },
 };
@@ -37,22 +37,8 @@ fn event(time_ns: u64, tgid: u32, cgroup_id: u64, detail: Detail) -> Event {
 
 fn meta() -> ContainerMeta {
     ContainerMeta {
-        container_id: container_id(),
-        pod_sandbox_id: "sandbox".into(),
-        pod_name: "web-1".into(),
-        pod_namespace: "shop".into(),
-        pod_uid: POD_UID.into(),
-        container_name: "app".into(),
-        attempt: 0,
         kubelet: KubeletAnnotations { termination_grace_period_ns: Some(30 * SECOND), ..Default::default() },
-        probe_declaration: None,
-        state: ContainerState::Running,
-        exit_code: None,
-        reason: None,
-        message: None,
-        created_ns: 0,
-        started_ns: None,
-        finished_ns: None,
+        ..lifecycle_testkit::fixtures::running_container(&container_id(), POD_UID, "shop", "web-1", "app")
     }
 }
 

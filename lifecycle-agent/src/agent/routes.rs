@@ -293,9 +293,10 @@ mod tests {
         assert_eq!(json["containers"][0]["exit_code"], 3, "other numbers stay");
     }
 
+    use lifecycle_testkit::fixtures::running_container;
+
     use crate::model::{
         event::{CgroupDetail, Detail, Event},
-        metadata::{ContainerMeta, ContainerState, KubeletAnnotations},
         node::{NodeTracker, TrackerConfig},
     };
 
@@ -305,23 +306,9 @@ mod tests {
         let pods = [("a", "web", 1u64), ("b", "db", 2)];
         let metas = pods
             .iter()
-            .map(|(digit, pod, n)| ContainerMeta {
-                container_id: digit.repeat(64),
-                pod_sandbox_id: format!("sandbox-{pod}"),
-                pod_name: (*pod).into(),
-                pod_namespace: "shop".into(),
-                pod_uid: format!("00000000-0000-0000-0000-{n:012}"),
-                container_name: format!("{pod}-main"),
-                attempt: 0,
-                kubelet: KubeletAnnotations::default(),
-                probe_declaration: None,
-                state: ContainerState::Running,
-                exit_code: None,
-                reason: None,
-                message: None,
-                created_ns: 0,
-                started_ns: None,
-                finished_ns: None,
+            .map(|(digit, pod, n)| {
+                let uid = format!("00000000-0000-0000-0000-{n:012}");
+                running_container(&digit.repeat(64), &uid, "shop", pod, &format!("{pod}-main"))
             })
             .collect();
         tracker.set_metadata(metas);

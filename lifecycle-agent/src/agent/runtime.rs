@@ -182,7 +182,6 @@ mod tests {
     use super::*;
     use crate::model::{
         event::{CgroupDetail, Detail, Event},
-        metadata::{ContainerState, KubeletAnnotations},
         node::TrackerConfig,
     };
 
@@ -202,24 +201,7 @@ mod tests {
     #[test]
     fn a_listing_names_the_containers_waiting_for_it() {
         let mut tracker = waiting_for_names();
-        let meta = ContainerMeta {
-            container_id: "cd".repeat(32),
-            pod_sandbox_id: "sandbox".into(),
-            pod_name: "web-0".into(),
-            pod_namespace: "shop".into(),
-            pod_uid: POD_UID.into(),
-            container_name: "app".into(),
-            attempt: 0,
-            kubelet: KubeletAnnotations::default(),
-            probe_declaration: None,
-            state: ContainerState::Running,
-            exit_code: None,
-            reason: None,
-            message: None,
-            created_ns: 0,
-            started_ns: None,
-            finished_ns: None,
-        };
+        let meta = lifecycle_testkit::fixtures::running_container(&"cd".repeat(32), POD_UID, "shop", "web-0", "app");
         let answer = Answer::Listed(vec![meta]);
         assert!(answer.answered());
         let _ = answer.apply(&mut tracker);

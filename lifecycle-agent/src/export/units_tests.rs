@@ -173,30 +173,13 @@ fn a_pod_recreated_under_the_same_name_gives_two_series_sets_not_duplicates() {
     // Issue 17: a StatefulSet pod deleted and created again keeps its name; for the series
     // retention both the departed container and the new one are exported. Families without
     // `uid` wrote the same series twice, and Prometheus refuses a scrape with a duplicate.
-    use crate::model::metadata::{ContainerMeta, ContainerState, KubeletAnnotations};
+    use lifecycle_testkit::fixtures::running_container;
     let mut tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
     let uids = ["00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000002"];
     let metas = uids
         .iter()
         .enumerate()
-        .map(|(n, uid)| ContainerMeta {
-            container_id: format!("{n}").repeat(64),
-            pod_sandbox_id: format!("sandbox-{n}"),
-            pod_name: "db-0".into(),
-            pod_namespace: "shop".into(),
-            pod_uid: (*uid).into(),
-            container_name: "db".into(),
-            attempt: 0,
-            kubelet: KubeletAnnotations::default(),
-            probe_declaration: None,
-            state: ContainerState::Running,
-            exit_code: None,
-            reason: None,
-            message: None,
-            created_ns: 0,
-            started_ns: None,
-            finished_ns: None,
-        })
+        .map(|(n, uid)| running_container(&format!("{n}").repeat(64), uid, "shop", "db-0", "db"))
         .collect();
     tracker.set_metadata(metas);
     for (n, uid) in uids.iter().enumerate() {
