@@ -177,7 +177,7 @@ def render() -> str:
         e.sample("lifecycle_events_rate_limited_total", tick if kind == "signal" else 0, kind=kind)
     e.family("lifecycle_state_dropped_total", "counter", "Records the node model dropped to stay within its bounds.")
     for kind in ("signal", "oom_kill", "exec_session", "listener_change", "accept", "port", "departed_instance",
-                 "departed_unit", "pod", "kill_notice", "history"):
+                 "departed_unit", "pod", "kill_notice", "history", "oom_log", "probe_watch"):
         e.sample("lifecycle_state_dropped_total", tick // 2 if kind == "signal" else 0, kind=kind)
     e.family("lifecycle_runtime_metadata_up", "gauge", "1 when the CRI socket answered.")
     e.sample("lifecycle_runtime_metadata_up", 1)

@@ -7,20 +7,28 @@
 use std::{
     io::{Read as _, Write as _},
     net::{IpAddr, SocketAddr, TcpStream},
+    ops::Deref,
     os::unix::fs::MetadataExt as _,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
-        Arc,
+        Arc, Mutex,
     },
     time::{Duration, Instant, SystemTime},
 };
 
 use lifecycle_agent::{
-    discovery::{clock::boottime_ns, proc as observe},
-    model::event::{Detail, Event},
+    discovery::{
+        clock::boottime_ns,
+        proc::{self as observe, ObserveError},
+    },
+    model::{
+        event::{Detail, Event},
+        node::{NodeTracker, ProbeKey, TrackerConfig},
+    },
     probe::{
         check::CheckSpec,
         declaration::{Declaration, RefusalReason},
+        feeds::ProbeFeeds,
         listener::{ListenerLimits, ProbeListener},
         metrics::{ConnectionCounters, ProbeMetrics, ProbeTarget},
         server::{bind_in_netns, PodRouter, ProbeAnswer},
@@ -89,6 +97,80 @@ fn target(name: &str) -> ProbeTarget {
     ProbeTarget { namespace: "default".into(), pod: name.into(), container: "app".into() }
 }
 
+/// One container's probe with a node model of its own, as the agent runs it: the model applies
+/// the kernel's events and the probe's /proc samples and publishes the container's facts on its
+/// feed, which the probe answers from. Each test's probe has its own model: the kernel reuses
+/// netns inodes, and another test's watch of the same inode would share its facts.
+struct Probe {
+    probe: Arc<PodProbe>,
+    model: Mutex<NodeTracker>,
+    feeds: ProbeFeeds,
+}
+
+impl Deref for Probe {
+    type Target = PodProbe;
+    fn deref(&self) -> &PodProbe {
+        &self.probe
+    }
+}
+
+impl ProbeAnswer for Probe {
+    fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
+        self.probe.answer(path, query)
+    }
+}
+
+impl Probe {
+    /// Probes the container `target` whose main process is `pid`: the model watches it, with a
+    /// first sample, as the supervisor does.
+    fn new(target: ProbeTarget, pid: u32, metrics: Option<Arc<ProbeMetrics>>) -> Result<Self, ObserveError> {
+        let key = ProbeKey { uid: format!("uid-of-{}", target.pod), container: target.container.clone() };
+        let feeds = ProbeFeeds::new(metrics.clone());
+        let facts = feeds.open(&key);
+        let probe = Arc::new(PodProbe::new(target, key, pid, metrics, facts)?);
+        let first = probe.sample(boottime_ns())?;
+        let this = Self { probe, model: Mutex::new(NodeTracker::new(TrackerConfig::default())), feeds };
+        this.commit(|tracker, probe| tracker.watch_probe(probe.key().clone(), probe.watch(), Some(&first)).1);
+        Ok(this)
+    }
+
+    /// Runs `change` on the model and publishes what it changed, as the agent's owner does;
+    /// returns whether this container's facts changed.
+    fn commit(
+        &self,
+        change: impl FnOnce(&mut NodeTracker, &PodProbe) -> lifecycle_agent::model::node::Outcome,
+    ) -> bool {
+        let mut tracker = self.model.lock().expect("model");
+        let outcome = change(&mut tracker, &self.probe);
+        let concerned = outcome.probes.changed.contains(self.probe.key());
+        self.feeds.publish(outcome.probes, |key| tracker.probe_facts(key));
+        concerned
+    }
+
+    /// Applies one kernel event; returns whether it concerned this container.
+    fn on_event(&self, event: &Event) -> bool {
+        self.commit(|tracker, _| tracker.apply(event))
+    }
+
+    /// Samples /proc (files included) into the model, as the refresher does.
+    fn refresh(&self, now: u64) -> Result<(), ObserveError> {
+        self.probe.refresh_files();
+        let sample = self.probe.sample(now)?;
+        self.commit(|tracker, probe| tracker.sample_probe(probe.key(), &sample));
+        Ok(())
+    }
+
+    /// Declares `checks` and tells the model their ports, as the supervisor does.
+    fn declare(&self, checks: Vec<CheckSpec>) {
+        self.probe.declare(checks);
+        self.commit(|tracker, probe| tracker.watch_probe(probe.key().clone(), probe.watch(), None).1);
+    }
+
+    fn arc(&self) -> Arc<PodProbe> {
+        self.probe.clone()
+    }
+}
+
 /// Hands the pod every TCP event of its netns since it was made, in order, until `done` holds
 /// (the kernel reuses netns inodes: earlier events of the same inode were another test's).
 struct Feeder {
@@ -96,7 +178,7 @@ struct Feeder {
 }
 
 impl Feeder {
-    fn feed_until(&mut self, probe: &PodProbe, what: &str, done: impl Fn(&[Event]) -> bool) -> Vec<Event> {
+    fn feed_until(&mut self, probe: &Probe, what: &str, done: impl Fn(&[Event]) -> bool) -> Vec<Event> {
         let (netns, since) = (probe.netns(), probe.created_ns());
         let events = Hub::get().wait_for(
             what,
@@ -126,13 +208,13 @@ fn count(events: &[Event], kind: fn(&Detail) -> bool) -> usize {
 
 /// A netns with a holder process standing in for the pod sandbox (its pid is the probe's main
 /// pid), so the probe exists before the app starts and sees its listen as an event.
-fn pod_in_netns(name: &str) -> (TestNetns, Proc, PodProbe) {
+fn pod_in_netns(name: &str) -> (TestNetns, Proc, Probe) {
     // Load the sensor first: events from before it attached are never seen.
     Hub::get();
     let mut netns = TestNetns::new();
     let mut holder = netns.spawn(PYTHON, &["-c", "import sys; print('up', flush=True); sys.stdin.read()"]);
     assert_eq!(holder.read_line(), "up");
-    let probe = PodProbe::new(target(name), holder.pid, None).expect("probe");
+    let probe = Probe::new(target(name), holder.pid, None).expect("probe");
     assert_eq!(probe.netns(), netns.inode);
     (netns, holder, probe)
 }
@@ -142,7 +224,7 @@ fn tcp_check(stall: &str) -> CheckSpec {
 }
 
 /// Declares `entries` (annotation lines) for the probe's container, as the supervisor does.
-fn declare(probe: &PodProbe, entries: &[&str]) {
+fn declare(probe: &Probe, entries: &[&str]) {
     let (declaration, refusals) = Declaration::from_annotation(&entries.join("\n"));
     assert_eq!(refusals, vec![], "the test declares only valid checks");
     probe.declare(declaration.checks_for(&probe.target().container));
@@ -351,7 +433,7 @@ fn file_checks_in_a_runc_container_stay_inside_its_root() {
     let host_hostname = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
     assert_ne!(host_hostname, "inside-the-container\n");
 
-    let probe = PodProbe::new(target("files"), container.pid, None).expect("probe");
+    let probe = Probe::new(target("files"), container.pid, None).expect("probe");
     declare(
         &probe,
         &[
@@ -410,7 +492,7 @@ fn process_checks_see_running_stopped_and_zombie() {
         return;
     }
     let container = RuncContainer::start("process");
-    let probe = PodProbe::new(target("process"), container.pid, None).expect("probe");
+    let probe = Probe::new(target("process"), container.pid, None).expect("probe");
     declare(&probe, &["/probe/process"]);
     let ask = || probe.answer("/probe/process", None);
     assert_eq!(ask(), (200, "ok\n".into()));
@@ -428,7 +510,7 @@ fn process_checks_see_running_stopped_and_zombie() {
     // A zombie: our own child, exited and not yet reaped.
     let mut child = std::process::Command::new("/bin/true").spawn().expect("spawn true");
     wait_state(child.id(), 'Z');
-    let zombie = PodProbe::new(target("zombie"), child.id(), None).expect("probe");
+    let zombie = Probe::new(target("zombie"), child.id(), None).expect("probe");
     declare(&zombie, &["/probe/process"]);
     assert_eq!(zombie.answer("/probe/process", None), (503, format!("main process {} is a zombie\n", child.id())));
     child.wait().expect("reap");
@@ -473,7 +555,7 @@ fn the_file_content_oracle_gets_403_and_leaves_no_series() {
     let registry = prometheus::Registry::new();
     let metrics = ProbeMetrics::register(&registry).expect("metrics");
     let (mut netns, holder, _) = pod_in_netns("oracle");
-    let probe = Arc::new(PodProbe::new(target("oracle"), holder.pid, Some(metrics)).expect("probe"));
+    let probe = Arc::new(Probe::new(target("oracle"), holder.pid, Some(metrics)).expect("probe"));
     // The pod declares a process check, and tries to declare the oracle itself: refused.
     let (declaration, refusals) =
         Declaration::from_annotation("/probe/process\n/probe/file?path=/proc/1/environ&contains=X\n");
@@ -657,7 +739,7 @@ fn connections_from_inside_the_pod_are_refused() {
 fn a_pod_listener_routes_each_request_to_the_one_container_that_declared_it() {
     require!();
     let (mut netns, holder, app) = pod_in_netns("routed");
-    let sidecar = PodProbe::new(
+    let sidecar = Probe::new(
         ProbeTarget { namespace: "default".into(), pod: "routed".into(), container: "sidecar".into() },
         holder.pid,
         None,
@@ -672,8 +754,8 @@ fn a_pod_listener_routes_each_request_to_the_one_container_that_declared_it() {
     app.declare(declaration.checks_for("app"));
     sidecar.declare(declaration.checks_for("sidecar"));
     let probes = Arc::new(NodeProbes::default());
-    probes.insert(Arc::new(app));
-    probes.insert(Arc::new(sidecar));
+    probes.insert(app.arc());
+    probes.insert(sidecar.arc());
     let (_host, inside) = netns.link_to_host();
     let router = Arc::new(PodRouter::new(probes, "default", "routed"));
     let (server, _) = listen_in(&netns, 9891, router, node_sources());
@@ -701,7 +783,7 @@ fn a_pod_listener_routes_each_request_to_the_one_container_that_declared_it() {
 fn bench_probe_server() {
     let pid: u32 = std::env::var("LIFECYCLE_BENCH_PID").expect("LIFECYCLE_BENCH_PID").parse().expect("pid");
     let declared = std::env::var("LIFECYCLE_BENCH_PROBES").expect("LIFECYCLE_BENCH_PROBES: the declared probe paths");
-    let probe = Arc::new(PodProbe::new(target("bench"), pid, None).expect("probe"));
+    let probe = Arc::new(Probe::new(target("bench"), pid, None).expect("probe"));
     let (declaration, refusals) = Declaration::from_annotation(&declared);
     assert_eq!(refusals, vec![]);
     probe.declare(declaration.checks_for("app"));
@@ -709,21 +791,27 @@ fn bench_probe_server() {
     let addr = listener.local_addr().expect("addr");
     println!("PROBE_SERVER {addr} {}", std::process::id());
     std::io::stdout().flush().expect("flush");
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let stop = Arc::new(AtomicBool::new(false));
     let refresher = probe.clone();
+    let stopped = stop.clone();
     let answer: Arc<dyn ProbeAnswer> = probe;
-    runtime.spawn(refresher.run_refresher(Duration::from_secs(2), stopped));
     // The listener as the agent runs it: its own thread and event loop, the default bounds; the
     // bench's clients are on loopback, so loopback is let in.
     let sources = SourceFilter::new(&["127.0.0.0/8".parse().expect("cidr")]);
     let server =
         ProbeListener::start(listener, answer, sources, ConnectionCounters::unregistered(), ListenerLimits::default())
             .expect("serve");
-    // The refresher runs on this runtime until stdin closes (the bench's signal to stop).
-    let refreshing = std::thread::spawn(move || runtime.block_on(std::future::pending::<()>()));
+    // Samples /proc into the model every 2 s, as the agent's refresher does, until stdin closes
+    // (the bench's signal to stop).
+    let refreshing = std::thread::spawn(move || {
+        while !stopped.load(Ordering::Acquire) {
+            let _ = refresher.refresh(boottime_ns());
+            std::thread::park_timeout(Duration::from_secs(2));
+        }
+    });
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
-    let _ = stop.send(true);
+    stop.store(true, Ordering::Release);
+    refreshing.thread().unpark();
     server.stop();
-    drop(refreshing);
+    let _ = refreshing.join();
 }

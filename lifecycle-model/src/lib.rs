@@ -14,6 +14,7 @@ pub mod identity;
 pub mod metadata;
 pub mod node;
 pub mod oom;
+pub mod probe;
 pub mod spec;
 pub mod termination;
 pub mod time;

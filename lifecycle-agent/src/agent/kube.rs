@@ -4,7 +4,7 @@
 //! while the tracker marks verdicts made meanwhile as lacking the spec.
 
 use crate::export::families::AgentFamily;
-use std::{collections::HashSet, path::PathBuf, sync::Arc};
+use std::{collections::HashSet, path::PathBuf};
 
 use futures::StreamExt as _;
 use prometheus::{IntCounter, IntGauge, Registry};
@@ -74,7 +74,6 @@ pub(super) async fn pod_loop(
     source: KubeSource,
     tracker: ModelHandle,
     metrics: KubeMetrics,
-    probes_wanted: Arc<tokio::sync::Notify>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let stream = source.pods();
@@ -98,10 +97,10 @@ pub(super) async fn pod_loop(
                     if let Some(seen) = relisted.as_mut() {
                         seen.insert(facts.uid.clone());
                     }
+                    // A new pod, or a changed declaration, reaches the probe supervisor in the
+                    // snapshot this waits for: its listener is made before the kubelet's first
+                    // probe, not at a tick.
                     tracker.update(|tracker| tracker.apply_pod(facts, boottime_ns())).await;
-                    // A new pod, or a changed declaration: its probe listener now, not at the
-                    // supervisor's next tick (the kubelet's first probe may come first).
-                    probes_wanted.notify_one();
                 }
             }
             PodChange::Listed => {

@@ -7,7 +7,7 @@ mod events;
 pub mod health;
 pub mod http;
 mod kube;
-mod owner;
+pub(crate) mod owner;
 mod reader;
 mod routes;
 mod runtime;
@@ -36,6 +36,7 @@ use crate::{
     kernel::{Sensor, SensorConfig, SensorError, SensorMaps, StreamError},
     model::node::{NodeTracker, TrackerConfig},
     probe::{
+        feeds::ProbeFeeds,
         metrics::ProbeMetrics,
         source::{AllowFrom, SourceFilter},
         supervisor::ProbeSupervisor,
@@ -188,6 +189,9 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let units = Arc::new(if host_units { units } else { units.without_host_units() });
     let scraped_units = units.clone();
     metrics.add_text_source(Box::new(move |out| scraped_units.render(out)));
+    let probe_metrics = ProbeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
+    let node_probes = Arc::new(NodeProbes::new(Some(probe_metrics.clone())));
+    let probe_feeds = Arc::new(ProbeFeeds::new(Some(probe_metrics.clone())));
     let metadata_wanted = Arc::new(Notify::new());
     let routes = owner::Routes {
         units: units.clone(),
@@ -195,17 +199,17 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         root: root.clone(),
         repairs: repairs.clone(),
         kernel_log,
+        probe_feeds: probe_feeds.clone(),
     };
     let (mut owner, model) =
         owner::own(tracker, snapshots, routes).map_err(|err| AgentError::Stream(StreamError::Register(err)))?;
     owner.change(|_| seeded);
 
-    let probe_metrics = ProbeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
-    let node_probes = Arc::new(NodeProbes::new(Some(probe_metrics.clone())));
     let sources = SourceFilter::new(&config.probe_allow_from);
     let probe_sources = sources.clone();
     let supervisor = ProbeSupervisor::new(
         node_probes.clone(),
+        probe_feeds,
         probe_metrics.clone(),
         config.pod_probe_port,
         sources,
@@ -233,35 +237,21 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         }
     };
     let supervisor = supervisor.with_handoff(adopted, registry, heartbeats.settled.clone());
-    let probes_wanted = Arc::new(Notify::new());
     // Every loop the agent runs until shutdown, owned here: joined at shutdown, and one that
     // ends before it is said in the log.
     let mut loops = tokio::task::JoinSet::new();
-    loops.spawn(supervisor.run(model.snapshots(), Duration::from_secs(1), probes_wanted.clone(), heartbeats.clone()));
+    loops.spawn(supervisor.run(model.clone(), Duration::from_secs(1), heartbeats.clone()));
 
     let runtime_metrics = RuntimeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let mut runtime = RuntimeLink::new(config.cri_socket.clone(), runtime_metrics);
     // Before the first batch of events: containers seen at start are judged under their names.
     let answer = runtime.refresh().await;
     owner.change(|tracker| answer.apply(tracker));
-    loops.spawn(runtime_loop(
-        runtime,
-        model.clone(),
-        metadata_wanted.clone(),
-        probes_wanted.clone(),
-        config.cri_refresh,
-        shutdown.clone(),
-    ));
+    loops.spawn(runtime_loop(runtime, model.clone(), metadata_wanted.clone(), config.cri_refresh, shutdown.clone()));
     let review_client = kube.as_ref().filter(|_| config.api_auth).map(|source| source.client());
     if let Some(source) = kube {
         let kube_metrics = kube::KubeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
-        loops.spawn(kube::pod_loop(
-            source.clone(),
-            model.clone(),
-            kube_metrics.clone(),
-            probes_wanted.clone(),
-            shutdown.clone(),
-        ));
+        loops.spawn(kube::pod_loop(source.clone(), model.clone(), kube_metrics.clone(), shutdown.clone()));
         loops.spawn(kube::kill_loop(source.clone(), model.clone(), kube_metrics, shutdown.clone()));
         if config.events {
             let counts = events::register(metrics.registry()).map_err(MetricsError::from)?;
@@ -336,14 +326,8 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     }
 
     let stream = sensor.take_events().ok_or(AgentError::StreamTaken)?;
-    let reader = Reader {
-        owner,
-        maps: maps.clone(),
-        probes: node_probes.clone(),
-        latency,
-        counters: agent_counters.clone(),
-        heartbeats: heartbeats.clone(),
-    };
+    let reader =
+        Reader { owner, maps: maps.clone(), latency, counters: agent_counters.clone(), heartbeats: heartbeats.clone() };
     let mut reading =
         reader.start(stream, config.poll).map_err(|err| AgentError::Stream(StreamError::Register(err)))?;
     let mut shutdown_flag = shutdown.clone();

@@ -7,7 +7,8 @@
 //! Every change's outcome is routed here: judgements go into the termination distributions
 //! before the snapshot that shows the stop is published (a scrape never sees a judged stop
 //! without its distributions), then notices go to their handlers (ask the runtime, rescan
-//! cgroupfs, read the kernel's OOM line), whose own changes are routed the same way.
+//! cgroupfs, read the kernel's OOM line), whose own changes are routed the same way; the facts
+//! of the probed containers a change touched go out on their feeds (`probe/feeds.rs`) at once.
 
 use std::{
     os::fd::{AsFd as _, BorrowedFd, OwnedFd},
@@ -22,15 +23,17 @@ use crate::{
     discovery::{cgroupfs::CgroupRoot, clock::boottime_ns},
     export::units::UnitMetrics,
     model::node::{Ended, NodeSnapshot, NodeTracker, Notice, Outcome},
+    probe::feeds::ProbeFeeds,
 };
 
 /// One change to the model, run by its owner; what it returns is routed (see the module header).
 pub(crate) type Change = Box<dyn FnOnce(&mut NodeTracker) -> Outcome + Send>;
 
-/// A change in the owner's queue, and who waits for the snapshot that shows it.
+/// A change in the owner's queue, and who waits for the snapshot that shows it (none for a
+/// change told, not waited for).
 struct Queued {
     change: Change,
-    published: oneshot::Sender<()>,
+    published: Option<oneshot::Sender<()>>,
 }
 
 /// Changes queued for the owner before a sender waits: the senders are the agent's own loops,
@@ -70,9 +73,19 @@ impl ModelHandle {
     /// waits for it; one sent after the owner stopped is dropped (the agent is shutting down).
     pub(crate) async fn update(&self, change: impl FnOnce(&mut NodeTracker) -> Outcome + Send + 'static) {
         let (published, shown) = oneshot::channel();
-        if self.changes.send(Queued { change: Box::new(change), published }).await.is_ok() {
+        if self.changes.send(Queued { change: Box::new(change), published: Some(published) }).await.is_ok() {
             wake(self.wake.as_fd());
             let _ = shown.await;
+        }
+    }
+
+    /// Queues `change` for the owner (waiting only while the queue is full) and wakes it,
+    /// without waiting for a snapshot: for a change whose effect its sender reads elsewhere
+    /// (a probe's sample, whose facts the owner publishes on the probe's feed as it runs it).
+    /// Nothing forces a snapshot for it; it shows in the next one.
+    pub(crate) async fn tell(&self, change: impl FnOnce(&mut NodeTracker) -> Outcome + Send + 'static) {
+        if self.changes.send(Queued { change: Box::new(change), published: None }).await.is_ok() {
+            wake(self.wake.as_fd());
         }
     }
 
@@ -108,6 +121,8 @@ pub(crate) struct Routes {
     pub(crate) repairs: IntCounterVec,
     /// Whether the kernel log can be read for the limit of OOM kills.
     pub(crate) kernel_log: bool,
+    /// Where the facts of probed containers are published, as each change makes them.
+    pub(crate) probe_feeds: Arc<ProbeFeeds>,
 }
 
 /// The model and its owner's state; moved onto the ring reader's thread.
@@ -180,7 +195,7 @@ impl Owner {
         while ran < CHANGES_PER_PASS {
             let Ok(queued) = self.changes.try_recv() else { return ran > 0 };
             self.change(queued.change);
-            self.waiting.push(queued.published);
+            self.waiting.extend(queued.published);
             ran += 1;
         }
         if !self.changes.is_empty() {
@@ -197,8 +212,11 @@ impl Owner {
     }
 
     fn route(&mut self, outcome: Outcome) -> Vec<Ended> {
-        let Outcome { ended, states_changed, judgements, notices } = outcome;
+        let Outcome { ended, states_changed, judgements, notices, probes } = outcome;
         self.states_changed |= states_changed || !ended.is_empty();
+        // A probe's facts go out at once, on its own feed: the node's snapshot may wait.
+        let tracker = &mut self.tracker;
+        self.routes.probe_feeds.publish(probes, |key| tracker.probe_facts(key));
         self.routes.units.record_judgements(judgements);
         self.handle_notices(notices);
         ended

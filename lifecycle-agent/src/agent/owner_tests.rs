@@ -11,9 +11,9 @@ use crate::{
     discovery::cgroupfs::CgroupRoot,
     export::units::KernelCounters,
     model::{
-        event::{CgroupDetail, Detail, Event, SignalResult},
+        event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
         metadata::{ContainerMeta, KubeletAnnotations},
-        node::{TrackerConfig, Unit},
+        node::{ProbeKey, ProbeWatch, TrackerConfig, Unit},
     },
 };
 
@@ -59,6 +59,7 @@ fn owned() -> (Owner, ModelHandle, Arc<UnitMetrics>, Arc<Notify>) {
         root: CgroupRoot::at("/nonexistent-cgroupfs-for-a-test"),
         repairs: IntCounterVec::new(prometheus::Opts::new("repairs", "test"), &["kind"]).expect("counter"),
         kernel_log: false,
+        probe_feeds: Arc::default(),
     };
     let (owner, handle) = own(tracker, snapshots, routes).expect("eventfd");
     (owner, handle, units, wanted)
@@ -220,4 +221,26 @@ fn a_burst_of_changes_is_run_a_pass_at_a_time_and_the_owner_is_woken_for_the_res
     for sender in senders {
         assert_eq!(sender.now_or_never(), Some(()), "every sender saw its change published");
     }
+}
+
+#[test]
+fn a_probed_containers_facts_go_out_on_its_feed_as_a_change_runs_without_waiting_for_a_snapshot() {
+    let (mut owner, handle, _, wanted) = owned();
+    running_container(&mut owner, &wanted);
+    let before = handle.snapshots().borrow().clone();
+    let key = ProbeKey { uid: POD_UID.into(), container: "app".into() };
+    let mut facts = owner.routes.probe_feeds.open(&key);
+    let watch = ProbeWatch { netns: 77, main_pid: 100, since_ns: 2 * SECOND, ports: [8080].into() };
+    let told = handle.tell(move |tracker| tracker.watch_probe(key, watch, None).1);
+    assert_eq!(told.now_or_never(), Some(()), "told: queued, not waiting for a snapshot");
+    assert!(!facts.has_changed().expect("open"), "not run yet");
+    assert!(owner.run_changes());
+    assert!(facts.has_changed().expect("open"), "published on the feed as the change ran");
+    assert_eq!(facts.borrow_and_update().netns, 77);
+    // A listener in the pod's netns: counted for the node, a fact for the probe at once.
+    let tcp = TcpDetail { socket_cgroup_id: CGROUP, netns: 77, family: 2, local_port: 8080, remote_port: 0, fd: None };
+    owner.change(|tracker| tracker.apply(&event(3 * SECOND, 100, CGROUP, Detail::TcpListen(tcp))));
+    assert!(facts.borrow_and_update().tcp[&8080].listening, "the probe sees the listener at once");
+    assert!(owner.publish().is_some(), "the node's snapshot waits for the counting interval");
+    assert!(Arc::ptr_eq(&handle.snapshots().borrow().clone(), &before), "no snapshot was forced");
 }

@@ -31,14 +31,12 @@ use crate::{
         node::Outcome,
         time::seconds,
     },
-    probe::NodeProbes,
 };
 
 /// Everything a batch of events feeds.
 pub(super) struct Reader {
     pub(super) owner: Owner,
     pub(super) maps: Arc<SensorMaps>,
-    pub(super) probes: Arc<NodeProbes>,
     /// `lifecycle_event_to_state_seconds`.
     pub(super) latency: Histogram,
     pub(super) counters: Arc<AgentCounters>,
@@ -91,7 +89,7 @@ impl Reader {
             if stream.drain_into(&mut batch) > 0 {
                 self.counters.events_read.fetch_add(batch.len() as u64, Ordering::Relaxed);
                 self.counters.decode_errors.store(stream.decode_errors(), Ordering::Relaxed);
-                let (maps, probes) = (&self.maps, &self.probes);
+                let maps = &self.maps;
                 ended = self.owner.change(|tracker| {
                     let mut outcome = Outcome::default();
                     for event in &batch {
@@ -103,7 +101,6 @@ impl Reader {
                             }
                         }
                         outcome.extend(tracker.apply(event));
-                        probes.on_event(event);
                     }
                     outcome
                 });

@@ -135,12 +135,12 @@ impl RuntimeLink {
 }
 
 /// Refreshes every `period`, when a container asks for a name (`wanted`), and while the runtime
-/// is away (waking the probe supervisor, `probes_wanted`, after each answer), with back-off from [`MIN_RETRY`] to [`MAX_RETRY`], until shutdown.
+/// is away with back-off from [`MIN_RETRY`] to [`MAX_RETRY`], until shutdown. Containers just
+/// named reach the probe supervisor through the snapshot that shows them.
 pub(super) async fn runtime_loop(
     mut link: RuntimeLink,
     tracker: ModelHandle,
     wanted: Arc<Notify>,
-    probes_wanted: Arc<Notify>,
     period: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -168,10 +168,6 @@ pub(super) async fn runtime_loop(
         let answer = link.refresh().await;
         up = answer.answered();
         tracker.update(move |tracker| answer.apply(tracker)).await;
-        if up {
-            // Containers just named may declare probes: the supervisor looks now.
-            probes_wanted.notify_one();
-        }
         retry = if up { MIN_RETRY } else { (retry * 2).min(MAX_RETRY) };
     }
 }

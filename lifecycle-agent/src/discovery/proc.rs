@@ -25,22 +25,7 @@ use super::{
 };
 use crate::model::time::SECOND;
 
-/// Scheduler state of a process, from the state letter of `/proc/<pid>/stat.`
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProcessState {
-    Running,
-    Sleeping,
-    /// D: uninterruptible sleep (usually I/O).
-    Uninterruptible,
-    /// T or t: stopped by a signal or traced.
-    Stopped,
-    /// Z: exited, not yet reaped.
-    Zombie,
-    /// X, or the process is gone, or its pid now belongs to another process.
-    Dead,
-    /// I (idle kernel thread) and anything else.
-    Other(char),
-}
+pub use crate::model::probe::{ProcessSample, ProcessState};
 
 /// The agent's own effective capability set (`CapEff`), if /proc can tell.
 pub fn effective_capabilities() -> Option<u64> {
@@ -147,14 +132,6 @@ pub struct ListenCounters {
     pub overflows: u64,
     /// Every dropped incoming connection on a listener, overflows included.
     pub drops: u64,
-}
-
-/// One sample of `/proc/<pid>/stat.`
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProcessSample {
-    pub state: ProcessState,
-    /// Start time in clock ticks after boot: differs when the pid was reused.
-    pub start_ticks: u64,
 }
 
 /// A file read inside a container's root.

@@ -2,13 +2,14 @@
 //! [`CheckSpec::evaluate`] against an [`Observed`] snapshot at a given time.
 //!
 //! Pure: text in, spec out; snapshot and `CLOCK_BOOTTIME` ns in, [`Verdict`] out. No clock, no
-//! /proc. The snapshot is filled by the plumbing (`observe.rs`, the kernel event feed).
+//! /proc. The snapshot joins the model's facts of the container (its netns's listeners and its
+//! main process, `model::node::ProbeFacts`) with the files the probe layer read.
 
-use std::{collections::HashMap, fmt};
+use std::{collections::HashMap, fmt, sync::Arc};
 
-use super::{query::Query, tcp::AcceptProgress};
-pub use crate::discovery::proc::ProcessState;
+use super::{query::Query, tcp};
 use crate::model::duration;
+pub use crate::model::probe::{AcceptFacts, ProcessFacts, ProcessState};
 
 /// Stall limit of a tcp check that does not say `stall=`.
 pub const DEFAULT_STALL_NS: u64 = 5_000_000_000;
@@ -80,26 +81,6 @@ pub enum ParseError {
     EmptyAll,
 }
 
-/// The container's main process as last observed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProcessFacts {
-    pub pid: u32,
-    pub state: ProcessState,
-    /// When the process was first seen in `state` (uninterrupted since), `CLOCK_BOOTTIME` ns.
-    pub state_since_ns: u64,
-}
-
-impl ProcessFacts {
-    /// The facts after a new sample: keeps `state_since_ns` while the state is unchanged.
-    pub fn after_sample(previous: Option<&ProcessFacts>, pid: u32, state: ProcessState, t: u64) -> Self {
-        let since = match previous {
-            Some(p) if p.pid == pid && p.state == state => p.state_since_ns,
-            _ => t,
-        };
-        Self { pid, state, state_since_ns: since }
-    }
-}
-
 /// A file in the container's root as last read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FileFacts {
@@ -113,15 +94,15 @@ pub enum FileFacts {
     Unreadable(String),
 }
 
-/// Everything the checks of one container look at, kept up to date by the plumbing.
+/// Everything the checks of one container look at: shared, so a request copies two pointers.
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
-    /// Listeners of the pod's netns by port.
-    pub tcp: HashMap<u16, AcceptProgress>,
-    /// The main process; None until first observed.
+    /// Listeners of the pod's netns by port (the model's).
+    pub tcp: Arc<HashMap<u16, AcceptFacts>>,
+    /// The main process; None until first observed (the model's).
     pub process: Option<ProcessFacts>,
-    /// Files by path as given in the check.
-    pub files: HashMap<String, FileFacts>,
+    /// Files by path as given in the check (the probe layer's reads).
+    pub files: Arc<HashMap<String, FileFacts>>,
 }
 
 impl CheckSpec {
@@ -171,7 +152,7 @@ impl CheckSpec {
     pub fn evaluate(&self, observed: &Observed, now: u64) -> Verdict {
         match self {
             Self::Tcp { port, stall_ns } => match observed.tcp.get(port) {
-                Some(progress) => progress.verdict(*port, now, *stall_ns),
+                Some(facts) => tcp::verdict(facts, *port, now, *stall_ns),
                 None => Verdict::fail(format!("no listener on port {port}")),
             },
             Self::Process { max_uninterruptible_ns } => {
@@ -198,7 +179,7 @@ impl CheckSpec {
     /// limit running out), so the caller can re-evaluate exactly then instead of polling.
     pub fn next_deadline(&self, observed: &Observed, now: u64) -> Option<u64> {
         match self {
-            Self::Tcp { port, stall_ns } => observed.tcp.get(port).and_then(|p| p.next_deadline(now, *stall_ns)),
+            Self::Tcp { port, stall_ns } => observed.tcp.get(port).and_then(|f| tcp::next_deadline(f, now, *stall_ns)),
             Self::Process { max_uninterruptible_ns: Some(max) } => match &observed.process {
                 Some(p) if p.state == ProcessState::Uninterruptible => {
                     Some(p.state_since_ns.saturating_add(*max)).filter(|&d| d > now)

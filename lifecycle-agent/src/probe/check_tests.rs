@@ -106,10 +106,9 @@ fn process_facts_keep_the_time_a_state_began() {
 #[test]
 fn files_judge_presence_freshness_and_content() {
     let mut observed = Observed::default();
-    observed
-        .files
-        .insert("/tmp/healthy".into(), FileFacts::Present { modified_ns: 100 * S, head: b"status: ok\n".to_vec() });
-    observed.files.insert("/tmp/gone".into(), FileFacts::Unreadable("No such file or directory".into()));
+    let files = Arc::make_mut(&mut observed.files);
+    files.insert("/tmp/healthy".into(), FileFacts::Present { modified_ns: 100 * S, head: b"status: ok\n".to_vec() });
+    files.insert("/tmp/gone".into(), FileFacts::Unreadable("No such file or directory".into()));
     let file = |path: &str, fresh: Option<u64>, contains: Option<&str>| CheckSpec::File {
         path: path.into(),
         max_age_ns: fresh,
@@ -135,9 +134,9 @@ fn files_judge_presence_freshness_and_content() {
 #[test]
 fn all_of_reports_the_first_failure_and_the_earliest_deadline() {
     let mut observed = observed_with_process(ProcessState::Running, 0);
-    let mut listener = AcceptProgress::already_listening(1);
+    let mut listener = crate::model::probe::AcceptProgress::already_listening(1);
     listener.on_established(3 * S);
-    observed.tcp.insert(8080, listener);
+    Arc::make_mut(&mut observed.tcp).insert(8080, listener.facts());
     let all = parse("/all", "process&tcp=8080&stall=2s").expect("parses");
     assert!(all.evaluate(&observed, 4 * S).pass);
     assert_eq!(all.next_deadline(&observed, 4 * S), Some(5 * S));

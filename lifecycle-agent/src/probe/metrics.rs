@@ -228,9 +228,9 @@ impl ProbeMetrics {
     }
 
     /// Counts one refused declaration entry.
-    /// A port a container's probe did not track (see `pod::MAX_TRACKED_PORTS`).
-    pub fn record_untracked_port(&self) {
-        self.ports_untracked.inc();
+    /// Ports of a probed netns the model did not track (see `model::node::MAX_TRACKED_PORTS`).
+    pub fn record_untracked_ports(&self, n: u64) {
+        self.ports_untracked.inc_by(n);
     }
 
     pub fn record_refusal(&self, reason: RefusalReason) {

@@ -6,18 +6,22 @@
 //! probes from that: a `GET` costs a lock and a comparison, and sees a stalled accept loop.
 //!
 //! Layers:
-//! - [`check`] (pure): probe URLs -> [`check::CheckSpec`]; snapshot + time -> [`check::Verdict`].
-//! - [`tcp`] (pure): accept progress per listener from kernel events and queue samples, with
-//!   exact deadlines for stall detection.
-//! - `discovery::proc` and `discovery::sockdiag` (plumbing) sample listeners, drop counters, process state,
-//!   files read with `openat2(RESOLVE_IN_ROOT)` inside the container's root.
-//! - `sockdiag` (plumbing): listeners and backlogs of a netns via NETLINK_SOCK_DIAG.
-//! - [`pod`]: one container's cached snapshot, fed by events and refreshes, answering requests.
+//! - the facts, kept by the node model from the same kernel events as everything else
+//!   (`lifecycle-model/src/node/probed.rs`): accept progress per port of each watched netns, the
+//!   main process's state; published per container on its feed ([`feeds`]) by the model's owner.
+//! - [`check`] (pure): probe URLs -> [`check::CheckSpec`]; facts + time -> [`check::Verdict`].
+//! - [`tcp`] (pure): a port's accept facts -> verdict, with exact deadlines for stall detection.
+//! - `discovery::proc` and `discovery::sockdiag` (plumbing) sample listeners, drop counters,
+//!   process state, and files read with `openat2(RESOLVE_IN_ROOT)` inside the container's root.
+//! - [`pod`]: one container's declared checks, answered from the model's facts and the files it
+//!   read; its refresher samples /proc for the model and re-judges when the facts change.
 //! - [`declaration`] (pure): what a pod declared (the `lifecycle.dev/probes` annotation) — the
 //!   only checks answered; everything else gets 403 `forbidden` and creates nothing.
 //! - [`server`]: the request head and its answer, binding in a pod's netns, the host-network
 //!   router; [`listener`]: the per-pod listener's event loop (deadline, bound, source filter).
 //! - [`source`]: who may connect (`--probe-allow-from`: the node's addresses by default).
+//! - [`supervisor`]: follows the model's snapshots; makes and drops probes and listeners, and
+//!   tells the model which containers to watch.
 //! - [`metrics`]: `lifecycle_probe_*` series.
 //!
 //! # Endpoints (on the per-pod listener, default port [`server::DEFAULT_POD_PORT`])
@@ -41,6 +45,7 @@
 
 pub mod check;
 pub mod declaration;
+pub mod feeds;
 pub mod handoff;
 pub mod listener;
 pub mod metrics;

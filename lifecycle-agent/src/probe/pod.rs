@@ -1,6 +1,8 @@
-//! One container's probe state: the checks its pod declared, the cached [`Observed`] snapshot,
-//! fed by kernel events (at once) and by /proc refreshes (on a period, and exactly at the next
-//! stall deadline), and answered from that cache.
+//! One container's probes: the checks its pod declared, answered from the model's facts of the
+//! container (its netns's listeners and its main process, `model::node::ProbeFacts`, published
+//! by the model's owner as kernel events change them) and the declared files this layer reads.
+//! The probe samples /proc for the model on a period (queues, drop counters, process state) and
+//! never reads a kernel event itself.
 //!
 //! Only declared checks are answered, watched and exported ([`PodProbe::declare`]); a request for
 //! anything else gets 403 and changes nothing. The request path ([`PodProbe::answer_check`])
@@ -8,7 +10,7 @@
 
 use crate::ErrorChain;
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex, MutexGuard,
@@ -19,20 +21,23 @@ use std::{
 use tokio::sync::watch;
 
 use super::{
-    check::{CheckSpec, FileFacts, Observed, ProcessFacts, ProcessState, Verdict, FILE_HEAD_BYTES},
+    check::{CheckSpec, FileFacts, Observed, Verdict, FILE_HEAD_BYTES},
     declaration::parse_request,
     metrics::{ProbeMetrics, ProbeTarget},
     server::{forbidden, ProbeAnswer},
-    tcp::{AcceptProgress, QueueSample},
 };
 use crate::{
+    agent::owner::ModelHandle,
     discovery::{
         clock::{boottime_ns, wall_to_boottime},
         netns,
         proc::{self, ObserveError},
         sockdiag::SockDiag,
     },
-    model::event::{Detail, Event},
+    model::{
+        node::{ListenerSample, PortSample, ProbeFacts, ProbeKey, ProbeSample, ProbeWatch},
+        probe::ProcessState,
+    },
 };
 
 /// How often /proc is sampled when no deadline comes sooner.
@@ -45,6 +50,7 @@ pub const FILE_READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// The probe state of one container.
 pub struct PodProbe {
     target: ProbeTarget,
+    key: ProbeKey,
     netns: u32,
     main_pid: u32,
     /// The container's root directory, held open from when the probe was made: file checks
@@ -56,50 +62,40 @@ pub struct PodProbe {
     metrics: Option<Arc<ProbeMetrics>>,
     /// Listener source in the pod's netns; None falls back to `/proc/<pid>/net/tcp.`
     diag: Option<SockDiag>,
-    /// When the probe was made (boot ns). Older events belong to whoever had this netns inode
-    /// or pid before (the kernel reuses both); the first refresh saw everything until then.
+    /// When the probe was made (boot ns): the model ignores older events of its netns and pid
+    /// (see `model::node::ProbeWatch`).
     created_ns: u64,
+    /// The model's facts of this container (its netns's listeners, its main process),
+    /// published by the model's owner when they change (see `feeds.rs`).
+    facts: watch::Receiver<Arc<ProbeFacts>>,
     state: Mutex<PodState>,
 }
 
 #[derive(Default)]
 struct PodState {
-    observed: Observed,
-    /// Start time of the main process when first seen; a different one means the pid was reused.
-    start_ticks: Option<u64>,
+    /// The declared files as last read.
+    files: Arc<HashMap<String, FileFacts>>,
     /// The declared checks, the only ones answered, each with the `check` label it is exported
-    /// under (None for a check whose label an earlier one already has): re-evaluated on events
-    /// and deadlines for metrics.
+    /// under (None for a check whose label an earlier one already has): re-evaluated when the
+    /// facts change and at deadlines, for metrics.
     checks: Vec<(Option<String>, CheckSpec)>,
     /// The files the declared checks read, refreshed with the rest.
     watched_files: HashSet<String>,
-    /// The ports the declared checks name: always tracked; others only while there is room.
-    declared_ports: HashSet<u16>,
-}
-
-/// Ports tracked per container beyond the declared ones. A pod can listen on every port there
-/// is; only a declared check reads a port's progress.
-pub const MAX_TRACKED_PORTS: usize = 64;
-
-impl PodState {
-    /// The progress of `port`, made with `new` if there is room for it (see
-    /// [`MAX_TRACKED_PORTS`]).
-    fn port_progress(&mut self, port: u16, new: impl FnOnce() -> AcceptProgress) -> Option<&mut AcceptProgress> {
-        if !self.observed.tcp.contains_key(&port) && !self.declared_ports.contains(&port) {
-            // Only undeclared ports count against the cap (at most 64 + 16 entries to look at).
-            let undeclared = self.observed.tcp.keys().filter(|p| !self.declared_ports.contains(p)).count();
-            if undeclared >= MAX_TRACKED_PORTS {
-                return None;
-            }
-        }
-        Some(self.observed.tcp.entry(port).or_insert_with(new))
-    }
+    /// The ports the declared checks name: the model tracks them whatever its cap.
+    declared_ports: BTreeSet<u16>,
 }
 
 impl PodProbe {
-    /// Starts tracking the container whose main process is `main_pid`: reads its netns, its
-    /// listeners (already listening before the agent saw them) and its process state.
-    pub fn new(target: ProbeTarget, main_pid: u32, metrics: Option<Arc<ProbeMetrics>>) -> Result<Self, ObserveError> {
+    /// Starts probing the container `key` (exported as `target`) whose main process is
+    /// `main_pid`: reads its netns and holds its root open. Its facts come from `facts` once
+    /// the model watches it ([`Self::watch`], with a first [`Self::sample`]).
+    pub fn new(
+        target: ProbeTarget,
+        key: ProbeKey,
+        main_pid: u32,
+        metrics: Option<Arc<ProbeMetrics>>,
+        facts: watch::Receiver<Arc<ProbeFacts>>,
+    ) -> Result<Self, ObserveError> {
         // A process that already exited (zombie or gone) has no namespaces left; it still gets a
         // probe (which fails, saying so), matching no TCP events.
         let netns = match proc::netns_inode(main_pid) {
@@ -124,8 +120,9 @@ impl PodProbe {
         };
         let created_ns = boottime_ns();
         let root = proc::pin_root(main_pid).ok().map(Arc::new);
-        let probe = Self {
+        Ok(Self {
             target,
+            key,
             netns,
             main_pid,
             root,
@@ -133,14 +130,18 @@ impl PodProbe {
             metrics,
             diag,
             created_ns,
+            facts,
             state: Mutex::new(PodState::default()),
-        };
-        probe.refresh(boottime_ns())?;
-        Ok(probe)
+        })
     }
 
     pub fn target(&self) -> &ProbeTarget {
         &self.target
+    }
+
+    /// The container in the model: its pod's uid and its name.
+    pub fn key(&self) -> &ProbeKey {
+        &self.key
     }
 
     /// Inode of the pod's network namespace (the `netns` of the kernel's TCP events).
@@ -148,7 +149,7 @@ impl PodProbe {
         self.netns
     }
 
-    /// When the probe was made (boot ns): events before it are not its netns's (see `on_event`).
+    /// When the probe was made (boot ns): events before it are not its netns's.
     pub fn created_ns(&self) -> u64 {
         self.created_ns
     }
@@ -161,108 +162,63 @@ impl PodProbe {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Applies one kernel event; returns whether it concerned this pod. Verdicts of the checks
-    /// asked so far are re-evaluated at the event's time, so a listener close flips the
-    /// `lifecycle_probe_result` series at once, not at the next request.
-    pub fn on_event(&self, event: &Event) -> bool {
-        let t = event.time_ns;
-        if t < self.created_ns {
-            return false;
+    /// What the model is to watch for this container: its netns, main pid and declared ports.
+    pub fn watch(&self) -> ProbeWatch {
+        ProbeWatch {
+            netns: self.netns,
+            main_pid: self.main_pid,
+            since_ns: self.created_ns,
+            ports: self.lock().declared_ports.clone(),
         }
-        // Decided before the lock: most events concern no probe.
-        let concerns_us = match &event.detail {
-            Detail::TcpListen(tcp)
-            | Detail::TcpListenClose(tcp)
-            | Detail::TcpEstablished(tcp)
-            | Detail::TcpAccept(tcp) => tcp.netns == self.netns,
-            Detail::Exit { group_dead: true, .. } => event.tgid == self.main_pid,
-            _ => false,
-        };
-        if !concerns_us {
-            return false;
-        }
-        let mut state = self.lock();
-        match &event.detail {
-            Detail::TcpListen(tcp)
-            | Detail::TcpListenClose(tcp)
-            | Detail::TcpEstablished(tcp)
-            | Detail::TcpAccept(tcp)
-                if tcp.netns == self.netns =>
-            {
-                let Some(progress) = state.port_progress(tcp.local_port, AcceptProgress::default) else {
-                    self.count_untracked_port();
-                    return false;
-                };
-                match event.detail {
-                    Detail::TcpListen(_) => progress.on_listen(t),
-                    Detail::TcpListenClose(_) => progress.on_close(t),
-                    Detail::TcpEstablished(_) => progress.on_established(t),
-                    _ => progress.on_accept(t),
-                }
-            }
-            Detail::Exit { group_dead: true, .. } if event.tgid == self.main_pid => {
-                let previous = state.observed.process.take();
-                state.observed.process =
-                    Some(ProcessFacts::after_sample(previous.as_ref(), self.main_pid, ProcessState::Dead, t));
-            }
-            _ => return false,
-        }
-        self.record_all(&state, t);
-        true
     }
 
-    /// Samples /proc: accept queues and drops of the netns, the main process, watched files.
-    pub fn refresh(&self, now: u64) -> Result<(), ObserveError> {
-        // Read outside the lock; apply under it.
+    /// Samples /proc at `now` for the model: the netns's listeners, queues and drop counter,
+    /// and the main process. Blocks on /proc and netlink: call it off the request path.
+    pub fn sample(&self, now: u64) -> Result<ProbeSample, ObserveError> {
         let listeners = match &self.diag {
             Some(diag) => diag.listeners().map_err(ObserveError::from),
             None => proc::listeners_from_proc(self.main_pid),
         };
         let drops = proc::netstat_overflows(self.main_pid).map(|c| c.drops);
         let process = proc::process_state(self.main_pid)?;
-        let watched: Vec<String> = self.lock().watched_files.iter().cloned().collect();
-        let files = self.read_files(watched);
+        // A vanished process has no /proc/<pid>/net: the model keeps the last tcp state then.
+        let listeners = match (listeners, drops) {
+            (Ok(listeners), Ok(netns_drops)) => {
+                let mut ports: Vec<PortSample> = Vec::new();
+                for l in &listeners {
+                    match ports.iter_mut().find(|p| p.port == l.port) {
+                        Some(p) => {
+                            p.count += 1;
+                            p.depth += l.queue_depth;
+                            p.backlog = p.backlog.zip(l.backlog).map(|(a, b)| a + b);
+                        }
+                        None => {
+                            ports.push(PortSample { port: l.port, count: 1, depth: l.queue_depth, backlog: l.backlog })
+                        }
+                    }
+                }
+                Some(ListenerSample { ports, netns_drops })
+            }
+            _ => None,
+        };
+        Ok(ProbeSample { at_ns: now, process, listeners })
+    }
 
-        let mut state = self.lock();
-        state.apply_process(self.main_pid, process, now);
-        // A vanished process has no /proc/<pid>/net: keep the last tcp state then.
-        if let (Ok(listeners), Ok(drops)) = (listeners, drops) {
-            let mut by_port: HashMap<u16, (u32, u32, Option<u32>)> = HashMap::new();
-            for l in &listeners {
-                let entry = by_port.entry(l.port).or_insert((0, 0, Some(0)));
-                *entry = (entry.0 + 1, entry.1 + l.queue_depth, entry.2.zip(l.backlog).map(|(a, b)| a + b));
-            }
-            let sole_listener = by_port.len() == 1;
-            // Ports tracked but no longer listed by the kernel were closed unseen (a lost record).
-            for (port, progress) in state.observed.tcp.iter_mut() {
-                if !by_port.contains_key(port) {
-                    progress.reconcile_listeners(now, 0);
-                }
-            }
-            for (port, (count, depth, backlog)) in by_port {
-                let Some(progress) = state.port_progress(port, || AcceptProgress::already_listening(count)) else {
-                    self.count_untracked_port();
-                    continue;
-                };
-                progress.reconcile_listeners(now, count);
-                if progress.is_listening() {
-                    progress.observe_queue(now, QueueSample { depth, backlog, netns_drops: drops, sole_listener });
-                }
-            }
+    /// Reads the declared files again (each pass bounded by [`FILE_READ_TIMEOUT`]).
+    pub fn refresh_files(&self) {
+        let watched: Vec<String> = self.lock().watched_files.iter().cloned().collect();
+        if watched.is_empty() {
+            return;
         }
+        let files = self.read_files(watched);
+        let mut state = self.lock();
+        let state = &mut *state;
+        let kept = Arc::make_mut(&mut state.files);
         for (path, facts) in files {
             // A file no longer declared while it was being read is not kept.
             if state.watched_files.contains(&path) {
-                state.observed.files.insert(path, facts);
+                kept.insert(path, facts);
             }
-        }
-        self.record_all(&state, now);
-        Ok(())
-    }
-
-    fn count_untracked_port(&self) {
-        if let Some(metrics) = &self.metrics {
-            metrics.record_untracked_port();
         }
     }
 
@@ -313,11 +269,12 @@ impl PodProbe {
 
     /// Makes `checks` the container's declared checks: the only ones it answers, watches and
     /// exports. Files they name are read now; series of checks no longer declared are dropped.
+    /// The ports they name change [`Self::watch`]: tell the model.
     pub fn declare(&self, checks: Vec<CheckSpec>) {
         let files: HashSet<String> = checks.iter().flat_map(file_paths).map(str::to_owned).collect();
         let missing: Vec<String> = {
             let state = self.lock();
-            files.iter().filter(|p| !state.observed.files.contains_key(*p)).cloned().collect()
+            files.iter().filter(|p| !state.files.contains_key(*p)).cloned().collect()
         };
         let first_reads = self.read_files(missing);
         let mut labelled: Vec<(Option<String>, CheckSpec)> = Vec::with_capacity(checks.len());
@@ -339,9 +296,10 @@ impl PodProbe {
                 }
             }
         }
-        state.observed.files.retain(|path, _| files.contains(path));
+        let kept = Arc::make_mut(&mut state.files);
+        kept.retain(|path, _| files.contains(path));
         for (path, facts) in first_reads {
-            state.observed.files.insert(path, facts);
+            kept.insert(path, facts);
         }
         state.watched_files = files;
         state.declared_ports = labelled.iter().flat_map(|(_, spec)| tcp_ports(spec)).collect();
@@ -359,10 +317,17 @@ impl PodProbe {
         self.lock().checks.iter().any(|(_, known)| known == spec)
     }
 
-    /// Evaluates `spec` at `now` from the cache; reads nothing and keeps nothing (a file no
+    /// What the checks look at now: the model's last published facts and the files last read.
+    fn observed(&self, state: &PodState) -> Observed {
+        let facts = self.facts.borrow();
+        Observed { tcp: facts.tcp.clone(), process: facts.process.clone(), files: state.files.clone() }
+    }
+
+    /// Evaluates `spec` at `now` from the facts; reads nothing and keeps nothing (a file no
     /// declared check names has no facts: "not read yet").
     pub fn evaluate(&self, spec: &CheckSpec, now: u64) -> Verdict {
-        spec.evaluate(&self.lock().observed, now)
+        let state = self.lock();
+        spec.evaluate(&self.observed(&state), now)
     }
 
     /// Re-evaluates every declared check at `now` (recording results), and returns the earliest
@@ -370,66 +335,75 @@ impl PodProbe {
     pub fn reevaluate(&self, now: u64) -> Option<u64> {
         let state = self.lock();
         self.record_all(&state, now);
-        state.checks.iter().filter_map(|(_, c)| c.next_deadline(&state.observed, now)).min()
+        let observed = self.observed(&state);
+        state.checks.iter().filter_map(|(_, c)| c.next_deadline(&observed, now)).min()
     }
 
     fn record_all(&self, state: &PodState, now: u64) {
         if let Some(metrics) = &self.metrics {
+            let observed = self.observed(state);
             for (label, spec) in &state.checks {
                 if let Some(label) = label {
-                    metrics.record_result(&self.target, label, &spec.evaluate(&state.observed, now));
+                    metrics.record_result(&self.target, label, &spec.evaluate(&observed, now));
                 }
             }
         }
     }
 
-    /// A copy of the cached snapshot (for tests and debugging).
+    /// What the checks look at now (for tests and debugging).
     pub fn snapshot(&self) -> Observed {
-        self.lock().observed.clone()
+        self.observed(&self.lock())
     }
 
-    /// Refreshes every `period`, and exactly at each check's next deadline, until `shutdown`.
-    pub async fn run_refresher(self: Arc<Self>, period: Duration, mut shutdown: watch::Receiver<bool>) {
+    /// Samples /proc (files included) every `period` and hands the samples to `model`;
+    /// re-evaluates the declared checks whenever the model publishes new facts and exactly at
+    /// each check's next deadline, so a listener's close flips its `lifecycle_probe_result`
+    /// series at once, not at the next request. Ends at `shutdown`, or when the model no longer
+    /// publishes this container's facts (the probe was replaced).
+    pub(crate) async fn run_refresher(
+        self: Arc<Self>,
+        period: Duration,
+        model: ModelHandle,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let mut facts = self.facts.clone();
+        let mut next_sample = Instant::now();
         loop {
-            let now = boottime_ns();
-            // /proc and netlink reads block: keep them off the runtime that answers requests.
-            let probe = Arc::clone(&self);
-            match tokio::task::spawn_blocking(move || probe.refresh(now)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(err)) => {
-                    log::debug!("probe refresh of {}/{}: {}", self.target.namespace, self.target.pod, ErrorChain(&err))
-                }
-                Err(err) => {
-                    log::warn!("probe refresh of {}/{} panicked: {err}", self.target.namespace, self.target.pod)
+            if Instant::now() >= next_sample {
+                next_sample = Instant::now() + period;
+                // /proc and netlink reads block: keep them off the runtime that answers requests.
+                let probe = Arc::clone(&self);
+                match tokio::task::spawn_blocking(move || {
+                    probe.refresh_files();
+                    probe.sample(boottime_ns())
+                })
+                .await
+                {
+                    Ok(Ok(sample)) => {
+                        let key = self.key.clone();
+                        model.tell(move |tracker| tracker.sample_probe(&key, &sample)).await;
+                    }
+                    Ok(Err(err)) => log::debug!(
+                        "probe refresh of {}/{}: {}",
+                        self.target.namespace,
+                        self.target.pod,
+                        ErrorChain(&err)
+                    ),
+                    Err(err) => {
+                        log::warn!("probe refresh of {}/{} panicked: {err}", self.target.namespace, self.target.pod)
+                    }
                 }
             }
+            let now = boottime_ns();
             let deadline = self.reevaluate(now);
-            let wait = deadline.map_or(period, |d| period.min(Duration::from_nanos(d.saturating_sub(now))));
+            let until_sample = next_sample.saturating_duration_since(Instant::now());
+            let wait = deadline.map_or(until_sample, |d| until_sample.min(Duration::from_nanos(d.saturating_sub(now))));
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
+                changed = facts.changed() => if changed.is_err() { return },
                 _ = shutdown.changed() => return,
             }
         }
-    }
-}
-
-impl PodState {
-    fn apply_process(&mut self, pid: u32, sample: Option<proc::ProcessSample>, now: u64) {
-        let previous = self.observed.process.take();
-        let state = match sample {
-            None => ProcessState::Dead,
-            Some(s) => match self.start_ticks {
-                Some(start) if start != s.start_ticks => ProcessState::Dead,
-                _ => {
-                    self.start_ticks = Some(s.start_ticks);
-                    s.state
-                }
-            },
-        };
-        // Once dead, a pid stays dead for this probe (a reused pid is another process).
-        let state =
-            if previous.as_ref().is_some_and(|p| p.state == ProcessState::Dead) { ProcessState::Dead } else { state };
-        self.observed.process = Some(ProcessFacts::after_sample(previous.as_ref(), pid, state, now));
     }
 }
 
@@ -464,7 +438,7 @@ impl PodProbe {
                 }
                 return forbidden();
             };
-            let verdict = spec.evaluate(&state.observed, now);
+            let verdict = spec.evaluate(&self.observed(&state), now);
             if let (Some(metrics), Some(label)) = (&self.metrics, label) {
                 metrics.record_result(&self.target, label, &verdict);
             }
@@ -493,22 +467,5 @@ impl ProbeAnswer for PodProbe {
                 forbidden()
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_container_listening_on_every_port_keeps_a_bounded_probe_state_and_its_declared_ports() {
-        // Issue 18: a pod listening on every port grew the probe's per-port state without bound.
-        let mut state = PodState { declared_ports: [8080, 9090].into_iter().collect(), ..PodState::default() };
-        let tracked =
-            (1..=20_000u16).filter(|&port| state.port_progress(port, AcceptProgress::default).is_some()).count();
-        assert_eq!(tracked, MAX_TRACKED_PORTS + 2, "the declared ports are tracked beyond the 64 others");
-        assert!(state.observed.tcp.contains_key(&8080) && state.observed.tcp.contains_key(&9090));
-        assert!(state.observed.tcp.len() <= MAX_TRACKED_PORTS + 2);
-        assert!(state.port_progress(30_000, AcceptProgress::default).is_none(), "full: an undeclared port is left out");
     }
 }

@@ -11,7 +11,7 @@
 //! own threads never change namespace.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     io,
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{
     discovery::netns::{self, NetnsError},
-    model::event::{Detail, Event},
+    model::node::ProbeKey,
 };
 
 /// Port of the per-pod probe listener unless configured otherwise.
@@ -140,7 +140,7 @@ fn reason_phrase(status: u16) -> &'static str {
     }
 }
 
-/// The host-network fallback and the event fan-out: every tracked container by identity.
+/// The host-network fallback: every probed container by name.
 ///
 /// Pods with `hostNetwork: true` share the node's netns, so they cannot each have a listener on
 /// the same port there. Their probes are served by the node-side listener (the agent's own, on a
@@ -149,26 +149,7 @@ fn reason_phrase(status: u16) -> &'static str {
 #[derive(Default)]
 pub struct NodeProbes {
     pods: RwLock<BTreeMap<ProbeTarget, Arc<PodProbe>>>,
-    /// The probes a kernel event can concern, by the event's key: TCP events by network
-    /// namespace, exits by pid. An event costs a lookup, not a walk over every probe.
-    by_netns: RwLock<HashMap<u32, Vec<Arc<PodProbe>>>>,
-    by_pid: RwLock<HashMap<u32, Vec<Arc<PodProbe>>>>,
     metrics: Option<Arc<ProbeMetrics>>,
-}
-
-/// Adds `probe` under `key`, or takes the probe of `target` out of it.
-fn index_add(index: &RwLock<HashMap<u32, Vec<Arc<PodProbe>>>>, key: u32, probe: &Arc<PodProbe>) {
-    index.write().unwrap_or_else(|p| p.into_inner()).entry(key).or_default().push(Arc::clone(probe));
-}
-
-fn index_remove(index: &RwLock<HashMap<u32, Vec<Arc<PodProbe>>>>, key: u32, target: &ProbeTarget) {
-    let mut index = index.write().unwrap_or_else(|p| p.into_inner());
-    if let Some(probes) = index.get_mut(&key) {
-        probes.retain(|p| p.target() != target);
-        if probes.is_empty() {
-            index.remove(&key);
-        }
-    }
 }
 
 impl NodeProbes {
@@ -177,27 +158,19 @@ impl NodeProbes {
         Self { metrics, ..Self::default() }
     }
 
+    /// Routes requests for `probe`'s container to it (replacing an earlier probe of that name).
     pub fn insert(&self, probe: Arc<PodProbe>) {
-        let replaced =
-            self.pods.write().unwrap_or_else(|p| p.into_inner()).insert(probe.target().clone(), Arc::clone(&probe));
-        if let Some(old) = replaced {
-            self.unindex(&old);
-        }
-        index_add(&self.by_netns, probe.netns(), &probe);
-        index_add(&self.by_pid, probe.main_pid(), &probe);
+        self.pods.write().unwrap_or_else(|p| p.into_inner()).insert(probe.target().clone(), probe);
     }
 
-    pub fn remove(&self, target: &ProbeTarget) -> Option<Arc<PodProbe>> {
-        let removed = self.pods.write().unwrap_or_else(|p| p.into_inner()).remove(target);
-        if let Some(probe) = &removed {
-            self.unindex(probe);
+    /// Stops routing to `target`'s probe if it is `key`'s (a pod recreated under the same name
+    /// may already have the name).
+    pub fn remove(&self, target: &ProbeTarget, key: &ProbeKey) -> Option<Arc<PodProbe>> {
+        let mut pods = self.pods.write().unwrap_or_else(|p| p.into_inner());
+        if pods.get(target).is_some_and(|probe| probe.key() == key) {
+            return pods.remove(target);
         }
-        removed
-    }
-
-    fn unindex(&self, probe: &PodProbe) {
-        index_remove(&self.by_netns, probe.netns(), probe.target());
-        index_remove(&self.by_pid, probe.main_pid(), probe.target());
+        None
     }
 
     pub fn get(&self, target: &ProbeTarget) -> Option<Arc<PodProbe>> {
@@ -213,22 +186,6 @@ impl NodeProbes {
             .filter(|(t, probe)| t.namespace == namespace && t.pod == pod && probe.is_declared(spec))
             .map(|(t, _)| t.container.clone())
             .collect()
-    }
-
-    /// Hands a kernel event to every container it concerns: O(1) in the number of probes.
-    pub fn on_event(&self, event: &Event) {
-        let (index, key) = match &event.detail {
-            Detail::TcpListen(tcp)
-            | Detail::TcpListenClose(tcp)
-            | Detail::TcpEstablished(tcp)
-            | Detail::TcpAccept(tcp) => (&self.by_netns, tcp.netns),
-            Detail::Exit { group_dead: true, .. } => (&self.by_pid, event.tgid),
-            _ => return,
-        };
-        let concerned = index.read().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
-        for probe in concerned.into_iter().flatten() {
-            probe.on_event(event);
-        }
     }
 
     /// Judges `spec` for the container `target`: 403 unless that container is tracked here and

@@ -11,6 +11,12 @@
 //! and counted. The node's addresses (the listeners' default source filter) are re-read on every
 //! reconciliation.
 //!
+//! It follows the model's snapshots: a pass runs when one is published (at most one per
+//! [`MIN_PASS_GAP`]), not on a poll; a tick only beats its heartbeat and re-reads the node's
+//! addresses. The containers it probes it tells the model to watch (their netns, main pid and
+//! declared ports, with a first /proc sample), and it opens each one's feed of facts first, so
+//! a new probe answers from the model's facts from its first request.
+//!
 //! Plumbing: it reads /proc (namespaces) and binds sockets; decisions come from `probe::*`.
 
 use crate::ErrorChain;
@@ -27,13 +33,17 @@ use std::{
 use tokio::sync::watch;
 
 use super::handoff::{Adopted, ListenerFacts, ListenerRegistry, Registration};
-use crate::agent::health::{Heartbeats, Loop};
+use crate::agent::{
+    health::{Heartbeats, Loop},
+    owner::ModelHandle,
+};
 use crate::{
-    discovery::netns,
-    model::node::{NodeSnapshot, RunningContainer},
+    discovery::{clock::boottime_ns, netns},
+    model::node::{NodeSnapshot, NodeTracker, Outcome, ProbeKey, ProbeSample, ProbeWatch, RunningContainer, WatchKept},
     probe::{
         bind_in_netns,
         declaration::{Declaration, Refusal, RefusalReason},
+        feeds::ProbeFeeds,
         listener::{ListenerLimits, ProbeListener},
         metrics::{ProbeMetrics, ProbeTarget},
         pod::DEFAULT_REFRESH,
@@ -53,6 +63,7 @@ struct PodListener {
 
 /// A container with a probe.
 struct Probed {
+    target: ProbeTarget,
     pid: u32,
     declared: Vec<CheckSpec>,
     probe: Arc<PodProbe>,
@@ -106,9 +117,56 @@ impl DeclarationSources {
     }
 }
 
+/// What the supervisor tells the model about the containers it probes.
+pub enum ProbeCommand {
+    /// Watch (or watch again, with other declared ports) a container, with the first sample
+    /// of a new probe.
+    Watch { key: ProbeKey, watch: ProbeWatch, first: Option<ProbeSample> },
+    /// Stop watching a container that is no longer probed.
+    Unwatch(ProbeKey),
+}
+
+impl ProbeCommand {
+    /// Runs `commands` on the model.
+    pub fn apply_all(tracker: &mut NodeTracker, commands: Vec<ProbeCommand>) -> Outcome {
+        let mut outcome = Outcome::default();
+        for command in commands {
+            match command {
+                ProbeCommand::Watch { key, watch, first } => {
+                    let (kept, changes) = tracker.watch_probe(key.clone(), watch, first.as_ref());
+                    if kept == WatchKept::Refused {
+                        log::warn!(
+                            "probes of container {} of pod {}: more than {} probed containers; not watched",
+                            key.container,
+                            key.uid,
+                            crate::model::node::MAX_PROBE_WATCHES
+                        );
+                    }
+                    outcome.extend(changes);
+                }
+                ProbeCommand::Unwatch(key) => outcome.extend(tracker.unwatch_probe(&key)),
+            }
+        }
+        outcome
+    }
+}
+
+/// A probe made in a pass, served once the model watches it.
+struct Fresh {
+    key: ProbeKey,
+    target: ProbeTarget,
+    pid: u32,
+    declared: Vec<CheckSpec>,
+    probe: Arc<PodProbe>,
+}
+
 /// The supervisor's state across reconciliations.
 pub struct ProbeSupervisor {
     probes: Arc<NodeProbes>,
+    /// The probed containers' feeds of facts, opened here and published into by the model's owner.
+    feeds: Arc<ProbeFeeds>,
+    /// The model the probes' samples go to (set by [`Self::run`]).
+    model: Option<ModelHandle>,
     metrics: Arc<ProbeMetrics>,
     /// Port of the per-pod listeners; None serves only the node endpoint.
     pod_port: Option<u16>,
@@ -116,7 +174,9 @@ pub struct ProbeSupervisor {
     sources: SourceFilter,
     host_netns: u32,
     listeners: HashMap<(String, String), PodListener>,
-    running: HashMap<ProbeTarget, Probed>,
+    running: HashMap<ProbeKey, Probed>,
+    /// Commands for the model from this pass, sent at its end.
+    commands: Vec<ProbeCommand>,
     declarations: HashMap<(String, String), PodDeclaration>,
     shutdown: watch::Receiver<bool>,
     /// Listening sockets taken from the previous agent, by netns inode, until their pods claim
@@ -149,6 +209,7 @@ impl ProbeSupervisor {
 
     pub fn new(
         probes: Arc<NodeProbes>,
+        feeds: Arc<ProbeFeeds>,
         metrics: Arc<ProbeMetrics>,
         pod_port: Option<u16>,
         sources: SourceFilter,
@@ -156,6 +217,9 @@ impl ProbeSupervisor {
     ) -> Self {
         Self {
             probes,
+            feeds,
+            model: None,
+            commands: Vec::new(),
             metrics,
             pod_port,
             sources,
@@ -174,13 +238,15 @@ impl ProbeSupervisor {
     }
 
     /// Brings probes and listeners in line with the containers running now and what their pods
-    /// declared.
-    pub fn reconcile(&mut self, model: &NodeSnapshot) {
+    /// declared; `commit` runs the pass's commands on the model and returns once their facts are
+    /// published, before new probes are served.
+    pub fn reconcile(&mut self, model: &NodeSnapshot, commit: &dyn Fn(Vec<ProbeCommand>)) {
         if let Err(err) = self.sources.refresh_node_addresses() {
             log::warn!("cannot read the node's addresses (probe listeners keep the last ones): {err}");
         }
         let running = model.running_containers();
         let mut seen = Vec::new();
+        let mut fresh = Vec::new();
         for container in running {
             let sources = DeclarationSources::of(&container, self.pod_port);
             let RunningContainer { labels, main_pid: pid, .. } = container;
@@ -189,37 +255,46 @@ impl ProbeSupervisor {
                 pod: labels.pod.clone(),
                 container: labels.container.clone(),
             };
-            seen.push(target.clone());
+            let key = ProbeKey { uid: labels.uid.clone(), container: labels.container.clone() };
+            seen.push(key.clone());
             let declared = self.declared_checks(&target, sources);
-            if let Some(known) = self.running.get_mut(&target).filter(|known| known.pid == pid) {
+            if let Some(known) = self.running.get_mut(&key).filter(|known| known.pid == pid) {
                 if known.declared != declared && !declared.is_empty() {
                     known.probe.declare(declared.clone());
                     known.declared = declared;
+                    self.commands.push(ProbeCommand::Watch { key, watch: known.probe.watch(), first: None });
                     let netns = known.probe.netns();
                     self.ensure_listener(&labels.namespace, &labels.pod, pid, netns);
                 } else if declared.is_empty() {
-                    self.drop_probe(&target);
+                    self.drop_probe(&key);
                 }
                 continue;
             }
             if declared.is_empty() {
-                self.drop_probe(&target);
+                self.drop_probe(&key);
                 continue;
             }
-            match PodProbe::new(target.clone(), pid, Some(self.metrics.clone())) {
+            let facts = self.feeds.open(&key);
+            match PodProbe::new(target.clone(), key.clone(), pid, Some(self.metrics.clone()), facts) {
                 Ok(probe) => {
                     probe.declare(declared.clone());
-                    let probe = Arc::new(probe);
-                    let netns = probe.netns();
-                    self.probes.insert(probe.clone());
-                    let (stop, stopped) = watch::channel(false);
-                    tokio::spawn(probe.clone().run_refresher(DEFAULT_REFRESH, stopped));
-                    if let Some(old) = self.running.insert(target.clone(), Probed { pid, declared, probe, stop }) {
-                        let _ = old.stop.send(true);
-                    }
-                    self.ensure_listener(&labels.namespace, &labels.pod, pid, netns);
+                    let first = match probe.sample(boottime_ns()) {
+                        Ok(sample) => Some(sample),
+                        Err(err) => {
+                            log::debug!(
+                                "first probe sample of {}/{}: {}",
+                                target.namespace,
+                                target.pod,
+                                ErrorChain(&err)
+                            );
+                            None
+                        }
+                    };
+                    self.commands.push(ProbeCommand::Watch { key: key.clone(), watch: probe.watch(), first });
+                    fresh.push(Fresh { key, target, pid, declared, probe: Arc::new(probe) });
                 }
                 Err(err) => {
+                    self.feeds.close(&key);
                     log::debug!(
                         "no probes for {}/{}/{} yet: {}",
                         target.namespace,
@@ -232,21 +307,56 @@ impl ProbeSupervisor {
         }
         // Containers that stopped running keep their probe (it answers "gone") until their unit
         // expires from the tracker; then everything about them goes.
-        let known: Vec<ProbeTarget> = self.running.keys().cloned().collect();
         let units = model.unit_targets();
-        for target in known {
-            if !seen.contains(&target)
-                && !units.contains(&(target.namespace.clone(), target.pod.clone(), target.container.clone()))
-            {
-                self.drop_probe(&target);
+        let gone: Vec<ProbeKey> = self
+            .running
+            .iter()
+            .filter(|(key, probed)| {
+                !seen.contains(key)
+                    && !units.contains(&(
+                        probed.target.namespace.clone(),
+                        probed.target.pod.clone(),
+                        probed.target.container.clone(),
+                    ))
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in gone {
+            self.drop_probe(&key);
+        }
+        // The model watches the new probes, and their first facts are out, before they answer.
+        let commands = std::mem::take(&mut self.commands);
+        if !commands.is_empty() {
+            commit(commands);
+        }
+        for Fresh { key, target, pid, declared, probe } in fresh {
+            self.probes.insert(probe.clone());
+            let (stop, stopped) = watch::channel(false);
+            if let Some(model) = &self.model {
+                tokio::spawn(probe.clone().run_refresher(DEFAULT_REFRESH, model.clone(), stopped));
             }
+            let (namespace, pod, netns) = (target.namespace.clone(), target.pod.clone(), probe.netns());
+            if let Some(old) = self.running.insert(key, Probed { target, pid, declared, probe, stop }) {
+                let _ = old.stop.send(true);
+            }
+            self.ensure_listener(&namespace, &pod, pid, netns);
         }
         let pods_alive: HashSet<(String, String)> =
-            self.running.keys().map(|t| (t.namespace.clone(), t.pod.clone())).collect();
-        let pods_seen: HashSet<(String, String)> = seen.iter().map(|t| (t.namespace.clone(), t.pod.clone())).collect();
+            self.running.values().map(|p| (p.target.namespace.clone(), p.target.pod.clone())).collect();
+        let pods_seen: HashSet<(String, String)> = self
+            .running
+            .iter()
+            .filter(|(key, _)| seen.contains(key))
+            .map(|(_, p)| (p.target.namespace.clone(), p.target.pod.clone()))
+            .collect();
         // Listeners of pods that are gone are dropped, which stops them.
         self.listeners.retain(|pod, _| pods_alive.contains(pod));
         self.declarations.retain(|pod, _| pods_alive.contains(pod) || pods_seen.contains(pod));
+        self.settle_adoption();
+    }
+
+    /// Closes sockets taken from the previous agent that no pod claimed within the window.
+    fn settle_adoption(&mut self) {
         if !self.adopted.is_empty() && Instant::now() >= self.adopted_until {
             log::info!("{} probe listener(s) taken from the previous agent matched no pod; closed", self.adopted.len());
             self.adopted.clear();
@@ -287,13 +397,15 @@ impl ProbeSupervisor {
         self.declarations.get(&pod).map(|d| d.parsed.checks_for(&target.container)).unwrap_or_default()
     }
 
-    /// Forgets a container's probe: its refresher stops, its series go.
-    fn drop_probe(&mut self, target: &ProbeTarget) {
-        if let Some(probed) = self.running.remove(target) {
-            let _ = probed.stop.send(true);
-        }
-        if self.probes.remove(target).is_some() {
-            self.metrics.forget(target);
+    /// Forgets a container's probe: its refresher stops, the model stops watching it, its
+    /// series go.
+    fn drop_probe(&mut self, key: &ProbeKey) {
+        let Some(probed) = self.running.remove(key) else { return };
+        let _ = probed.stop.send(true);
+        self.feeds.close(key);
+        self.commands.push(ProbeCommand::Unwatch(key.clone()));
+        if self.probes.remove(&probed.target, key).is_some() {
+            self.metrics.forget(&probed.target);
         }
     }
 
@@ -344,41 +456,52 @@ impl ProbeSupervisor {
         }
     }
 
-    /// Runs reconciliation every `period`, and soon after `wanted` is notified (a pod or a
-    /// container became known: its listener must be there before the kubelet's first probe),
-    /// until shutdown. Passes on notice are at least [`MIN_PASS_GAP`] apart, so a burst of pod
-    /// updates costs a few passes, not one each.
-    /// Beats `heartbeats` after each pass, so `/healthz` tells a stuck supervisor.
+    /// Runs a pass each time `model` publishes a snapshot (at most one per [`MIN_PASS_GAP`]: a
+    /// node starting, or a burst of pod updates, costs a few passes, not one each), until
+    /// shutdown. Every `period` it beats `heartbeats` (so `/healthz` tells a stuck supervisor),
+    /// re-reads the node's addresses and settles the adopted listeners, without a pass unless a
+    /// snapshot came meanwhile.
     ///
     /// Each pass runs on the blocking pool: it reads /proc, opens netlink sockets in pods'
     /// namespaces and reads declared files (each read bounded by
     /// [`super::pod::FILE_READ_TIMEOUT`]), none of which belongs on the workers that answer
     /// requests.
-    pub async fn run(
-        self,
-        snapshots: watch::Receiver<Arc<NodeSnapshot>>,
-        period: Duration,
-        wanted: Arc<tokio::sync::Notify>,
-        heartbeats: Arc<Heartbeats>,
-    ) {
+    pub(crate) async fn run(self, model: ModelHandle, period: Duration, heartbeats: Arc<Heartbeats>) {
+        let mut snapshots = model.snapshots();
         let mut ticker = tokio::time::interval(period);
         let mut shutdown = self.shutdown.clone();
         let mut supervisor = self;
+        supervisor.model = Some(model.clone());
         let mut last_pass = Instant::now();
+        let mut reconciled: Option<Arc<NodeSnapshot>> = None;
         loop {
-            let woken = async {
-                wanted.notified().await;
-                tokio::time::sleep(MIN_PASS_GAP.saturating_sub(last_pass.elapsed())).await;
-            };
             tokio::select! {
                 _ = ticker.tick() => {}
-                _ = woken => {}
+                changed = snapshots.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(MIN_PASS_GAP.saturating_sub(last_pass.elapsed())).await;
+                }
                 _ = shutdown.changed() => return,
             }
-            last_pass = Instant::now();
-            let snapshot = snapshots.borrow().clone();
+            let snapshot = snapshots.borrow_and_update().clone();
+            let new = !reconciled.as_ref().is_some_and(|done| Arc::ptr_eq(done, &snapshot));
+            let handle = tokio::runtime::Handle::current();
+            let model = model.clone();
+            let pass_snapshot = snapshot.clone();
             let pass = tokio::task::spawn_blocking(move || {
-                supervisor.reconcile(&snapshot);
+                if new {
+                    let commit = |commands: Vec<ProbeCommand>| {
+                        handle.block_on(model.update(move |tracker| ProbeCommand::apply_all(tracker, commands)));
+                    };
+                    supervisor.reconcile(&pass_snapshot, &commit);
+                } else {
+                    if let Err(err) = supervisor.sources.refresh_node_addresses() {
+                        log::warn!("cannot read the node's addresses (probe listeners keep the last ones): {err}");
+                    }
+                    supervisor.settle_adoption();
+                }
                 supervisor
             });
             supervisor = match pass.await {
@@ -389,8 +512,11 @@ impl ProbeSupervisor {
                     return;
                 }
             };
+            if new {
+                last_pass = Instant::now();
+                reconciled = Some(snapshot);
+            }
             heartbeats.beat(Loop::ProbeSupervisor);
-            ticker.reset();
         }
     }
 }

@@ -39,11 +39,14 @@ pub enum DroppedKind {
     /// An OOM victim or a kernel OOM log line that waited for its other half past the bound
     /// (`oom.rs`): that kill's limit stays unknown.
     OomLog,
+    /// A probed container past the cap on probed containers (`probed.rs`): its checks fail
+    /// "not observed yet".
+    ProbeWatch,
 }
 
 impl DroppedKind {
     /// Every kind, in label order.
-    pub const ALL: [DroppedKind; 12] = [
+    pub const ALL: [DroppedKind; 13] = [
         DroppedKind::Signal,
         DroppedKind::OomKill,
         DroppedKind::ExecSession,
@@ -56,6 +59,7 @@ impl DroppedKind {
         DroppedKind::KillNotice,
         DroppedKind::History,
         DroppedKind::OomLog,
+        DroppedKind::ProbeWatch,
     ];
 
     /// The `kind` label's value (the same spelling serde uses).
@@ -73,6 +77,7 @@ impl DroppedKind {
             DroppedKind::KillNotice => "kill_notice",
             DroppedKind::History => "history",
             DroppedKind::OomLog => "oom_log",
+            DroppedKind::ProbeWatch => "probe_watch",
         }
     }
 }

@@ -26,6 +26,7 @@ mod oom;
 mod outcome;
 mod phase;
 mod pods;
+mod probed;
 mod resync;
 mod shared;
 mod sidecar;
@@ -60,6 +61,10 @@ pub use instance::SeedProcess;
 use instance::{ExecFacts, Instance, InstanceKind, ProcessEntry};
 pub use outcome::{Ended, Outcome};
 pub use phase::{PodConditions, PodPhase, PodView};
+pub use probed::{
+    ListenerSample, PortSample, ProbeChanges, ProbeFacts, ProbeKey, ProbeSample, ProbeWatch, WatchKept,
+    MAX_TRACKED_PORTS, MAX_WATCHES as MAX_PROBE_WATCHES,
+};
 pub use snapshot::NodeSnapshot;
 pub use unit::{Judgement, PortStats, Unit, UnitCounters, UnitKey, UnitLabels, MAX_PORTS_PER_UNIT};
 pub use view::{ContainerView, RunningContainer};
@@ -157,6 +162,8 @@ pub struct NodeTracker {
     /// snapshot after one started, exited, was replaced by an heir or went (each of those empties
     /// it), shared by the snapshots until then (`snapshot.rs`).
     live_inits: std::sync::OnceLock<std::sync::Arc<[snapshot::LiveInit]>>,
+    /// The facts the probes read, for the containers the probe layer watches (`probed.rs`).
+    probed: probed::Probed,
 }
 
 impl NodeTracker {
@@ -181,6 +188,7 @@ impl NodeTracker {
             api: pods::ApiState::default(),
             oom: oom::OomJoin::default(),
             live_inits: std::sync::OnceLock::new(),
+            probed: probed::Probed::default(),
         }
     }
 
@@ -301,7 +309,49 @@ impl NodeTracker {
     #[must_use = "the outcome carries judgements and notices the caller routes"]
     pub fn apply(&mut self, event: &Event) -> Outcome {
         self.apply_event(event);
+        self.probed.apply(event, &mut self.staged.probes);
         self.outcome()
+    }
+
+    /// Watches the container `key` for its probes (see `probed.rs`), replacing an earlier
+    /// watch of it; `first` is the sample taken when probing began. Past the cap the watch is
+    /// refused and counted.
+    #[must_use = "the outcome names the probed containers whose facts changed"]
+    pub fn watch_probe(
+        &mut self,
+        key: ProbeKey,
+        watch: ProbeWatch,
+        first: Option<&ProbeSample>,
+    ) -> (WatchKept, Outcome) {
+        let kept = self.probed.watch(key.clone(), watch, &mut self.staged.probes);
+        match kept {
+            WatchKept::Kept => {
+                if let Some(first) = first {
+                    self.probed.sample(&key, first, &mut self.staged.probes);
+                }
+            }
+            WatchKept::Refused => self.dropped.add(DroppedKind::ProbeWatch, 1),
+        }
+        (kept, self.outcome())
+    }
+
+    /// Stops watching `key`: its facts go.
+    #[must_use = "the outcome names the probed containers whose facts changed"]
+    pub fn unwatch_probe(&mut self, key: &ProbeKey) -> Outcome {
+        self.probed.unwatch(key, &mut self.staged.probes);
+        self.outcome()
+    }
+
+    /// Applies what a /proc pass found for the probed container `key`.
+    #[must_use = "the outcome names the probed containers whose facts changed"]
+    pub fn sample_probe(&mut self, key: &ProbeKey, sample: &ProbeSample) -> Outcome {
+        self.probed.sample(key, sample, &mut self.staged.probes);
+        self.outcome()
+    }
+
+    /// What the checks of the probed container `key` read now; None when it is not watched.
+    pub fn probe_facts(&mut self, key: &ProbeKey) -> Option<ProbeFacts> {
+        self.probed.facts(key)
     }
 
     fn apply_event(&mut self, event: &Event) {

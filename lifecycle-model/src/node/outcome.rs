@@ -4,7 +4,7 @@
 //! judged (the exporters' distributions) and the notices for the plumbing (rescan, ask the
 //! runtime, read the kernel's OOM line). Nothing waits in the tracker between calls.
 
-use super::{Judgement, Notice};
+use super::{probed::ProbeChanges, Judgement, Notice};
 
 /// A container instance (or a host unit's run) that its init's exit ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +23,8 @@ pub struct Outcome {
     pub states_changed: bool,
     pub judgements: Vec<Judgement>,
     pub notices: Vec<Notice>,
+    /// The probed containers whose facts changed (`probed.rs`): published at once.
+    pub probes: ProbeChanges,
 }
 
 impl Outcome {
@@ -32,5 +34,6 @@ impl Outcome {
         self.states_changed |= other.states_changed;
         self.judgements.extend(other.judgements);
         self.notices.extend(other.notices);
+        self.probes.extend(other.probes);
     }
 }
