@@ -1,5 +1,8 @@
-//! The pod probe listener's serving loop: one thread per listener running a small `mio` event
-//! loop, so no client can delay another (issue 10).
+//! The pod probe listeners' serving loop: one thread running one small `mio` event loop for
+//! every pod's listener on the node, so no client can delay another (issue 10) and a node with
+//! a hundred probed pods runs one thread for them, not a hundred. Each listening socket keeps the
+//! network namespace it was bound in (`server::bind_in_netns`): the loop's thread never changes
+//! namespace.
 //!
 //! Probes are one GET each on a fresh connection (the kubelet disables keep-alive): the loop
 //! accepts without blocking, drops sources the [`SourceFilter`] does not allow, and answers a
@@ -9,16 +12,22 @@
 //! (that design was measured 2x cheaper than hyper on the tokio runtime), and nothing is
 //! registered with epoll for it. Only a connection whose head is incomplete is kept, registered,
 //! and given [`ListenerLimits::head_deadline`] to finish; at most
-//! [`ListenerLimits::max_connections`] are kept at once. Past that bound a new connection still
-//! gets one read: answered if its request is all there, else it takes the place of the
-//! connection kept longest. Every connection closed without an answer is counted by reason.
+//! [`ListenerLimits::max_connections`] are kept at once per listener. Past that bound a new
+//! connection still gets one read: answered if its request is all there, else it takes the place
+//! of that listener's connection kept longest. Every connection closed without an answer is
+//! counted by reason.
+//!
+//! Fairness between pods: a wake-up accepts at most [`ACCEPTS_PER_TURN`] connections from one
+//! listener, then serves the others; a listener with more waiting gets another turn at once (the
+//! poll does not sleep while one has). A pod whose listener is flooded (by itself, or by anyone
+//! on a node address) costs the others at most one turn's work per wake-up.
 
 use std::{
     io::{self, Read as _, Write as _},
     net::SocketAddr,
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc,
+        mpsc, Arc, Mutex,
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -37,8 +46,11 @@ use super::{
 pub const HEAD_DEADLINE: Duration = Duration::from_millis(250);
 /// Connections a listener keeps open at once (each waiting for the rest of its request head).
 pub const MAX_CONNECTIONS: usize = 64;
+/// Connections accepted from one listener before the others get their turn.
+pub const ACCEPTS_PER_TURN: usize = 16;
 
-const LISTENER: Token = Token(usize::MAX - 1);
+/// Listener tokens start here; connection tokens are their slots, below it.
+const LISTENER_BASE: usize = 1 << 32;
 const WAKER: Token = Token(usize::MAX);
 
 /// Bounds of one listener.
@@ -54,65 +66,102 @@ impl Default for ListenerLimits {
     }
 }
 
-/// A probe listener served by its own thread. Dropping it (or [`ProbeListener::stop`]) wakes the
-/// loop, which closes the socket and every open connection, and joins the thread.
-pub struct ProbeListener {
-    local: SocketAddr,
-    stop: Arc<AtomicBool>,
-    waker: Arc<Waker>,
+/// What a [`ProbeListeners`] loop is asked to do, between two wake-ups.
+enum Command {
+    Serve {
+        id: usize,
+        listener: Box<Served>,
+    },
+    /// Close a listener and its connections, then say so.
+    Close {
+        id: usize,
+        closed: mpsc::SyncSender<()>,
+    },
+}
+
+/// The loop's side of the handles: commands, and the waker that makes it read them.
+struct Control {
+    /// None once the loop has stopped: a command then has no one to run it (and a handle does
+    /// not wait for an answer that cannot come).
+    commands: Mutex<Option<Vec<Command>>>,
+    waker: Waker,
+    stop: AtomicBool,
+}
+
+impl Control {
+    /// Queues `command` for the loop; false if the loop has stopped.
+    fn send(&self, command: Command) -> bool {
+        match self.commands.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            Some(queue) => queue.push(command),
+            None => return false,
+        }
+        if let Err(err) = self.waker.wake() {
+            log::warn!("cannot wake the probe listeners' loop: {err}");
+        }
+        true
+    }
+}
+
+/// One thread serving any number of probe listeners (see the module header). Dropping it stops
+/// the thread, which closes every listener and connection it still has.
+pub struct ProbeListeners {
+    control: Arc<Control>,
+    next_id: std::sync::atomic::AtomicUsize,
     thread: Option<JoinHandle<()>>,
 }
 
-impl ProbeListener {
-    /// Starts serving `listener` with `answer`, letting in only what `sources` allows.
-    pub fn start(
+impl ProbeListeners {
+    /// Starts the loop's thread; each listener it serves has `limits`.
+    pub fn start(limits: ListenerLimits) -> Result<Self, ServerError> {
+        let poll = Poll::new().map_err(ServerError::Start)?;
+        let waker = Waker::new(poll.registry(), WAKER).map_err(ServerError::Start)?;
+        let control = Arc::new(Control { commands: Mutex::new(Some(Vec::new())), waker, stop: AtomicBool::new(false) });
+        let mut serving = Loop { poll, control: control.clone(), limits, listeners: Vec::new(), slots: Vec::new() };
+        let thread = std::thread::Builder::new()
+            .name("probe-listeners".into())
+            .spawn(move || {
+                serving.run();
+                // What is still queued is dropped, so no handle waits on it.
+                serving.control.commands.lock().unwrap_or_else(|p| p.into_inner()).take();
+            })
+            .map_err(ServerError::Start)?;
+        Ok(Self { control, next_id: 0.into(), thread: Some(thread) })
+    }
+
+    /// Serves `listener` with `answer`, letting in only what `sources` allows, until the
+    /// returned handle is dropped.
+    pub fn serve(
+        &self,
         listener: std::net::TcpListener,
         answer: Arc<dyn ProbeAnswer>,
         sources: SourceFilter,
         counters: ConnectionCounters,
-        limits: ListenerLimits,
-    ) -> Result<Self, ServerError> {
+    ) -> Result<ProbeListener, ServerError> {
         let local = listener.local_addr().map_err(ServerError::Start)?;
         listener.set_nonblocking(true).map_err(ServerError::Start)?;
         defer_accept(&listener);
         deepen_backlog(&listener);
-        let mut listener = mio::net::TcpListener::from_std(listener);
-        let poll = Poll::new().map_err(ServerError::Start)?;
-        poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(ServerError::Start)?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(ServerError::Start)?);
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut serving = Loop {
-            poll,
-            listener,
-            stop: stop.clone(),
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let served = Served {
+            listener: mio::net::TcpListener::from_std(listener),
             answer,
             sources,
             counters,
-            limits,
-            slots: (0..limits.max_connections).map(|_| None).collect(),
             open: 0,
+            more_waiting: false,
         };
-        let thread = std::thread::Builder::new()
-            .name("probe-listener".into())
-            .spawn(move || serving.run())
-            .map_err(ServerError::Start)?;
-        Ok(Self { local, stop, waker, thread: Some(thread) })
+        if !self.control.send(Command::Serve { id, listener: Box::new(served) }) {
+            return Err(ServerError::Start(io::Error::other("the probe listeners' loop has stopped")));
+        }
+        Ok(ProbeListener { local, id, control: self.control.clone(), own_loop: None })
     }
+}
 
-    /// The address the listener is bound to.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local
-    }
-
-    /// Stops accepting, closes every connection and waits for the serving thread.
-    pub fn stop(mut self) {
-        self.shut_down();
-    }
-
-    fn shut_down(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Err(err) = self.waker.wake() {
-            log::warn!("cannot wake a probe listener to stop it: {err}");
+impl Drop for ProbeListeners {
+    fn drop(&mut self) {
+        self.control.stop.store(true, Ordering::Release);
+        if let Err(err) = self.control.waker.wake() {
+            log::warn!("cannot wake the probe listeners' loop to stop it: {err}");
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -120,101 +169,229 @@ impl ProbeListener {
     }
 }
 
+/// One listener served by a [`ProbeListeners`] loop. Dropping it (or [`ProbeListener::stop`])
+/// closes the socket and every open connection of it before it returns.
+pub struct ProbeListener {
+    local: SocketAddr,
+    id: usize,
+    control: Arc<Control>,
+    /// The loop this listener alone is served by ([`ProbeListener::start`]).
+    own_loop: Option<ProbeListeners>,
+}
+
+impl ProbeListener {
+    /// Serves `listener` on a loop of its own (a tool, a test, the bench): the agent serves its
+    /// pods' listeners on one shared [`ProbeListeners`].
+    pub fn start(
+        listener: std::net::TcpListener,
+        answer: Arc<dyn ProbeAnswer>,
+        sources: SourceFilter,
+        counters: ConnectionCounters,
+        limits: ListenerLimits,
+    ) -> Result<Self, ServerError> {
+        let own = ProbeListeners::start(limits)?;
+        let mut served = own.serve(listener, answer, sources, counters)?;
+        served.own_loop = Some(own);
+        Ok(served)
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Stops accepting and closes every connection.
+    pub fn stop(self) {}
+}
+
 impl Drop for ProbeListener {
     fn drop(&mut self) {
-        self.shut_down();
+        let (closed, done) = mpsc::sync_channel(1);
+        // The loop answers at its next wake-up; one that stopped has closed everything, and
+        // drops the command (the answer is then an error at once).
+        if self.control.send(Command::Close { id: self.id, closed }) {
+            let _ = done.recv();
+        }
+        // Then its own loop, if it has one, stops.
+        self.own_loop.take();
     }
+}
+
+/// One listener in the loop.
+struct Served {
+    listener: mio::net::TcpListener,
+    answer: Arc<dyn ProbeAnswer>,
+    sources: SourceFilter,
+    counters: ConnectionCounters,
+    /// Its connections kept open.
+    open: usize,
+    /// Its turn's accepts ran out before the kernel's queue did: it gets another turn at once.
+    more_waiting: bool,
 }
 
 /// The serving thread's state.
 struct Loop {
     poll: Poll,
-    listener: mio::net::TcpListener,
-    stop: Arc<AtomicBool>,
-    answer: Arc<dyn ProbeAnswer>,
-    sources: SourceFilter,
-    counters: ConnectionCounters,
+    control: Arc<Control>,
     limits: ListenerLimits,
-    /// Connections waiting for the rest of their request head (or for room to write the answer);
-    /// the index is the connection's token.
-    slots: Vec<Option<Connection>>,
-    open: usize,
+    /// Listeners by index (their token is `LISTENER_BASE + index`), with their ids.
+    listeners: Vec<Option<(usize, Served)>>,
+    /// Connections waiting for the rest of their request head (or for room to write the answer),
+    /// with their listener's index; the index is the connection's token.
+    slots: Vec<Option<(usize, Connection)>>,
 }
 
 impl Loop {
     fn run(&mut self) {
-        let mut events = Events::with_capacity(self.limits.max_connections + 2);
+        let mut events = Events::with_capacity(1024);
         loop {
-            let timeout = self.next_deadline().map(|d| d.saturating_duration_since(Instant::now()));
+            let more_waiting = self.listeners.iter().flatten().any(|(_, l)| l.more_waiting);
+            let timeout = match more_waiting {
+                true => Some(Duration::ZERO),
+                false => self.next_deadline().map(|d| d.saturating_duration_since(Instant::now())),
+            };
             if let Err(err) = self.poll.poll(&mut events, timeout) {
                 if err.kind() != io::ErrorKind::Interrupted {
-                    log::warn!("a probe listener's poll failed: {err}");
+                    log::warn!("the probe listeners' poll failed: {err}");
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 continue;
             }
-            if self.stop.load(Ordering::Acquire) {
+            if self.control.stop.load(Ordering::Acquire) {
                 return;
             }
             for event in &events {
                 match event.token() {
-                    WAKER => {}
-                    LISTENER => self.accept_all(),
+                    WAKER => self.run_commands(),
+                    Token(t) if t >= LISTENER_BASE => {
+                        if let Some(Some((_, listener))) = self.listeners.get_mut(t - LISTENER_BASE) {
+                            listener.more_waiting = true;
+                        }
+                    }
                     Token(slot) => self.advance(slot),
+                }
+            }
+            // Every listener with connections waiting takes one turn.
+            for index in 0..self.listeners.len() {
+                if self.listeners[index].as_ref().is_some_and(|(_, l)| l.more_waiting) {
+                    self.accept_turn(index);
                 }
             }
             self.expire(Instant::now());
         }
     }
 
-    fn accept_all(&mut self) {
-        loop {
-            let (stream, peer) = match self.listener.accept() {
+    fn run_commands(&mut self) {
+        let commands = match self.control.commands.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            Some(queue) => std::mem::take(queue),
+            None => return,
+        };
+        for command in commands {
+            match command {
+                Command::Serve { id, listener } => self.add(id, *listener),
+                Command::Close { id, closed } => {
+                    self.remove(id);
+                    let _ = closed.send(());
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, id: usize, mut served: Served) {
+        let index = match self.listeners.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                self.listeners.push(None);
+                self.listeners.len() - 1
+            }
+        };
+        match self.poll.registry().register(&mut served.listener, Token(LISTENER_BASE + index), Interest::READABLE) {
+            Ok(()) => {
+                // Connections queued before it was registered raise no event: look at once.
+                served.more_waiting = true;
+                self.listeners[index] = Some((id, served));
+            }
+            Err(err) => log::warn!("cannot serve a probe listener: {err}"),
+        }
+    }
+
+    fn remove(&mut self, id: usize) {
+        let Some(index) = self.listeners.iter().position(|l| l.as_ref().is_some_and(|(known, _)| *known == id)) else {
+            return;
+        };
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].as_ref().is_some_and(|(owner, _)| *owner == index) {
+                self.close(slot);
+            }
+        }
+        if let Some((_, mut served)) = self.listeners[index].take() {
+            let _ = self.poll.registry().deregister(&mut served.listener);
+        }
+    }
+
+    /// Accepts at most [`ACCEPTS_PER_TURN`] connections of listener `index`.
+    fn accept_turn(&mut self, index: usize) {
+        for _ in 0..ACCEPTS_PER_TURN {
+            let Some((_, served)) = self.listeners[index].as_mut() else { return };
+            let (stream, peer) = match served.listener.accept() {
                 Ok(accepted) => accepted,
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                    served.more_waiting = false;
+                    return;
+                }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 // A client that reset before the accept: nothing to do.
                 Err(err) if err.kind() == io::ErrorKind::ConnectionAborted => continue,
                 Err(err) => {
                     // EMFILE and friends: leave the rest queued; the next connection retries.
                     log::warn!("accept on a probe listener failed: {err}");
+                    served.more_waiting = false;
                     return;
                 }
             };
-            if !self.sources.allows(peer.ip()) {
-                self.counters.source.inc();
+            if !served.sources.allows(peer.ip()) {
+                served.counters.source.inc();
                 continue;
             }
             let mut connection = Connection::new(stream, Instant::now() + self.limits.head_deadline);
-            let Step::Wait(interest) = connection.advance(self.answer.as_ref()) else { continue };
-            if self.open >= self.limits.max_connections {
+            let Step::Wait(interest) = connection.advance(served.answer.as_ref()) else { continue };
+            if served.open >= self.limits.max_connections {
                 // Full: the connection kept longest makes room. A real client (the kubelet)
                 // sends its whole request at once, so the newest is the likeliest to be one;
                 // refusing newcomers instead let anyone on a node address who holds 64
                 // connections fail every probe of the pod (issue 18).
-                self.counters.busy.inc();
-                self.evict_oldest();
+                served.counters.busy.inc();
+                self.evict_oldest(index);
             }
-            self.keep(connection, interest);
+            self.keep(index, connection, interest);
         }
     }
 
-    /// Registers a connection that has to wait and keeps it in a free slot.
-    fn keep(&mut self, mut connection: Connection, interest: Interest) {
-        let Some(slot) = self.slots.iter().position(Option::is_none) else { return };
+    /// Registers a connection of listener `index` that has to wait and keeps it in a free slot.
+    fn keep(&mut self, index: usize, mut connection: Connection, interest: Interest) {
+        let slot = match self.slots.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
         match self.poll.registry().register(&mut connection.stream, Token(slot), interest) {
             Ok(()) => {
                 connection.interest = interest;
-                self.slots[slot] = Some(connection);
-                self.open += 1;
+                self.slots[slot] = Some((index, connection));
+                if let Some((_, served)) = self.listeners[index].as_mut() {
+                    served.open += 1;
+                }
             }
             Err(err) => log::warn!("cannot register a probe connection: {err}"),
         }
     }
 
     fn advance(&mut self, slot: usize) {
-        let Some(connection) = self.slots.get_mut(slot).and_then(Option::as_mut) else { return };
-        match connection.advance(self.answer.as_ref()) {
+        let Some((index, connection)) = self.slots.get_mut(slot).and_then(Option::as_mut) else { return };
+        let Some((_, served)) = self.listeners.get(*index).and_then(Option::as_ref) else { return };
+        match connection.advance(served.answer.as_ref()) {
             Step::Done => self.close(slot),
             Step::Wait(interest) if interest != connection.interest => {
                 connection.interest = interest;
@@ -227,13 +404,15 @@ impl Loop {
         }
     }
 
-    /// Closes the connection with the earliest deadline (the one kept longest).
-    fn evict_oldest(&mut self) {
+    /// Closes listener `index`'s connection with the earliest deadline (the one kept longest).
+    fn evict_oldest(&mut self, index: usize) {
         let oldest = self
             .slots
             .iter()
             .enumerate()
-            .filter_map(|(slot, c)| Some((c.as_ref()?.deadline, slot)))
+            .filter_map(|(slot, kept)| {
+                kept.as_ref().filter(|(owner, _)| *owner == index).map(|(_, c)| (c.deadline, slot))
+            })
             .min()
             .map(|(_, slot)| slot);
         if let Some(slot) = oldest {
@@ -242,27 +421,26 @@ impl Loop {
     }
 
     fn close(&mut self, slot: usize) {
-        if let Some(mut connection) = self.slots.get_mut(slot).and_then(Option::take) {
+        if let Some((index, mut connection)) = self.slots.get_mut(slot).and_then(Option::take) {
             let _ = self.poll.registry().deregister(&mut connection.stream);
-            self.open -= 1;
+            if let Some((_, served)) = self.listeners.get_mut(index).and_then(Option::as_mut) {
+                served.open -= 1;
+            }
         }
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        if self.open == 0 {
-            return None;
-        }
-        self.slots.iter().flatten().map(|c| c.deadline).min()
+        self.slots.iter().flatten().map(|(_, c)| c.deadline).min()
     }
 
     /// Closes the connections whose deadline has passed.
     fn expire(&mut self, now: Instant) {
-        if self.open == 0 {
-            return;
-        }
         for slot in 0..self.slots.len() {
-            if self.slots[slot].as_ref().is_some_and(|c| c.deadline <= now) {
-                self.counters.timeout.inc();
+            let Some((index, connection)) = self.slots[slot].as_ref() else { continue };
+            if connection.deadline <= now {
+                if let Some((_, served)) = self.listeners.get(*index).and_then(Option::as_ref) {
+                    served.counters.timeout.inc();
+                }
                 self.close(slot);
             }
         }

@@ -190,3 +190,39 @@ fn oversized_heads_and_early_closes_get_no_answer() {
     assert_eq!(get(addr, "/probe/process"), Some((200, "ok\n".into())));
     assert_eq!(counters.timeout.get(), 0);
 }
+
+#[test]
+fn one_loop_serves_every_pod_and_a_pod_holding_its_places_takes_none_of_anothers() {
+    // Issue 17: every pod listener is served by one loop; the bounds stay per pod.
+    let limits = ListenerLimits { head_deadline: Duration::from_secs(30), max_connections: 4 };
+    let serving = ProbeListeners::start(limits).expect("loop");
+    let (declaration, _) = Declaration::from_annotation("/probe/tcp?port=8080\n/probe/process\n");
+    let answer: Arc<dyn ProbeAnswer> = Arc::new(Declared(declaration));
+    let serve = |counters: &ConnectionCounters| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        serving.serve(listener, answer.clone(), any(), counters.clone()).expect("serve")
+    };
+    let (hostile_counters, quiet_counters) = (ConnectionCounters::unregistered(), ConnectionCounters::unregistered());
+    let (hostile, quiet) = (serve(&hostile_counters), serve(&quiet_counters));
+    // The quiet pod's kubelet has a connection of its own waiting for the rest of its head.
+    let mut pending = half_sent(quiet.local_addr());
+    // The hostile pod's clients hold four times its places.
+    let mut held: Vec<TcpStream> = (0..16).map(|_| half_sent(hostile.local_addr())).collect();
+    assert!(closed_within(&mut held[0], Duration::from_secs(2)), "the hostile pod's own oldest make room");
+    assert_eq!(get(hostile.local_addr(), "/probe/process"), Some((200, "ok\n".into())));
+    // The quiet pod lost nothing: its waiting connection is kept and answered, and new ones too.
+    assert!(!closed_within(&mut pending, Duration::from_millis(20)), "another pod's place is not taken");
+    pending.write_all(b"p?port=8080 HTTP/1.1\r\n\r\n").expect("rest of the head");
+    assert_eq!(read_answer(&mut pending), Some((200, "ok\n".into())));
+    for _ in 0..20 {
+        assert_eq!(get(quiet.local_addr(), "/probe/process"), Some((200, "ok\n".into())));
+    }
+    assert_eq!(quiet_counters.busy.get(), 0);
+    assert!(hostile_counters.busy.get() >= 12, "{}", hostile_counters.busy.get());
+    // Closing one pod's listener closes its connections; the other's loop goes on.
+    drop(hostile);
+    for stream in &mut held[12..] {
+        assert!(closed_within(stream, Duration::from_secs(2)), "closing the listener closes what it held");
+    }
+    assert_eq!(get(quiet.local_addr(), "/probe/process"), Some((200, "ok\n".into())));
+}

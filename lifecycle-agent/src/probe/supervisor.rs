@@ -44,7 +44,7 @@ use crate::{
         bind_in_netns,
         declaration::{Declaration, Refusal, RefusalReason},
         feeds::ProbeFeeds,
-        listener::{ListenerLimits, ProbeListener},
+        listener::{ListenerLimits, ProbeListener, ProbeListeners},
         metrics::{ProbeMetrics, ProbeTarget},
         pod::DEFAULT_REFRESH,
         server::PodRouter,
@@ -53,7 +53,7 @@ use crate::{
     },
 };
 
-/// A running per-pod listener; dropping it stops its thread.
+/// A running per-pod listener; dropping it closes it.
 struct PodListener {
     netns: u32,
     _server: ProbeListener,
@@ -187,6 +187,9 @@ pub struct ProbeSupervisor {
     registry: Arc<ListenerRegistry>,
     /// Set once adopted listeners are claimed or given up (`/readyz`).
     settled: Arc<AtomicBool>,
+    /// The one loop serving every pod listener, started with the first (last: the listeners
+    /// above close through it when the supervisor goes).
+    serving: Option<ProbeListeners>,
 }
 
 /// How long sockets taken from the previous agent wait for their pods to be known again.
@@ -234,6 +237,7 @@ impl ProbeSupervisor {
             adopted_until: Instant::now(),
             registry: Arc::default(),
             settled: Arc::new(AtomicBool::new(false)),
+            serving: None,
         }
     }
 
@@ -439,8 +443,16 @@ impl ProbeSupervisor {
                 };
                 let answer: Arc<dyn ProbeAnswer> = Arc::new(PodRouter::new(self.probes.clone(), &key.0, &key.1));
                 let counters = self.metrics.connection_counters();
-                match ProbeListener::start(listener, answer, self.sources.clone(), counters, ListenerLimits::default())
-                {
+                let served = match self.serving.take() {
+                    Some(serving) => Ok(serving),
+                    None => ProbeListeners::start(ListenerLimits::default()),
+                }
+                .and_then(|serving| {
+                    let served = serving.serve(listener, answer, self.sources.clone(), counters);
+                    self.serving = Some(serving);
+                    served
+                });
+                match served {
                     Ok(server) => {
                         let how = if was_adopted { "taken over from the previous agent" } else { "bound" };
                         log::info!(
