@@ -7,13 +7,13 @@
 //!
 //! A pod declares checks in its `lifecycle.dev/probes` annotation (from the CRI) and through the
 //! `httpGet` probes of its spec aimed at the probe port (from the Kubernetes API): the kubelet
-//! will send exactly those paths. Each pod's declaration is parsed once per text it has: refused entries are logged then, once,
-//! and counted. The node's addresses (the listeners' default source filter) are re-read on every
-//! reconciliation.
+//! will send exactly those paths. Each pod's declaration is parsed once per text it has: refused
+//! entries are logged then, once, and counted.
 //!
-//! It follows the model's snapshots: a pass runs when one is published (at most one per
-//! [`MIN_PASS_GAP`]), not on a poll; a tick only beats its heartbeat and re-reads the node's
-//! addresses. The containers it probes it tells the model to watch (their netns, main pid and
+//! It follows the model's snapshots: a pass runs when one of another generation is published
+//! (containers, their states, names or pods changed; at most one pass per [`MIN_PASS_GAP`]), not
+//! on a poll; a tick (a second) only beats its heartbeat and re-reads the node's addresses (the
+//! listeners' default source filter). The containers it probes it tells the model to watch (their netns, main pid and
 //! declared ports, with a first /proc sample), and it opens each one's feed of facts first, so
 //! a new probe answers from the model's facts from its first request.
 //!
@@ -245,9 +245,6 @@ impl ProbeSupervisor {
     /// declared; `commit` runs the pass's commands on the model and returns once their facts are
     /// published, before new probes are served.
     pub fn reconcile(&mut self, model: &NodeSnapshot, commit: &dyn Fn(Vec<ProbeCommand>)) {
-        if let Err(err) = self.sources.refresh_node_addresses() {
-            log::warn!("cannot read the node's addresses (probe listeners keep the last ones): {err}");
-        }
         let running = model.running_containers();
         let mut seen = Vec::new();
         let mut fresh = Vec::new();
@@ -311,7 +308,8 @@ impl ProbeSupervisor {
         }
         // Containers that stopped running keep their probe (it answers "gone") until their unit
         // expires from the tracker; then everything about them goes.
-        let units = model.unit_targets();
+        let unseen = self.running.keys().any(|key| !seen.contains(key));
+        let units = if unseen { model.unit_targets() } else { Default::default() };
         let gone: Vec<ProbeKey> = self
             .running
             .iter()
@@ -356,7 +354,6 @@ impl ProbeSupervisor {
         // Listeners of pods that are gone are dropped, which stops them.
         self.listeners.retain(|pod, _| pods_alive.contains(pod));
         self.declarations.retain(|pod, _| pods_alive.contains(pod) || pods_seen.contains(pod));
-        self.settle_adoption();
     }
 
     /// Closes sockets taken from the previous agent that no pod claimed within the window.
@@ -468,9 +465,10 @@ impl ProbeSupervisor {
         }
     }
 
-    /// Runs a pass each time `model` publishes a snapshot (at most one per [`MIN_PASS_GAP`]: a
-    /// node starting, or a burst of pod updates, costs a few passes, not one each), until
-    /// shutdown. Every `period` it beats `heartbeats` (so `/healthz` tells a stuck supervisor),
+    /// Runs a pass each time `model` publishes a snapshot of another generation (containers,
+    /// their states, names or pods changed; not when only counters moved), at most one per
+    /// [`MIN_PASS_GAP`] (a node starting, or a burst of pod updates, costs a few passes, not one
+    /// each), until shutdown. Every `period` it beats `heartbeats` (so `/healthz` tells a stuck supervisor),
     /// re-reads the node's addresses and settles the adopted listeners, without a pass unless a
     /// snapshot came meanwhile.
     ///
@@ -485,35 +483,53 @@ impl ProbeSupervisor {
         let mut supervisor = self;
         supervisor.model = Some(model.clone());
         let mut last_pass = Instant::now();
-        let mut reconciled: Option<Arc<NodeSnapshot>> = None;
+        let mut reconciled: Option<u64> = None;
+        let mut addresses_read = false;
         loop {
-            tokio::select! {
-                _ = ticker.tick() => {}
+            let tick = tokio::select! {
+                _ = ticker.tick() => true,
                 changed = snapshots.changed() => {
                     if changed.is_err() {
                         return;
                     }
+                    // Counters alone moved: nothing a pass would change, and nothing to wait for.
+                    if reconciled == Some(snapshots.borrow_and_update().generation()) {
+                        continue;
+                    }
                     tokio::time::sleep(MIN_PASS_GAP.saturating_sub(last_pass.elapsed())).await;
+                    false
                 }
                 _ = shutdown.changed() => return,
-            }
+            };
             let snapshot = snapshots.borrow_and_update().clone();
-            let new = !reconciled.as_ref().is_some_and(|done| Arc::ptr_eq(done, &snapshot));
+            let mut new = reconciled != Some(snapshot.generation());
+            if new && supervisor.running.is_empty() && !snapshot.declares_probes(supervisor.pod_port) {
+                // Nothing probed, nothing declared (most nodes, most of the time): a pass would
+                // change nothing, and a node with containers restarting would make ten a second.
+                reconciled = Some(snapshot.generation());
+                new = false;
+            }
             let handle = tokio::runtime::Handle::current();
             let model = model.clone();
             let pass_snapshot = snapshot.clone();
+            let read_addresses = tick || !addresses_read;
+            addresses_read = true;
             let pass = tokio::task::spawn_blocking(move || {
+                // The node's addresses (who may connect) are read before the first listener and
+                // again every tick, not at every pass: a node with containers restarting makes up
+                // to ten passes a second.
+                if read_addresses {
+                    if let Err(err) = supervisor.sources.refresh_node_addresses() {
+                        log::warn!("cannot read the node's addresses (probe listeners keep the last ones): {err}");
+                    }
+                }
                 if new {
                     let commit = |commands: Vec<ProbeCommand>| {
                         handle.block_on(model.update(move |tracker| ProbeCommand::apply_all(tracker, commands)));
                     };
                     supervisor.reconcile(&pass_snapshot, &commit);
-                } else {
-                    if let Err(err) = supervisor.sources.refresh_node_addresses() {
-                        log::warn!("cannot read the node's addresses (probe listeners keep the last ones): {err}");
-                    }
-                    supervisor.settle_adoption();
                 }
+                supervisor.settle_adoption();
                 supervisor
             });
             supervisor = match pass.await {
@@ -526,7 +542,7 @@ impl ProbeSupervisor {
             };
             if new {
                 last_pass = Instant::now();
-                reconciled = Some(snapshot);
+                reconciled = Some(snapshot.generation());
             }
             heartbeats.beat(Loop::ProbeSupervisor);
         }

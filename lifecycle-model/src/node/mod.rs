@@ -164,6 +164,9 @@ pub struct NodeTracker {
     live_inits: std::sync::OnceLock<std::sync::Arc<[snapshot::LiveInit]>>,
     /// The facts the probes read, for the containers the probe layer watches (`probed.rs`).
     probed: probed::Probed,
+    /// Advanced by every call that may change the containers, their states, names or pods: all
+    /// but an event that only counted and the probe layer's own calls (`NodeSnapshot::generation`).
+    generation: u64,
 }
 
 impl NodeTracker {
@@ -189,12 +192,24 @@ impl NodeTracker {
             oom: oom::OomJoin::default(),
             live_inits: std::sync::OnceLock::new(),
             probed: probed::Probed::default(),
+            generation: 0,
         }
     }
 
     /// What the call that is returning changed (every public mutator ends with this).
     fn outcome(&mut self) -> Outcome {
+        self.generation += 1;
         std::mem::take(&mut self.staged)
+    }
+
+    /// The outcome of a call that changed at most counters and the probes' facts, unless it
+    /// says a state changed: the generation moves only then.
+    fn counted_outcome(&mut self) -> Outcome {
+        let outcome = std::mem::take(&mut self.staged);
+        if outcome.states_changed || !outcome.ended.is_empty() {
+            self.generation += 1;
+        }
+        outcome
     }
 
     /// A cgroup that existed before the agent started (from the initial scan).
@@ -310,7 +325,7 @@ impl NodeTracker {
     pub fn apply(&mut self, event: &Event) -> Outcome {
         self.apply_event(event);
         self.probed.apply(event, &mut self.staged.probes);
-        self.outcome()
+        self.counted_outcome()
     }
 
     /// Watches the container `key` for its probes (see `probed.rs`), replacing an earlier
@@ -332,21 +347,21 @@ impl NodeTracker {
             }
             WatchKept::Refused => self.dropped.add(DroppedKind::ProbeWatch, 1),
         }
-        (kept, self.outcome())
+        (kept, self.counted_outcome())
     }
 
     /// Stops watching `key`: its facts go.
     #[must_use = "the outcome names the probed containers whose facts changed"]
     pub fn unwatch_probe(&mut self, key: &ProbeKey) -> Outcome {
         self.probed.unwatch(key, &mut self.staged.probes);
-        self.outcome()
+        self.counted_outcome()
     }
 
     /// Applies what a /proc pass found for the probed container `key`.
     #[must_use = "the outcome names the probed containers whose facts changed"]
     pub fn sample_probe(&mut self, key: &ProbeKey, sample: &ProbeSample) -> Outcome {
         self.probed.sample(key, sample, &mut self.staged.probes);
-        self.outcome()
+        self.counted_outcome()
     }
 
     /// What the checks of the probed container `key` read now; None when it is not watched.

@@ -22,6 +22,7 @@ pub struct NodeSnapshot {
     pub(super) pods: Pods,
     pub(super) history: Arc<History>,
     pub(super) dropped: DroppedCounts,
+    pub(super) generation: u64,
 }
 
 /// A container cgroup whose init is alive.
@@ -40,6 +41,13 @@ impl NodeSnapshot {
     /// What was dropped to stay within the bounds, by kind (see `bounds.rs`).
     pub fn dropped(&self) -> &DroppedCounts {
         &self.dropped
+    }
+
+    /// Changes when the node's containers, their states, names or pods may have changed; stays
+    /// when only counters moved (an exec, a signal, an accept). A reader that follows what runs
+    /// (the probe supervisor) skips the snapshots that keep it.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The init of each container cgroup that has a live one, by cgroup.
@@ -77,6 +85,7 @@ impl NodeTracker {
             pods: self.pods.clone(),
             history: self.history.clone(),
             dropped: self.dropped,
+            generation: self.generation,
         }
     }
 }

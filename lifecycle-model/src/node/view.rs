@@ -110,6 +110,20 @@ impl NodeSnapshot {
             .collect()
     }
 
+    /// Whether a container of the node declares probes: in its pod's annotation, or as an
+    /// `httpGet` probe of its pod's spec aimed at `probe_port`. Reads without allocating, so a
+    /// reader can skip the work of [`Self::running_containers`] on a node that probes nothing.
+    pub fn declares_probes(&self, probe_port: Option<u16>) -> bool {
+        self.units().filter(|unit| matches!(unit.key, UnitKey::Container { .. })).any(|unit| {
+            unit.probe_declaration.is_some()
+                || probe_port.is_some_and(|port| {
+                    self.pods.get(&unit.labels.uid).is_some_and(|pod| {
+                        pod.containers.iter().any(|c| c.http_probes.iter().any(|probe| probe.port == port))
+                    })
+                })
+        })
+    }
+
     /// (namespace, pod, container) of every unit still tracked.
     pub fn unit_targets(&self) -> Vec<(String, String, String)> {
         self.units().map(|u| (u.labels.namespace.clone(), u.labels.pod.clone(), u.labels.container.clone())).collect()

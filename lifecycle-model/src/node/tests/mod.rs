@@ -195,6 +195,37 @@ fn a_snapshot_keeps_what_it_showed_while_the_model_goes_on() {
 }
 
 #[test]
+fn the_generation_moves_when_containers_change_and_stays_when_only_counters_do() {
+    let mut tracker = tracker_with_cri();
+    let generation = |tracker: &NodeTracker| tracker.snapshot().generation();
+    let start = generation(&tracker);
+    tracker.set_metadata(vec![meta(1, 30)]);
+    let named = generation(&tracker);
+    assert!(named > start, "names changed");
+    let cg = container_cgroup(&mut tracker, SECOND, 1);
+    tracker.apply(&exec(2 * SECOND, 100, cg, SHIM_CGROUP, "app"));
+    let running = generation(&tracker);
+    assert!(running > named, "a container appeared and started");
+    // A process the runtime starts into the running container (an exec probe), a signal: counted.
+    tracker.apply(&exec(3 * SECOND, 101, cg, SHIM_CGROUP, "sh"));
+    tracker.apply(&signal(3 * SECOND, (101, cg, "sh"), (100, cg), 10));
+    assert_eq!(generation(&tracker), running, "only counters moved");
+    tracker.apply(&exit(4 * SECOND, 100, cg, Some(0), None));
+    assert!(generation(&tracker) > running, "the container ended");
+}
+
+#[test]
+fn a_node_declares_probes_only_when_a_container_does() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_metadata(vec![meta(1, 30)]);
+    container_cgroup(&mut tracker, SECOND, 1);
+    assert!(!tracker.snapshot().declares_probes(Some(9891)), "no annotation, no pod spec");
+    let declaring = ContainerMeta { probe_declaration: Some("/probe/process".into()), ..meta(1, 30) };
+    tracker.set_metadata(vec![declaring]);
+    assert!(tracker.snapshot().declares_probes(None), "its pod's annotation declares a check");
+}
+
+#[test]
 fn late_metadata_links_the_instance_and_judges_with_its_grace_period() {
     let mut tracker = tracker_with_cri();
     let id = 1000 + 1;
