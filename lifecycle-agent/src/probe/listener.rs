@@ -102,6 +102,15 @@ impl Control {
     }
 }
 
+/// Ends the loop's side of [`Control`] when the loop's thread ends, returning or unwinding.
+struct Stopped(Arc<Control>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.commands.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
 /// One thread serving any number of probe listeners (see the module header). Dropping it stops
 /// the thread, which closes every listener and connection it still has.
 pub struct ProbeListeners {
@@ -120,9 +129,9 @@ impl ProbeListeners {
         let thread = std::thread::Builder::new()
             .name("probe-listeners".into())
             .spawn(move || {
+                // However the loop ends, what is still queued is dropped, so no handle waits on it.
+                let _stopped = Stopped(serving.control.clone());
                 serving.run();
-                // What is still queued is dropped, so no handle waits on it.
-                serving.control.commands.lock().unwrap_or_else(|p| p.into_inner()).take();
             })
             .map_err(ServerError::Start)?;
         Ok(Self { control, next_id: 0.into(), thread: Some(thread) })
@@ -354,7 +363,7 @@ impl Loop {
                 continue;
             }
             let mut connection = Connection::new(stream, Instant::now() + self.limits.head_deadline);
-            let Step::Wait(interest) = connection.advance(served.answer.as_ref()) else { continue };
+            let Step::Wait(interest) = connection.advance_guarded(served.answer.as_ref()) else { continue };
             if served.open >= self.limits.max_connections {
                 // Full: the connection kept longest makes room. A real client (the kubelet)
                 // sends its whole request at once, so the newest is the likeliest to be one;
@@ -391,7 +400,7 @@ impl Loop {
     fn advance(&mut self, slot: usize) {
         let Some((index, connection)) = self.slots.get_mut(slot).and_then(Option::as_mut) else { return };
         let Some((_, served)) = self.listeners.get(*index).and_then(Option::as_ref) else { return };
-        match connection.advance(served.answer.as_ref()) {
+        match connection.advance_guarded(served.answer.as_ref()) {
             Step::Done => self.close(slot),
             Step::Wait(interest) if interest != connection.interest => {
                 connection.interest = interest;
@@ -468,6 +477,18 @@ enum Step {
 impl Connection {
     fn new(stream: TcpStream, deadline: Instant) -> Self {
         Self { stream, head: Vec::new(), out: Vec::new(), written: 0, deadline, interest: Interest::READABLE }
+    }
+
+    /// [`Self::advance`], where a panic (a bug an input found) closes this connection only: the
+    /// loop serves every pod's listener, and one pod's client must not end the others' probes.
+    fn advance_guarded(&mut self, answer: &dyn ProbeAnswer) -> Step {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.advance(answer))) {
+            Ok(step) => step,
+            Err(_) => {
+                log::error!("answering a probe connection panicked; the connection is closed");
+                Step::Done
+            }
+        }
     }
 
     /// Reads what has arrived; once the head is complete, writes the answer.

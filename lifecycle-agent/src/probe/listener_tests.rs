@@ -226,3 +226,28 @@ fn one_loop_serves_every_pod_and_a_pod_holding_its_places_takes_none_of_anothers
     }
     assert_eq!(get(quiet.local_addr(), "/probe/process"), Some((200, "ok\n".into())));
 }
+
+/// Panics for `/probe/boom` (a bug an input found), answers 200 otherwise.
+struct Panicky;
+
+impl ProbeAnswer for Panicky {
+    fn answer(&self, path: &str, _: Option<&str>) -> (u16, String) {
+        assert_ne!(path, "/probe/boom", "a bug an input found");
+        (200, "ok\n".to_owned())
+    }
+}
+
+#[test]
+fn an_answer_that_panics_closes_its_connection_and_the_loop_serves_on() {
+    let serving = ProbeListeners::start(ListenerLimits::default()).expect("loop");
+    let serve = |answer: Arc<dyn ProbeAnswer>| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        serving.serve(listener, answer, any(), ConnectionCounters::unregistered()).expect("serve")
+    };
+    let (hostile, other) = (serve(Arc::new(Panicky)), serve(Arc::new(Panicky)));
+    assert_eq!(get(hostile.local_addr(), "/probe/boom"), None, "closed without an answer");
+    assert_eq!(get(hostile.local_addr(), "/probe/process"), Some((200, "ok\n".into())));
+    assert_eq!(get(other.local_addr(), "/probe/process"), Some((200, "ok\n".into())));
+    drop(hostile);
+    drop(other);
+}
