@@ -12,8 +12,8 @@
 //!
 //! It follows the model's snapshots: a pass runs when one of another generation is published
 //! (containers, their states, names or pods changed; at most one pass per [`MIN_PASS_GAP`]), not
-//! on a poll; a tick (a second) only beats its heartbeat and re-reads the node's addresses (the
-//! listeners' default source filter). The containers it probes it tells the model to watch (their netns, main pid and
+//! on a poll; a tick (a second) beats its heartbeat and re-reads the node's addresses (the
+//! listeners' default source filter), which each pass reads too before it binds a listener. The containers it probes it tells the model to watch (their netns, main pid and
 //! declared ports, with a first /proc sample), and it opens each one's feed of facts first, so
 //! a new probe answers from the model's facts from its first request.
 //!
@@ -245,6 +245,12 @@ impl ProbeSupervisor {
     /// declared; `commit` runs the pass's commands on the model and returns once their facts are
     /// published, before new probes are served.
     pub fn reconcile(&mut self, model: &NodeSnapshot, commit: &dyn Fn(Vec<ProbeCommand>)) {
+        // A new pod's sandbox can bring the node a new address (the CNI bridge's, made with the
+        // first pod), and the kubelet probes from it as soon as the listener is bound: read
+        // them before binding, not only at the next tick.
+        if let Err(err) = self.sources.refresh_node_addresses() {
+            log::warn!("cannot read the node's addresses (probe listeners keep the last ones): {err}");
+        }
         let running = model.running_containers();
         let mut seen = Vec::new();
         let mut fresh = Vec::new();
@@ -515,10 +521,9 @@ impl ProbeSupervisor {
             let read_addresses = tick || !addresses_read;
             addresses_read = true;
             let pass = tokio::task::spawn_blocking(move || {
-                // The node's addresses (who may connect) are read before the first listener and
-                // again every tick, not at every pass: a node with containers restarting makes up
-                // to ten passes a second.
-                if read_addresses {
+                // The node's addresses (who may connect) are read every tick, and by every pass
+                // (which runs only when containers changed and something is probed or declared).
+                if read_addresses && !new {
                     if let Err(err) = supervisor.sources.refresh_node_addresses() {
                         log::warn!("cannot read the node's addresses (probe listeners keep the last ones): {err}");
                     }
