@@ -16,7 +16,8 @@
 //! - [`pod`]: one container's declared checks, answered from the model's facts and the files it
 //!   read; its refresher samples /proc for the model and re-judges when the facts change.
 //! - [`declaration`] (pure): what a pod declared (the `lifecycle.dev/probes` annotation) — the
-//!   only checks answered; everything else gets 403 `forbidden` and creates nothing.
+//!   only checks answered; everything else gets 403 `forbidden` and creates nothing;
+//!   `pod_declarations` joins a pod's sources (annotation and spec) and parses each once.
 //! - [`server`]: the request head and its answer, binding in a pod's netns, the host-network
 //!   router; [`listener`]: the per-pod listener's event loop (deadline, bound, source filter).
 //! - [`source`]: who may connect (`--probe-allow-from`: the node's addresses by default).
@@ -50,6 +51,7 @@ pub mod handoff;
 pub mod listener;
 pub mod metrics;
 pub mod pod;
+mod pod_declarations;
 pub mod query;
 pub mod server;
 pub mod source;

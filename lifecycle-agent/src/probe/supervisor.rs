@@ -5,10 +5,7 @@
 //! probe and no listener. Host-network pods are served by the node endpoint
 //! (`/api/v1/probe/...`) instead.
 //!
-//! A pod declares checks in its `lifecycle.dev/probes` annotation (from the CRI) and through the
-//! `httpGet` probes of its spec aimed at the probe port (from the Kubernetes API): the kubelet
-//! will send exactly those paths. Each pod's declaration is parsed once per text it has: refused
-//! entries are logged then, once, and counted.
+//! What each pod declared is read by `pod_declarations.rs`.
 //!
 //! It follows the model's snapshots: a pass runs when one of another generation is published
 //! (containers, their states, names or pods changed; at most one pass per [`MIN_PASS_GAP`]), not
@@ -42,11 +39,11 @@ use crate::{
     model::node::{NodeSnapshot, NodeTracker, Outcome, ProbeKey, ProbeSample, ProbeWatch, RunningContainer, WatchKept},
     probe::{
         bind_in_netns,
-        declaration::{Declaration, Refusal, RefusalReason},
         feeds::ProbeFeeds,
         listener::{ListenerLimits, ProbeListener, ProbeListeners},
         metrics::{ProbeMetrics, ProbeTarget},
         pod::DEFAULT_REFRESH,
+        pod_declarations::{DeclarationSources, PodDeclarations},
         server::PodRouter,
         source::SourceFilter,
         CheckSpec, NodeProbes, PodProbe, ProbeAnswer,
@@ -69,52 +66,6 @@ struct Probed {
     probe: Arc<PodProbe>,
     /// Stops the probe's refresher.
     stop: watch::Sender<bool>,
-}
-
-/// A pod's declaration, as parsed from its sources.
-struct PodDeclaration {
-    sources: DeclarationSources,
-    parsed: Declaration,
-}
-
-/// Where a pod's declared checks come from: its annotation's text, and the `httpGet` paths of
-/// its containers' probes aimed at the probe port (container name, path), in spec order.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct DeclarationSources {
-    annotation: Option<String>,
-    spec: Vec<(String, String)>,
-}
-
-impl DeclarationSources {
-    fn of(container: &RunningContainer, probe_port: Option<u16>) -> Self {
-        let spec = match probe_port {
-            Some(port) => container
-                .spec_probes
-                .iter()
-                .filter(|(_, probe)| probe.port == port)
-                .map(|(name, probe)| (name.clone(), probe.path.clone()))
-                .collect(),
-            // Without per-pod listeners no kubelet probe reaches the agent through a pod spec.
-            None => Vec::new(),
-        };
-        Self { annotation: container.probe_declaration.clone(), spec }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.annotation.is_none() && self.spec.is_empty()
-    }
-
-    /// The annotation's entries first, then the spec's (each for its own container); the bound
-    /// on entries counts both.
-    fn parse(&self) -> (Declaration, Vec<Refusal>) {
-        let (mut declaration, mut refusals) = Declaration::from_annotation(self.annotation.as_deref().unwrap_or(""));
-        for (container, path) in &self.spec {
-            if let Err(refusal) = declaration.add(Some(container), path) {
-                refusals.push(refusal);
-            }
-        }
-        (declaration, refusals)
-    }
 }
 
 /// What the supervisor tells the model about the containers it probes.
@@ -177,7 +128,7 @@ pub struct ProbeSupervisor {
     running: HashMap<ProbeKey, Probed>,
     /// Commands for the model from this pass, sent at its end.
     commands: Vec<ProbeCommand>,
-    declarations: HashMap<(String, String), PodDeclaration>,
+    declarations: PodDeclarations,
     shutdown: watch::Receiver<bool>,
     /// Listening sockets taken from the previous agent, by netns inode, until their pods claim
     /// them (or [`ADOPTION_WINDOW`] passes).
@@ -231,7 +182,7 @@ impl ProbeSupervisor {
             host_netns: netns::inode(&netns::own()).unwrap_or(0),
             listeners: HashMap::new(),
             running: HashMap::new(),
-            declarations: HashMap::new(),
+            declarations: PodDeclarations::default(),
             shutdown,
             adopted: Adopted::new(),
             adopted_until: Instant::now(),
@@ -264,7 +215,7 @@ impl ProbeSupervisor {
             };
             let key = ProbeKey { uid: labels.uid.clone(), container: labels.container.clone() };
             seen.push(key.clone());
-            let declared = self.declared_checks(&target, sources);
+            let declared = self.declarations.checks_for(&target, sources, &self.metrics);
             if let Some(known) = self.running.get_mut(&key).filter(|known| known.pid == pid) {
                 if known.declared != declared && !declared.is_empty() {
                     known.probe.declare(declared.clone());
@@ -359,7 +310,7 @@ impl ProbeSupervisor {
             .collect();
         // Listeners of pods that are gone are dropped, which stops them.
         self.listeners.retain(|pod, _| pods_alive.contains(pod));
-        self.declarations.retain(|pod, _| pods_alive.contains(pod) || pods_seen.contains(pod));
+        self.declarations.retain(|pod| pods_alive.contains(pod) || pods_seen.contains(pod));
     }
 
     /// Closes sockets taken from the previous agent that no pod claimed within the window.
@@ -371,37 +322,6 @@ impl ProbeSupervisor {
         if self.adopted.is_empty() {
             self.settled.store(true, Ordering::Release);
         }
-    }
-
-    /// The checks `target`'s pod declared for it, parsing (and reporting on) the pod's
-    /// declaration the first time these sources are seen.
-    fn declared_checks(&mut self, target: &ProbeTarget, sources: DeclarationSources) -> Vec<CheckSpec> {
-        // Nothing declared, or not known yet: nothing answers, and nothing cached changes.
-        if sources.is_empty() {
-            return Vec::new();
-        }
-        let pod = (target.namespace.clone(), target.pod.clone());
-        if self.declarations.get(&pod).is_none_or(|known| known.sources != sources) {
-            let (parsed, refusals) = sources.parse();
-            let mut too_many = 0;
-            for refusal in &refusals {
-                self.metrics.record_refusal(refusal.reason);
-                match refusal.reason {
-                    RefusalReason::TooMany => too_many += 1,
-                    _ => log::warn!("probe declaration of {}/{}: {refusal}", pod.0, pod.1),
-                }
-            }
-            if too_many > 0 {
-                log::warn!(
-                    "probe declaration of {}/{}: {too_many} entries past the first {} refused",
-                    pod.0,
-                    pod.1,
-                    super::declaration::MAX_ENTRIES_PER_POD
-                );
-            }
-            self.declarations.insert(pod.clone(), PodDeclaration { sources, parsed });
-        }
-        self.declarations.get(&pod).map(|d| d.parsed.checks_for(&target.container)).unwrap_or_default()
     }
 
     /// Forgets a container's probe: its refresher stops, the model stops watching it, its
@@ -551,64 +471,5 @@ impl ProbeSupervisor {
             }
             heartbeats.beat(Loop::ProbeSupervisor);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::{node::UnitLabels, spec::HttpProbe};
-    use crate::probe::query::Query;
-
-    fn running(annotation: Option<&str>, spec: &[(&str, u16, &str)]) -> RunningContainer {
-        RunningContainer {
-            labels: UnitLabels { namespace: "ns".into(), pod: "p".into(), container: "app".into(), uid: "u".into() },
-            main_pid: 1,
-            probe_declaration: annotation.map(str::to_owned),
-            spec_probes: spec
-                .iter()
-                .map(|&(c, port, path)| (c.to_owned(), HttpProbe { port, path: path.to_owned() }))
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn spec_probes_on_the_probe_port_declare_checks_for_their_own_container() {
-        let container = running(
-            None,
-            &[
-                ("app", 9891, "/probe/process"),
-                ("app", 8080, "/probe/tcp?port=1"),
-                ("side", 9891, "/probe/tcp?port=80"),
-            ],
-        );
-        let sources = DeclarationSources::of(&container, Some(9891));
-        assert_eq!(sources.spec.len(), 2, "the probe aimed at another port declares nothing");
-        let (declaration, refusals) = sources.parse();
-        assert!(refusals.is_empty());
-        assert_eq!(
-            declaration.checks_for("app"),
-            vec![CheckSpec::from_query("process", &Query::default()).expect("valid")]
-        );
-        assert_eq!(declaration.checks_for("side").len(), 1);
-        assert!(declaration.checks_for("other").is_empty(), "a spec probe speaks for its container only");
-        assert!(DeclarationSources::of(&container, None).is_empty(), "no pod listener, no spec declarations");
-    }
-
-    #[test]
-    fn spec_probes_go_through_the_same_refusals_and_bound_as_the_annotation() {
-        let annotation: String = (0..15).map(|p| format!("/probe/tcp?port={}\n", p + 1)).collect();
-        let container = running(
-            Some(&annotation),
-            &[
-                ("app", 9891, "/probe/file?path=/proc/1/environ&contains=x"),
-                ("app", 9891, "/healthz"),
-                ("app", 9891, "/probe/process"),
-            ],
-        );
-        let (declaration, refusals) = DeclarationSources::of(&container, Some(9891)).parse();
-        let reasons: Vec<RefusalReason> = refusals.iter().map(|r| r.reason).collect();
-        assert_eq!(reasons, [RefusalReason::ForbiddenPath, RefusalReason::TooMany, RefusalReason::TooMany]);
-        assert_eq!(declaration.checks_for("app").len(), 15);
     }
 }
