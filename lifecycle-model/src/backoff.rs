@@ -10,12 +10,12 @@
 //!
 //! Pure: times in (`CLOCK_BOOTTIME` ns), observations out; no clock is read.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::time::SECOND;
+use crate::time::{BootTime, SECOND};
 
 /// The back-off parameters of one kubelet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackoffPolicy {
     /// The delay of the first back-off (the second restart).
     pub initial_ns: u64,
@@ -79,7 +79,7 @@ pub enum BackoffError {
 ///   the remaining back-off (recent kubelets, `kubecontainer.MinBackoffExpiration`) clamped to the
 ///   sync frequency (1 min), or a fixed 10 s (older kubelets). The restart can therefore land up
 ///   to half of min(back-off, 1 min) after it was due (`late_ratio`, `late_ratio_cap_ns`).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Tolerance {
     /// How much earlier than modelled a restart may come.
     pub early_ns: u64,
@@ -121,7 +121,7 @@ impl Tolerance {
 }
 
 /// How a restart's timing compares with the kubelet's rules.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     WithinTolerance,
@@ -132,14 +132,16 @@ pub enum Verdict {
 }
 
 /// One observed restart, judged.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Observation {
     /// 1 for the first restart of this container, counting across spec changes.
     pub restart_number: u32,
     /// When the previous instance finished.
-    pub finished_at: u64,
+    #[serde(flatten, with = "crate::wire::at::finished_at")]
+    pub finished_at: BootTime,
     /// When the new instance started.
-    pub started_at: u64,
+    #[serde(flatten, with = "crate::wire::at::started_at")]
+    pub started_at: BootTime,
     pub observed_delay_ns: u64,
     /// The delay the kubelet's back-off required.
     pub expected_delay_ns: u64,
@@ -157,7 +159,7 @@ pub struct Observation {
 struct BackoffEntry {
     backoff_ns: u64,
     /// When the entry was last advanced: the last restart.
-    last_update: u64,
+    last_update: BootTime,
 }
 
 /// Back-off state for one (pod uid, container name), fed that container's instance finishes and
@@ -168,11 +170,11 @@ pub struct BackoffTracker {
     tolerance: Tolerance,
     entry: Option<BackoffEntry>,
     /// FinishedAt of the latest instance, while it waits to be restarted.
-    pending_finish: Option<u64>,
+    pending_finish: Option<BootTime>,
     spec_hash: Option<String>,
     restarts: u32,
     /// When a kubelet last started (boot ns), while an instance waited to be restarted.
-    kubelet_restarted_at: Option<u64>,
+    kubelet_restarted_at: Option<BootTime>,
 }
 
 impl BackoffTracker {
@@ -198,20 +200,20 @@ impl BackoffTracker {
     }
 
     /// FinishedAt of the instance waiting to be restarted, if one is.
-    pub fn pending_finished_at(&self) -> Option<u64> {
+    pub fn pending_finished_at(&self) -> Option<BootTime> {
         self.pending_finish
     }
 
     /// The kubelet restarted: its back-off lives in memory only (`flowcontrol.Backoff`), so the
     /// new kubelet has no entry and restarts the container at once when its back-off would still
     /// hold it. The next restart is judged against no back-off.
-    pub fn on_kubelet_restart(&mut self, at: u64) {
+    pub fn on_kubelet_restart(&mut self, at: BootTime) {
         self.entry = None;
         self.kubelet_restarted_at = Some(at);
     }
 
     /// An instance exited.
-    pub fn on_finished(&mut self, finished_at: u64) {
+    pub fn on_finished(&mut self, finished_at: BootTime) {
         self.pending_finish = Some(finished_at);
     }
 
@@ -220,7 +222,7 @@ impl BackoffTracker {
     /// `spec_hash` is the container's `io.kubernetes.container.hash`: when it differs from the
     /// last known one the kubelet's key is new, so there is no back-off. An unknown hash (None)
     /// is not a change.
-    pub fn on_started(&mut self, started_at: u64, spec_hash: Option<String>) -> Option<Observation> {
+    pub fn on_started(&mut self, started_at: BootTime, spec_hash: Option<String>) -> Option<Observation> {
         let spec_changed = match (&self.spec_hash, &spec_hash) {
             (Some(old), Some(new)) => old != new,
             _ => false,
@@ -244,7 +246,7 @@ impl BackoffTracker {
         };
         self.entry = Some(BackoffEntry { backoff_ns, last_update: started_at });
         self.restarts = self.restarts.saturating_add(1);
-        let observed_delay_ns = started_at.saturating_sub(finished_at);
+        let observed_delay_ns = started_at.since(finished_at);
         Some(Observation {
             restart_number: self.restarts,
             finished_at,
@@ -270,15 +272,15 @@ impl BackoffTracker {
 
     /// How much of the pending restart's back-off is left at `now`; Some(0) once it has elapsed
     /// (the kubelet restarts at its next sync). None while no instance waits to be restarted.
-    pub fn expected_wait_remaining(&self, now: u64) -> Option<u64> {
+    pub fn expected_wait_remaining(&self, now: BootTime) -> Option<u64> {
         let finished_at = self.pending_finish?;
         let delay = self.pending_delay_ns()?;
-        Some(finished_at.saturating_add(delay).saturating_sub(now))
+        Some(finished_at.after(delay).since(now))
     }
 
     /// The entry as `IsInBackOffSince(key, finished_at)` sees it: absent when expired.
-    fn live_entry(&self, finished_at: u64) -> Option<BackoffEntry> {
-        self.entry.filter(|entry| finished_at.saturating_sub(entry.last_update) <= self.policy.reset_after_ns)
+    fn live_entry(&self, finished_at: BootTime) -> Option<BackoffEntry> {
+        self.entry.filter(|entry| finished_at.since(entry.last_update) <= self.policy.reset_after_ns)
     }
 }
 
@@ -288,6 +290,10 @@ mod tests {
 
     const S: u64 = SECOND;
 
+    fn at(ns: u64) -> BootTime {
+        BootTime::from_ns(ns)
+    }
+
     fn tracker() -> BackoffTracker {
         BackoffTracker::new(BackoffPolicy::default(), Tolerance::default())
     }
@@ -296,14 +302,14 @@ mod tests {
     /// when the back-off allows; returns the expected delays.
     fn crash_loop(tracker: &mut BackoffTracker, restarts: usize, run_ns: u64) -> Vec<u64> {
         let mut now = 1_000 * S;
-        assert_eq!(tracker.on_started(now, None), None, "the first start is no restart");
+        assert_eq!(tracker.on_started(at(now), None), None, "the first start is no restart");
         let mut delays = Vec::new();
         for _ in 0..restarts {
             now += run_ns;
-            tracker.on_finished(now);
+            tracker.on_finished(at(now));
             let delay = tracker.pending_delay_ns().expect("pending");
             now += delay;
-            let observation = tracker.on_started(now, None).expect("a restart");
+            let observation = tracker.on_started(at(now), None).expect("a restart");
             assert_eq!(observation.expected_delay_ns, delay);
             assert_eq!(observation.verdict, Verdict::WithinTolerance);
             delays.push(delay / S);
@@ -319,11 +325,11 @@ mod tests {
     #[test]
     fn restart_numbers_count_up() {
         let mut t = tracker();
-        t.on_started(0, None);
-        t.on_finished(S);
-        assert_eq!(t.on_started(2 * S, None).map(|o| o.restart_number), Some(1));
-        t.on_finished(3 * S);
-        assert_eq!(t.on_started(13 * S, None).map(|o| o.restart_number), Some(2));
+        t.on_started(at(0), None);
+        t.on_finished(at(S));
+        assert_eq!(t.on_started(at(2 * S), None).map(|o| o.restart_number), Some(1));
+        t.on_finished(at(3 * S));
+        assert_eq!(t.on_started(at(13 * S), None).map(|o| o.restart_number), Some(2));
         assert_eq!(t.restart_count(), 2);
     }
 
@@ -331,10 +337,10 @@ mod tests {
     /// the entry is then 40 s, last updated at 34 s.
     fn three_restarts() -> BackoffTracker {
         let mut t = tracker();
-        t.on_started(0, None);
+        t.on_started(at(0), None);
         for (finish, start) in [(1, 2), (3, 13), (14, 34)] {
-            t.on_finished(finish * S);
-            t.on_started(start * S, None).expect("restart");
+            t.on_finished(at(finish * S));
+            t.on_started(at(start * S), None).expect("restart");
         }
         t
     }
@@ -342,20 +348,20 @@ mod tests {
     #[test]
     fn a_long_run_resets_the_back_off() {
         let mut t = three_restarts();
-        t.on_finished(34 * S + 601 * S);
+        t.on_finished(at(34 * S + 601 * S));
         assert_eq!(t.pending_delay_ns(), Some(0));
-        let observation = t.on_started(34 * S + 602 * S, None).expect("restart");
+        let observation = t.on_started(at(34 * S + 602 * S), None).expect("restart");
         assert!(observation.entry_reset);
         assert_eq!(observation.expected_delay_ns, 0);
         // The entry restarts at initial: the next crash waits 10 s.
-        t.on_finished(34 * S + 603 * S);
+        t.on_finished(at(34 * S + 603 * S));
         assert_eq!(t.pending_delay_ns(), Some(10 * S));
     }
 
     #[test]
     fn exactly_the_reset_period_does_not_reset() {
         let mut t = three_restarts();
-        t.on_finished(34 * S + 600 * S); // 600 s after the restart: not more than
+        t.on_finished(at(34 * S + 600 * S)); // 600 s after the restart: not more than
         assert_eq!(t.pending_delay_ns(), Some(40 * S));
     }
 
@@ -399,16 +405,16 @@ mod tests {
     #[test]
     fn early_and_late_restarts_get_verdicts() {
         let mut t = tracker();
-        t.on_started(0, None);
-        t.on_finished(S);
-        t.on_started(2 * S, None); // immediate first restart; entry 10 s
-        t.on_finished(3 * S);
-        let early = t.on_started(3 * S + 9 * S, None).expect("restart");
+        t.on_started(at(0), None);
+        t.on_finished(at(S));
+        t.on_started(at(2 * S), None); // immediate first restart; entry 10 s
+        t.on_finished(at(3 * S));
+        let early = t.on_started(at(3 * S + 9 * S), None).expect("restart");
         assert_eq!((early.expected_delay_ns, early.observed_delay_ns), (10 * S, 9 * S));
         assert_eq!(early.verdict, Verdict::TooEarly);
 
-        t.on_finished(20 * S); // entry 20 s: allowance 3 s + 10 s
-        let late = t.on_started(20 * S + 34 * S, None).expect("restart");
+        t.on_finished(at(20 * S)); // entry 20 s: allowance 3 s + 10 s
+        let late = t.on_started(at(20 * S + 34 * S), None).expect("restart");
         assert_eq!(late.verdict, Verdict::TooLate);
     }
 
@@ -428,27 +434,27 @@ mod tests {
     #[test]
     fn a_spec_change_starts_a_fresh_key() {
         let mut t = tracker();
-        t.on_started(0, Some("h1".into()));
+        t.on_started(at(0), Some("h1".into()));
         crash_loop_steps(&mut t, 3, Some("h1"));
-        t.on_finished(140 * S);
+        t.on_finished(at(140 * S));
         assert_eq!(t.pending_delay_ns(), Some(40 * S));
-        let observation = t.on_started(141 * S, Some("h2".into())).expect("restart");
+        let observation = t.on_started(at(141 * S), Some("h2".into())).expect("restart");
         assert_eq!(observation.expected_delay_ns, 0);
         assert!(observation.entry_reset);
         assert_eq!(observation.verdict, Verdict::WithinTolerance);
-        t.on_finished(142 * S);
+        t.on_finished(at(142 * S));
         assert_eq!(t.pending_delay_ns(), Some(10 * S));
         // An unknown hash is not a change.
-        let next = t.on_started(152 * S, None).expect("restart");
+        let next = t.on_started(at(152 * S), None).expect("restart");
         assert_eq!(next.expected_delay_ns, 10 * S);
     }
 
     fn crash_loop_steps(t: &mut BackoffTracker, restarts: usize, hash: Option<&str>) {
         let mut now = 100 * S;
         for _ in 0..restarts {
-            t.on_finished(now);
+            t.on_finished(at(now));
             now += t.pending_delay_ns().expect("pending");
-            t.on_started(now, hash.map(str::to_owned));
+            t.on_started(at(now), hash.map(str::to_owned));
             now += S;
         }
     }
@@ -456,24 +462,24 @@ mod tests {
     #[test]
     fn wait_remaining_counts_down_from_finished_at() {
         let mut t = tracker();
-        assert_eq!(t.expected_wait_remaining(0), None);
-        t.on_started(0, None);
-        t.on_finished(S);
-        assert_eq!(t.expected_wait_remaining(S), Some(0), "first crash: immediate");
-        t.on_started(2 * S, None);
-        t.on_finished(5 * S);
-        assert_eq!(t.expected_wait_remaining(5 * S), Some(10 * S));
-        assert_eq!(t.expected_wait_remaining(11 * S), Some(4 * S));
-        assert_eq!(t.expected_wait_remaining(20 * S), Some(0));
-        t.on_started(15 * S, None);
-        assert_eq!(t.expected_wait_remaining(16 * S), None);
+        assert_eq!(t.expected_wait_remaining(at(0)), None);
+        t.on_started(at(0), None);
+        t.on_finished(at(S));
+        assert_eq!(t.expected_wait_remaining(at(S)), Some(0), "first crash: immediate");
+        t.on_started(at(2 * S), None);
+        t.on_finished(at(5 * S));
+        assert_eq!(t.expected_wait_remaining(at(5 * S)), Some(10 * S));
+        assert_eq!(t.expected_wait_remaining(at(11 * S)), Some(4 * S));
+        assert_eq!(t.expected_wait_remaining(at(20 * S)), Some(0));
+        t.on_started(at(15 * S), None);
+        assert_eq!(t.expected_wait_remaining(at(16 * S)), None);
     }
 
     #[test]
     fn a_start_without_a_finish_is_not_a_restart() {
         let mut t = tracker();
-        assert_eq!(t.on_started(0, None), None);
-        assert_eq!(t.on_started(5 * S, None), None);
+        assert_eq!(t.on_started(at(0), None), None);
+        assert_eq!(t.on_started(at(5 * S), None), None);
         assert_eq!(t.restart_count(), 0);
     }
 }

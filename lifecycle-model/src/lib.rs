@@ -18,3 +18,4 @@ pub mod probe;
 pub mod spec;
 pub mod termination;
 pub mod time;
+pub mod wire;

@@ -10,7 +10,7 @@
 //! The kernel logs this line within its OOM report's rate limit (10 per 5 s): a kill past it
 //! has no line, and its limit stays unknown.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What the kernel logged about one OOM kill.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub struct KernelOomKill {
 }
 
 /// Where the limit that fired sits, seen from the victim.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OomScope {
     /// The victim's own cgroup: the container's memory limit.
@@ -55,7 +55,7 @@ impl OomScope {
 }
 
 /// The limit an OOM kill answered, as a termination report carries it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OomLimit {
     pub scope: OomScope,
     /// The cgroup whose limit fired, as the kernel names it (empty for [`OomScope::Node`]).

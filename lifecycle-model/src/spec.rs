@@ -5,7 +5,7 @@
 //!
 //! Pure types and rules. `discovery::kube` fills them from Pod and Event objects.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     container_state::{RestartPolicy, RestartSpec},
@@ -13,7 +13,7 @@ use super::{
 };
 
 /// Where a container came from in the pod spec.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ContainerKind {
     /// `initContainers`, run to completion before the others.
@@ -54,7 +54,7 @@ pub struct HttpProbe {
 }
 
 /// A state the kubelet reported in `status.containerStatuses[]`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum ReportedState {
     Waiting {
@@ -71,7 +71,7 @@ pub enum ReportedState {
 }
 
 /// What the kubelet reported for one container.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReportedContainer {
     pub name: String,
     pub restart_count: u32,
@@ -83,7 +83,7 @@ pub struct ReportedContainer {
 }
 
 /// Why a pod is being stopped, when the Pod object says (status, conditions).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Disruption {
     /// Condition DisruptionTarget with reason EvictionByEvictionAPI: a deletion through the
@@ -126,7 +126,7 @@ pub struct PodFacts {
 }
 
 /// The pod-level status the kubelet reported that the kernel's view can be set beside.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReportedPodStatus {
     /// Condition `PodReadyToStartContainers` (GA 1.37; absent on older kubelets).
     pub ready_to_start_containers: Option<bool>,
@@ -151,7 +151,7 @@ impl PodFacts {
 }
 
 /// Why a container was stopped, as one bounded word (a metric label value).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopCause {
     /// The pod was deleted (the grace used is the deletion's).
@@ -224,7 +224,7 @@ pub fn kill_cause_from_message(message: &str) -> Option<(String, StopCause)> {
 }
 
 /// Where the facts a verdict used came from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SpecSource {
     /// The Pod object from the API, current when the container stopped.

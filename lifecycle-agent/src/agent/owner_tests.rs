@@ -166,7 +166,7 @@ fn a_pass_that_only_counted_publishes_within_the_counting_interval_and_a_state_c
     assert_eq!(owner.publish(), None);
     let after = published();
     assert!(!Arc::ptr_eq(&after, &before), "published");
-    let exec_sessions = after.containers(5 * SECOND)[0].exec_sessions;
+    let exec_sessions = after.containers(crate::model::time::BootTime::from_ns(5 * SECOND))[0].exec_sessions;
     assert_eq!(exec_sessions, 1, "the counted exec went out with the exit");
     assert_eq!(owner.publish(), None, "nothing left to publish");
 }

@@ -13,23 +13,14 @@ use tokio::sync::watch;
 
 use super::http::ApiHandler;
 use crate::{
-    discovery::clock::{boottime_ns, unix_minus_boot_seconds},
+    discovery::clock::{boottime, wall_clock},
     export::{explain, explain_html},
-    model::node::{ContainerView, NodeSnapshot, PodView},
+    model::{
+        node::{ContainerView, NodeSnapshot},
+        wire::{at::WallClock, ContainersResponse, HistoryResponse},
+    },
     probe::{metrics::ProbeTarget, query::Query, CheckSpec, NodeProbes},
 };
-
-/// The body of `GET /api/v1/containers`.
-#[derive(Serialize)]
-pub struct ContainersResponse {
-    /// Add to any `*_at`/`time` field (CLOCK_BOOTTIME ns) / 1e9 to get Unix seconds.
-    pub boot_to_unix_seconds: f64,
-    /// CLOCK_BOOTTIME ns when this answer was made.
-    pub now: u64,
-    pub containers: Vec<ContainerView>,
-    /// Every pod with its phase as the kernel saw it, and the API's.
-    pub pods: Vec<PodView>,
-}
 
 pub(super) struct ContainersApi {
     pub(super) snapshots: watch::Receiver<Arc<NodeSnapshot>>,
@@ -69,7 +60,7 @@ impl ApiHandler for ContainersApi {
             Ok(selection) => selection,
             Err(reason) => return Some((StatusCode::BAD_REQUEST, serde_json::json!({ "error": reason }).to_string())),
         };
-        let now = boottime_ns();
+        let now = boottime();
         let (mut containers, mut pods) = {
             let snapshot = self.snapshot();
             (snapshot.containers(now), snapshot.pods(now))
@@ -79,15 +70,16 @@ impl ApiHandler for ContainersApi {
             let uids: std::collections::HashSet<&str> = containers.iter().map(|c| c.labels.uid.as_str()).collect();
             pods.retain(|p| uids.contains(p.uid.as_str()));
         }
-        let boot_to_unix = unix_minus_boot_seconds();
-        let body = ContainersResponse { boot_to_unix_seconds: boot_to_unix, now, containers, pods };
-        Some(match serde_json::to_value(&body) {
-            Ok(mut json) => {
-                rfc3339_times(&mut json, boot_to_unix);
-                (StatusCode::OK, json.to_string())
-            }
-            Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{{\"error\":\"{err}\"}}")),
-        })
+        let clock = wall_clock();
+        Some(answer(clock, &ContainersResponse { boot_to_unix_seconds: clock.offset_seconds(), now, containers, pods }))
+    }
+}
+
+/// `body` as the API writes it (times in `clock`), or the error that kept it from being written.
+fn answer(clock: WallClock, body: &impl Serialize) -> (StatusCode, String) {
+    match clock.writing(|| serde_json::to_string(body)) {
+        Ok(json) => (StatusCode::OK, json),
+        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, serde_json::json!({ "error": err.to_string() }).to_string()),
     }
 }
 
@@ -147,52 +139,11 @@ impl Selection {
     }
 }
 
-/// Fields holding a point in time (`CLOCK_BOOTTIME` ns in the model).
-const TIME_FIELDS: [&str; 6] =
-    ["started_at", "finished_at", "exit_time", "time", "instance_created_at", "watched_since"];
-
-/// Points in time as RFC 3339 (UTC, nanoseconds), as the Kubernetes API writes them; the exact
-/// boot-clock value stays beside each as `<field>_boot_ns` (for differences with the kernel's
-/// other times).
-pub(super) fn rfc3339_times(value: &mut serde_json::Value, boot_to_unix: f64) {
-    match value {
-        serde_json::Value::Object(map) => {
-            for field in TIME_FIELDS {
-                let Some(ns) = map.get(field).and_then(serde_json::Value::as_u64) else { continue };
-                map.insert(format!("{field}_boot_ns"), ns.into());
-                map.insert(field.to_owned(), rfc3339(ns, boot_to_unix).into());
-            }
-            map.values_mut().for_each(|v| rfc3339_times(v, boot_to_unix));
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| rfc3339_times(v, boot_to_unix)),
-        _ => {}
-    }
-}
-
-/// A boot time as RFC 3339 in UTC.
-fn rfc3339(boot_ns: u64, boot_to_unix: f64) -> String {
-    // The offset is whole nanoseconds of wall clock at boot; adding in integers keeps ns detail.
-    let offset_ns = (boot_to_unix * crate::model::time::SECOND as f64) as i128;
-    let unix_ns = i128::from(boot_ns) + offset_ns;
-    jiff::Timestamp::from_nanosecond(unix_ns).map(|t| t.to_string()).unwrap_or_default()
-}
-
-/// The body of `GET /api/v1/history?namespace=...&pod=...`.
-#[derive(Serialize)]
-pub struct HistoryResponse {
-    /// As in [`ContainersResponse`].
-    pub boot_to_unix_seconds: f64,
-    /// The pod's judged stops the node kept (its containers and the pod may be gone), newest
-    /// first.
-    pub stops: Vec<crate::model::node::PastStop>,
-}
-
 impl ContainersApi {
-    /// A JSON value as the API writes it (times as RFC 3339 with their `_boot_ns` beside).
-    fn api_json(value: &impl Serialize) -> serde_json::Value {
-        let mut json = serde_json::to_value(value).unwrap_or_default();
-        rfc3339_times(&mut json, unix_minus_boot_seconds());
-        json
+    /// A JSON value as the API writes it (times as RFC 3339 with their `_boot_ns` beside):
+    /// `build` serializes with the wall clock set.
+    fn api_json(build: impl FnOnce() -> serde_json::Value) -> serde_json::Value {
+        wall_clock().writing(build)
     }
 
     /// `GET /explain/<namespace>/<pod>`: the pod's stories as a page (each container's last stop,
@@ -203,17 +154,17 @@ impl ContainersApi {
             return (StatusCode::NOT_FOUND, explain_html::pod_page("?", "?", &[]));
         };
         let (namespace, pod) = (namespace.to_owned(), pod.to_owned());
-        let now = boottime_ns();
+        let now = boottime();
         let (containers, past) = {
             let snapshot = self.snapshot();
             let mut containers = snapshot.containers(now);
             containers.retain(|c| c.labels.namespace == namespace && c.labels.pod == pod);
             (containers, snapshot.history_of_pod(&namespace, &pod))
         };
-        let current = Self::api_json(&serde_json::json!({ "containers": containers }));
+        let current = Self::api_json(|| serde_json::json!({ "containers": containers }));
         let mut stories = explain::explain(&current, &namespace, &pod, None);
         if stories.is_empty() {
-            stories = explain::explain_history(&Self::api_json(&serde_json::json!({ "stops": past })), None);
+            stories = explain::explain_history(&Self::api_json(|| serde_json::json!({ "stops": past })), None);
         }
         (StatusCode::OK, explain_html::pod_page(&namespace, &pod, &stories))
     }
@@ -221,7 +172,7 @@ impl ContainersApi {
     /// `GET /explain`: the node's recent stops, newest first.
     fn node_page(&self) -> (StatusCode, String) {
         let recent = self.snapshot().recent_stops(NODE_PAGE_STOPS);
-        let stories = explain::explain_history(&Self::api_json(&serde_json::json!({ "stops": recent })), None);
+        let stories = explain::explain_history(&Self::api_json(|| serde_json::json!({ "stops": recent })), None);
         (StatusCode::OK, explain_html::node_page(&self.node, &stories))
     }
 
@@ -238,16 +189,8 @@ impl ContainersApi {
             return bad("history needs namespace and pod (and no container_id)");
         };
         let stops = self.snapshot().history_of_pod(namespace, pod);
-        let boot_to_unix = unix_minus_boot_seconds();
-        match serde_json::to_value(HistoryResponse { boot_to_unix_seconds: boot_to_unix, stops }) {
-            Ok(mut json) => {
-                rfc3339_times(&mut json, boot_to_unix);
-                (StatusCode::OK, json.to_string())
-            }
-            Err(err) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, serde_json::json!({ "error": err.to_string() }).to_string())
-            }
-        }
+        let clock = wall_clock();
+        answer(clock, &HistoryResponse { boot_to_unix_seconds: clock.offset_seconds(), stops })
     }
 
     /// `GET /api/v1/probe/<namespace>/<pod>/<container>?check=<tcp|process|file|all>&...`: the same
@@ -280,18 +223,6 @@ fn forbidden((_, body): (u16, String)) -> (StatusCode, String) {
 #[allow(unused_must_use)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn times_are_rfc3339_with_the_boot_ns_beside() {
-        let mut json = serde_json::json!({
-            "containers": [{"state": {"state": "running", "started_at": 2_000_000_001u64}, "exit_code": 3}]
-        });
-        rfc3339_times(&mut json, 1_700_000_000.0);
-        let state = &json["containers"][0]["state"];
-        assert_eq!(state["started_at"], "2023-11-14T22:13:22.000000001Z");
-        assert_eq!(state["started_at_boot_ns"], 2_000_000_001u64);
-        assert_eq!(json["containers"][0]["exit_code"], 3, "other numbers stay");
-    }
 
     use lifecycle_testkit::fixtures::running_container;
 
@@ -357,6 +288,29 @@ mod tests {
         assert_eq!(ask(&api, Some("namespace=other")), (StatusCode::OK, vec![], vec![]));
         assert_eq!(ask(&api, Some("container=db-main")), (StatusCode::OK, vec![b.clone()], vec!["db".into()]));
         assert_eq!(ask(&api, Some("namespace=shop&pod=db&container=web-main")), (StatusCode::OK, vec![], vec![]));
+    }
+
+    #[test]
+    fn an_answer_has_its_times_in_rfc3339_and_reads_back_as_the_apis_types() {
+        use crate::model::{container_state::ContainerState, time::BootTime};
+        let (status, body) = api().get("/api/v1/containers", None).expect("served");
+        assert_eq!(status, StatusCode::OK);
+        let json: serde_json::Value = serde_json::from_str(&body).expect("json");
+        let state = &json["containers"][0]["state"];
+        assert_eq!(state["started_at_boot_ns"], 2, "{state}");
+        let text = state["started_at"].as_str().expect("a time as text");
+        let wall: jiff::Timestamp = text.parse().expect("RFC 3339");
+        let offset = json["boot_to_unix_seconds"].as_f64().expect("the offset");
+        assert!((wall.as_nanosecond() as f64 / 1e9 - offset).abs() < 1e-3, "{text} is boot + 2 ns, not {offset}");
+        let typed: ContainersResponse = serde_json::from_str(&body).expect("the API's types read the API");
+        assert_eq!(typed.containers.len(), 2);
+        assert!(
+            typed
+                .containers
+                .iter()
+                .all(|c| c.status.state == ContainerState::Running { started_at: BootTime::from_ns(2) }),
+            "{typed:?}"
+        );
     }
 
     #[test]

@@ -10,9 +10,8 @@ use std::{io::Write as _, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 
-use super::routes::rfc3339_times;
 use crate::{
-    discovery::clock::{boottime_ns, unix_minus_boot_seconds},
+    discovery::clock::{boottime, wall_clock},
     export::explain,
     model::node::NodeSnapshot,
 };
@@ -35,7 +34,7 @@ pub(super) async fn verdict_log_loop(
             _ = shutdown.changed() => return,
         }
         let stops =
-            snapshots.borrow().clone().settled_stops_since(next, boottime_ns(), SETTLE.as_nanos() as u64, PER_PASS);
+            snapshots.borrow().clone().settled_stops_since(next, boottime(), SETTLE.as_nanos() as u64, PER_PASS);
         let Some(last) = stops.last() else { continue };
         next = last.seq + 1;
         // Off the async workers: a reader of stdout that stalls (a full pipe) would hold the
@@ -49,11 +48,10 @@ pub(super) async fn verdict_log_loop(
 
 /// Writes each stop as one JSON line: the API's fields, `msg: "verdict"` and the verdict in words.
 fn write_lines(stops: Vec<crate::model::node::PastStop>) {
-    let boot_to_unix = unix_minus_boot_seconds();
+    let clock = wall_clock();
     let mut out = std::io::stdout().lock();
     for stop in stops {
-        let Ok(mut line) = serde_json::to_value(&stop) else { continue };
-        rfc3339_times(&mut line, boot_to_unix);
+        let Ok(mut line) = clock.writing(|| serde_json::to_value(&stop)) else { continue };
         let verdict = explain::story(&line).verdict;
         if let Some(fields) = line.as_object_mut() {
             fields.insert("msg".into(), "verdict".into());

@@ -5,10 +5,21 @@ use std::{fmt::Write as _, net::SocketAddr, path::PathBuf, sync::Arc};
 
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::{pem::PemObject as _, CertificateDer, ServerName};
+use serde::Deserialize as _;
 use serde_json::Value;
 use tokio_rustls::{rustls, TlsConnector};
 
 pub use crate::export::explain_html::percent_encoded;
+use crate::{
+    export::labels,
+    model::{
+        container_state::ContainerState,
+        node::{ContainerView, PodView},
+        termination::TerminationOutcome,
+        time::BootTime,
+        wire::ContainersResponse,
+    },
+};
 
 /// Why the agent could not be asked.
 #[derive(Debug, thiserror::Error)]
@@ -184,8 +195,8 @@ pub struct Answer<'a> {
 /// Why answers could not be printed.
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
-    #[error("the agent's answer is not the expected JSON (no `now` and `containers`)")]
-    NotTheApi,
+    #[error("the agent's answer is not the API's JSON")]
+    NotTheApi(#[source] serde_json::Error),
     #[error("cannot write YAML")]
     Yaml(#[from] serde_saphyr::SerializeError),
     #[error("cannot write JSON")]
@@ -194,7 +205,8 @@ pub enum RenderError {
 
 /// The answers printed as `output` says: one table over every answer, rows sorted by
 /// namespace, pod, container and node; for JSON and YAML, the document of one agent as it
-/// answered, or of several as a list of `{node, answer}`.
+/// answered (fields this client does not know included), or of several as a list of
+/// `{node, answer}`.
 pub fn render(answers: &[Answer<'_>], output: Output) -> Result<String, RenderError> {
     let document = || match answers {
         [Answer { node: None, body }] => (*body).clone(),
@@ -207,35 +219,36 @@ pub fn render(answers: &[Answer<'_>], output: Output) -> Result<String, RenderEr
     }
 }
 
-/// The container table and, when any pod is listed, the pod table under it.
+/// The container table and, when any pod is listed, the pod table under it: read through the
+/// API's own types.
 fn tables(answers: &[Answer<'_>], wide: bool) -> Result<String, RenderError> {
     let with_node = wide && answers.iter().any(|a| a.node.is_some());
     let mut containers: Vec<(Vec<String>, Vec<String>)> = Vec::new();
     let mut pods: Vec<(Vec<String>, Vec<String>)> = Vec::new();
     for answer in answers {
-        let body = answer.body;
-        let now = body.get("now").and_then(Value::as_u64).ok_or(RenderError::NotTheApi)?;
+        let body = ContainersResponse::deserialize(answer.body).map_err(RenderError::NotTheApi)?;
         let node = answer.node.unwrap_or_default().to_owned();
-        for c in body.get("containers").and_then(Value::as_array).ok_or(RenderError::NotTheApi)? {
-            let mut cells = row(c, now).to_vec();
+        for c in &body.containers {
+            let mut cells = row(c, body.now).to_vec();
             if wide {
                 cells.extend(wide_cells(c));
             }
             if with_node {
                 cells.push(node.clone());
             }
-            let key = vec![text(c, "namespace"), text(c, "pod"), text(c, "container"), node.clone()];
+            let labels = &c.labels;
+            let key = vec![labels.namespace.clone(), labels.pod.clone(), labels.container.clone(), node.clone()];
             containers.push((key, cells));
         }
-        for p in body.get("pods").and_then(Value::as_array).into_iter().flatten() {
+        for p in &body.pods {
             let mut cells = pod_row(p).to_vec();
             if wide {
-                cells.push(text(p, "uid"));
+                cells.push(p.uid.clone());
             }
             if with_node {
                 cells.push(node.clone());
             }
-            pods.push((vec![text(p, "namespace"), text(p, "pod"), node.clone()], cells));
+            pods.push((vec![p.namespace.clone(), p.pod.clone(), node.clone()], cells));
         }
     }
     containers.sort();
@@ -271,40 +284,25 @@ const WIDE_HEADERS: [&str; 4] = ["CONTAINER ID", "POD UID", "LISTENING", "DISAGR
 
 /// The wide columns: the id as `crictl ps` shortens it, the pod uid, ports with a listener
 /// open now, and the kinds of the kubelet's disagreements with the kernel.
-fn wide_cells(c: &Value) -> [String; 4] {
-    let id: String = text(c, "container_id").chars().take(13).collect();
-    let listening: Vec<&str> = c
-        .get("tcp")
-        .and_then(Value::as_object)
-        .map(|ports| {
-            ports
-                .iter()
-                .filter(|(_, stats)| stats.get("listeners").and_then(Value::as_i64).unwrap_or(0) > 0)
-                .map(|(port, _)| port.as_str())
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut disagreements: Vec<String> = c
-        .get("disagreements")
-        .and_then(Value::as_array)
-        .map(|all| all.iter().map(|d| text(d, "kind")).collect())
-        .unwrap_or_default();
+fn wide_cells(c: &ContainerView) -> [String; 4] {
+    let id: String = c.container_id.as_deref().unwrap_or_default().chars().take(13).collect();
+    let listening: Vec<String> =
+        c.tcp.iter().filter(|(_, stats)| stats.listeners > 0).map(|(port, _)| port.to_string()).collect();
+    let mut disagreements: Vec<&str> = c.disagreements.iter().map(|d| labels::disagreement(d.kind)).collect();
     disagreements.dedup();
     let or_dash = |cell: String| if cell.is_empty() { "-".to_owned() } else { cell };
-    [or_dash(id), or_dash(text(c, "uid")), or_dash(listening.join(",")), or_dash(disagreements.join(","))]
+    [or_dash(id), or_dash(c.labels.uid.clone()), or_dash(listening.join(",")), or_dash(disagreements.join(","))]
 }
 
 const POD_HEADERS: [&str; 5] = ["NAMESPACE", "POD", "PHASE", "API PHASE", "RUNNING"];
 
-fn pod_row(p: &Value) -> [String; 5] {
-    let count = |key: &str| p.get(key).and_then(Value::as_u64).unwrap_or(0);
-    let api = text(p, "api_phase");
+fn pod_row(p: &PodView) -> [String; 5] {
     [
-        text(p, "namespace"),
-        text(p, "pod"),
-        text(p, "phase"),
-        if api.is_empty() { "-".to_owned() } else { api },
-        format!("{}/{}", count("running_containers"), count("containers")),
+        p.namespace.clone(),
+        p.pod.clone(),
+        p.phase.as_str().to_owned(),
+        p.api_phase.clone().unwrap_or_else(|| "-".to_owned()),
+        format!("{}/{}", p.running_containers, p.containers),
     ]
 }
 
@@ -326,74 +324,57 @@ fn aligned(headers: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String 
     out
 }
 
-fn text(value: &Value, key: &str) -> String {
-    value.get(key).and_then(Value::as_str).unwrap_or_default().to_owned()
-}
-
-fn row(c: &Value, now: u64) -> [String; 8] {
-    let state = c.get("state").cloned().unwrap_or(Value::Null);
-    let state_name = text(&state, "state");
-    let (shown_state, reason) = match state_name.as_str() {
-        "running" => {
-            let since = state.get("started_at_boot_ns").and_then(Value::as_u64).map(|t| age(now.saturating_sub(t)));
-            (format!("Running{}", since.map(|s| format!(" ({s})")).unwrap_or_default()), String::new())
+fn row(c: &ContainerView, now: BootTime) -> [String; 8] {
+    let state = &c.status.state;
+    let (shown_state, reason) = match state {
+        ContainerState::Running { started_at } => (format!("Running ({})", age(now.since(*started_at))), String::new()),
+        ContainerState::Waiting { reason, .. } => ("Waiting".to_owned(), labels::waiting_reason(*reason).to_owned()),
+        ContainerState::Terminated { reason, .. } => {
+            ("Terminated".to_owned(), labels::terminated_reason(*reason).to_owned())
         }
-        "waiting" => ("Waiting".to_owned(), text(&state, "reason")),
-        "terminated" => ("Terminated".to_owned(), text(&state, "reason")),
-        other => (other.to_owned(), String::new()),
     };
-    let last = match state_name.as_str() {
-        "terminated" => Some(state.clone()),
-        _ => c.get("last_state").filter(|s| !s.is_null()).cloned(),
+    let last = match state {
+        ContainerState::Terminated { .. } => Some(state),
+        _ => c.status.last_state.as_ref(),
     };
-    let last_exit = last
-        .map(|s| {
-            let code = s.get("exit_code").and_then(Value::as_i64).unwrap_or(-1);
-            let signal = s.get("signal").and_then(Value::as_u64).map(|n| format!(", {}", signal_name(n)));
-            let when = s
-                .get("finished_at_boot_ns")
-                .and_then(Value::as_u64)
-                .map(|t| format!(" {} ago", age(now.saturating_sub(t))));
-            format!("{} ({code}{}){}", text(&s, "reason"), signal.unwrap_or_default(), when.unwrap_or_default())
-        })
-        .unwrap_or_else(|| "-".to_owned());
-    let termination = c
-        .get("last_termination")
-        .and_then(|t| t.get("outcome"))
-        .map(|o| {
-            let kind = text(o, "kind");
-            match kind.as_str() {
-                "sigkilled_after_grace" => {
-                    let after = o.get("stop_to_kill_ns").and_then(Value::as_u64).map(age).unwrap_or_default();
-                    format!("SIGKILLED after {after} (grace violated)")
+    let last_exit = match last {
+        Some(ContainerState::Terminated { reason, exit_code, signal, finished_at, .. }) => {
+            let signal = signal.map(|n| format!(", {}", signal_name(n.into()))).unwrap_or_default();
+            let ago = age(now.since(*finished_at));
+            format!("{} ({exit_code}{signal}) {ago} ago", labels::terminated_reason(*reason))
+        }
+        _ => "-".to_owned(),
+    };
+    let termination = match &c.last_termination {
+        Some(report) => {
+            let verdict = match &report.outcome {
+                TerminationOutcome::SigkilledAfterGrace { stop_to_kill_ns, .. } => {
+                    format!("SIGKILLED after {} (grace violated)", age(*stop_to_kill_ns))
                 }
-                "sigkilled_early" => {
-                    let after = o.get("stop_to_kill_ns").and_then(Value::as_u64).map(age).unwrap_or_default();
-                    let grace = o.get("grace_ns").and_then(Value::as_u64).map(age).unwrap_or_default();
-                    format!("SIGKILLED early, after {after} of {grace} grace (not the app's overrun)")
+                TerminationOutcome::SigkilledEarly { stop_to_kill_ns, grace_ns, .. } => format!(
+                    "SIGKILLED early, after {} of {} grace (not the app's overrun)",
+                    age(*stop_to_kill_ns),
+                    age(*grace_ns)
+                ),
+                TerminationOutcome::ExitedWithinGrace { grace_used_ratio, .. } => {
+                    format!("exited within grace ({:.0}% used)", grace_used_ratio * 100.0)
                 }
-                "exited_within_grace" => {
-                    let ratio = o.get("grace_used_ratio").and_then(Value::as_f64).unwrap_or(0.0);
-                    format!("exited within grace ({:.0}% used)", ratio * 100.0)
-                }
-                other => other.replace('_', " "),
-            }
-        })
-        .map(|verdict| {
-            let cause = c.get("last_termination").map(|t| text(t, "cause")).filter(|cause| !cause.is_empty());
-            match cause {
-                Some(cause) => format!("{verdict}; {}", cause.replace('_', " ")),
+                other => labels::outcome(other.kind()).replace('_', " "),
+            };
+            match report.cause {
+                Some(cause) => format!("{verdict}; {}", labels::stop_cause(cause).replace('_', " ")),
                 None => verdict,
             }
-        })
-        .unwrap_or_else(|| "-".to_owned());
+        }
+        None => "-".to_owned(),
+    };
     [
-        text(c, "namespace"),
-        text(c, "pod"),
-        text(c, "container"),
+        c.labels.namespace.clone(),
+        c.labels.pod.clone(),
+        c.labels.container.clone(),
         shown_state,
         reason,
-        c.get("restart_count").and_then(Value::as_u64).unwrap_or(0).to_string(),
+        c.status.restart_count.to_string(),
         last_exit,
         termination,
     ]
@@ -439,28 +420,75 @@ mod tests {
         assert_eq!(age(273_600_000_000_000), "3d4h");
     }
 
+    use lifecycle_testkit::fixtures::{container_view, termination_report};
+
+    use crate::model::{
+        container_state::{TerminatedReason, WaitingReason},
+        node::{Disagreement, DisagreementKind, PodConditions, PodPhase, PortStats},
+        spec::StopCause,
+        termination::TerminationReport,
+        time::SECOND,
+        wire::at::WallClock,
+    };
+
+    /// An agent's answer at `now_s` seconds after boot, as the agent writes it.
+    fn answer(now_s: u64, containers: Vec<ContainerView>, pods: Vec<PodView>) -> Value {
+        let body =
+            ContainersResponse { boot_to_unix_seconds: 0.0, now: BootTime::from_ns(now_s * SECOND), containers, pods };
+        WallClock::from_offset_seconds(0.0).writing(|| serde_json::to_value(body)).expect("serializes")
+    }
+
+    fn terminated(exit_code: i32, signal: Option<u8>, finished_s: u64) -> ContainerState {
+        ContainerState::Terminated {
+            reason: TerminatedReason::Error,
+            exit_code,
+            signal,
+            started_at: None,
+            finished_at: BootTime::from_ns(finished_s * SECOND),
+        }
+    }
+
+    fn pod(name: &str, phase: PodPhase, api_phase: Option<&str>) -> PodView {
+        PodView {
+            namespace: "shop".into(),
+            pod: name.into(),
+            uid: format!("uid-{name}"),
+            phase,
+            api_phase: api_phase.map(str::to_owned),
+            running_containers: 0,
+            containers: 1,
+            conditions: PodConditions::default(),
+            api_status: None,
+        }
+    }
+
     #[test]
     fn the_table_names_violations_and_back_off() {
-        let body = serde_json::json!({
-            "now": 100_000_000_000u64,
-            "boot_to_unix_seconds": 0.0,
-            "containers": [
-                {"namespace": "shop", "pod": "web-1", "container": "app", "uid": "u", "restart_count": 4,
-                 "state": {"state": "waiting", "reason": "CrashLoopBackOff", "message": ""},
-                 "last_state": {"state": "terminated", "reason": "Error", "exit_code": 1, "finished_at_boot_ns": 90_000_000_000u64},
-                 "last_termination": {"outcome": {"kind": "exited_without_stop_signal"}}},
-                {"namespace": "shop", "pod": "db-0", "container": "db", "uid": "v", "restart_count": 0,
-                 "state": {"state": "terminated", "reason": "Error", "exit_code": 137, "signal": 9, "finished_at_boot_ns": 99_000_000_000u64},
-                 "last_termination": {"cause": "deleted", "outcome": {"kind": "sigkilled_after_grace", "stop_to_kill_ns": 30_000_000_000u64}}}
-            ],
-            "pods": [
-                {"namespace": "shop", "pod": "web-1", "uid": "u", "phase": "Running", "api_phase": "Running",
-                 "running_containers": 0, "containers": 1},
-                {"namespace": "shop", "pod": "db-0", "uid": "v", "phase": "Failed", "api_phase": null,
-                 "running_containers": 0, "containers": 1}
-            ]
-        })
-        .to_string();
+        let mut web = container_view(
+            "shop",
+            "web-1",
+            "app",
+            ContainerState::Waiting { reason: WaitingReason::CrashLoopBackOff, message: String::new() },
+        );
+        web.status.restart_count = 4;
+        web.status.last_state = Some(terminated(1, None, 90));
+        let exited = TerminationOutcome::ExitedWithoutStopSignal { exit_status: Some(1), signal: None };
+        web.last_termination = Some(termination_report(exited, BootTime::from_ns(90 * SECOND)));
+        let mut db = container_view("shop", "db-0", "db", terminated(137, Some(9), 99));
+        let killed = TerminationOutcome::SigkilledAfterGrace {
+            grace_ns: 30 * SECOND,
+            stop_to_kill_ns: 30 * SECOND,
+            expected_kill_after_ns: 30 * SECOND,
+            sender: None,
+            accepts_after_stop: 0,
+            still_listening: false,
+        };
+        db.last_termination = Some(TerminationReport {
+            cause: Some(StopCause::Deleted),
+            ..termination_report(killed, BootTime::from_ns(99 * SECOND))
+        });
+        let pods = vec![pod("web-1", PodPhase::Running, Some("Running")), pod("db-0", PodPhase::Failed, None)];
+        let body = answer(100, vec![web, db], pods).to_string();
         let table = render_table(&body).expect("renders");
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("NAMESPACE  POD    CONTAINER  STATE"), "{table}");
@@ -481,21 +509,27 @@ mod tests {
         assert_eq!(render_table("not json"), None);
     }
 
-    fn container(namespace: &str, pod: &str, name: &str) -> Value {
-        serde_json::json!({"namespace": namespace, "pod": pod, "container": name, "uid": format!("uid-{pod}"),
-            "container_id": "0123456789abcdef0123", "restart_count": 0,
-            "state": {"state": "running", "started_at_boot_ns": 1_000_000_000u64},
-            "tcp": {"8080": {"listeners": 1, "established": 0, "accepts": 0},
-                    "9090": {"listeners": 0, "established": 0, "accepts": 3}},
-            "disagreements": [{"kind": "exit_code", "container_id": "x", "kubelet": "1", "kernel": "2"},
-                              {"kind": "exit_code", "container_id": "y", "kubelet": "1", "kernel": "2"}]})
+    fn container(namespace: &str, pod: &str, name: &str) -> ContainerView {
+        let mut view =
+            container_view(namespace, pod, name, ContainerState::Running { started_at: BootTime::from_ns(SECOND) });
+        view.container_id = Some("0123456789abcdef0123".into());
+        view.tcp.insert(8080, PortStats { listeners: 1, ..PortStats::default() });
+        view.tcp.insert(9090, PortStats { accepts: 3, ..PortStats::default() });
+        let disagreement = |id: &str| Disagreement {
+            kind: DisagreementKind::ExitCode,
+            container_id: id.into(),
+            kubelet: "1".into(),
+            kernel: "2".into(),
+        };
+        view.disagreements = vec![disagreement("x"), disagreement("y")];
+        view
     }
 
     #[test]
     fn rows_from_several_agents_are_sorted_and_wide_names_the_node() {
-        let node_b = serde_json::json!({"now": 2_000_000_000u64, "containers": [container("shop", "web", "app")]});
-        let node_a = serde_json::json!({"now": 2_000_000_000u64,
-            "containers": [container("shop", "web", "sidecar"), container("kube-system", "dns", "coredns")]});
+        let node_b = answer(2, vec![container("shop", "web", "app")], vec![]);
+        let node_a =
+            answer(2, vec![container("shop", "web", "sidecar"), container("kube-system", "dns", "coredns")], vec![]);
         let answers = [Answer { node: Some("node-b"), body: &node_b }, Answer { node: Some("node-a"), body: &node_a }];
         let table = render(&answers, Output::Table).expect("renders");
         let firsts: Vec<String> =
@@ -511,7 +545,7 @@ mod tests {
 
     #[test]
     fn json_and_yaml_carry_the_agents_document() {
-        let body = serde_json::json!({"now": 1u64, "containers": [container("shop", "web", "app")]});
+        let body = answer(1, vec![container("shop", "web", "app")], vec![]);
         let one = render(&[Answer { node: None, body: &body }], Output::Json).expect("JSON");
         assert_eq!(serde_json::from_str::<Value>(&one).expect("parses"), body);
         let yaml = render(&[Answer { node: None, body: &body }], Output::Yaml).expect("YAML");

@@ -5,12 +5,25 @@ use std::time::SystemTime;
 
 use rustix::time::ClockId;
 
-use crate::model::time::SECOND;
+use crate::model::{
+    time::{BootTime, SECOND},
+    wire::at::WallClock,
+};
 
 /// `CLOCK_BOOTTIME` now, in ns: the clock the kernel stamps events with.
 pub fn boottime_ns() -> u64 {
     let ts = rustix::time::clock_gettime(ClockId::Boottime);
     (ts.tv_sec as u64).saturating_mul(SECOND).saturating_add(ts.tv_nsec as u64)
+}
+
+/// `CLOCK_BOOTTIME` now, as the model's point in time.
+pub fn boottime() -> BootTime {
+    BootTime::from_ns(boottime_ns())
+}
+
+/// The wall clock as it relates to the boot clock now: what the API writes its times with.
+pub fn wall_clock() -> WallClock {
+    WallClock::from_offset_seconds(unix_minus_boot_seconds())
 }
 
 /// `CLOCK_REALTIME` now, in ns since the Unix epoch.

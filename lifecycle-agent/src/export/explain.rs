@@ -163,7 +163,7 @@ pub fn story(c: &Value) -> ContainerStory {
     let pre_stop = &report["pre_stop"];
     if let Some(started) = boot_ns(pre_stop, "started_at") {
         lines.push(Line { offset_ms: at(started), source: "kernel", text: "preStop hook started".to_owned() });
-        match pre_stop["ended_at"].as_u64() {
+        match boot_ns(pre_stop, "ended_at") {
             Some(ended) => lines.push(Line {
                 offset_ms: at(ended),
                 source: "kernel",

@@ -15,7 +15,7 @@ use crate::model::{
     container_state::ContainerState,
     node::{PortStats, Unit, UnitCounters, UnitLabels},
     termination::{SenderKind, TerminationOutcome},
-    time::seconds,
+    time::{seconds, BootTime},
 };
 
 const STATES: [&str; 3] = ["waiting", "running", "terminated"];
@@ -42,7 +42,7 @@ pub(super) struct UnitView<'a> {
 
 impl UnitView<'_> {
     pub(super) fn of<'a>(unit: &'a Unit, now: u64, boot_to_unix: f64, live: Option<&CgroupCounters>) -> UnitView<'a> {
-        let snapshot = unit.snapshot(now);
+        let snapshot = unit.snapshot(BootTime::from_ns(now));
         let state = match &snapshot.state {
             ContainerState::Waiting { .. } => "waiting",
             ContainerState::Running { .. } => "running",
@@ -59,7 +59,7 @@ impl UnitView<'_> {
         };
         let last_terminated = match last {
             Some(ContainerState::Terminated { reason, exit_code, finished_at, .. }) => {
-                Some((labels::terminated_reason(*reason), *exit_code, seconds(*finished_at) + boot_to_unix))
+                Some((labels::terminated_reason(*reason), *exit_code, seconds(finished_at.ns()) + boot_to_unix))
             }
             _ => None,
         };
@@ -76,7 +76,7 @@ impl UnitView<'_> {
             restart_count: unit.restart_count(),
             counters: Cow::Borrowed(unit.counters()),
             last_stop_seconds: report
-                .and_then(|r| r.stop_signal.as_ref().map(|stop| seconds(r.exit_time.saturating_sub(stop.time)))),
+                .and_then(|r| r.stop_signal.as_ref().map(|stop| seconds(r.exit_time.since(stop.time)))),
             last_grace_ratio: report.and_then(|r| match r.outcome {
                 TerminationOutcome::ExitedWithinGrace { grace_used_ratio, .. } => Some(grace_used_ratio),
                 _ => None,

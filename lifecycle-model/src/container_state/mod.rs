@@ -10,12 +10,12 @@
 //!
 //! Pure: events and times in, a [`ContainerStatusSnapshot`] out.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::backoff::BackoffTracker;
+use crate::{backoff::BackoffTracker, time::BootTime};
 
 /// Why a container is waiting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WaitingReason {
     /// Its cgroup exists (or it was never seen) and its init has not run yet.
     ContainerCreating,
@@ -24,7 +24,7 @@ pub enum WaitingReason {
 }
 
 /// Why a container terminated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum TerminatedReason {
     /// Exit status 0.
     Completed,
@@ -39,7 +39,7 @@ pub enum TerminatedReason {
 }
 
 /// A container's state, as in the API's `ContainerState`. Times are `CLOCK_BOOTTIME` ns.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum ContainerState {
     Waiting {
@@ -47,7 +47,8 @@ pub enum ContainerState {
         message: String,
     },
     Running {
-        started_at: u64,
+        #[serde(flatten, with = "crate::wire::at::started_at")]
+        started_at: BootTime,
     },
     Terminated {
         reason: TerminatedReason,
@@ -55,8 +56,10 @@ pub enum ContainerState {
         exit_code: i32,
         signal: Option<u8>,
         /// None when the start was not seen.
-        started_at: Option<u64>,
-        finished_at: u64,
+        #[serde(flatten, with = "crate::wire::at::started_at")]
+        started_at: Option<BootTime>,
+        #[serde(flatten, with = "crate::wire::at::finished_at")]
+        finished_at: BootTime,
     },
 }
 
@@ -67,7 +70,7 @@ impl ContainerState {
 }
 
 /// `restartPolicy` values.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RestartPolicy {
     #[default]
     Always,
@@ -76,14 +79,14 @@ pub enum RestartPolicy {
 }
 
 /// `restartPolicyRules[].exitCodes.operator`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ExitCodeOperator {
     In,
     NotIn,
 }
 
 /// `restartPolicyRules[].action`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RestartRuleAction {
     /// This container alone restarts (ContainerRestartRules, beta 1.35).
     Restart,
@@ -93,7 +96,7 @@ pub enum RestartRuleAction {
 }
 
 /// One `restartPolicyRules` entry: when the exit code matches, take the action.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestartRule {
     pub action: RestartRuleAction,
     pub operator: ExitCodeOperator,
@@ -111,7 +114,7 @@ impl RestartRule {
 }
 
 /// Everything that decides whether an exited container is restarted.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestartSpec {
     /// The pod's `spec.restartPolicy`.
     pub pod_restart_policy: RestartPolicy,
@@ -167,7 +170,7 @@ impl RestartSpec {
 }
 
 /// The status of one container (pod uid + name) over its instances.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerStatus {
     pub pod_uid: String,
     pub container_name: String,
@@ -175,11 +178,12 @@ pub struct ContainerStatus {
     last_state: Option<ContainerState>,
     restart_count: u32,
     /// When the current instance's cgroup appeared.
-    instance_created_at: Option<u64>,
+    #[serde(flatten, with = "crate::wire::at::instance_created_at")]
+    instance_created_at: Option<BootTime>,
 }
 
 /// A container's status at a given time, for the API.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerStatusSnapshot {
     pub pod_uid: String,
     pub container_name: String,
@@ -187,7 +191,8 @@ pub struct ContainerStatusSnapshot {
     pub last_state: Option<ContainerState>,
     pub restart_count: u32,
     /// When the current instance's cgroup appeared.
-    pub instance_created_at: Option<u64>,
+    #[serde(flatten, with = "crate::wire::at::instance_created_at")]
+    pub instance_created_at: Option<BootTime>,
     /// The container exited and the kubelet will restart it.
     pub restart_expected: bool,
     /// How long the back-off still holds the restart (0 once it elapsed), while it does.
@@ -222,7 +227,7 @@ impl ContainerStatus {
     /// A new instance's cgroup appeared. After a terminated instance this is a restart: the
     /// terminated state becomes the last state and the count goes up, as the kubelet counts
     /// created instances.
-    pub fn on_instance_created(&mut self, time: u64) {
+    pub fn on_instance_created(&mut self, time: BootTime) {
         match self.state {
             // The first instance, or a re-created one that never started: nothing to keep.
             ContainerState::Waiting { .. } => {}
@@ -242,7 +247,7 @@ impl ContainerStatus {
 
     /// The first exec in the instance's cgroup: Running. Later execs change nothing; a start
     /// after a terminated instance whose new cgroup was not seen counts as a new instance.
-    pub fn on_init_started(&mut self, time: u64) {
+    pub fn on_init_started(&mut self, time: BootTime) {
         match self.state {
             ContainerState::Running { .. } => {}
             ContainerState::Terminated { .. } => {
@@ -257,7 +262,7 @@ impl ContainerStatus {
     /// `oom_killed` only when the kernel's OOM killer killed it (see the termination module);
     /// exit code 137 or a SIGKILL alone never makes OOMKilled. A second exit for the same
     /// instance changes nothing.
-    pub fn on_init_exited(&mut self, time: u64, exit_status: Option<u8>, signal: Option<u8>, oom_killed: bool) {
+    pub fn on_init_exited(&mut self, time: BootTime, exit_status: Option<u8>, signal: Option<u8>, oom_killed: bool) {
         let started_at = match self.state {
             ContainerState::Terminated { .. } => return,
             ContainerState::Running { started_at } => Some(started_at),
@@ -278,7 +283,7 @@ impl ContainerStatus {
     /// the back-off delays that restart — the kubelet keeps the reason until the start succeeds —
     /// and stays Terminated when the restart is immediate (first crash, reset back-off).
     /// `backoff` is this container's tracker, fed the same exit.
-    pub fn state_at(&self, now: u64, restart: &RestartSpec, backoff: &BackoffTracker) -> ContainerStatusSnapshot {
+    pub fn state_at(&self, now: BootTime, restart: &RestartSpec, backoff: &BackoffTracker) -> ContainerStatusSnapshot {
         let mut snapshot = ContainerStatusSnapshot {
             pod_uid: self.pod_uid.clone(),
             container_name: self.container_name.clone(),
@@ -323,7 +328,7 @@ impl ContainerStatus {
 /// Formats a duration the way Go's `time.Duration.String` does for the values back-off takes
 /// (`10s`, `1m20s`, `5m0s`, `1.5s`, `500ms`).
 fn go_duration(ns: u64) -> String {
-    const SECOND: u64 = 1_000_000_000;
+    use crate::time::SECOND;
     if ns == 0 {
         return "0s".to_owned();
     }

@@ -3,7 +3,11 @@
 use super::*;
 use crate::backoff::{BackoffPolicy, Tolerance};
 
-const S: u64 = 1_000_000_000;
+const S: u64 = crate::time::SECOND;
+
+fn at(ns: u64) -> BootTime {
+    BootTime::from_ns(ns)
+}
 const UID: &str = "0b0f2e4b-2d44-4d2a-9a5f-3c1b6a7e8f90";
 
 fn status() -> ContainerStatus {
@@ -25,20 +29,20 @@ fn terminated(
     started: u64,
     finished: u64,
 ) -> ContainerState {
-    ContainerState::Terminated { reason, exit_code, signal, started_at: Some(started), finished_at: finished }
+    ContainerState::Terminated { reason, exit_code, signal, started_at: Some(at(started)), finished_at: at(finished) }
 }
 
 #[test]
 fn created_then_running_then_completed() {
     let mut c = status();
     assert_eq!(c.state(), &ContainerState::creating());
-    c.on_instance_created(S);
+    c.on_instance_created(at(S));
     assert_eq!(c.state(), &ContainerState::creating());
-    c.on_init_started(2 * S);
-    assert_eq!(c.state(), &ContainerState::Running { started_at: 2 * S });
-    c.on_init_started(3 * S); // a later exec is not a start
-    assert_eq!(c.state(), &ContainerState::Running { started_at: 2 * S });
-    c.on_init_exited(10 * S, Some(0), None, false);
+    c.on_init_started(at(2 * S));
+    assert_eq!(c.state(), &ContainerState::Running { started_at: at(2 * S) });
+    c.on_init_started(at(3 * S)); // a later exec is not a start
+    assert_eq!(c.state(), &ContainerState::Running { started_at: at(2 * S) });
+    c.on_init_exited(at(10 * S), Some(0), None, false);
     assert_eq!(c.state(), &terminated(TerminatedReason::Completed, 0, None, 2 * S, 10 * S));
     assert_eq!(c.restart_count(), 0);
 }
@@ -55,35 +59,35 @@ fn exit_reasons_and_codes() {
     ];
     for (status, signal, oom, reason, code, want_signal) in cases {
         let mut c = status_running();
-        c.on_init_exited(10 * S, status, signal, oom);
+        c.on_init_exited(at(10 * S), status, signal, oom);
         assert_eq!(c.state(), &terminated(reason, code, want_signal, S, 10 * S), "{status:?} {signal:?} {oom}");
     }
 }
 
 fn status_running() -> ContainerStatus {
     let mut c = status();
-    c.on_instance_created(0);
-    c.on_init_started(S);
+    c.on_instance_created(at(0));
+    c.on_init_started(at(S));
     c
 }
 
 #[test]
 fn sigterm_exit_is_never_oom_killed() {
     let mut c = status_running();
-    c.on_init_exited(10 * S, None, Some(15), false);
+    c.on_init_exited(at(10 * S), None, Some(15), false);
     assert!(matches!(c.state(), ContainerState::Terminated { reason: TerminatedReason::Error, exit_code: 143, .. }));
 }
 
 #[test]
 fn a_restart_moves_the_termination_to_last_state() {
     let mut c = status_running();
-    c.on_init_exited(10 * S, Some(1), None, false);
-    c.on_instance_created(11 * S);
+    c.on_init_exited(at(10 * S), Some(1), None, false);
+    c.on_instance_created(at(11 * S));
     assert_eq!(c.restart_count(), 1);
     assert_eq!(c.state(), &ContainerState::creating());
     assert_eq!(c.last_state(), Some(&terminated(TerminatedReason::Error, 1, None, S, 10 * S)));
-    c.on_init_started(12 * S);
-    assert_eq!(c.state(), &ContainerState::Running { started_at: 12 * S });
+    c.on_init_started(at(12 * S));
+    assert_eq!(c.state(), &ContainerState::Running { started_at: at(12 * S) });
     assert_eq!(c.last_state(), Some(&terminated(TerminatedReason::Error, 1, None, S, 10 * S)));
 }
 
@@ -91,43 +95,43 @@ fn a_restart_moves_the_termination_to_last_state() {
 fn missed_events_still_count_instances() {
     // The new cgroup was not seen: the start after a termination is the new instance.
     let mut c = status_running();
-    c.on_init_exited(10 * S, Some(1), None, false);
-    c.on_init_started(20 * S);
+    c.on_init_exited(at(10 * S), Some(1), None, false);
+    c.on_init_started(at(20 * S));
     assert_eq!(c.restart_count(), 1);
-    assert_eq!(c.state(), &ContainerState::Running { started_at: 20 * S });
+    assert_eq!(c.state(), &ContainerState::Running { started_at: at(20 * S) });
     // The exit was not seen: a new cgroup while running is still a new instance.
-    c.on_instance_created(30 * S);
+    c.on_instance_created(at(30 * S));
     assert_eq!(c.restart_count(), 2);
     assert_eq!(c.state(), &ContainerState::creating());
     // An exit without a seen start.
-    c.on_init_exited(31 * S, Some(2), None, false);
+    c.on_init_exited(at(31 * S), Some(2), None, false);
     assert!(matches!(c.state(), ContainerState::Terminated { started_at: None, exit_code: 2, .. }));
     // A duplicate exit changes nothing.
-    c.on_init_exited(32 * S, Some(0), None, false);
-    assert!(matches!(c.state(), ContainerState::Terminated { finished_at, .. } if *finished_at == 31 * S));
+    c.on_init_exited(at(32 * S), Some(0), None, false);
+    assert!(matches!(c.state(), ContainerState::Terminated { finished_at, .. } if *finished_at == at(31 * S)));
 }
 
 #[test]
 fn crash_loop_back_off_is_shown_while_the_back_off_holds() {
     let mut c = status();
     let mut b = backoff();
-    c.on_instance_created(0);
-    c.on_init_started(S);
-    b.on_started(S, None);
+    c.on_instance_created(at(0));
+    c.on_init_started(at(S));
+    b.on_started(at(S), None);
     // First crash: restarted at once, so no CrashLoopBackOff.
-    c.on_init_exited(2 * S, Some(1), None, false);
-    b.on_finished(2 * S);
-    let first = c.state_at(2 * S, &always(), &b);
+    c.on_init_exited(at(2 * S), Some(1), None, false);
+    b.on_finished(at(2 * S));
+    let first = c.state_at(at(2 * S), &always(), &b);
     assert!(matches!(first.state, ContainerState::Terminated { .. }));
     assert!(first.restart_expected);
     assert_eq!(first.back_off_remaining_ns, None);
-    c.on_instance_created(3 * S);
-    c.on_init_started(3 * S);
-    b.on_started(3 * S, None);
+    c.on_instance_created(at(3 * S));
+    c.on_init_started(at(3 * S));
+    b.on_started(at(3 * S), None);
     // Second crash: 10 s back-off.
-    c.on_init_exited(4 * S, Some(1), None, false);
-    b.on_finished(4 * S);
-    let waiting = c.state_at(6 * S, &always(), &b);
+    c.on_init_exited(at(4 * S), Some(1), None, false);
+    b.on_finished(at(4 * S));
+    let waiting = c.state_at(at(6 * S), &always(), &b);
     assert_eq!(
         waiting.state,
         ContainerState::Waiting {
@@ -139,15 +143,15 @@ fn crash_loop_back_off_is_shown_while_the_back_off_holds() {
     assert_eq!(waiting.back_off_remaining_ns, Some(8 * S));
     assert_eq!(waiting.restart_count, 1);
     // Elapsed but not yet restarted: the kubelet still shows CrashLoopBackOff.
-    let due = c.state_at(20 * S, &always(), &b);
+    let due = c.state_at(at(20 * S), &always(), &b);
     assert!(matches!(due.state, ContainerState::Waiting { reason: WaitingReason::CrashLoopBackOff, .. }));
     assert_eq!(due.back_off_remaining_ns, Some(0));
     // Restarted.
-    c.on_instance_created(15 * S);
-    c.on_init_started(15 * S);
-    b.on_started(15 * S, None);
-    let running = c.state_at(16 * S, &always(), &b);
-    assert_eq!(running.state, ContainerState::Running { started_at: 15 * S });
+    c.on_instance_created(at(15 * S));
+    c.on_init_started(at(15 * S));
+    b.on_started(at(15 * S), None);
+    let running = c.state_at(at(16 * S), &always(), &b);
+    assert_eq!(running.state, ContainerState::Running { started_at: at(15 * S) });
     assert_eq!(running.restart_count, 2);
 }
 
@@ -155,16 +159,16 @@ fn crash_loop_back_off_is_shown_while_the_back_off_holds() {
 fn second_crash(exit_status: Option<u8>, signal: Option<u8>) -> (ContainerStatus, BackoffTracker) {
     let mut c = status();
     let mut b = backoff();
-    c.on_instance_created(0);
-    c.on_init_started(S);
-    b.on_started(S, None);
-    c.on_init_exited(2 * S, Some(1), None, false);
-    b.on_finished(2 * S);
-    c.on_instance_created(3 * S);
-    c.on_init_started(3 * S);
-    b.on_started(3 * S, None);
-    c.on_init_exited(4 * S, exit_status, signal, false);
-    b.on_finished(4 * S);
+    c.on_instance_created(at(0));
+    c.on_init_started(at(S));
+    b.on_started(at(S), None);
+    c.on_init_exited(at(2 * S), Some(1), None, false);
+    b.on_finished(at(2 * S));
+    c.on_instance_created(at(3 * S));
+    c.on_init_started(at(3 * S));
+    b.on_started(at(3 * S), None);
+    c.on_init_exited(at(4 * S), exit_status, signal, false);
+    b.on_finished(at(4 * S));
     (c, b)
 }
 
@@ -178,14 +182,14 @@ fn restart_policies() {
     let never = RestartSpec { pod_restart_policy: RestartPolicy::Never, ..Default::default() };
 
     let (c, b) = second_crash(Some(0), None);
-    assert!(shows_back_off(&c.state_at(5 * S, &always(), &b)), "Always restarts a success");
-    let done = c.state_at(5 * S, &on_failure, &b);
+    assert!(shows_back_off(&c.state_at(at(5 * S), &always(), &b)), "Always restarts a success");
+    let done = c.state_at(at(5 * S), &on_failure, &b);
     assert!(!done.restart_expected);
     assert_eq!(done.state, terminated(TerminatedReason::Completed, 0, None, 3 * S, 4 * S));
 
     let (c, b) = second_crash(Some(3), None);
-    assert!(shows_back_off(&c.state_at(5 * S, &on_failure, &b)));
-    let failed = c.state_at(5 * S, &never, &b);
+    assert!(shows_back_off(&c.state_at(at(5 * S), &on_failure, &b)));
+    let failed = c.state_at(at(5 * S), &never, &b);
     assert!(!failed.restart_expected);
     assert!(matches!(failed.state, ContainerState::Terminated { exit_code: 3, .. }));
 }
@@ -257,18 +261,18 @@ fn restart_rules_come_before_restart_policies() {
         is_init_container: false,
         pod_terminating: false,
     };
-    assert!(shows_back_off(&c.state_at(5 * S, &retry_on_kill, &b)));
+    assert!(shows_back_off(&c.state_at(at(5 * S), &retry_on_kill, &b)));
 }
 
 #[test]
 fn a_tracker_waiting_on_another_exit_is_not_trusted() {
     let (c, _) = second_crash(Some(1), None);
     let mut other = backoff();
-    other.on_started(0, None);
-    other.on_finished(S);
-    other.on_started(2 * S, None);
-    other.on_finished(99 * S);
-    let snapshot = c.state_at(100 * S, &always(), &other);
+    other.on_started(at(0), None);
+    other.on_finished(at(S));
+    other.on_started(at(2 * S), None);
+    other.on_finished(at(99 * S));
+    let snapshot = c.state_at(at(100 * S), &always(), &other);
     assert!(snapshot.restart_expected);
     assert!(matches!(snapshot.state, ContainerState::Terminated { .. }));
 }
@@ -287,13 +291,13 @@ fn go_durations() {
 #[test]
 fn snapshots_serialize_like_the_api() {
     let (c, b) = second_crash(None, Some(9));
-    let json = serde_json::to_value(c.state_at(5 * S, &always(), &b)).expect("json");
+    let json = serde_json::to_value(c.state_at(at(5 * S), &always(), &b)).expect("json");
     assert_eq!(json["state"]["state"], "waiting");
     assert_eq!(json["state"]["reason"], "CrashLoopBackOff");
     assert_eq!(json["last_state"]["reason"], "Error");
     assert_eq!(json["last_state"]["exit_code"], 137);
     let mut oom = status_running();
-    oom.on_init_exited(2 * S, None, Some(9), true);
+    oom.on_init_exited(at(2 * S), None, Some(9), true);
     let json = serde_json::to_value(oom.state()).expect("json");
     assert_eq!(json["reason"], "OOMKilled");
 }

@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{warning::WarningReason, NodeTracker, UnitKey};
 use crate::{
@@ -30,7 +30,7 @@ pub(super) struct InstanceEnd {
 }
 
 /// A kind of disagreement (a bounded metric label).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DisagreementKind {
     /// The kubelet reported OOMKilled; the kernel's OOM killer did not kill the init.
@@ -45,7 +45,7 @@ pub enum DisagreementKind {
 }
 
 /// One disagreement, with both sides.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Disagreement {
     pub kind: DisagreementKind,
     pub container_id: String,

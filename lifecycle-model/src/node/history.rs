@@ -11,10 +11,10 @@ use std::{
     sync::Arc,
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{bounds::DroppedKind, DroppedCounts, NodeSnapshot};
-use crate::{spec::StopCause, termination::TerminationReport};
+use crate::{spec::StopCause, termination::TerminationReport, time::BootTime};
 
 /// Stops kept on the node.
 pub const MAX_STOPS: usize = 4096;
@@ -24,7 +24,7 @@ pub const MAX_BYTES: usize = 8 * 1024 * 1024;
 pub const MAX_STOPS_PER_POD: usize = 64;
 
 /// One judged stop of a container, as kept.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PastStop {
     /// Its place in the node's history (increasing; for readers that follow it).
     pub seq: u64,
@@ -99,7 +99,7 @@ impl History {
     }
 
     /// A stop judged without a cause got one later (see `pods.rs`): the kept copy follows.
-    pub(super) fn name_cause(&mut self, uid: &str, container: &str, exit_time: u64, cause: StopCause) {
+    pub(super) fn name_cause(&mut self, uid: &str, container: &str, exit_time: BootTime, cause: StopCause) {
         if let Some(stop) = self
             .stops
             .iter_mut()
@@ -116,7 +116,7 @@ impl History {
         &mut self,
         uid: &str,
         container: &str,
-        exit_time: u64,
+        exit_time: BootTime,
         change: impl FnOnce(&mut crate::termination::TerminationReport),
     ) {
         if let Some(stop) = self
@@ -150,13 +150,13 @@ impl History {
 
     /// Stops with `seq >= from` whose exit is at least `settle_ns` before `now` or whose cause
     /// is known (a cause can arrive up to then), oldest first, at most `limit`.
-    pub fn settled_since(&self, from: u64, now: u64, settle_ns: u64, limit: usize) -> Vec<PastStop> {
+    pub fn settled_since(&self, from: u64, now: BootTime, settle_ns: u64, limit: usize) -> Vec<PastStop> {
         self.stops
             .iter()
             .filter(|s| s.seq >= from)
             .take_while(|s| {
                 s.last_termination.cause.is_none_or(|c| c != StopCause::RuntimeOrUnknown)
-                    || now.saturating_sub(s.last_termination.exit_time) >= settle_ns
+                    || now.since(s.last_termination.exit_time) >= settle_ns
             })
             .take(limit)
             .map(|s| PastStop::clone(s))
@@ -185,7 +185,7 @@ impl NodeSnapshot {
     /// Stops from `seq` on that have settled by `now` (their cause known, or
     /// `settle_ns` passed since the exit), oldest first, at most `limit`: what a verdict log
     /// writes once each.
-    pub fn settled_stops_since(&self, seq: u64, now: u64, settle_ns: u64, limit: usize) -> Vec<PastStop> {
+    pub fn settled_stops_since(&self, seq: u64, now: BootTime, settle_ns: u64, limit: usize) -> Vec<PastStop> {
         self.history.settled_since(seq, now, settle_ns, limit)
     }
 }
@@ -193,6 +193,10 @@ impl NodeSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn at(ns: u64) -> BootTime {
+        BootTime::from_ns(ns)
+    }
 
     fn stop(pod: &str, n: u64) -> PastStop {
         PastStop {
@@ -234,14 +238,14 @@ mod tests {
         let mut dropped = DroppedCounts::default();
         let mut unknown = stop("a", 1);
         unknown.last_termination.cause = Some(StopCause::RuntimeOrUnknown);
-        unknown.last_termination.exit_time = 100;
+        unknown.last_termination.exit_time = at(100);
         history.record(unknown, &mut dropped);
         history.record(stop("b", 2), &mut dropped);
-        assert!(history.settled_since(0, 105, 10, 10).is_empty(), "in order: the first is not settled");
-        history.name_cause("uid-a", "app", 100, StopCause::DeadlineExceeded);
-        let settled = history.settled_since(0, 105, 10, 10);
+        assert!(history.settled_since(0, at(105), 10, 10).is_empty(), "in order: the first is not settled");
+        history.name_cause("uid-a", "app", at(100), StopCause::DeadlineExceeded);
+        let settled = history.settled_since(0, at(105), 10, 10);
         assert_eq!(settled.len(), 2);
         assert_eq!(settled[0].last_termination.cause, Some(StopCause::DeadlineExceeded));
-        assert_eq!(history.settled_since(1, 105, 10, 10).len(), 1);
+        assert_eq!(history.settled_since(1, at(105), 10, 10).len(), 1);
     }
 }

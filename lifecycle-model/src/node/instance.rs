@@ -10,6 +10,7 @@ use super::{bounds::DroppedKind, unit::start_unit, NodeTracker, PortStats, UnitC
 use crate::{
     identity::{classify, CgroupIdentity},
     termination::{TerminationSettings, TerminationTracker},
+    time::BootTime,
 };
 
 #[derive(Clone, Debug)]
@@ -265,7 +266,7 @@ impl NodeTracker {
         fresh.unit = instance.unit.clone();
         *instance = fresh;
         if let Some(unit) = self.unit_of(cgroup_id) {
-            unit.status.on_instance_created(time);
+            unit.status.on_instance_created(BootTime::from_ns(time));
         }
         self.staged.states_changed = true;
     }

@@ -52,6 +52,7 @@ use crate::{
     metadata::ContainerMeta,
     spec::StopCause,
     termination::{ProcessAtStop, Retention, SignalSender},
+    time::BootTime,
 };
 
 pub use bounds::{DroppedCounts, DroppedKind};
@@ -313,7 +314,7 @@ impl NodeTracker {
                 pid: *pid,
                 init: Some(*pid) == init,
                 comm: p.comm.clone(),
-                started_at: p.start_time_ns,
+                started_at: BootTime::from_ns(p.start_time_ns),
                 got_stop_signal: false,
                 exec_session: p.exec_session,
             })
@@ -529,7 +530,7 @@ impl NodeTracker {
     fn on_kubelet_started(&mut self, at: u64) {
         for unit in self.units.values_mut() {
             if matches!(unit.key, UnitKey::Container { .. }) {
-                unit.backoff.on_kubelet_restart(at);
+                unit.backoff.on_kubelet_restart(BootTime::from_ns(at));
             }
         }
     }

@@ -9,7 +9,10 @@
 use std::collections::VecDeque;
 
 use super::{pods::LATE_NOTICE_NS, DroppedKind, NodeTracker};
-use crate::oom::{KernelOomKill, OomLimit};
+use crate::{
+    oom::{KernelOomKill, OomLimit},
+    time::BootTime,
+};
 
 /// Victims and log lines kept waiting for their other half. The kernel logs at most 10 OOM
 /// reports per 5 s; more waiting than this means the other half is not coming.
@@ -75,7 +78,7 @@ impl NodeTracker {
         let Some(key) = instance.unit.clone() else { return };
         let Some(unit) = self.units.get_mut(&key) else { return };
         let Some(report) = unit.last_termination.as_mut() else { return };
-        if report.oom_kills == 0 || now.saturating_sub(report.exit_time) > LATE_NOTICE_NS {
+        if report.oom_kills == 0 || BootTime::from_ns(now).since(report.exit_time) > LATE_NOTICE_NS {
             return;
         }
         report.oom_limit = Some(limit.clone());

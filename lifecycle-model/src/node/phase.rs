@@ -5,13 +5,13 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{NodeSnapshot, UnitKey};
-use crate::{container_state::ContainerState, spec::ReportedPodStatus};
+use crate::{container_state::ContainerState, spec::ReportedPodStatus, time::BootTime};
 
 /// `PodPhase` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PodPhase {
     Pending,
     Running,
@@ -19,8 +19,20 @@ pub enum PodPhase {
     Failed,
 }
 
+impl PodPhase {
+    /// The phase as the API spells it (`status.phase`), which serde writes too.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodPhase::Pending => "Pending",
+            PodPhase::Running => "Running",
+            PodPhase::Succeeded => "Succeeded",
+            PodPhase::Failed => "Failed",
+        }
+    }
+}
+
 /// One pod as the API shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodView {
     pub namespace: String,
     pub pod: String,
@@ -41,7 +53,7 @@ pub struct PodView {
 }
 
 /// `PodReadyToStartContainers` and `Initialized`, from what ran.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodConditions {
     /// The sandbox (or any container of the pod) has a process running: the runtime set the
     /// pod up (`PodReadyToStartContainers`).
@@ -78,7 +90,7 @@ fn phase(parts: &[Part]) -> PodPhase {
 
 impl NodeSnapshot {
     /// Every Kubernetes pod with a unit, with its phase at `now`.
-    pub fn pods(&self, now: u64) -> Vec<PodView> {
+    pub fn pods(&self, now: BootTime) -> Vec<PodView> {
         let with_process = self.pods_with_process();
         let mut pods: BTreeMap<&str, (PodView, Vec<Part>)> = BTreeMap::new();
         for unit in self.units() {

@@ -13,6 +13,7 @@ use crate::{
         StopCause,
     },
     termination::{TerminationOutcome, TerminationReport, TerminationSettings, SIGTERM},
+    time::BootTime,
 };
 
 /// How long after a stop a late kill notice still names its cause.
@@ -23,9 +24,9 @@ const GONE_POD_KEPT_NS: u64 = 60_000_000_000;
 
 /// Gives `unit`'s last stop `cause` when it was judged without one (`RuntimeOrUnknown`) in the
 /// last [`LATE_NOTICE_NS`] before `now`, moving its count; whether it did.
-fn name_a_recent_unknown_stop(unit: &mut Unit, cause: StopCause, now: u64) -> bool {
+fn name_a_recent_unknown_stop(unit: &mut Unit, cause: StopCause, now: BootTime) -> bool {
     let Some(report) = unit.last_termination.as_mut() else { return false };
-    let recent = now.saturating_sub(report.exit_time) <= LATE_NOTICE_NS;
+    let recent = now.since(report.exit_time) <= LATE_NOTICE_NS;
     if !recent || report.cause != Some(StopCause::RuntimeOrUnknown) {
         return false;
     }
@@ -118,7 +119,7 @@ impl NodeTracker {
                 .collect();
             for key in keys {
                 if let Some(unit) = self.units.get_mut(&key) {
-                    if name_a_recent_unknown_stop(unit, cause, now) {
+                    if name_a_recent_unknown_stop(unit, cause, BootTime::from_ns(now)) {
                         let exit_time = unit.last_termination.as_ref().map(|r| r.exit_time).unwrap_or_default();
                         std::sync::Arc::make_mut(&mut self.history).name_cause(
                             &unit.labels.uid,
@@ -236,7 +237,7 @@ impl NodeTracker {
     fn record_kill_notice(&mut self, notice: KillNotice, now: u64) {
         let unit_key = UnitKey::Container { pod_uid: notice.pod_uid.clone(), container: notice.container.clone() };
         if let Some(unit) = self.units.get_mut(&unit_key) {
-            if name_a_recent_unknown_stop(unit, notice.cause, now) {
+            if name_a_recent_unknown_stop(unit, notice.cause, BootTime::from_ns(now)) {
                 let exit_time = unit.last_termination.as_ref().map(|r| r.exit_time).unwrap_or_default();
                 std::sync::Arc::make_mut(&mut self.history).name_cause(
                     &notice.pod_uid,
@@ -385,14 +386,14 @@ impl NodeTracker {
 
     /// Whether a container of pod `pod_uid` exited, in the [`LATE_NOTICE_NS`] up to `at`, with
     /// an exit code its RestartAllContainers rule matches.
-    fn restart_all_fired_before(&self, pod_uid: &str, at: u64) -> bool {
+    fn restart_all_fired_before(&self, pod_uid: &str, at: BootTime) -> bool {
         let Some(pod) = self.pods.get(pod_uid) else { return false };
         self.units.iter().any(|(key, unit)| {
             let UnitKey::Container { pod_uid: owner, container } = key else { return false };
             let Some(exit) = unit.last_termination.as_ref() else { return false };
             owner == pod_uid
                 && exit.exit_time <= at
-                && at - exit.exit_time <= LATE_NOTICE_NS
+                && at.since(exit.exit_time) <= LATE_NOTICE_NS
                 && exit
                     .exit_status
                     .zip(pod.container(container))
@@ -404,7 +405,7 @@ impl NodeTracker {
     /// RestartAllContainers rule, the stops of its siblings from then on already judged without
     /// a cause (seen first, say because this container was linked to its pod late) are the
     /// rule's.
-    pub(super) fn name_stops_of_a_restart_all(&mut self, key: &UnitKey, exit_status: Option<u8>, exit_time: u64) {
+    pub(super) fn name_stops_of_a_restart_all(&mut self, key: &UnitKey, exit_status: Option<u8>, exit_time: BootTime) {
         let Some((pod, spec)) = self.spec_of(key) else { return };
         let fired = exit_status.is_some_and(|code| spec.restart.restarts_all_containers(i32::from(code)));
         if !fired {

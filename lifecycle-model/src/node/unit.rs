@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use lifecycle_common::CgroupCounters;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     bounds::DroppedKind,
@@ -24,11 +24,11 @@ use crate::{
         OutcomeKind, PreStopHandler, SenderKind, SignalSender, TerminationOutcome, TerminationReport,
         TerminationSettings,
     },
-    time::seconds,
+    time::{seconds, BootTime},
 };
 
 /// Who a unit is.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum UnitKey {
     /// A Kubernetes container: the kubelet's back-off key without the spec hash.
@@ -38,7 +38,7 @@ pub enum UnitKey {
 }
 
 /// Labels as kube-state-metrics spells them, so series join.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct UnitLabels {
     pub namespace: String,
     pub pod: String,
@@ -47,7 +47,7 @@ pub struct UnitLabels {
 }
 
 /// Per-port TCP facts of a unit.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortStats {
     /// Listening sockets open now.
     pub listeners: i64,
@@ -81,7 +81,7 @@ pub(super) fn port_entry(tcp: &mut BTreeMap<u16, PortStats>, port: u16) -> Optio
 }
 
 /// Counters kept per unit across its instances.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct UnitCounters {
     /// (reason, exit code, signal) -> exits of the init.
     pub exits: BTreeMap<(TerminatedReason, i32, Option<u8>), u64>,
@@ -225,7 +225,7 @@ impl Unit {
     }
 
     /// The status at `now`, with CrashLoopBackOff projected from the back-off.
-    pub fn snapshot(&self, now: u64) -> ContainerStatusSnapshot {
+    pub fn snapshot(&self, now: BootTime) -> ContainerStatusSnapshot {
         self.status.state_at(now, &self.restart, &self.backoff)
     }
 }
@@ -350,7 +350,7 @@ impl NodeTracker {
             into.last_accept_ns = into.last_accept_ns.max(stats.last_accept_ns);
             into.last_change_ns = into.last_change_ns.max(stats.last_change_ns);
         }
-        unit.status.on_instance_created(instance.created_at);
+        unit.status.on_instance_created(BootTime::from_ns(instance.created_at));
         unit.last_change_ns = unit.last_change_ns.max(instance.created_at);
         if let Some(init) = instance.init {
             start_unit(unit, init.started_at, instance.spec_hash.clone());
@@ -387,8 +387,8 @@ impl NodeTracker {
         let tolerance = self.config.tolerance;
         let Some(unit) = self.units.get_mut(&key) else { return };
         let oom_killed = matches!(report.outcome, TerminationOutcome::OomKilled);
-        unit.status.on_init_exited(exit.time, exit.exit_status, exit.signal, oom_killed);
-        unit.backoff.on_finished(exit.time);
+        unit.status.on_init_exited(BootTime::from_ns(exit.time), exit.exit_status, exit.signal, oom_killed);
+        unit.backoff.on_finished(BootTime::from_ns(exit.time));
         if let ContainerState::Terminated { reason, exit_code, signal, .. } = unit.status.state() {
             *unit.counters.exits.entry((*reason, *exit_code, *signal)).or_default() += 1;
             if let Some(container_id) = &unit.container_id {
@@ -405,7 +405,10 @@ impl NodeTracker {
         let mut judgement = Judgement {
             namespace: unit.labels.namespace.clone(),
             outcome,
-            stop_to_exit_seconds: report.stop_signal.as_ref().map(|stop| seconds(exit.time.saturating_sub(stop.time))),
+            stop_to_exit_seconds: report
+                .stop_signal
+                .as_ref()
+                .map(|stop| seconds(BootTime::from_ns(exit.time).since(stop.time))),
             grace_used_ratio: None,
         };
         match &report.outcome {
@@ -473,7 +476,7 @@ impl NodeTracker {
         if !unit.named_by_id {
             self.record_judgement(judgement);
         }
-        self.name_stops_of_a_restart_all(&key, exit.exit_status, exit.time);
+        self.name_stops_of_a_restart_all(&key, exit.exit_status, BootTime::from_ns(exit.time));
         // The last main container done: the pod's sidecars will not be restarted any more.
         if let UnitKey::Container { pod_uid, .. } = &key {
             if !self.units.get(&key).is_some_and(|u| u.sidecar || u.init_container) {
@@ -486,8 +489,8 @@ impl NodeTracker {
 
 pub(super) fn start_unit(unit: &mut Unit, started_at: u64, spec_hash: Option<String>) {
     unit.started_at = Some(started_at);
-    unit.status.on_init_started(started_at);
-    if let Some(observation) = unit.backoff.on_started(started_at, spec_hash) {
+    unit.status.on_init_started(BootTime::from_ns(started_at));
+    if let Some(observation) = unit.backoff.on_started(BootTime::from_ns(started_at), spec_hash) {
         *unit.counters.backoff_verdicts.entry(observation.verdict).or_default() += 1;
         if observation.verdict != Verdict::WithinTolerance {
             unit.warn(

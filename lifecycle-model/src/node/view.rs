@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Disagreement, NodeSnapshot, NodeTracker, PortStats, Unit, UnitKey, UnitLabels};
 use crate::{
@@ -11,10 +11,11 @@ use crate::{
     container_state::ContainerStatusSnapshot,
     spec::HttpProbe,
     termination::{SidecarOrder, TerminationReport},
+    time::BootTime,
 };
 
 /// A container as the API shows it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ContainerView {
     #[serde(flatten)]
     pub labels: UnitLabels,
@@ -58,7 +59,7 @@ impl NodeTracker {
 
 impl NodeSnapshot {
     /// The API view of every unit at `now`.
-    pub fn containers(&self, now: u64) -> Vec<ContainerView> {
+    pub fn containers(&self, now: BootTime) -> Vec<ContainerView> {
         let mut views: Vec<ContainerView> = self.units().map(|unit| self.view(unit, now)).collect();
         let orders = self.sidecar_orders();
         for view in &mut views {
@@ -69,7 +70,7 @@ impl NodeSnapshot {
         views
     }
 
-    pub fn view(&self, unit: &Unit, now: u64) -> ContainerView {
+    pub fn view(&self, unit: &Unit, now: BootTime) -> ContainerView {
         ContainerView {
             labels: unit.labels.clone(),
             container_id: unit.container_id.clone(),

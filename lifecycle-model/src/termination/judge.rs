@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use crate::{oom::OomLimit, spec::SpecSource};
+use crate::{oom::OomLimit, spec::SpecSource, time::BootTime};
 
 use super::{
     report::OomVictim, PreStopHandler, PreStopSeen, ProcessAtStop, SignalSender, StopScene, StopSignalSeen,
@@ -353,15 +353,16 @@ impl TerminationTracker {
     fn judge(&self, exit_time: u64, exit_status: Option<u8>, exit_signal: Option<u8>) -> TerminationReport {
         let before_exit = |time: u64| time <= exit_time;
         let stop = self.signals.first_stop.as_ref().filter(|s| before_exit(s.time)).map(|s| StopSignalSeen {
-            time: s.time,
+            time: BootTime::from_ns(s.time),
             signal: s.signal,
             sender: s.sender.clone(),
             matches_configured: s.signal == self.settings.stop_signal,
         });
         let grace_ns = self.settings.effective_grace_ns();
-        let pre_stop = self.pre_stop_seen(stop.as_ref().map(|s| s.time), exit_time);
+        let stop_time = stop.as_ref().map(|s| s.time.ns());
+        let pre_stop = self.pre_stop_seen(stop_time, exit_time);
         let (expected_kill_after_ns, expected_kill_exact) =
-            self.expected_kill_after(grace_ns, stop.as_ref().map(|s| s.time), pre_stop.as_ref());
+            self.expected_kill_after(grace_ns, stop_time, pre_stop.as_ref());
         let oom_kills_before_exit = self.oom_kills.count_until(exit_time);
         let init_oom_killed = self.oom_kills.first_init_victim.is_some_and(before_exit);
 
@@ -376,9 +377,9 @@ impl TerminationTracker {
             let oom_killed_init = init_oom_killed || (oom_kills_before_exit > 0 && kill.is_none());
             match (&stop, kill) {
                 _ if oom_killed_init => TerminationOutcome::OomKilled,
-                (Some(stop), kill) if kill.is_none_or(|k| k.time >= stop.time) => {
+                (Some(stop), kill) if kill.is_none_or(|k| k.time >= stop.time.ns()) => {
                     let kill_time = kill.map_or(exit_time, |k| k.time);
-                    let stop_to_kill_ns = kill_time.saturating_sub(stop.time);
+                    let stop_to_kill_ns = kill_time.saturating_sub(stop.time.ns());
                     let sender = kill.map(|k| k.sender.clone());
                     let (accepts_after_stop, still_listening) = (self.accepts_after_stop, self.listening_at(kill_time));
                     if stop_to_kill_ns.saturating_add(self.settings.kill_tolerance_ns) < expected_kill_after_ns {
@@ -416,7 +417,7 @@ impl TerminationTracker {
                 }
             }
         } else if let Some(stop) = &stop {
-            let duration_ns = exit_time.saturating_sub(stop.time);
+            let duration_ns = exit_time.saturating_sub(stop.time.ns());
             TerminationOutcome::ExitedWithinGrace {
                 duration_ns,
                 grace_used_ratio: duration_ns as f64 / expected_kill_after_ns.max(1) as f64,
@@ -433,7 +434,7 @@ impl TerminationTracker {
         TerminationReport {
             stop_signal: stop,
             pre_stop,
-            exit_time,
+            exit_time: BootTime::from_ns(exit_time),
             exit_status,
             exit_signal,
             grace_ns,
@@ -447,7 +448,7 @@ impl TerminationTracker {
             // The node's tracker knows the pod: it names the cause and the facts' source.
             cause: None,
             spec: SpecSource::default(),
-            watched_since: self.watched_since,
+            watched_since: self.watched_since.map(BootTime::from_ns),
             scene: self.scene.clone(),
         }
     }
@@ -472,8 +473,8 @@ impl TerminationTracker {
             )?;
         let running_at_deadline = session.end.is_none_or(|end| end >= deadline);
         Some(PreStopSeen {
-            started_at: session.start,
-            ended_at: session.end,
+            started_at: BootTime::from_ns(session.start),
+            ended_at: session.end.map(BootTime::from_ns),
             duration_ns: session.end.map(|end| end.saturating_sub(session.start)),
             // The kubelet sends the stop signal once the hook returned or the grace period ran
             // out; a hook still running at the stop signal is one the kubelet gave up on. (The
@@ -503,7 +504,7 @@ impl TerminationTracker {
             Some(PreStopHandler::Exec { .. }) => match (pre_stop, stop_time) {
                 // The hook ends when the kubelet stops waiting (at most the grace period), and
                 // the stop signal follows at once, so stop - start is the kubelet's elapsed.
-                (Some(seen), Some(stop)) => stop.saturating_sub(seen.started_at).min(grace_ns),
+                (Some(seen), Some(stop)) => BootTime::from_ns(stop).since(seen.started_at).min(grace_ns),
                 _ => return floor_only,
             },
             Some(PreStopHandler::HttpGet | PreStopHandler::TcpSocket) => return floor_only,

@@ -1,15 +1,16 @@
 //! The judged end of one container instance: the outcome, the stop signal and preStop hook as
 //! observed, and who sent the signals.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     oom::OomLimit,
     spec::{SpecSource, StopCause},
+    time::BootTime,
 };
 
 /// Who sent a signal to a container's process.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SignalSender {
     /// The container runtime stack: containerd, its shims, runc/crun, CRI-O, conmon, dockerd.
@@ -69,7 +70,7 @@ impl SignalSender {
 }
 
 /// [`SignalSender`] without its details: what signals are counted by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SenderKind {
     /// The container runtime stack.
@@ -83,9 +84,10 @@ pub enum SenderKind {
 }
 
 /// The stop signal as observed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StopSignalSeen {
-    pub time: u64,
+    #[serde(flatten, with = "crate::wire::at::time")]
+    pub time: BootTime,
     pub signal: u8,
     pub sender: SignalSender,
     /// The signal is the one the settings name (a different one suggests an image STOPSIGNAL the
@@ -94,10 +96,12 @@ pub struct StopSignalSeen {
 }
 
 /// The preStop hook as observed: an exec session matching the hook's program.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreStopSeen {
-    pub started_at: u64,
-    pub ended_at: Option<u64>,
+    #[serde(flatten, with = "crate::wire::at::started_at")]
+    pub started_at: BootTime,
+    #[serde(flatten, with = "crate::wire::at::ended_at")]
+    pub ended_at: Option<BootTime>,
     /// How long the session ran, when its end was seen.
     pub duration_ns: Option<u64>,
     /// The session was still running when the stop signal came: the grace period ran out
@@ -106,7 +110,7 @@ pub struct PreStopSeen {
 }
 
 /// How the instance ended.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum TerminationOutcome {
     /// The stop signal came and the init exited before any SIGKILL.
@@ -169,7 +173,7 @@ pub enum TerminationOutcome {
 }
 
 /// [`TerminationOutcome`] without its details: what terminations are counted by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutcomeKind {
     /// See [`TerminationOutcome::ExitedWithinGrace`].
@@ -204,7 +208,7 @@ impl TerminationOutcome {
 }
 
 /// The OOM killer's victim in a container.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OomVictim {
     /// The container's init (PID 1 of its namespace): the container ended with it.
@@ -214,11 +218,12 @@ pub enum OomVictim {
 }
 
 /// The judged end of one container instance.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TerminationReport {
     pub stop_signal: Option<StopSignalSeen>,
     pub pre_stop: Option<PreStopSeen>,
-    pub exit_time: u64,
+    #[serde(flatten, with = "crate::wire::at::exit_time")]
+    pub exit_time: BootTime,
     pub exit_status: Option<u8>,
     pub exit_signal: Option<u8>,
     /// The effective grace period.
@@ -246,7 +251,8 @@ pub struct TerminationReport {
     /// When the agent began watching this instance, if after it started (the agent itself
     /// started, or rescanned after lost records): evidence before it (a stop signal, a preStop
     /// hook) was not seen.
-    pub watched_since: Option<u64>,
+    #[serde(flatten, with = "crate::wire::at::watched_since")]
+    pub watched_since: Option<BootTime>,
     /// The container's processes when the stop signal came and when the SIGKILL came.
     pub scene: StopScene,
 }
@@ -256,15 +262,16 @@ pub struct TerminationReport {
 pub const MAX_SCENE_PROCESSES: usize = 32;
 
 /// A process of the container at a moment of its stop.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessAtStop {
     /// The process id as the host sees it.
     pub pid: u32,
     /// The container's PID 1.
     pub init: bool,
     pub comm: String,
-    /// When it started (CLOCK_BOOTTIME ns).
-    pub started_at: u64,
+    /// When it started.
+    #[serde(flatten, with = "crate::wire::at::started_at")]
+    pub started_at: BootTime,
     /// The stop signal reached it (sent to it by the runtime, the kubelet, or passed on by
     /// another process of the container). False for a process behind a shell that does not
     /// pass signals on: the shell-entrypoint bug.
@@ -276,7 +283,7 @@ pub struct ProcessAtStop {
 
 /// Who was running when a container was stopped: what `explain` needs to say "PID 1 `sh` got
 /// SIGTERM; `java` never did" and which processes a SIGKILL cut short.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StopScene {
     /// Processes running when the stop signal came to the init.
     pub running_at_stop: Vec<ProcessAtStop>,
@@ -340,7 +347,7 @@ impl TerminationReport {
         TerminationReport {
             stop_signal: None,
             pre_stop: None,
-            exit_time: n * 1_000_000_000,
+            exit_time: crate::time::BootTime::from_ns(n * crate::time::SECOND),
             exit_status: Some(n as u8),
             exit_signal: None,
             grace_ns: 30_000_000_000,

@@ -1,12 +1,13 @@
 //! The sidecar rule: sidecars get their stop signal only after every main container exited, in
 //! reverse order of definition. Judged per pod termination from the containers' reports.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::TerminationReport;
+use crate::time::BootTime;
 
 /// Whether a sidecar's stop came in its turn.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SidecarVerdict {
     /// Signalled after every main container and every later-defined sidecar had exited.
@@ -20,12 +21,14 @@ pub enum SidecarVerdict {
 }
 
 /// One sidecar's termination order, judged.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SidecarOrder {
     pub container: String,
-    pub stop_signal_at: Option<u64>,
+    #[serde(flatten, with = "crate::wire::at::stop_signal_at")]
+    pub stop_signal_at: Option<BootTime>,
     /// The exit of the main container that exited last.
-    pub last_main_exit: Option<u64>,
+    #[serde(flatten, with = "crate::wire::at::last_main_exit")]
+    pub last_main_exit: Option<BootTime>,
     pub verdict: SidecarVerdict,
 }
 
@@ -35,7 +38,7 @@ pub struct SidecarOrder {
 /// later exit time.
 pub fn sidecar_order<'a>(reports: impl IntoIterator<Item = (&'a str, &'a TerminationReport)>) -> Vec<SidecarOrder> {
     let reports: Vec<(&str, &TerminationReport)> = reports.into_iter().collect();
-    let mains: Vec<(&str, u64)> = reports
+    let mains: Vec<(&str, BootTime)> = reports
         .iter()
         .filter(|(_, report)| !report.is_sidecar)
         .map(|(name, report)| (*name, report.exit_time))

@@ -1,9 +1,10 @@
 //! Termination verdicts over hand-made evidence.
 
 use super::*;
+use crate::time::BootTime;
 
 const S: u64 = SECOND;
-const MS: u64 = 1_000_000;
+const MS: u64 = crate::time::MILLISECOND;
 
 fn runtime() -> SignalSender {
     SignalSender::Runtime
@@ -88,7 +89,7 @@ fn exit_within_grace() {
     assert_eq!(report.expected_kill_after_ns, 30 * S);
     assert!(report.expected_kill_exact);
     assert_eq!(
-        report.stop_signal.as_ref().map(|s| (s.time, s.signal, s.matches_configured)),
+        report.stop_signal.as_ref().map(|s| (s.time.ns(), s.signal, s.matches_configured)),
         Some((100 * S, 15, true))
     );
     match report.outcome {
@@ -171,7 +172,7 @@ fn pre_stop_elapsed_whole_seconds_are_subtracted() {
     t.on_signal(95 * S + 900 * MS + 25 * S, SIGKILL, runtime(), true);
     let report = t.on_init_exit(95 * S + 900 * MS + 25 * S, None, Some(SIGKILL)).clone();
     let pre_stop = report.pre_stop.expect("preStop seen");
-    assert_eq!(pre_stop.started_at, 90 * S);
+    assert_eq!(pre_stop.started_at.ns(), 90 * S);
     assert_eq!(pre_stop.duration_ns, Some(5 * S + 800 * MS));
     assert!(!pre_stop.overran_grace);
     // 5.9 s elapsed counts as 5 s: 30 - 5 = 25 s.
@@ -272,7 +273,7 @@ fn a_sigkill_within_a_grace_period_of_the_agents_start_may_follow_an_unseen_stop
     };
     let early = kill_at(120 * S);
     assert_eq!(early.outcome, TerminationOutcome::StopSignalNotObserved { sender: Some(runtime()) });
-    assert_eq!(early.watched_since, Some(100 * S));
+    assert_eq!(early.watched_since.map(BootTime::ns), Some(100 * S));
     // Long after the start, no stop signal before watching can explain it.
     assert_eq!(kill_at(200 * S).outcome, TerminationOutcome::KilledWithoutGrace { sender: Some(runtime()) });
     // A stop signal seen after the start is judged as always.
@@ -340,7 +341,7 @@ fn signals_to_other_processes_and_after_exit_do_not_count() {
     assert!(report.stop_signal.is_none());
     // The report is fixed at the first exit.
     let again = t.on_init_exit(200 * S, Some(0), None);
-    assert_eq!(again.exit_time, 100 * S);
+    assert_eq!(again.exit_time.ns(), 100 * S);
 }
 
 #[test]
@@ -368,7 +369,7 @@ fn sidecars_stopped_after_mains_in_reverse_order_comply() {
     let order = sidecar_order([("proxy", &proxy), ("logs", &logs), ("app", &app), ("worker", &worker)]);
     assert_eq!(order.len(), 2);
     assert!(order.iter().all(|o| o.verdict == SidecarVerdict::InOrder), "{order:?}");
-    assert_eq!(order[0].last_main_exit, Some(109 * S));
+    assert_eq!(order[0].last_main_exit.map(BootTime::ns), Some(109 * S));
 }
 
 #[test]
@@ -437,7 +438,7 @@ fn a_flood_of_ignored_signals_to_the_init_is_bounded_and_the_verdict_still_right
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(report.stop_signal.as_ref().map(|s| s.time), Some(200 * S));
+    assert_eq!(report.stop_signal.as_ref().map(|s| s.time.ns()), Some(200 * S));
 }
 
 #[test]
@@ -446,7 +447,7 @@ fn the_earliest_stop_signal_is_pinned_even_when_records_arrive_out_of_order() {
     t.on_signal(101 * S, SIGTERM, runtime(), true);
     t.on_signal(100 * S, SIGTERM, runtime(), true);
     let report = t.on_init_exit(102 * S, Some(143), None);
-    assert_eq!(report.stop_signal.as_ref().map(|s| s.time), Some(100 * S));
+    assert_eq!(report.stop_signal.as_ref().map(|s| s.time.ns()), Some(100 * S));
 }
 
 #[test]

@@ -10,7 +10,12 @@ use crate::{
     termination::{SenderKind, TerminationOutcome},
 };
 
-const SECOND: u64 = 1_000_000_000;
+const SECOND: u64 = crate::time::SECOND;
+
+/// A point in time of these tests.
+fn at(ns: u64) -> crate::time::BootTime {
+    crate::time::BootTime::from_ns(ns)
+}
 const POD_UID: &str = "0b1c2d3e-4f5a-6b7c-8d9e-0f1a2b3c4d5e";
 const POD_CGROUP: u64 = 500;
 const SHIM_CGROUP: u64 = 7;
@@ -109,7 +114,7 @@ fn tracker_with_cri() -> NodeTracker {
 }
 
 fn only_view(tracker: &NodeTracker, now: u64) -> ContainerView {
-    let views = tracker.snapshot().containers(now);
+    let views = tracker.snapshot().containers(at(now));
     assert_eq!(views.len(), 1, "{views:#?}");
     views.into_iter().next().expect("one")
 }
@@ -130,7 +135,7 @@ fn a_sidecar_signalled_before_the_main_container_exited_is_flagged() {
     tracker.apply(&signal(10 * SECOND, shim, (100, proxy), 15));
     tracker.apply(&exit(10 * SECOND + 1000, 100, proxy, None, Some(15)));
     tracker.apply(&exit(12 * SECOND, 200, app, Some(0), None));
-    let views = tracker.snapshot().containers(13 * SECOND);
+    let views = tracker.snapshot().containers(at(13 * SECOND));
     let proxy = views.iter().find(|v| v.labels.container == "proxy").expect("proxy");
     assert!(proxy.sidecar);
     let order = proxy.sidecar_order.clone().expect("judged");
@@ -158,7 +163,7 @@ fn a_container_runs_and_completes_with_kubelet_names() {
         ),
         ("shop", "web-1", "app", POD_UID)
     );
-    assert_eq!(view.status.state, ContainerState::Running { started_at: 2 * SECOND });
+    assert_eq!(view.status.state, ContainerState::Running { started_at: at(2 * SECOND) });
     tracker.apply(&exit(4 * SECOND, 100, cg, Some(0), None));
     let view = only_view(&tracker, 5 * SECOND);
     assert!(matches!(
@@ -180,15 +185,15 @@ fn a_snapshot_keeps_what_it_showed_while_the_model_goes_on() {
     let before = tracker.snapshot();
     let running = before.running_containers();
     assert_eq!(running.iter().map(|c| c.main_pid).collect::<Vec<_>>(), [100], "its init is the main process");
-    assert!(before.pods(3 * SECOND)[0].conditions.ready_to_start_containers, "the pod has a live process");
+    assert!(before.pods(at(3 * SECOND))[0].conditions.ready_to_start_containers, "the pod has a live process");
     tracker.apply(&exit(4 * SECOND, 100, cg, Some(0), None));
     tracker.expire(4 * SECOND, 0);
     let after = tracker.snapshot();
     // The unit the tracker changed (copied on write) and then dropped is still the old
     // snapshot's, as it was.
     assert_eq!(after.units().count(), 0, "expired in the model");
-    let view = before.containers(3 * SECOND).pop().expect("still in the old snapshot");
-    assert_eq!(view.status.state, ContainerState::Running { started_at: 2 * SECOND });
+    let view = before.containers(at(3 * SECOND)).pop().expect("still in the old snapshot");
+    assert_eq!(view.status.state, ContainerState::Running { started_at: at(2 * SECOND) });
     assert_eq!(before.running_containers(), running);
     assert!(after.running_containers().is_empty());
     assert!(after.history_of_pod("shop", "web-1").len() == 1 && before.history_of_pod("shop", "web-1").is_empty());
@@ -236,7 +241,7 @@ fn late_metadata_links_the_instance_and_judges_with_its_grace_period() {
     tracker.apply(&signal(10 * SECOND, (50, SHIM_CGROUP, "containerd-shim"), (100, cg), 15));
     tracker.apply(&signal(13 * SECOND, (50, SHIM_CGROUP, "containerd-shim"), (100, cg), 9));
     tracker.apply(&exit(13 * SECOND + 1000, 100, cg, None, Some(9)));
-    assert!(tracker.snapshot().containers(14 * SECOND).is_empty(), "nothing shown before the runtime names it");
+    assert!(tracker.snapshot().containers(at(14 * SECOND)).is_empty(), "nothing shown before the runtime names it");
     tracker.set_metadata(vec![meta(1, 3)]);
     let view = only_view(&tracker, 14 * SECOND);
     let report = view.last_termination.expect("judged on linking");
@@ -317,7 +322,7 @@ fn a_host_pid_container_ends_with_its_cgroup_when_no_namespaced_init_follows() {
     ));
     let view = only_view(&tracker, 5 * SECOND);
     assert!(
-        matches!(view.status.state, ContainerState::Terminated { exit_code: 1, finished_at, .. } if finished_at == 3 * SECOND)
+        matches!(view.status.state, ContainerState::Terminated { exit_code: 1, finished_at, .. } if finished_at == at(3 * SECOND))
     );
 }
 
@@ -353,7 +358,7 @@ fn containers_the_runtime_does_not_list_are_sandboxes_and_ignored() {
     let cg = container_cgroup(&mut tracker, 0, 9);
     tracker.apply(&exec(SECOND, 100, cg, SHIM_CGROUP, "pause"));
     tracker.set_metadata(vec![meta(1, 30)]);
-    assert!(tracker.snapshot().containers(2 * SECOND).is_empty());
+    assert!(tracker.snapshot().containers(at(2 * SECOND)).is_empty());
 }
 
 #[test]
@@ -369,7 +374,7 @@ fn without_a_runtime_containers_are_named_by_id() {
 fn host_cgroups_are_units_that_run_while_any_process_does() {
     let mut tracker = NodeTracker::new(TrackerConfig::default());
     tracker.apply(&mkdir(0, 42, "/system.slice/web.service"));
-    assert!(tracker.snapshot().containers(0).is_empty(), "a cgroup becomes a unit when something runs in it");
+    assert!(tracker.snapshot().containers(at(0)).is_empty(), "a cgroup becomes a unit when something runs in it");
     tracker.apply(&exec(SECOND, 10, 42, 1, "web"));
     tracker.apply(&exec(2 * SECOND, 11, 42, 42, "worker"));
     let first_exit = tracker.apply(&exit(3 * SECOND, 10, 42, Some(0), None));
@@ -383,7 +388,7 @@ fn host_cgroups_are_units_that_run_while_any_process_does() {
     assert_eq!(last_exit.ended, [Ended { cgroup_id: 42, exit_ns: 5 * SECOND }], "the last process's exit ends the run");
     tracker.apply(&exec(7 * SECOND, 12, 42, 1, "web"));
     let view = only_view(&tracker, 8 * SECOND);
-    assert!(matches!(view.status.state, ContainerState::Running { started_at } if started_at == 7 * SECOND));
+    assert!(matches!(view.status.state, ContainerState::Running { started_at } if started_at == at(7 * SECOND)));
     assert_eq!(view.status.restart_count, 1);
 }
 
@@ -402,9 +407,9 @@ fn events_for_unknown_cgroups_ask_for_a_rescan_and_departed_units_expire() {
         Detail::CgroupRmdir(CgroupDetail { id: 77, path: "/batch/job".into(), truncated: false }),
     ));
     tracker.expire(5 * SECOND, 10 * SECOND);
-    assert_eq!(tracker.snapshot().containers(5 * SECOND).len(), 1, "kept during the retention");
+    assert_eq!(tracker.snapshot().containers(at(5 * SECOND)).len(), 1, "kept during the retention");
     tracker.expire(20 * SECOND, 10 * SECOND);
-    assert!(tracker.snapshot().containers(20 * SECOND).is_empty());
+    assert!(tracker.snapshot().containers(at(20 * SECOND)).is_empty());
 }
 
 #[test]
@@ -462,9 +467,14 @@ fn a_running_instance_the_runtime_does_not_list_is_a_sandbox_and_dropped() {
     let finished = container_cgroup(&mut tracker, 0, 8);
     tracker.apply(&exec(SECOND, 80, finished, SHIM_CGROUP, "job"));
     tracker.apply(&exit(2 * SECOND, 80, finished, Some(0), None));
-    assert_eq!(tracker.snapshot().containers(3 * SECOND).len(), 2, "{:#?}", tracker.snapshot().containers(3 * SECOND));
+    assert_eq!(
+        tracker.snapshot().containers(at(3 * SECOND)).len(),
+        2,
+        "{:#?}",
+        tracker.snapshot().containers(at(3 * SECOND))
+    );
     tracker.set_metadata(vec![]);
-    let views = tracker.snapshot().containers(3 * SECOND);
+    let views = tracker.snapshot().containers(at(3 * SECOND));
     assert_eq!(views.len(), 1, "{views:#?}");
     assert_eq!(views[0].labels.container, container_id(8)[..12], "an exited one keeps its verdict");
     assert!(tracker.runtime_reachable());
@@ -519,7 +529,7 @@ fn a_container_gone_before_its_metadata_arrived_is_still_judged() {
         1,
         Detail::CgroupRmdir(CgroupDetail { id: cg, path: String::new(), truncated: false }),
     ));
-    assert!(tracker.snapshot().containers(SECOND).is_empty(), "waiting for its name");
+    assert!(tracker.snapshot().containers(at(SECOND)).is_empty(), "waiting for its name");
     tracker.set_metadata(vec![meta(1, 30)]);
     let view = only_view(&tracker, SECOND);
     assert_eq!(view.labels.container, "app");
@@ -527,7 +537,7 @@ fn a_container_gone_before_its_metadata_arrived_is_still_judged() {
     assert_eq!(view.cgroup_id, None, "its cgroup is gone");
     // Linked and gone: nothing is kept for it any more.
     tracker.set_metadata(vec![]);
-    assert_eq!(tracker.snapshot().containers(SECOND).len(), 1);
+    assert_eq!(tracker.snapshot().containers(at(SECOND)).len(), 1);
 }
 
 mod restart_all;
@@ -558,12 +568,12 @@ fn a_resync_repairs_what_lost_records_would_have_changed() {
     assert_eq!(repaired.ended, [Ended { cgroup_id: 42, exit_ns: 5 * SECOND }], "the lost exit ended web's run");
     let web = tracker
         .snapshot()
-        .containers(6 * SECOND)
+        .containers(at(6 * SECOND))
         .into_iter()
         .find(|v| v.labels.container == "/system.slice/web.service");
     let web = web.expect("web");
     assert!(
-        matches!(web.status.state, ContainerState::Terminated { finished_at, .. } if finished_at == 5 * SECOND),
+        matches!(web.status.state, ContainerState::Terminated { finished_at, .. } if finished_at == at(5 * SECOND)),
         "{:?}",
         web.status.state
     );
@@ -573,7 +583,7 @@ fn a_resync_repairs_what_lost_records_would_have_changed() {
     tracker.apply(&mkdir(4 * SECOND, 44, "/system.slice/new.service"));
     let new = tracker
         .snapshot()
-        .containers(7 * SECOND)
+        .containers(at(7 * SECOND))
         .into_iter()
         .find(|v| v.labels.container == "/system.slice/new.service");
     assert!(new.is_some_and(|v| matches!(v.status.state, ContainerState::Running { .. })));
@@ -633,7 +643,7 @@ fn a_process_in_a_container_named_like_the_runtime_is_not_the_runtime() {
     tracker.apply(&signal(10 * SECOND, (201, attacker, "containerd-shim"), (100, victim), 15));
     tracker.apply(&signal(11 * SECOND, (201, attacker, "containerd-shim"), (100, victim), 9));
     tracker.apply(&exit(11 * SECOND, 100, victim, None, Some(9)));
-    let view = tracker.snapshot().containers(12 * SECOND).into_iter().find(|v| v.labels.container == "app");
+    let view = tracker.snapshot().containers(at(12 * SECOND)).into_iter().find(|v| v.labels.container == "app");
     let termination = view.and_then(|v| v.last_termination).expect("judged");
     assert!(termination.stop_signal.is_none(), "no stop signal from the runtime: {termination:?}");
     assert!(matches!(termination.outcome, TerminationOutcome::KilledWithoutGrace { .. }), "{:?}", termination.outcome);

@@ -46,7 +46,7 @@ fn app_exits_then_helper_stopped(tracker: &mut NodeTracker, (app, helper): (u64,
 fn cause_of(tracker: &NodeTracker, container: &str, now: u64) -> Option<crate::spec::StopCause> {
     tracker
         .snapshot()
-        .containers(now)
+        .containers(at(now))
         .into_iter()
         .find(|v| v.labels.container == container)
         .and_then(|v| v.last_termination)

@@ -193,7 +193,7 @@ fn a_stop_outlives_its_unit_and_pod_in_the_history() {
     ));
     tracker.forget_pod(POD_UID);
     tracker.expire(20 * 60 * SECOND, 60 * SECOND);
-    assert!(tracker.snapshot().containers(20 * 60 * SECOND).is_empty(), "the unit expired");
+    assert!(tracker.snapshot().containers(at(20 * 60 * SECOND)).is_empty(), "the unit expired");
     let kept = tracker.snapshot().history_of_pod("shop", "web-1");
     assert_eq!(kept.len(), 1);
     assert_eq!(kept[0].container, "app");
@@ -397,7 +397,7 @@ fn pods_show_their_phase_and_the_conditions_the_kernel_can_tell() {
     tracker.set_metadata(vec![init, meta(2, 30)]);
     let migrate = container_cgroup(&mut tracker, 0, 1);
     tracker.apply(&exec(SECOND, 100, migrate, SHIM_CGROUP, "migrate"));
-    let pod = |tracker: &NodeTracker| tracker.snapshot().pods(5 * SECOND).into_iter().next().expect("one pod");
+    let pod = |tracker: &NodeTracker| tracker.snapshot().pods(at(5 * SECOND)).into_iter().next().expect("one pod");
     let running_init = pod(&tracker);
     assert!(running_init.conditions.ready_to_start_containers);
     assert!(!running_init.conditions.initialized);

@@ -1,0 +1,35 @@
+//! The agent's JSON API as types: what it answers, written by the agent and read back by its
+//! clients (`lifecycle-agent status`, the kubectl plugin) with the same definitions. Points in
+//! time go out as RFC 3339 with their boot-clock value beside ([`at`]), in the wall clock the
+//! writer gives ([`at::WallClock::writing`]).
+
+pub mod at;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    node::{ContainerView, PastStop, PodView},
+    time::BootTime,
+};
+
+/// The body of `GET /api/v1/containers`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ContainersResponse {
+    /// Unix time minus boot time, in seconds: what turns a `<field>_boot_ns` into wall time.
+    pub boot_to_unix_seconds: f64,
+    /// When this answer was made (boot-clock ns).
+    pub now: BootTime,
+    pub containers: Vec<ContainerView>,
+    /// Every pod with its phase as the kernel saw it, and the API's.
+    pub pods: Vec<PodView>,
+}
+
+/// The body of `GET /api/v1/history?namespace=...&pod=...`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HistoryResponse {
+    /// As in [`ContainersResponse`].
+    pub boot_to_unix_seconds: f64,
+    /// The pod's judged stops the node kept (its containers and the pod may be gone), newest
+    /// first.
+    pub stops: Vec<PastStop>,
+}
