@@ -121,8 +121,7 @@ impl Tolerance {
 }
 
 /// How a restart's timing compares with the kubelet's rules.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Verdict {
     WithinTolerance,
     /// Restarted before the back-off allowed: not what the kubelet does.
@@ -130,6 +129,12 @@ pub enum Verdict {
     /// Restarted later than the back-off plus the kubelet's usual scheduling slack.
     TooLate,
 }
+
+crate::spelling::spelling!(Verdict {
+    WithinTolerance => "within_tolerance",
+    TooEarly => "too_early",
+    TooLate => "too_late",
+});
 
 /// One observed restart, judged.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,6 +16,7 @@ pub mod node;
 pub mod oom;
 pub mod probe;
 pub mod spec;
+mod spelling;
 pub mod termination;
 pub mod time;
 pub mod wire;

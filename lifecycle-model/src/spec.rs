@@ -151,8 +151,7 @@ impl PodFacts {
 }
 
 /// Why a container was stopped, as one bounded word (a metric label value).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum StopCause {
     /// The pod was deleted (the grace used is the deletion's).
     Deleted,
@@ -178,23 +177,18 @@ pub enum StopCause {
     RuntimeOrUnknown,
 }
 
-impl StopCause {
-    /// The cause as one word, as serde writes it (the `cause` label and the API).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StopCause::Deleted => "deleted",
-            StopCause::LivenessProbe => "liveness_probe",
-            StopCause::StartupProbe => "startup_probe",
-            StopCause::Evicted => "evicted",
-            StopCause::Preempted => "preempted",
-            StopCause::NodeShutdown => "node_shutdown",
-            StopCause::RestartAllContainers => "restart_all_containers",
-            StopCause::Resize => "resize",
-            StopCause::DeadlineExceeded => "deadline_exceeded",
-            StopCause::RuntimeOrUnknown => "runtime_or_unknown",
-        }
-    }
-}
+crate::spelling::spelling!(StopCause {
+    Deleted => "deleted",
+    LivenessProbe => "liveness_probe",
+    StartupProbe => "startup_probe",
+    Evicted => "evicted",
+    Preempted => "preempted",
+    NodeShutdown => "node_shutdown",
+    RestartAllContainers => "restart_all_containers",
+    Resize => "resize",
+    DeadlineExceeded => "deadline_exceeded",
+    RuntimeOrUnknown => "runtime_or_unknown",
+});
 
 /// A container-level kill the kubelet announced in an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -10,15 +10,12 @@ use serde_json::Value;
 use tokio_rustls::{rustls, TlsConnector};
 
 pub use crate::export::explain_html::percent_encoded;
-use crate::{
-    export::labels,
-    model::{
-        container_state::ContainerState,
-        node::{ContainerView, PodView},
-        termination::TerminationOutcome,
-        time::BootTime,
-        wire::ContainersResponse,
-    },
+use crate::model::{
+    container_state::ContainerState,
+    node::{ContainerView, PodView},
+    termination::TerminationOutcome,
+    time::BootTime,
+    wire::ContainersResponse,
 };
 
 /// Why the agent could not be asked.
@@ -288,7 +285,7 @@ fn wide_cells(c: &ContainerView) -> [String; 4] {
     let id: String = c.container_id.as_deref().unwrap_or_default().chars().take(13).collect();
     let listening: Vec<String> =
         c.tcp.iter().filter(|(_, stats)| stats.listeners > 0).map(|(port, _)| port.to_string()).collect();
-    let mut disagreements: Vec<&str> = c.disagreements.iter().map(|d| labels::disagreement(d.kind)).collect();
+    let mut disagreements: Vec<&str> = c.disagreements.iter().map(|d| d.kind.as_str()).collect();
     disagreements.dedup();
     let or_dash = |cell: String| if cell.is_empty() { "-".to_owned() } else { cell };
     [or_dash(id), or_dash(c.labels.uid.clone()), or_dash(listening.join(",")), or_dash(disagreements.join(","))]
@@ -328,10 +325,8 @@ fn row(c: &ContainerView, now: BootTime) -> [String; 8] {
     let state = &c.status.state;
     let (shown_state, reason) = match state {
         ContainerState::Running { started_at } => (format!("Running ({})", age(now.since(*started_at))), String::new()),
-        ContainerState::Waiting { reason, .. } => ("Waiting".to_owned(), labels::waiting_reason(*reason).to_owned()),
-        ContainerState::Terminated { reason, .. } => {
-            ("Terminated".to_owned(), labels::terminated_reason(*reason).to_owned())
-        }
+        ContainerState::Waiting { reason, .. } => ("Waiting".to_owned(), reason.as_str().to_owned()),
+        ContainerState::Terminated { reason, .. } => ("Terminated".to_owned(), reason.as_str().to_owned()),
     };
     let last = match state {
         ContainerState::Terminated { .. } => Some(state),
@@ -341,7 +336,7 @@ fn row(c: &ContainerView, now: BootTime) -> [String; 8] {
         Some(ContainerState::Terminated { reason, exit_code, signal, finished_at, .. }) => {
             let signal = signal.map(|n| format!(", {}", signal_name(n.into()))).unwrap_or_default();
             let ago = age(now.since(*finished_at));
-            format!("{} ({exit_code}{signal}) {ago} ago", labels::terminated_reason(*reason))
+            format!("{} ({exit_code}{signal}) {ago} ago", reason.as_str())
         }
         _ => "-".to_owned(),
     };
@@ -359,10 +354,10 @@ fn row(c: &ContainerView, now: BootTime) -> [String; 8] {
                 TerminationOutcome::ExitedWithinGrace { grace_used_ratio, .. } => {
                     format!("exited within grace ({:.0}% used)", grace_used_ratio * 100.0)
                 }
-                other => labels::outcome(other.kind()).replace('_', " "),
+                other => other.kind().as_str().replace('_', " "),
             };
             match report.cause {
-                Some(cause) => format!("{verdict}; {}", labels::stop_cause(cause).replace('_', " ")),
+                Some(cause) => format!("{verdict}; {}", cause.as_str().replace('_', " ")),
                 None => verdict,
             }
         }

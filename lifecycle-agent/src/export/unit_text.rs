@@ -10,7 +10,7 @@ use std::{borrow::Cow, collections::BTreeMap, fmt::Write as _};
 use lifecycle_common::CgroupCounters;
 
 pub(super) use super::families::PerContainer as F;
-use super::{families::PER_CONTAINER, histogram::Histogram, labels};
+use super::{families::PER_CONTAINER, histogram::Histogram};
 use crate::model::{
     container_state::ContainerState,
     node::{PortStats, Unit, UnitCounters, UnitLabels},
@@ -49,7 +49,7 @@ impl UnitView<'_> {
             ContainerState::Terminated { .. } => "terminated",
         };
         let waiting_reason = match &snapshot.state {
-            ContainerState::Waiting { reason, .. } => Some(labels::waiting_reason(*reason)),
+            ContainerState::Waiting { reason, .. } => Some(reason.as_str()),
             _ => None,
         };
         let last = match (&snapshot.state, &snapshot.last_state) {
@@ -59,7 +59,7 @@ impl UnitView<'_> {
         };
         let last_terminated = match last {
             Some(ContainerState::Terminated { reason, exit_code, finished_at, .. }) => {
-                Some((labels::terminated_reason(*reason), *exit_code, seconds(finished_at.ns()) + boot_to_unix))
+                Some((reason.as_str(), *exit_code, seconds(finished_at.ns()) + boot_to_unix))
             }
             _ => None,
         };
@@ -261,16 +261,16 @@ pub(super) fn write_unit(f: &mut Families, view: &UnitView<'_>) {
             F::Exits,
             "",
             &with_uid,
-            &[("reason", labels::terminated_reason(*reason)), ("exit_code", &code_text), ("signal", &signal)],
+            &[("reason", reason.as_str()), ("exit_code", &code_text), ("signal", &signal)],
             *n as f64,
         );
     }
     for ((outcome, cause), n) in &c.terminations {
-        let labels = [("outcome", labels::outcome(*outcome)), ("cause", cause.map_or("", labels::stop_cause))];
+        let labels = [("outcome", outcome.as_str()), ("cause", cause.map_or("", |cause| cause.as_str()))];
         f.sample(F::Terminations, "", &with_uid, &labels, *n as f64);
     }
     for (kind, n) in &c.disagreements {
-        f.sample(F::Disagreements, "", &with_uid, &[("kind", labels::disagreement(*kind))], *n as f64);
+        f.sample(F::Disagreements, "", &with_uid, &[("kind", kind.as_str())], *n as f64);
     }
     // Initialised at 0 so the first violation is an increase, not a new series.
     f.sample(F::Violations, "", &with_uid, &[], c.grace_violations as f64);
@@ -285,7 +285,7 @@ pub(super) fn write_unit(f: &mut Families, view: &UnitView<'_>) {
         f.sample(F::Expected, "", &with_uid, &[], expected);
     }
     for (verdict, n) in &c.backoff_verdicts {
-        f.sample(F::Verdicts, "", &with_uid, &[("verdict", labels::verdict(*verdict))], *n as f64);
+        f.sample(F::Verdicts, "", &with_uid, &[("verdict", verdict.as_str())], *n as f64);
     }
     // Signals the kernel counted without recording them (sent inside the container and harmless
     // to their target) join the recorded ones from the same container.
@@ -294,7 +294,7 @@ pub(super) fn write_unit(f: &mut Families, view: &UnitView<'_>) {
     let mut signal_sample = |f: &mut Families, signal: usize, sender: SenderKind, n: u64| {
         signal_text.clear();
         let _ = write!(signal_text, "{signal}");
-        let labels = [("signal", signal_text.as_str()), ("sender", labels::sender_kind(sender))];
+        let labels = [("signal", signal_text.as_str()), ("sender", sender.as_str())];
         f.sample(F::Signals, "", &with_uid, &labels, n as f64);
     };
     for (&(signal, sender), &n) in &c.signals {

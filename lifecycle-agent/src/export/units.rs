@@ -26,7 +26,6 @@ use lifecycle_common::CgroupCounters;
 use super::{
     families::AgentFamily,
     histogram::{TerminationHistograms, GRACE_RATIO_BUCKETS, TERMINATION_BUCKETS},
-    labels,
     unit_text::{new_families, write_unit, Families, Labels, UnitView, F, FAMILY_COUNT},
 };
 use crate::model::node::{DroppedCounts, Judgement, NodeSnapshot, UnitKey};
@@ -180,7 +179,7 @@ impl UnitMetrics {
         let histograms = self.histograms.lock().unwrap_or_else(|poison| poison.into_inner());
         for ((namespace, outcome), h) in &histograms.durations {
             let labels = Labels::new(&[("namespace", namespace)]);
-            shared.histogram(F::Duration, &labels, &[("outcome", labels::outcome(*outcome))], &TERMINATION_BUCKETS, h);
+            shared.histogram(F::Duration, &labels, &[("outcome", outcome.as_str())], &TERMINATION_BUCKETS, h);
         }
         for (namespace, h) in &histograms.grace_used {
             let labels = Labels::new(&[("namespace", namespace)]);

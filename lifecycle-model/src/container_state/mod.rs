@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::{backoff::BackoffTracker, time::BootTime};
 
 /// Why a container is waiting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitingReason {
     /// Its cgroup exists (or it was never seen) and its init has not run yet.
     ContainerCreating,
@@ -23,8 +23,13 @@ pub enum WaitingReason {
     CrashLoopBackOff,
 }
 
-/// Why a container terminated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+crate::spelling::spelling!(WaitingReason {
+    ContainerCreating => "ContainerCreating",
+    CrashLoopBackOff => "CrashLoopBackOff",
+});
+
+/// Why a container terminated, as the kubelet and kube-state-metrics spell it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum TerminatedReason {
     /// Exit status 0.
     Completed,
@@ -32,11 +37,17 @@ pub enum TerminatedReason {
     /// kubelet and kube-state-metrics report both.
     Error,
     /// The kernel's OOM killer killed the init (from the OOM event, not from exit code 137).
-    #[serde(rename = "OOMKilled")]
     OomKilled,
     /// The exit was seen without a status or a signal (a lost record): nothing to report.
     Unknown,
 }
+
+crate::spelling::spelling!(TerminatedReason {
+    Completed => "Completed",
+    Error => "Error",
+    OomKilled => "OOMKilled",
+    Unknown => "Unknown",
+});
 
 /// A container's state, as in the API's `ContainerState`. Times are `CLOCK_BOOTTIME` ns.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,13 +6,10 @@
 //! `lifecycle_state_dropped_total{kind}`. A verdict never depends on a dropped record: the records
 //! judging needs are pinned (see `termination/judge.rs`).
 
-use serde::Serialize;
-
 use crate::termination::Retention;
 
 /// What was dropped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DroppedKind {
     /// A signal record of an instance (the pinned stop signal and SIGKILL are never dropped).
     Signal,
@@ -44,43 +41,21 @@ pub enum DroppedKind {
     ProbeWatch,
 }
 
-impl DroppedKind {
-    /// Every kind, in label order.
-    pub const ALL: [DroppedKind; 13] = [
-        DroppedKind::Signal,
-        DroppedKind::OomKill,
-        DroppedKind::ExecSession,
-        DroppedKind::ListenerChange,
-        DroppedKind::Accept,
-        DroppedKind::Port,
-        DroppedKind::DepartedInstance,
-        DroppedKind::DepartedUnit,
-        DroppedKind::Pod,
-        DroppedKind::KillNotice,
-        DroppedKind::History,
-        DroppedKind::OomLog,
-        DroppedKind::ProbeWatch,
-    ];
-
-    /// The `kind` label's value (the same spelling serde uses).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DroppedKind::Signal => "signal",
-            DroppedKind::OomKill => "oom_kill",
-            DroppedKind::ExecSession => "exec_session",
-            DroppedKind::ListenerChange => "listener_change",
-            DroppedKind::Accept => "accept",
-            DroppedKind::Port => "port",
-            DroppedKind::DepartedInstance => "departed_instance",
-            DroppedKind::DepartedUnit => "departed_unit",
-            DroppedKind::Pod => "pod",
-            DroppedKind::KillNotice => "kill_notice",
-            DroppedKind::History => "history",
-            DroppedKind::OomLog => "oom_log",
-            DroppedKind::ProbeWatch => "probe_watch",
-        }
-    }
-}
+crate::spelling::spelling!(DroppedKind {
+    Signal => "signal",
+    OomKill => "oom_kill",
+    ExecSession => "exec_session",
+    ListenerChange => "listener_change",
+    Accept => "accept",
+    Port => "port",
+    DepartedInstance => "departed_instance",
+    DepartedUnit => "departed_unit",
+    Pod => "pod",
+    KillNotice => "kill_notice",
+    History => "history",
+    OomLog => "oom_log",
+    ProbeWatch => "probe_watch",
+});
 
 /// Counts of what was dropped, by kind, since the agent started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -106,7 +81,7 @@ impl DroppedCounts {
 
     /// (kind, count) for every kind, zeros included (series exist from the start).
     pub fn iter(&self) -> impl Iterator<Item = (DroppedKind, u64)> + '_ {
-        DroppedKind::ALL.into_iter().map(|kind| (kind, self.get(kind)))
+        DroppedKind::ALL.iter().map(|&kind| (kind, self.get(kind)))
     }
 }
 
@@ -116,7 +91,7 @@ mod tests {
 
     #[test]
     fn kinds_are_listed_in_declaration_order_so_indexing_is_sound() {
-        for (index, kind) in DroppedKind::ALL.into_iter().enumerate() {
+        for (index, &kind) in DroppedKind::ALL.iter().enumerate() {
             assert_eq!(kind as usize, index);
             assert_eq!(serde_json::to_value(kind).expect("serializes"), kind.as_str());
         }

@@ -30,8 +30,7 @@ pub(super) struct InstanceEnd {
 }
 
 /// A kind of disagreement (a bounded metric label).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DisagreementKind {
     /// The kubelet reported OOMKilled; the kernel's OOM killer did not kill the init.
     OomReportedNotOom,
@@ -43,6 +42,13 @@ pub enum DisagreementKind {
     /// wrote on the first instance the agent saw as the base).
     RestartCount,
 }
+
+crate::spelling::spelling!(DisagreementKind {
+    OomReportedNotOom => "oom_reported_not_oom",
+    OomNotReported => "oom_not_reported",
+    ExitCode => "exit_code",
+    RestartCount => "restart_count",
+});
 
 /// One disagreement, with both sides.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,7 +11,7 @@ use super::{NodeSnapshot, UnitKey};
 use crate::{container_state::ContainerState, spec::ReportedPodStatus, time::BootTime};
 
 /// `PodPhase` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PodPhase {
     Pending,
     Running,
@@ -19,17 +19,12 @@ pub enum PodPhase {
     Failed,
 }
 
-impl PodPhase {
-    /// The phase as the API spells it (`status.phase`), which serde writes too.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PodPhase::Pending => "Pending",
-            PodPhase::Running => "Running",
-            PodPhase::Succeeded => "Succeeded",
-            PodPhase::Failed => "Failed",
-        }
-    }
-}
+crate::spelling::spelling!(PodPhase {
+    Pending => "Pending",
+    Running => "Running",
+    Succeeded => "Succeeded",
+    Failed => "Failed",
+});
 
 /// One pod as the API shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -70,8 +70,7 @@ impl SignalSender {
 }
 
 /// [`SignalSender`] without its details: what signals are counted by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SenderKind {
     /// The container runtime stack.
     Runtime,
@@ -82,6 +81,13 @@ pub enum SenderKind {
     /// Anything else.
     OtherProcess,
 }
+
+crate::spelling::spelling!(SenderKind {
+    Runtime => "runtime",
+    Kubelet => "kubelet",
+    SameContainer => "same_container",
+    OtherProcess => "other_process",
+});
 
 /// The stop signal as observed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,9 +178,9 @@ pub enum TerminationOutcome {
     ExitedWithoutStopSignal { exit_status: Option<u8>, signal: Option<u8> },
 }
 
-/// [`TerminationOutcome`] without its details: what terminations are counted by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// [`TerminationOutcome`] without its details: what terminations are counted by. Its spelling
+/// is the `kind` serde writes for the outcome (a test holds them together).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum OutcomeKind {
     /// See [`TerminationOutcome::ExitedWithinGrace`].
     ExitedWithinGrace,
@@ -191,6 +197,16 @@ pub enum OutcomeKind {
     /// See [`TerminationOutcome::ExitedWithoutStopSignal`].
     ExitedWithoutStopSignal,
 }
+
+crate::spelling::spelling!(OutcomeKind {
+    ExitedWithinGrace => "exited_within_grace",
+    SigkilledAfterGrace => "sigkilled_after_grace",
+    SigkilledEarly => "sigkilled_early",
+    KilledWithoutGrace => "killed_without_grace",
+    StopSignalNotObserved => "stop_signal_not_observed",
+    OomKilled => "oom_killed",
+    ExitedWithoutStopSignal => "exited_without_stop_signal",
+});
 
 impl TerminationOutcome {
     /// The outcome's kind.
