@@ -17,6 +17,13 @@
 //! - [`cli`]: the client side of the subcommands (the `status` table).
 //! - [`sys`]: the few system calls no well-kept crate wraps (the rest go through rustix, aya
 //!   and std), each made once, with errors that name the call.
+//!
+//! Items are `pub(crate)` unless a binary, an integration test, the testkit, the fuzz targets or
+//! xtask uses them. The docs are built with `--document-private-items` (the checks tier), where
+//! links from public items to crate-private ones resolve.
+
+// Public docs link to crate-private items on purpose: see above.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod agent;
 pub mod cli;
@@ -24,7 +31,7 @@ pub mod discovery;
 pub mod export;
 pub mod kernel;
 pub mod probe;
-pub mod sys;
+pub(crate) mod sys;
 
 /// The pure core, its own crate so the compiler keeps it free of I/O (`lifecycle-model`); named
 /// `model` here as the layer it is.

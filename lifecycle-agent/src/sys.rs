@@ -15,7 +15,7 @@ use std::{
 /// A failed system call: which one, and the kernel's error.
 #[derive(Debug, thiserror::Error)]
 #[error("{call}")]
-pub struct SysError {
+pub(crate) struct SysError {
     pub call: &'static str,
     #[source]
     pub source: io::Error,
@@ -27,7 +27,7 @@ impl SysError {
     }
 
     /// The kernel's error number.
-    pub fn errno(&self) -> Option<i32> {
+    pub(crate) fn errno(&self) -> Option<i32> {
         self.source.raw_os_error()
     }
 }
@@ -38,7 +38,7 @@ const SYSLOG_READ_ALL: libc::c_int = 3;
 const SYSLOG_SIZE_BUFFER: libc::c_int = 10;
 
 /// The size of the kernel log's buffer: succeeds only when this process may read the log.
-pub fn kernel_log_size() -> Result<usize, SysError> {
+pub(crate) fn kernel_log_size() -> Result<usize, SysError> {
     // SAFETY: SIZE_BUFFER takes no buffer (null, 0) and only returns a number.
     let size = unsafe { libc::klogctl(SYSLOG_SIZE_BUFFER, std::ptr::null_mut(), 0) };
     usize::try_from(size).map_err(|_| SysError::last("syslog(SIZE_BUFFER)"))
@@ -46,7 +46,7 @@ pub fn kernel_log_size() -> Result<usize, SysError> {
 
 /// Copies the tail of the kernel log into `buffer` (without consuming it); returns the bytes
 /// written.
-pub fn read_kernel_log_tail(buffer: &mut [u8]) -> Result<usize, SysError> {
+pub(crate) fn read_kernel_log_tail(buffer: &mut [u8]) -> Result<usize, SysError> {
     let len = libc::c_int::try_from(buffer.len()).unwrap_or(libc::c_int::MAX);
     // SAFETY: the buffer is valid for `len` writable bytes, and the length says so.
     let read = unsafe { libc::klogctl(SYSLOG_READ_ALL, buffer.as_mut_ptr().cast(), len) };
@@ -56,7 +56,7 @@ pub fn read_kernel_log_tail(buffer: &mut [u8]) -> Result<usize, SysError> {
 
 /// Pins glibc's mmap and trim thresholds at `bytes` (see `kernel::pin_malloc_thresholds` for
 /// why); a no-op on other C libraries.
-pub fn pin_malloc_thresholds(bytes: i32) {
+pub(crate) fn pin_malloc_thresholds(bytes: i32) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes glibc's tuning parameters; it has no preconditions.
     unsafe {
@@ -68,7 +68,7 @@ pub fn pin_malloc_thresholds(bytes: i32) {
 }
 
 /// Returns every whole free page of glibc's heap to the kernel; a no-op on other C libraries.
-pub fn release_free_heap() {
+pub(crate) fn release_free_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks glibc's own arenas (taking their locks); no preconditions.
     unsafe {
@@ -78,7 +78,7 @@ pub fn release_free_heap() {
 
 /// The kernel's clock discipline, read with `adjtimex(2)` in read-only mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClockDiscipline {
+pub(crate) struct ClockDiscipline {
     /// `TIME_ERROR` returned, or `STA_UNSYNC` set: the clock is not synchronised.
     pub unsynchronised: bool,
     /// The kernel's maximum error estimate, in microseconds.
@@ -86,7 +86,7 @@ pub struct ClockDiscipline {
 }
 
 /// Reads the clock's synchronisation state (modes 0: changes nothing).
-pub fn clock_discipline() -> Result<ClockDiscipline, SysError> {
+pub(crate) fn clock_discipline() -> Result<ClockDiscipline, SysError> {
     // SAFETY: an all-zero timex is a valid argument; modes 0 only reads the kernel's state.
     let mut timex: libc::timex = unsafe { std::mem::zeroed() };
     // SAFETY: adjtimex reads and writes one timex through a valid pointer; modes 0 changes nothing.
@@ -102,7 +102,7 @@ pub fn clock_discipline() -> Result<ClockDiscipline, SysError> {
 
 /// `TCP_DEFER_ACCEPT`: a connection is handed to `accept` only once data arrived (or after
 /// `seconds`), so a client that connects and sends nothing costs no wake-up.
-pub fn set_tcp_defer_accept(socket: impl AsFd, seconds: i32) -> Result<(), SysError> {
+pub(crate) fn set_tcp_defer_accept(socket: impl AsFd, seconds: i32) -> Result<(), SysError> {
     let seconds: libc::c_int = seconds;
     // SAFETY: setsockopt on a live socket, with a pointer to a live c_int and its size.
     let rc = unsafe {
@@ -125,7 +125,7 @@ pub fn set_tcp_defer_accept(socket: impl AsFd, seconds: i32) -> Result<(), SysEr
 /// # Safety
 /// `attr` must be a `bpf_attr` for `BPF_MAP_LOOKUP_BATCH` whose pointers name buffers that stay
 /// valid for the call and are as large as its `count` entries of the map's key and value sizes.
-pub unsafe fn bpf_map_lookup_batch<A>(attr: &mut A) -> Result<(), SysError> {
+pub(crate) unsafe fn bpf_map_lookup_batch<A>(attr: &mut A) -> Result<(), SysError> {
     const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
     // SAFETY: the caller guarantees attr's contents; its size is passed alongside.
     let rc = unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, attr as *mut A, std::mem::size_of::<A>()) };

@@ -223,9 +223,13 @@ fn rust_lints() -> Result<()> {
     if let Err(err) = shell::run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])) {
         bail!("clippy failed: warnings are denied in this tier, or the code does not build (see above) ({err:#})");
     }
-    // The docs as `cargo doc` makes them: a broken link or stray markup is a warning, denied.
-    eprintln!("xtask: RUSTDOCFLAGS=-D warnings cargo +{stable} doc --no-deps");
-    if let Err(err) = shell::run(cargo().args(["doc", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings")) {
+    // The docs as `cargo doc` makes them: a broken link or stray markup is a warning, denied. The
+    // crate-private items are documented too: the agent is an application whose items are
+    // `pub(crate)` by default, and its docs are for the people who work on it.
+    eprintln!("xtask: RUSTDOCFLAGS=-D warnings cargo +{stable} doc --no-deps --document-private-items");
+    let mut doc = cargo();
+    doc.args(["doc", "--no-deps", "--document-private-items"]).env("RUSTDOCFLAGS", "-D warnings");
+    if let Err(err) = shell::run(&mut doc) {
         bail!("cargo doc warned (see above): fix the links or markup it names ({err:#})");
     }
     Ok(())

@@ -33,35 +33,35 @@ use crate::discovery::kube::review::{Access, AccessRequest};
 
 /// How long an allowed (token, access) is trusted without asking again (a revoked binding or token
 /// takes at most this long to bite; kube-rbac-proxy's default is 5 minutes).
-pub const ALLOWED_TTL: Duration = Duration::from_secs(60);
+pub(crate) const ALLOWED_TTL: Duration = Duration::from_secs(60);
 /// How long a refusal is remembered (a new binding takes at most this long to work).
-pub const REFUSED_TTL: Duration = Duration::from_secs(10);
+pub(crate) const REFUSED_TTL: Duration = Duration::from_secs(10);
 /// Cached answers kept, allowed and refused each; when full, expired ones go, then those that
 /// expire soonest.
-pub const CACHE_ENTRIES: usize = 1024;
+pub(crate) const CACHE_ENTRIES: usize = 1024;
 /// Reviews the agent has in flight at once.
-pub const REVIEWS_IN_FLIGHT: usize = 8;
+pub(crate) const REVIEWS_IN_FLIGHT: usize = 8;
 /// Reviews kept for tokens allowed recently (see [`TRUSTED_MEMORY`]), beside the others.
-pub const TRUSTED_REVIEWS: usize = 2;
+pub(crate) const TRUSTED_REVIEWS: usize = 2;
 /// How long a token the API server allowed keeps its place among [`TRUSTED_REVIEWS`].
-pub const TRUSTED_MEMORY: Duration = Duration::from_secs(600);
+pub(crate) const TRUSTED_MEMORY: Duration = Duration::from_secs(600);
 /// The most one review (TokenReview + SubjectAccessReview), or the wait for a slot, may take.
-pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longer bearer tokens are refused unread (service-account tokens are ~1 KiB, OIDC ones a few).
-pub const MAX_TOKEN_BYTES: usize = 8192;
+pub(crate) const MAX_TOKEN_BYTES: usize = 8192;
 
 /// The answer of a [`Reviewer`].
-pub type ReviewFuture<'a> = Pin<Box<dyn Future<Output = Result<Access, String>> + Send + 'a>>;
+pub(crate) type ReviewFuture<'a> = Pin<Box<dyn Future<Output = Result<Access, String>> + Send + 'a>>;
 
 /// Asks the API server about a token and an access (a seam: the real one is
 /// `discovery::kube::review`, tests use a fake).
-pub trait Reviewer: Send + Sync + 'static {
+pub(crate) trait Reviewer: Send + Sync + 'static {
     fn review<'a>(&'a self, token: &'a str, request: &'a AccessRequest) -> ReviewFuture<'a>;
 }
 
 /// The API server as the reviewer, with the audiences a token must be for (`--api-auth-audience`;
 /// empty: the API server's own, so any token it accepts).
-pub struct ApiServerReviewer {
+pub(crate) struct ApiServerReviewer {
     pub client: kube::Client,
     pub audiences: Vec<String>,
 }
@@ -78,7 +78,7 @@ impl Reviewer for ApiServerReviewer {
 
 /// What the gate decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Serve the request.
     Pass,
     /// 401: no token, a malformed one, or one the API server does not know.
@@ -138,7 +138,10 @@ pub struct ApiGate {
 impl ApiGate {
     /// A gate asking `reviewer` (None fails every request closed), counting reviews in
     /// `lifecycle_api_auth_reviews_total{result}` when a registry is given.
-    pub fn new(reviewer: Option<Box<dyn Reviewer>>, registry: Option<&Registry>) -> Result<Self, prometheus::Error> {
+    pub(crate) fn new(
+        reviewer: Option<Box<dyn Reviewer>>,
+        registry: Option<&Registry>,
+    ) -> Result<Self, prometheus::Error> {
         let reviews = vec_of(AgentFamily::ApiAuthReviews, IntCounterVec::new)?;
         for result in ["allowed", "denied", "unauthenticated", "error"] {
             reviews.with_label_values(&[result]).inc_by(0);
@@ -158,13 +161,13 @@ impl ApiGate {
     }
 
     /// Puts `/metrics` behind the gate too: `get` on the non-resource URL `/metrics`.
-    pub fn with_metrics(mut self) -> Self {
+    pub(crate) fn with_metrics(mut self) -> Self {
         self.metrics = true;
         self
     }
 
     /// Whether `/metrics` is behind the gate.
-    pub fn covers_metrics(&self) -> bool {
+    pub(crate) fn covers_metrics(&self) -> bool {
         self.metrics
     }
 
@@ -174,7 +177,7 @@ impl ApiGate {
     }
 
     /// Decides on a request for `path` with the `Authorization` header `authorization`.
-    pub async fn check(&self, authorization: Option<&[u8]>, path: &str) -> Verdict {
+    pub(crate) async fn check(&self, authorization: Option<&[u8]>, path: &str) -> Verdict {
         self.check_at(authorization, path, Instant::now()).await
     }
 
@@ -255,7 +258,7 @@ impl ApiGate {
 
 /// What reading `path` needs: the probe of one pod, or (for the container list and for anything
 /// else, which answers 404 to whoever may list containers) the list of the node's containers.
-pub fn access_request(path: &str) -> AccessRequest {
+pub(crate) fn access_request(path: &str) -> AccessRequest {
     if path == "/metrics" {
         return AccessRequest::GetMetrics;
     }
@@ -278,7 +281,7 @@ fn verdict(access: &Access) -> Verdict {
 
 /// The token of an `Authorization: Bearer <token>` header value (scheme case-insensitive), or
 /// None for any other shape, an empty token, or one over [`MAX_TOKEN_BYTES`].
-pub fn bearer_token(value: &[u8]) -> Option<&str> {
+pub(crate) fn bearer_token(value: &[u8]) -> Option<&str> {
     let value = std::str::from_utf8(value).ok()?.trim();
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim_start();

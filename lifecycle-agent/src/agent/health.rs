@@ -15,7 +15,7 @@ use std::{
 
 /// A loop whose progress liveness depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Loop {
+pub(crate) enum Loop {
     /// The ring reader thread (`reader.rs`): kernel events into the model.
     RingReader,
     /// The probe supervisor (`probe/supervisor.rs`): pod listeners follow the pods.
@@ -55,7 +55,7 @@ pub struct Heartbeats {
 
 impl Heartbeats {
     /// The reader may be silent `reader_allowance`, the supervisor `supervisor_allowance`.
-    pub fn new(reader_allowance: Duration, supervisor_allowance: Duration) -> Self {
+    pub(crate) fn new(reader_allowance: Duration, supervisor_allowance: Duration) -> Self {
         Self {
             settled: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
             handed_over: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -66,18 +66,18 @@ impl Heartbeats {
     }
 
     /// `which` made progress now.
-    pub fn beat(&self, which: Loop) {
+    pub(crate) fn beat(&self, which: Loop) {
         let now = self.origin.elapsed().as_millis() as u64;
         self.last_ms[which as usize].store(now, Ordering::Relaxed);
     }
 
     /// Ok, or the first loop silent past its allowance and for how long.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         self.check_at(self.origin.elapsed())
     }
 
     /// Live, serving what the previous agent handed over, and not replaced by a newer one.
-    pub fn ready(&self) -> Result<(), String> {
+    pub(crate) fn ready(&self) -> Result<(), String> {
         self.check()?;
         if self.handed_over.load(Ordering::Acquire) {
             return Err("replaced: a newer agent on this node took the probe listeners".into());

@@ -77,7 +77,7 @@ impl Routes {
 
 impl Routes {
     /// The health listener's routes: `/healthz` from `health`, nothing else.
-    pub fn health_only(health: Arc<Heartbeats>) -> Self {
+    pub(crate) fn health_only(health: Arc<Heartbeats>) -> Self {
         Self {
             metrics: Metrics::bare(),
             api: None,
@@ -119,7 +119,7 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
 
 /// Bounds on the connections of one listener.
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Connections served at once; one more is closed as soon as it is accepted. Prometheus, the
     /// `status` command and host-network pods' probes need a handful.
     pub max_connections: usize,
@@ -146,7 +146,7 @@ impl Default for Limits {
 impl Limits {
     /// The health listener's: a probe's request comes at once and its answer is a few bytes, so
     /// a place is held a second at most.
-    pub fn health() -> Self {
+    pub(crate) fn health() -> Self {
         Self {
             max_connections: 64,
             per_source: 16,
@@ -199,7 +199,7 @@ pub async fn serve(listener: TcpListener, routes: Arc<Routes>, shutdown: watch::
 }
 
 /// Serves until `shutdown` turns true, within `limits`.
-pub async fn serve_within(
+pub(crate) async fn serve_within(
     listener: TcpListener,
     routes: Arc<Routes>,
     mut shutdown: watch::Receiver<bool>,

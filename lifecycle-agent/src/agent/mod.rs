@@ -2,9 +2,9 @@
 //! keeping runtime metadata current, and serving metrics and the API. Thin plumbing around the
 //! pure core; every decision lives in `tracker` and below.
 
-pub mod auth;
+pub(crate) mod auth;
 mod events;
-pub mod health;
+pub(crate) mod health;
 pub mod http;
 mod kube;
 pub(crate) mod owner;
@@ -12,7 +12,7 @@ mod reader;
 mod routes;
 mod runtime;
 mod tasks;
-pub mod tls;
+pub(crate) mod tls;
 mod verdicts;
 
 use crate::probe::handoff::{self, ListenerRegistry};

@@ -42,7 +42,7 @@ pub enum TlsError {
 }
 
 /// A serving certificate made at start, and the CA that signed it.
-pub struct Generated {
+pub(crate) struct Generated {
     pub acceptor: TlsAcceptor,
     /// The CA's certificate (PEM): what a client trusts to reach this agent.
     pub ca_pem: String,
@@ -52,13 +52,13 @@ pub struct Generated {
 
 /// Where `status` looks for the CA of the certificate an agent made (`Generated::ca_pem`), in
 /// the agent's `--handoff-dir`.
-pub const GENERATED_CA_FILE: &str = "serving-ca.crt";
+pub(crate) const GENERATED_CA_FILE: &str = "serving-ca.crt";
 
 /// Makes a CA and a serving certificate it signs for `names` (DNS names and IP addresses), and
 /// an acceptor serving it. The CA's key is dropped at once: nothing else can be signed with it.
 /// Validity is rcgen's default (a span no agent outlives), since a certificate that expires
 /// under a running agent would cut every client off, and a new one is made at every start.
-pub fn generate(names: Vec<String>) -> Result<Generated, TlsError> {
+pub(crate) fn generate(names: Vec<String>) -> Result<Generated, TlsError> {
     let ca_key = rcgen::KeyPair::generate().map_err(TlsError::Generate)?;
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(TlsError::Generate)?;
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
@@ -79,7 +79,7 @@ pub fn generate(names: Vec<String>) -> Result<Generated, TlsError> {
 /// The names a certificate made at start is valid for: `localhost`, the host's name, the node's
 /// name when known, and every address of the host's interfaces (the agent runs in the host's
 /// network namespace) or only `listen`'s address when it is bound to one.
-pub fn serving_names(listen: IpAddr, node_name: Option<&str>) -> Vec<String> {
+pub(crate) fn serving_names(listen: IpAddr, node_name: Option<&str>) -> Vec<String> {
     let mut names = vec!["localhost".to_owned()];
     if let Ok(host) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
         names.push(host.trim().to_owned());
@@ -100,7 +100,7 @@ pub fn serving_names(listen: IpAddr, node_name: Option<&str>) -> Vec<String> {
 }
 
 /// An acceptor serving the chain in `cert` with the key in `key` (PEM files).
-pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
+pub(crate) fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect())
         .map_err(|source| TlsError::Certificates { path: cert.display().to_string(), source })?;

@@ -15,7 +15,7 @@ mod services;
 #[cfg(test)]
 mod tests;
 
-pub use self::{kernel::*, services::*};
+pub(crate) use self::{kernel::*, services::*};
 
 use std::{fmt::Write as _, net::SocketAddr, path::PathBuf};
 
@@ -105,7 +105,7 @@ pub async fn run(args: DoctorArgs) -> Result<(), DoctorError> {
 /// The result of one check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Ok,
     /// The agent runs, with a feature off or a caveat.
     Warn,
@@ -128,7 +128,7 @@ impl Verdict {
 
 /// One line of the report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Finding {
+pub(crate) struct Finding {
     pub check: &'static str,
     pub result: Verdict,
     pub found: String,
@@ -157,19 +157,19 @@ impl Finding {
 
 /// Every check, and whether the agent can run fully.
 #[derive(Clone, Debug, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     pub ready: bool,
     pub checks: Vec<Finding>,
 }
 
 impl Report {
-    pub fn new(checks: Vec<Finding>) -> Self {
+    pub(crate) fn new(checks: Vec<Finding>) -> Self {
         Self { ready: checks.iter().all(|finding| finding.result != Verdict::Missing), checks }
     }
 }
 
 /// Aligned columns (result, check, what was found, `-> what to do`) and a closing sentence.
-pub fn render_text(report: &Report) -> String {
+pub(crate) fn render_text(report: &Report) -> String {
     let check_width = report.checks.iter().map(|finding| finding.check.len()).max().unwrap_or(0);
     let mut out = String::new();
     for finding in &report.checks {

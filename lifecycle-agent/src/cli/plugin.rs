@@ -24,7 +24,7 @@ use crate::{
 };
 
 /// The header that carries the user's bearer token through the API server's proxy.
-pub const FORWARDED_AUTHORIZATION: &str = "x-lifecycle-authorization";
+pub(crate) const FORWARDED_AUTHORIZATION: &str = "x-lifecycle-authorization";
 
 /// Where the agents run (deploy/daemonset.yaml).
 #[derive(Clone, Debug)]
@@ -100,7 +100,7 @@ pub async fn token(given: Option<String>, file: Option<PathBuf>) -> Result<Strin
 /// a token file, or an exec credential plugin (`aws eks get-token`, `gke-gcloud-auth-plugin`,
 /// `kubelogin`: how most managed clusters' kubeconfigs authenticate). Basic auth and client
 /// certificates give no bearer token.
-pub async fn kubeconfig_token(config: &kube::Config) -> Result<String, PluginError> {
+pub(crate) async fn kubeconfig_token(config: &kube::Config) -> Result<String, PluginError> {
     use kube::client::ConfigExt as _;
     use tower::{Layer as _, ServiceExt as _};
     let Some(layer) = config.auth_layer().map_err(PluginError::Kube)? else {
@@ -256,7 +256,7 @@ pub struct NodeAnswer {
 }
 
 /// Agents asked at once by `status` across nodes.
-pub const STATUS_CONCURRENCY: usize = 8;
+pub(crate) const STATUS_CONCURRENCY: usize = 8;
 
 /// What `kubectl lifecycle status` asks about.
 #[derive(Clone, Debug, Default)]

@@ -65,17 +65,12 @@ impl Transport {
     }
 }
 
-/// The JSON body of `GET /api/v1/containers`, sending `token` as a bearer token when given (an
-/// agent run with `--api-auth kubernetes` asks for one).
-pub async fn fetch(addr: SocketAddr, token: Option<&str>, transport: &Transport) -> Result<String, StatusError> {
-    fetch_path(addr, "/api/v1/containers", token, transport).await
-}
-
 /// Largest answer read: a node's containers are a few MiB of JSON at most (1,000 are ~1 MiB).
 const MAX_BODY: usize = 64 << 20;
 
 /// The body of `GET <path_and_query>` (an `/api/v1/...` path the caller built from escaped
-/// parts), as [`fetch`]. Asked with hyper's HTTP/1.1 client over one connection.
+/// parts), sending `token` as a bearer token when given (an agent run with `--api-auth
+/// kubernetes` asks for one). Asked with hyper's HTTP/1.1 client over one connection.
 pub async fn fetch_path(
     addr: SocketAddr,
     path_and_query: &str,
@@ -268,12 +263,6 @@ fn tables(answers: &[Answer<'_>], wide: bool) -> Result<String, RenderError> {
     Ok(out)
 }
 
-/// Renders one agent's API body as an aligned table; None when the body is not the API's JSON.
-pub fn render_table(body: &str) -> Option<String> {
-    let value: Value = serde_json::from_str(body).ok()?;
-    render(&[Answer { node: None, body: &value }], Output::Table).ok()
-}
-
 const HEADERS: [&str; 8] =
     ["NAMESPACE", "POD", "CONTAINER", "STATE", "REASON", "RESTARTS", "LAST EXIT", "LAST TERMINATION"];
 
@@ -404,6 +393,12 @@ fn age(ns: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Renders one agent's API body as an aligned table; None when the body is not the API's JSON.
+    fn render_table(body: &str) -> Option<String> {
+        let value: Value = serde_json::from_str(body).ok()?;
+        render(&[Answer { node: None, body: &value }], Output::Table).ok()
+    }
 
     #[test]
     fn ages_read_like_kubectl() {

@@ -45,7 +45,7 @@ impl CgroupRoot {
 
     /// Picks the cgroup2 mount from mountinfo text; the shortest path wins if several exist
     /// (containers sometimes see extra bind mounts of sub-trees).
-    pub fn from_mountinfo(text: &str) -> Option<Self> {
+    pub(crate) fn from_mountinfo(text: &str) -> Option<Self> {
         text.lines()
             .filter_map(|line| {
                 // Fields: id parent major:minor root mountpoint options [optional...] - fstype ...
@@ -60,12 +60,13 @@ impl CgroupRoot {
     }
 
     /// A root at a known mount point.
-    pub fn at(mount: impl Into<PathBuf>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn at(mount: impl Into<PathBuf>) -> Self {
         Self { mount: mount.into() }
     }
 
     /// The mount point.
-    pub fn mount(&self) -> &Path {
+    pub(crate) fn mount(&self) -> &Path {
         &self.mount
     }
 
@@ -88,7 +89,7 @@ impl CgroupRoot {
 
     /// Every cgroup now present: id -> path (`/`-rooted, as the kernel prints it). Used once at
     /// start; afterwards mkdir/rmdir events keep the map current without rescanning.
-    pub fn scan(&self) -> HashMap<u64, String> {
+    pub(crate) fn scan(&self) -> HashMap<u64, String> {
         let mut out = HashMap::new();
         let mut stack = vec![self.mount.clone()];
         while let Some(dir) = stack.pop() {

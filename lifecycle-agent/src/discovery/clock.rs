@@ -17,17 +17,17 @@ pub fn boottime_ns() -> u64 {
 }
 
 /// `CLOCK_BOOTTIME` now, as the model's point in time.
-pub fn boottime() -> BootTime {
+pub(crate) fn boottime() -> BootTime {
     BootTime::from_ns(boottime_ns())
 }
 
 /// The wall clock as it relates to the boot clock now: what the API writes its times with.
-pub fn wall_clock() -> WallClock {
+pub(crate) fn wall_clock() -> WallClock {
     WallClock::from_offset_seconds(unix_minus_boot_seconds())
 }
 
 /// `CLOCK_REALTIME` now, in ns since the Unix epoch.
-pub fn realtime_ns() -> u64 {
+pub(crate) fn realtime_ns() -> u64 {
     let ts = rustix::time::clock_gettime(ClockId::Realtime);
     (ts.tv_sec as u64).saturating_mul(SECOND).saturating_add(ts.tv_nsec as u64)
 }
@@ -43,7 +43,7 @@ pub fn unix_minus_boot_seconds() -> f64 {
 
 /// Converts a wall-clock time to `CLOCK_BOOTTIME` ns, given both clocks read now.
 /// Times before boot map to 0 (which reads as "very old").
-pub fn wall_to_boottime(t: SystemTime, wall_now: SystemTime, boot_now: u64) -> u64 {
+pub(crate) fn wall_to_boottime(t: SystemTime, wall_now: SystemTime, boot_now: u64) -> u64 {
     match wall_now.duration_since(t) {
         Ok(age) => boot_now.saturating_sub(u64::try_from(age.as_nanos()).unwrap_or(u64::MAX)),
         Err(ahead) => boot_now.saturating_add(u64::try_from(ahead.duration().as_nanos()).unwrap_or(u64::MAX)),

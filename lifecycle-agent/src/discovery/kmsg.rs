@@ -14,12 +14,12 @@ use crate::model::oom::KernelOomKill;
 const TAIL_BYTES: usize = 128 * 1024;
 
 /// Whether this process may read the kernel log (CAP_SYSLOG, or `kernel.dmesg_restrict` 0).
-pub fn readable() -> io::Result<()> {
+pub(crate) fn readable() -> io::Result<()> {
     crate::sys::kernel_log_size().map(drop).map_err(|error| error.source)
 }
 
 /// The kernel's lines about the OOM kills of `pids`, from the log's tail.
-pub fn oom_kills_of(pids: &[u32]) -> io::Result<Vec<KernelOomKill>> {
+pub(crate) fn oom_kills_of(pids: &[u32]) -> io::Result<Vec<KernelOomKill>> {
     let mut buffer = vec![0u8; TAIL_BYTES];
     let read = crate::sys::read_kernel_log_tail(&mut buffer).map_err(|error| error.source)?;
     Ok(oom_kills_in(&buffer[..read], pids))

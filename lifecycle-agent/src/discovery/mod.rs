@@ -13,8 +13,8 @@
 pub mod cgroupfs;
 pub mod clock;
 pub mod cri;
-pub mod kmsg;
+pub(crate) mod kmsg;
 pub mod kube;
-pub mod netns;
+pub(crate) mod netns;
 pub mod proc;
-pub mod sockdiag;
+pub(crate) mod sockdiag;

@@ -36,23 +36,23 @@ pub enum NetnsError {
 }
 
 /// The network namespace of process `pid`.
-pub fn of_pid(pid: u32) -> PathBuf {
+pub(crate) fn of_pid(pid: u32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/ns/net"))
 }
 
 /// The agent's own network namespace (the node's, with hostNetwork).
-pub fn own() -> PathBuf {
+pub(crate) fn own() -> PathBuf {
     PathBuf::from("/proc/self/ns/net")
 }
 
 /// Inode of a network namespace (what the kernel events call `netns`; net_ns inodes are 32-bit).
-pub fn inode(netns: &Path) -> io::Result<u32> {
+pub(crate) fn inode(netns: &Path) -> io::Result<u32> {
     std::fs::metadata(netns).map(|m| m.ino() as u32)
 }
 
 /// Runs `work` on a new thread inside the network namespace at `netns` and returns its result.
 /// `name` names the thread (it shows up in `ps -T` while it runs).
-pub fn run_in<T, E>(
+pub(crate) fn run_in<T, E>(
     netns: &Path,
     name: &str,
     work: impl FnOnce() -> Result<T, E> + Send + 'static,

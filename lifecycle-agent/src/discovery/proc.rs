@@ -28,13 +28,13 @@ use crate::model::time::SECOND;
 pub use crate::model::probe::{ProcessSample, ProcessState};
 
 /// The agent's own effective capability set (`CapEff`), if /proc can tell.
-pub fn effective_capabilities() -> Option<u64> {
+pub(crate) fn effective_capabilities() -> Option<u64> {
     procfs::process::Process::myself().ok()?.status().ok().map(|status| status.capeff)
 }
 
 /// A process found in /proc when the agent starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StartProcess {
+pub(crate) struct StartProcess {
     pub tgid: u32,
     pub ppid: u32,
     pub cgroup_id: u64,
@@ -48,7 +48,7 @@ pub struct StartProcess {
 /// Every process whose cgroup v2 path is in `cgroup_ids`, oldest first (the order the tracker
 /// must see them in: the first process of a container becomes its init). Processes that vanish
 /// while being read are skipped.
-pub fn processes_at_start(cgroup_ids: &std::collections::HashMap<&str, u64>) -> Vec<StartProcess> {
+pub(crate) fn processes_at_start(cgroup_ids: &std::collections::HashMap<&str, u64>) -> Vec<StartProcess> {
     let mut out = Vec::new();
     let Ok(all) = procfs::process::all_processes() else { return out };
     let ticks = procfs::ticks_per_second().max(1);
@@ -155,7 +155,7 @@ pub fn listeners(pid: u32) -> Result<Vec<Listener>, ObserveError> {
 /// LISTEN sockets in the netns of `pid` from `/proc/<pid>/net/tcp` and tcp6: the fallback when
 /// sock_diag is unavailable. Costly on a busy node (the kernel walks the whole established hash)
 /// and without backlogs.
-pub fn listeners_from_proc(pid: u32) -> Result<Vec<Listener>, ObserveError> {
+pub(crate) fn listeners_from_proc(pid: u32) -> Result<Vec<Listener>, ObserveError> {
     let mut out = Vec::new();
     for (file, family) in [("tcp", libc::AF_INET), ("tcp6", libc::AF_INET6)] {
         let path = PathBuf::from(format!("/proc/{pid}/net/{file}"));
@@ -192,7 +192,7 @@ pub fn parse_listeners(text: &str, family: u16) -> Result<Vec<Listener>, &'stati
 }
 
 /// ListenOverflows and ListenDrops of the netns of `pid`.
-pub fn netstat_overflows(pid: u32) -> Result<ListenCounters, ObserveError> {
+pub(crate) fn netstat_overflows(pid: u32) -> Result<ListenCounters, ObserveError> {
     let path = PathBuf::from(format!("/proc/{pid}/net/netstat"));
     let text = read_proc(path.clone())?;
     parse_netstat(&text).map_err(|what| ObserveError::Parse { path, what })
@@ -222,7 +222,7 @@ pub fn parse_netstat(text: &str) -> Result<ListenCounters, &'static str> {
 /// Whether the process `pid` that started at `start_time_ns` (boot clock) still runs: the pid
 /// exists, is not a zombie, and started then (within two clock ticks; a reused pid started
 /// later). An unreadable /proc entry counts as running: only a sure absence says it ended.
-pub fn still_runs(pid: u32, start_time_ns: u64) -> bool {
+pub(crate) fn still_runs(pid: u32, start_time_ns: u64) -> bool {
     let tick_ns = SECOND / procfs::ticks_per_second().max(1);
     match process_state(pid) {
         Ok(Some(sample)) => {
@@ -235,7 +235,7 @@ pub fn still_runs(pid: u32, start_time_ns: u64) -> bool {
 }
 
 /// State and start time of `pid`; None when no such process exists.
-pub fn process_state(pid: u32) -> Result<Option<ProcessSample>, ObserveError> {
+pub(crate) fn process_state(pid: u32) -> Result<Option<ProcessSample>, ObserveError> {
     let path = PathBuf::from(format!("/proc/{pid}/stat"));
     match std::fs::read_to_string(&path) {
         Ok(text) => parse_stat(&text).map(Some).map_err(|what| ObserveError::Parse { path, what }),
@@ -265,7 +265,7 @@ pub fn parse_stat(text: &str) -> Result<ProcessSample, &'static str> {
 }
 
 /// Inode of the network namespace of `pid` (what the kernel events call `netns`).
-pub fn netns_inode(pid: u32) -> Result<u32, ObserveError> {
+pub(crate) fn netns_inode(pid: u32) -> Result<u32, ObserveError> {
     let path = netns::of_pid(pid);
     netns::inode(&path).map_err(|source| ObserveError::Read { path, source })
 }
@@ -309,7 +309,7 @@ enum Refusal {
 /// held, whatever becomes of the pid. A probe pins its container's root when it is created, so
 /// a pid reused after the container's main process exited never leads its file checks into
 /// another container's (or the host's) files.
-pub fn pin_root(pid: u32) -> Result<File, ObserveError> {
+pub(crate) fn pin_root(pid: u32) -> Result<File, ObserveError> {
     let root_path = PathBuf::from(format!("/proc/{pid}/root"));
     OpenOptions::new()
         .read(true)
@@ -333,7 +333,12 @@ pub fn read_file_in_root(pid: u32, path: &str, max_bytes: usize) -> Result<FileR
 /// opens nothing: only a regular file on a local, non-kernel filesystem is then opened for
 /// reading, through that same handle. A device node, FIFO or socket is refused before any open
 /// of it (opening some devices acts: a watchdog arms, a tape rewinds).
-pub fn read_file_in_pinned_root(root: &File, pid: u32, path: &str, max_bytes: usize) -> Result<FileRead, ObserveError> {
+pub(crate) fn read_file_in_pinned_root(
+    root: &File,
+    pid: u32,
+    path: &str,
+    max_bytes: usize,
+) -> Result<FileRead, ObserveError> {
     let open_err = |source| ObserveError::Open { pid, path: path.to_owned(), source };
     use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
     // A path with a NUL byte is refused by rustix with EINVAL before any call.

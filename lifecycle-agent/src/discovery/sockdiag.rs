@@ -53,13 +53,13 @@ pub enum SockDiagError {
 
 /// A NETLINK_SOCK_DIAG socket bound to one network namespace.
 #[derive(Debug)]
-pub struct SockDiag {
+pub(crate) struct SockDiag {
     fd: OwnedFd,
 }
 
 impl SockDiag {
     /// Creates the socket inside the netns at `netns` (e.g. `/proc/<pid>/ns/net`).
-    pub fn open_in(netns: &Path) -> Result<Self, SockDiagError> {
+    pub(crate) fn open_in(netns: &Path) -> Result<Self, SockDiagError> {
         let path = netns.to_path_buf();
         let fd = netns::run_in(netns, "probe-netns-diag", || -> io::Result<OwnedFd> {
             use rustix::net::{netlink, socket_with, AddressFamily, SocketFlags, SocketType};
@@ -70,7 +70,7 @@ impl SockDiag {
     }
 
     /// Every TCP listener (v4 and v6) of the namespace.
-    pub fn listeners(&self) -> Result<Vec<Listener>, SockDiagError> {
+    pub(crate) fn listeners(&self) -> Result<Vec<Listener>, SockDiagError> {
         let mut out = Vec::new();
         for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
             self.send_request(family)?;
@@ -108,7 +108,7 @@ impl SockDiag {
 }
 
 /// Parses one datagram of netlink messages into `out`; true once NLMSG_DONE was seen.
-pub fn parse_messages(mut data: &[u8], out: &mut Vec<Listener>) -> Result<bool, SockDiagError> {
+pub(crate) fn parse_messages(mut data: &[u8], out: &mut Vec<Listener>) -> Result<bool, SockDiagError> {
     let u32_at = |b: &[u8], i: usize| b.get(i..i + 4).map(|s| u32::from_ne_bytes([s[0], s[1], s[2], s[3]]));
     while data.len() >= HEADER {
         let len = u32_at(data, 0).ok_or(SockDiagError::Malformed("short header"))? as usize;

@@ -120,7 +120,7 @@ pub fn explain_history(answer: &Value, container: Option<&str>) -> Vec<Container
 }
 
 /// The story of one container view, or one past stop (the same fields).
-pub fn story(c: &Value) -> ContainerStory {
+pub(crate) fn story(c: &Value) -> ContainerStory {
     let mut story = ContainerStory {
         namespace: text(&c["namespace"]),
         pod: text(&c["pod"]),

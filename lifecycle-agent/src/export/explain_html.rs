@@ -42,7 +42,7 @@ fn page(title: &str, body: &str) -> String {
 }
 
 /// The page of one pod: a section per stop, newest first.
-pub fn pod_page(namespace: &str, pod: &str, stories: &[ContainerStory]) -> String {
+pub(crate) fn pod_page(namespace: &str, pod: &str, stories: &[ContainerStory]) -> String {
     let mut body = format!("<h1>Why {}/{} stopped</h1>", escape(namespace), escape(pod));
     if stories.is_empty() {
         body.push_str("<p>This node's agent knows no container or stop of this pod.</p>");
@@ -71,7 +71,7 @@ pub fn pod_page(namespace: &str, pod: &str, stories: &[ContainerStory]) -> Strin
 }
 
 /// The node page: recent stops, newest first, each linking to its pod's page.
-pub fn node_page(node: &str, stories: &[ContainerStory]) -> String {
+pub(crate) fn node_page(node: &str, stories: &[ContainerStory]) -> String {
     let mut body = format!("<h1>Recent stops on {}</h1>", escape(node));
     if stories.is_empty() {
         body.push_str("<p>No stop judged yet.</p>");

@@ -46,12 +46,12 @@ impl Family {
     }
 
     /// Options for a counter or gauge of this family.
-    pub fn opts(&self) -> Opts {
+    pub(crate) fn opts(&self) -> Opts {
         Opts::new(self.short_name(), self.help).namespace(NAMESPACE)
     }
 
     /// Options for a histogram of this family, with its buckets.
-    pub fn histogram_opts(&self, buckets: Vec<f64>) -> HistogramOpts {
+    pub(crate) fn histogram_opts(&self, buckets: Vec<f64>) -> HistogramOpts {
         HistogramOpts::new(self.short_name(), self.help).namespace(NAMESPACE).buckets(buckets)
     }
 }
@@ -63,9 +63,9 @@ macro_rules! families {
         $(#[$meta])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         #[repr(usize)]
-        pub enum $ids { $($id),* }
+        pub(crate) enum $ids { $($id),* }
 
-        pub const $list: &[Family] = &[$(Family {
+        pub(crate) const $list: &[Family] = &[$(Family {
             name: $name,
             kind: Kind::$kind,
             labels: &[$($label),*],
@@ -73,7 +73,9 @@ macro_rules! families {
         }),*];
 
         impl $ids {
-            pub fn family(self) -> &'static Family {
+            // Generated for every list; not every list is read by id.
+            #[allow(dead_code)]
+            pub(crate) fn family(self) -> &'static Family {
                 &$list[self as usize]
             }
         }

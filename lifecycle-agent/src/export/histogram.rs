@@ -8,13 +8,13 @@ use std::collections::BTreeMap;
 use crate::model::{node::Judgement, termination::OutcomeKind};
 
 /// Bucket upper bounds for termination durations, seconds.
-pub const TERMINATION_BUCKETS: [f64; 12] = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0];
+pub(crate) const TERMINATION_BUCKETS: [f64; 12] = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0];
 /// Bucket upper bounds for the share of the grace period used.
-pub const GRACE_RATIO_BUCKETS: [f64; 8] = [0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0];
+pub(crate) const GRACE_RATIO_BUCKETS: [f64; 8] = [0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0];
 
 /// A histogram kept as cumulative bucket counts (upper bounds given by the caller).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     pub counts: Vec<u64>,
     pub sum: f64,
     pub count: u64,
@@ -22,7 +22,7 @@ pub struct Histogram {
 
 impl Histogram {
     /// Counts one value against `bounds`.
-    pub fn observe(&mut self, bounds: &[f64], value: f64) {
+    pub(crate) fn observe(&mut self, bounds: &[f64], value: f64) {
         if self.counts.len() != bounds.len() {
             self.counts = vec![0; bounds.len()];
         }
@@ -39,7 +39,7 @@ impl Histogram {
 /// The termination distributions per namespace: stop-to-exit seconds per outcome, and the share
 /// of the grace period used by exits within grace. Bounded by namespaces x outcomes.
 #[derive(Debug, Default)]
-pub struct TerminationHistograms {
+pub(crate) struct TerminationHistograms {
     /// (namespace, outcome) -> stop signal to exit, seconds.
     pub durations: BTreeMap<(String, OutcomeKind), Histogram>,
     /// namespace -> share of the grace period used.
@@ -48,7 +48,7 @@ pub struct TerminationHistograms {
 
 impl TerminationHistograms {
     /// Adds judged terminations.
-    pub fn record(&mut self, judgements: impl IntoIterator<Item = Judgement>) {
+    pub(crate) fn record(&mut self, judgements: impl IntoIterator<Item = Judgement>) {
         for judgement in judgements {
             if let Some(seconds) = judgement.stop_to_exit_seconds {
                 self.durations

@@ -18,10 +18,10 @@ use prometheus::{
 };
 
 /// Metric name prefix.
-pub const NAMESPACE: &str = "lifecycle";
+pub(crate) const NAMESPACE: &str = "lifecycle";
 
 /// A labelled family made with `new` from its entry in `families.rs` (name, help and labels).
-pub fn vec_of<T>(
+pub(crate) fn vec_of<T>(
     family: AgentFamily,
     new: impl FnOnce(Opts, &[&str]) -> Result<T, prometheus::Error>,
 ) -> Result<T, prometheus::Error> {
@@ -31,7 +31,7 @@ pub fn vec_of<T>(
 
 /// What the exporters read of the kernel's own statistics at scrape time (the sensor's maps, or
 /// a fake in tests).
-pub trait KernelStats: Send + Sync {
+pub(crate) trait KernelStats: Send + Sync {
     /// Records submitted, lost and refused per event kind, summed over CPUs.
     fn kind_stats(&self) -> [KindStats; EVENT_KIND_COUNT];
     /// Entries in use in the per-cgroup counter map.
@@ -40,7 +40,7 @@ pub trait KernelStats: Send + Sync {
 
 /// One kernel feature's state, for `lifecycle_feature_enabled`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FeatureFlag {
+pub(crate) struct FeatureFlag {
     /// The feature's label value.
     pub name: &'static str,
     /// Attached or not.
@@ -50,7 +50,7 @@ pub struct FeatureFlag {
 /// The runtime connection's health: whether the CRI socket answers, how often asking failed, and
 /// when it last answered (so `time() - ...` says how long metadata has been missing).
 #[derive(Clone)]
-pub struct RuntimeMetrics {
+pub(crate) struct RuntimeMetrics {
     up: IntGauge,
     failures: IntCounter,
     last_success: Gauge,
@@ -58,7 +58,7 @@ pub struct RuntimeMetrics {
 
 impl RuntimeMetrics {
     /// Registers the three series.
-    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+    pub(crate) fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let up = IntGauge::with_opts(AgentFamily::RuntimeUp.family().opts())?;
         let failures = IntCounter::with_opts(AgentFamily::RuntimeFailures.family().opts())?;
         let last_success = Gauge::with_opts(AgentFamily::RuntimeLastSuccess.family().opts())?;
@@ -69,14 +69,14 @@ impl RuntimeMetrics {
     }
 
     /// The runtime answered.
-    pub fn succeeded(&self) {
+    pub(crate) fn succeeded(&self) {
         self.up.set(1);
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         self.last_success.set(now.as_secs_f64());
     }
 
     /// Asking the runtime failed.
-    pub fn failed(&self) {
+    pub(crate) fn failed(&self) {
         self.up.set(0);
         self.failures.inc();
     }
@@ -84,7 +84,7 @@ impl RuntimeMetrics {
 
 /// Agent-side counters that the kernel does not keep.
 #[derive(Debug, Default)]
-pub struct AgentCounters {
+pub(crate) struct AgentCounters {
     /// Ring records that could not be decoded.
     pub decode_errors: AtomicU64,
     /// Records read from the ring.
@@ -92,7 +92,7 @@ pub struct AgentCounters {
 }
 
 /// Writes families straight into the exposition text (for high-cardinality families).
-pub type TextSource = Box<dyn Fn(&mut String) + Send + Sync>;
+pub(crate) type TextSource = Box<dyn Fn(&mut String) + Send + Sync>;
 
 /// The registry and what feeds it.
 pub struct Metrics {
@@ -112,7 +112,7 @@ pub struct Metrics {
 /// containers) and lives until its reader has taken it: clients that read slowly, each with a
 /// copy, once took the agent past its memory limit (issue 18). Past the bound, a scrape gets the
 /// newest body (at most as old as the slow reads in flight), shared, not a new one.
-pub const MAX_BODIES_IN_FLIGHT: usize = 4;
+pub(crate) const MAX_BODIES_IN_FLIGHT: usize = 4;
 
 /// An answer's bytes that go back to the spare slot once the HTTP stack has sent them. A fresh
 /// buffer per scrape (2.6 MB for 1,000 containers) cost ~650 page faults each time, and about
@@ -150,7 +150,7 @@ pub enum MetricsError {
 impl Metrics {
     /// Registers the agent-health metrics: per-kind delivery and loss read from the kernel, the
     /// feature switchboard, and build info.
-    pub fn new(
+    pub(crate) fn new(
         maps: Arc<dyn KernelStats>,
         features: &[FeatureFlag],
         counter_capacity: u32,
@@ -198,12 +198,12 @@ impl Metrics {
     }
 
     /// The registry, for modules that add their own collectors.
-    pub fn registry(&self) -> &Registry {
+    pub(crate) fn registry(&self) -> &Registry {
         &self.registry
     }
 
     /// Serves only the families `filter` lets through.
-    pub fn set_family_filter(&mut self, filter: FamilyFilter) {
+    pub(crate) fn set_family_filter(&mut self, filter: FamilyFilter) {
         self.families = filter;
     }
 
@@ -213,7 +213,7 @@ impl Metrics {
     }
 
     /// Text exposition format, version 0.0.4.
-    pub fn render(&self) -> Bytes {
+    pub(crate) fn render(&self) -> Bytes {
         let mut newest = self.newest.lock().unwrap_or_else(|poison| poison.into_inner());
         if self.bodies.load(Ordering::Acquire) >= MAX_BODIES_IN_FLIGHT {
             if let Some(shared) = newest.as_ref() {
@@ -267,7 +267,7 @@ impl FamilyFilter {
     }
 
     /// Whether family `name` is served.
-    pub fn serves(&self, name: &str) -> bool {
+    pub(crate) fn serves(&self, name: &str) -> bool {
         let matches = |pattern: &String| match pattern.strip_suffix('*') {
             Some(prefix) => name.starts_with(prefix),
             None => name == pattern,
@@ -375,7 +375,7 @@ impl Collector for KernelStatsCollector {
 }
 
 /// Moves a counter up to a monotonic value kept elsewhere (a kernel map, an atomic).
-pub fn set_counter(counter: &prometheus::IntCounter, value: u64) {
+pub(crate) fn set_counter(counter: &prometheus::IntCounter, value: u64) {
     counter.inc_by(value.saturating_sub(counter.get()));
 }
 

@@ -4,9 +4,9 @@
 //! writes too).
 
 pub mod explain;
-pub mod explain_html;
+pub(crate) mod explain_html;
 pub mod families;
-pub mod histogram;
+pub(crate) mod histogram;
 pub mod metrics;
 mod unit_text;
 pub mod units;

@@ -117,7 +117,7 @@ impl UnitMetrics {
     }
 
     /// No series for host cgroups: on a Kubernetes node only containers are of interest.
-    pub fn without_host_units(mut self) -> Self {
+    pub(crate) fn without_host_units(mut self) -> Self {
         self.host_units = false;
         self
     }

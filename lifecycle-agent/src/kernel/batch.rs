@@ -37,7 +37,7 @@ struct BatchAttr {
 
 /// Why a batch read did not give the whole map.
 #[derive(Debug)]
-pub enum BatchError {
+pub(crate) enum BatchError {
     /// This kernel (or this map) cannot do it; iterate instead.
     Unsupported,
     /// The kernel refused for another reason.
@@ -46,7 +46,7 @@ pub enum BatchError {
 
 /// Buffers of the batch calls and the map read, kept between reads: a read that allocates its
 /// buffers anew faults their pages in at every scrape.
-pub struct BatchBuffers {
+pub(crate) struct BatchBuffers {
     keys: Vec<u64>,
     values: Vec<CgroupCounters>,
     entries: Vec<(u64, CgroupCounters)>,
@@ -63,7 +63,7 @@ impl Default for BatchBuffers {
 }
 
 /// Every entry of a `u64 -> CgroupCounters` hash map (in `buffers`, until the next read).
-pub fn read_counters<'b>(
+pub(crate) fn read_counters<'b>(
     map: BorrowedFd<'_>,
     buffers: &'b mut BatchBuffers,
 ) -> Result<&'b [(u64, CgroupCounters)], BatchError> {

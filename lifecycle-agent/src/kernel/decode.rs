@@ -117,7 +117,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
 }
 
 /// Splits `task_struct::exit_code` into (exit status, terminating signal, core dumped).
-pub fn split_exit_code(code: u32) -> (Option<u8>, Option<u8>, bool) {
+pub(crate) fn split_exit_code(code: u32) -> (Option<u8>, Option<u8>, bool) {
     let signal = (code & 0x7f) as u8;
     if signal == 0 {
         (Some(((code >> 8) & 0xff) as u8), None, false)

@@ -80,7 +80,7 @@ struct TypeRecord {
 }
 
 /// Kernel BTF, read once and indexed: the file (5.5 MB for a 6.18 vmlinux) and 4 bytes per type.
-pub struct KernelBtf {
+pub(crate) struct KernelBtf {
     data: Vec<u8>,
     /// Start and end of the string section in `data`.
     strings: (usize, usize),
@@ -90,13 +90,13 @@ pub struct KernelBtf {
 
 impl KernelBtf {
     /// Reads and indexes the BTF file at `path` (normally `/sys/kernel/btf/vmlinux`).
-    pub fn open(path: &Path) -> Result<Self, LayoutError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, LayoutError> {
         let data = std::fs::read(path).map_err(|source| LayoutError::Unreadable { path: path.to_owned(), source })?;
         Self::from_bytes(data)
     }
 
     /// Indexes raw BTF (a `.BTF` section as the kernel exports it, in this machine's byte order).
-    pub fn from_bytes(data: Vec<u8>) -> Result<Self, LayoutError> {
+    pub(crate) fn from_bytes(data: Vec<u8>) -> Result<Self, LayoutError> {
         let u16_at = |at: usize| data.get(at..at + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
         if u16_at(0) != Some(BTF_MAGIC) {
             return Err(LayoutError::Malformed("bad magic (not BTF, or another byte order)"));
@@ -130,12 +130,12 @@ impl KernelBtf {
     }
 
     /// The raw BTF, for aya's own parser (which needs the kernel's type ids to attach).
-    pub fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.data
     }
 
     /// Computes every offset the kernel programs need.
-    pub fn offsets(&self) -> Result<KernelOffsets, LayoutError> {
+    pub(crate) fn offsets(&self) -> Result<KernelOffsets, LayoutError> {
         let at = |strukt: &'static str, path: &str| self.offset_of(strukt, path);
         Ok(KernelOffsets {
             task_pid: at("task_struct", "pid")?,
@@ -185,12 +185,12 @@ impl KernelBtf {
     }
 
     /// `sizeof(struct strukt)`.
-    pub fn struct_size(&self, strukt: &'static str) -> Result<u32, LayoutError> {
+    pub(crate) fn struct_size(&self, strukt: &'static str) -> Result<u32, LayoutError> {
         Ok(self.find_struct(strukt)?.size_or_type)
     }
 
     /// Byte offset of a dotted member path (`"a.b.c"`) inside `struct strukt`.
-    pub fn offset_of(&self, strukt: &'static str, path: &str) -> Result<u32, LayoutError> {
+    pub(crate) fn offset_of(&self, strukt: &'static str, path: &str) -> Result<u32, LayoutError> {
         let no_member = || LayoutError::NoMember { strukt, member: path.to_owned() };
         let mut current = self.find_struct(strukt)?;
         let mut total_bits = 0u32;
@@ -210,7 +210,7 @@ impl KernelBtf {
 
     /// True when the kernel has a BTF tracepoint of this name (`btf_trace_<name>` typedef), which
     /// is what a `tp_btf` program attaches to.
-    pub fn has_raw_tracepoint(&self, name: &str) -> bool {
+    pub(crate) fn has_raw_tracepoint(&self, name: &str) -> bool {
         let wanted = format!("btf_trace_{name}");
         self.records().any(|record| record.is_ok_and(|r| r.kind == KIND_TYPEDEF && self.name_is(&r, &wanted)))
     }

@@ -7,7 +7,7 @@
 
 mod batch;
 pub mod decode;
-pub mod layout;
+pub(crate) mod layout;
 mod ring;
 
 use crate::ErrorChain;
@@ -26,7 +26,7 @@ use aya::{
 use lifecycle_common::{names, CgroupCounters, KindStats, ProgramSettings, EVENT_KIND_COUNT};
 
 use self::layout::{KernelBtf, LayoutError};
-pub use self::ring::{EventStream, StreamError};
+pub(crate) use self::ring::{EventStream, StreamError};
 
 /// The compiled kernel programs, embedded at build time.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifecycle"));
@@ -44,7 +44,7 @@ pub enum Feature {
 }
 
 impl Feature {
-    pub const ALL: [Feature; 7] = [
+    pub(crate) const ALL: [Feature; 7] = [
         Feature::ProcessExec,
         Feature::ProcessExit,
         Feature::Signals,
@@ -55,7 +55,7 @@ impl Feature {
     ];
 
     /// Label value for `lifecycle_feature_enabled{feature}`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Feature::ProcessExec => "process_exec",
             Feature::ProcessExit => "process_exit",
@@ -68,7 +68,7 @@ impl Feature {
     }
 
     /// Without exec and exit there is no container state at all; everything else is optional.
-    pub fn is_core(self) -> bool {
+    pub(crate) fn is_core(self) -> bool {
         matches!(self, Feature::ProcessExec | Feature::ProcessExit)
     }
 
@@ -241,13 +241,6 @@ pub struct SensorMaps {
 }
 
 impl SensorMaps {
-    /// Every cgroup's counters, as the kernel holds them now.
-    pub fn cgroup_counters(&self) -> Vec<(u64, CgroupCounters)> {
-        let mut all = Vec::new();
-        self.each_cgroup_counters(|id, counters| all.push((id, counters)));
-        all
-    }
-
     /// Every cgroup's counters, as the kernel holds them now, handed to `each`; how they were read.
     pub fn each_cgroup_counters(&self, mut each: impl FnMut(u64, CgroupCounters)) -> MapRead {
         let counters = self.counters.lock().unwrap_or_else(|poison| poison.into_inner());
@@ -274,7 +267,7 @@ impl SensorMaps {
     }
 
     /// Removes a departed cgroup's entry, returning its final counts.
-    pub fn take_counters(&self, cgroup_id: u64) -> Option<CgroupCounters> {
+    pub(crate) fn take_counters(&self, cgroup_id: u64) -> Option<CgroupCounters> {
         let mut counters = self.counters.lock().unwrap_or_else(|poison| poison.into_inner());
         let last = counters.get(&cgroup_id, 0).ok()?;
         let _ = counters.remove(&cgroup_id);

@@ -36,7 +36,7 @@ impl EventStream {
 
     /// Records that could not be decoded (unknown kind or short record); never expected, counted
     /// rather than dropped silently.
-    pub fn decode_errors(&self) -> u64 {
+    pub(crate) fn decode_errors(&self) -> u64 {
         self.decode_errors
     }
 
@@ -55,7 +55,7 @@ impl EventStream {
 
     /// Blocks until the kernel wakes the reader (or records wait already), `stop` is readable,
     /// or `timeout` passes; the caller then drains and checks its own stop flag.
-    pub fn wait(&self, stop: BorrowedFd<'_>, timeout: Duration) -> Result<(), StreamError> {
+    pub(crate) fn wait(&self, stop: BorrowedFd<'_>, timeout: Duration) -> Result<(), StreamError> {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         let mut fds = [PollFd::new(&self.ring, PollFlags::IN), PollFd::new(&stop, PollFlags::IN)];
         let timeout = Timespec::try_from(timeout).unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 });
@@ -103,10 +103,5 @@ impl AsyncEventStream {
             }
             _ = self.ticker.tick() => Ok(self.fd.get_mut().drain_into(out)),
         }
-    }
-
-    /// See [`EventStream::decode_errors`].
-    pub fn decode_errors(&self) -> u64 {
-        self.fd.get_ref().decode_errors()
     }
 }

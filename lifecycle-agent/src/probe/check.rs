@@ -9,12 +9,12 @@ use std::{collections::HashMap, fmt, sync::Arc};
 
 use super::{query::Query, tcp};
 use crate::model::duration;
-pub use crate::model::probe::{AcceptFacts, ProcessFacts, ProcessState};
+pub(crate) use crate::model::probe::{AcceptFacts, ProcessFacts, ProcessState};
 
 /// Stall limit of a tcp check that does not say `stall=`.
-pub const DEFAULT_STALL_NS: u64 = 5_000_000_000;
+pub(crate) const DEFAULT_STALL_NS: u64 = 5_000_000_000;
 /// Bytes of a file read for `contains=` (the match must fall in the first this-many bytes).
-pub const FILE_HEAD_BYTES: usize = 4096;
+pub(crate) const FILE_HEAD_BYTES: usize = 4096;
 
 /// One check, or several that must all pass.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,11 +40,11 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    pub fn pass(reason: impl Into<String>) -> Self {
+    pub(crate) fn pass(reason: impl Into<String>) -> Self {
         Self { pass: true, reason: reason.into() }
     }
 
-    pub fn fail(reason: impl Into<String>) -> Self {
+    pub(crate) fn fail(reason: impl Into<String>) -> Self {
         Self { pass: false, reason: reason.into() }
     }
 }
@@ -177,7 +177,7 @@ impl CheckSpec {
 
     /// The earliest time after `now` at which the verdict can change with no new input (a stall
     /// limit running out), so the caller can re-evaluate exactly then instead of polling.
-    pub fn next_deadline(&self, observed: &Observed, now: u64) -> Option<u64> {
+    pub(crate) fn next_deadline(&self, observed: &Observed, now: u64) -> Option<u64> {
         match self {
             Self::Tcp { port, stall_ns } => observed.tcp.get(port).and_then(|f| tcp::next_deadline(f, now, *stall_ns)),
             Self::Process { max_uninterruptible_ns: Some(max) } => match &observed.process {
@@ -202,7 +202,7 @@ impl CheckSpec {
     /// At most [`MAX_CHECK_LABEL`] bytes: a longer one (a long file path) keeps its start and ends
     /// in a digest of the whole, so distinct checks keep distinct labels and the same check gets
     /// the same label after a restart.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         let full = self.to_string();
         if full.len() <= MAX_CHECK_LABEL {
             return full;
@@ -220,7 +220,7 @@ impl CheckSpec {
 
 /// Longest `check` label value (Prometheus handles long ones, but every byte is repeated in each
 /// of a check's series and scrape).
-pub const MAX_CHECK_LABEL: usize = 128;
+pub(crate) const MAX_CHECK_LABEL: usize = 128;
 
 impl fmt::Display for CheckSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -294,7 +294,7 @@ fn file_verdict(
 }
 
 /// Seconds with one decimal, e.g. `7.2s`; whole seconds print without the decimal (`5s`).
-pub fn seconds(ns: u64) -> String {
+pub(crate) fn seconds(ns: u64) -> String {
     let tenths = (ns + 50_000_000) / 100_000_000;
     if tenths.is_multiple_of(10) {
         format!("{}s", tenths / 10)
@@ -373,7 +373,7 @@ fn parse_port(value: &str) -> Result<u16, ParseError> {
 }
 
 /// A probe parameter's duration in ns (see [`crate::model::duration`]).
-pub fn parse_duration(param: &'static str, value: &str) -> Result<u64, ParseError> {
+pub(crate) fn parse_duration(param: &'static str, value: &str) -> Result<u64, ParseError> {
     duration::parse_ns(value).map_err(|_| ParseError::BadDuration { param, value: value.to_owned() })
 }
 

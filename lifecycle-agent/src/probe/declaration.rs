@@ -21,17 +21,17 @@ use super::{
 };
 
 /// Entries a pod may declare; the rest are refused ([`RefusalReason::TooMany`]).
-pub const MAX_ENTRIES_PER_POD: usize = 16;
+pub(crate) const MAX_ENTRIES_PER_POD: usize = 16;
 /// Top-level directories a file check may not name: the container's view of the kernel and of
 /// devices (`/proc/1/environ` is where secrets live). Refused when declared.
-pub const FORBIDDEN_ROOTS: [&str; 3] = ["proc", "sys", "dev"];
+pub(crate) const FORBIDDEN_ROOTS: [&str; 3] = ["proc", "sys", "dev"];
 /// Longest excerpt of a refused entry kept for the log line.
 const EXCERPT_CHARS: usize = 120;
 
 /// One declared check: the container it speaks for (None: every container of the pod) and what
 /// it checks.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeclaredCheck {
+pub(crate) struct DeclaredCheck {
     pub container: Option<String>,
     pub spec: CheckSpec,
 }
@@ -49,10 +49,10 @@ pub enum RefusalReason {
 }
 
 impl RefusalReason {
-    pub const ALL: [RefusalReason; 3] = [Self::Unparsable, Self::ForbiddenPath, Self::TooMany];
+    pub(crate) const ALL: [RefusalReason; 3] = [Self::Unparsable, Self::ForbiddenPath, Self::TooMany];
 
     /// The label value.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Unparsable => "unparsable",
             Self::ForbiddenPath => "forbidden_path",
@@ -102,7 +102,7 @@ impl Declaration {
     /// Declares the check `path` (`/probe/<kind>?<query>`, as the kubelet will send it) for
     /// `container`, or — when None — for the container the path's `container=` names, else for
     /// every container of the pod. The one entry point for every source of declarations.
-    pub fn add(&mut self, container: Option<&str>, path: &str) -> Result<(), Refusal> {
+    pub(crate) fn add(&mut self, container: Option<&str>, path: &str) -> Result<(), Refusal> {
         self.offered += 1;
         let refuse = |reason, detail: String| Refusal { reason, entry: excerpt(path), detail };
         if self.offered > MAX_ENTRIES_PER_POD {
@@ -141,11 +141,6 @@ impl Declaration {
         Ok(())
     }
 
-    /// Every declared check.
-    pub fn checks(&self) -> &[DeclaredCheck] {
-        &self.checks
-    }
-
     /// The checks declared for `container` (its own and the pod-wide ones), without repeats.
     pub fn checks_for(&self, container: &str) -> Vec<CheckSpec> {
         let mut specs: Vec<CheckSpec> = Vec::new();
@@ -157,7 +152,14 @@ impl Declaration {
         specs
     }
 
-    pub fn is_empty(&self) -> bool {
+    /// Every declared check.
+    #[cfg(test)]
+    pub(crate) fn checks(&self) -> &[DeclaredCheck] {
+        &self.checks
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.checks.is_empty()
     }
 }
@@ -165,7 +167,7 @@ impl Declaration {
 /// Reads a probe request: `path` is `/probe/<kind>`, `query` the raw query. Returns the container
 /// the query names with `container=` (taken out of the query) and the check. Requests and
 /// declarations are read by this one function.
-pub fn parse_request(path: &str, query: Option<&str>) -> Result<(Option<String>, CheckSpec), ParseError> {
+pub(crate) fn parse_request(path: &str, query: Option<&str>) -> Result<(Option<String>, CheckSpec), ParseError> {
     let kind = path
         .strip_prefix("/probe/")
         .map(|kind| kind.trim_end_matches('/'))

@@ -36,7 +36,7 @@ impl ProbeFeeds {
     }
 
     /// Closes `key`'s feed.
-    pub fn close(&self, key: &ProbeKey) {
+    pub(crate) fn close(&self, key: &ProbeKey) {
         self.senders.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
     }
 

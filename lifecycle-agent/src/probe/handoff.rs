@@ -42,11 +42,11 @@ const RECEIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest message (one listener's description).
 const MAX_MESSAGE: usize = 1024;
 /// Listeners taken per handoff at most (a node runs a few hundred pods).
-pub const MAX_HANDED: usize = 4096;
+pub(crate) const MAX_HANDED: usize = 4096;
 
 /// One pod listener as it is handed over.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ListenerFacts {
+pub(crate) struct ListenerFacts {
     pub namespace: String,
     pub pod: String,
     /// Inode of the pod's network namespace, where the socket was bound.
@@ -59,12 +59,12 @@ type Entries = HashMap<(u32, u16), (ListenerFacts, Arc<OwnedFd>)>;
 
 /// The pod listeners of this agent, as the handoff server hands them over.
 #[derive(Default)]
-pub struct ListenerRegistry {
+pub(crate) struct ListenerRegistry {
     entries: Mutex<Entries>,
 }
 
 /// A listener's place in the registry, given up when dropped (the listener stopped).
-pub struct Registration {
+pub(crate) struct Registration {
     registry: Arc<ListenerRegistry>,
     key: (u32, u16),
 }
@@ -81,7 +81,7 @@ impl ListenerRegistry {
     }
 
     /// Records `listener` (a duplicate of its socket is kept) until the registration is dropped.
-    pub fn register(self: &Arc<Self>, facts: ListenerFacts, listener: &TcpListener) -> io::Result<Registration> {
+    pub(crate) fn register(self: &Arc<Self>, facts: ListenerFacts, listener: &TcpListener) -> io::Result<Registration> {
         let fd = OwnedFd::from(listener.try_clone()?);
         let key = (facts.netns, facts.port);
         self.lock().insert(key, (facts, Arc::new(fd)));
@@ -94,11 +94,11 @@ impl ListenerRegistry {
 }
 
 /// Listeners taken from the previous agent, by network namespace inode.
-pub type Adopted = HashMap<u32, (ListenerFacts, TcpListener)>;
+pub(crate) type Adopted = HashMap<u32, (ListenerFacts, TcpListener)>;
 
 /// Why a handoff did not happen.
 #[derive(Debug, thiserror::Error)]
-pub enum HandoffError {
+pub(crate) enum HandoffError {
     /// A socket call failed.
     #[error("{call} on {path}")]
     Socket {
@@ -118,7 +118,7 @@ fn socket_error<'a>(call: &'static str, path: &'a Path) -> impl FnOnce(io::Error
 
 /// Takes the pod listeners of the agent serving `dir`, if one does. No agent there (no socket,
 /// or nobody listening on it): nothing, at once.
-pub fn adopt(dir: &Path) -> Result<Adopted, HandoffError> {
+pub(crate) fn adopt(dir: &Path) -> Result<Adopted, HandoffError> {
     let path = dir.join(SOCKET);
     let fd = seqpacket_socket().map_err(socket_error("socket", &path))?;
     match connect(&fd, &path) {
@@ -146,7 +146,7 @@ pub fn adopt(dir: &Path) -> Result<Adopted, HandoffError> {
 /// Serves `dir`'s handoff socket on a thread of its own: every agent that connects gets every
 /// listener in `registry`, and `handed_over` is set once one has. The socket is made anew (a
 /// previous agent's stays reachable to those who already connected, not by its name).
-pub fn serve(
+pub(crate) fn serve(
     dir: &Path,
     registry: Arc<ListenerRegistry>,
     handed_over: Arc<std::sync::atomic::AtomicBool>,

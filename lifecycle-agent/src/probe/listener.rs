@@ -24,7 +24,6 @@
 
 use std::{
     io::{self, Read as _},
-    net::SocketAddr,
     sync::{
         atomic::{AtomicBool, Ordering},
         mpsc, Arc, Mutex,
@@ -43,11 +42,11 @@ use super::{
 
 /// Time a connection has to deliver its request head (and take its answer) before it is closed:
 /// well under the kubelet's default 1 s probe timeout.
-pub const HEAD_DEADLINE: Duration = Duration::from_millis(250);
+pub(crate) const HEAD_DEADLINE: Duration = Duration::from_millis(250);
 /// Connections a listener keeps open at once (each waiting for the rest of its request head).
-pub const MAX_CONNECTIONS: usize = 64;
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 /// Connections accepted from one listener before the others get their turn.
-pub const ACCEPTS_PER_TURN: usize = 16;
+pub(crate) const ACCEPTS_PER_TURN: usize = 16;
 
 /// Listener tokens start here; connection tokens are their slots, below it.
 const LISTENER_BASE: usize = 1 << 32;
@@ -113,7 +112,7 @@ impl Drop for Stopped {
 
 /// One thread serving any number of probe listeners (see the module header). Dropping it stops
 /// the thread, which closes every listener and connection it still has.
-pub struct ProbeListeners {
+pub(crate) struct ProbeListeners {
     control: Arc<Control>,
     next_id: std::sync::atomic::AtomicUsize,
     thread: Option<JoinHandle<()>>,
@@ -121,7 +120,7 @@ pub struct ProbeListeners {
 
 impl ProbeListeners {
     /// Starts the loop's thread; each listener it serves has `limits`.
-    pub fn start(limits: ListenerLimits) -> Result<Self, ServerError> {
+    pub(crate) fn start(limits: ListenerLimits) -> Result<Self, ServerError> {
         let poll = Poll::new().map_err(ServerError::Start)?;
         let waker = Waker::new(poll.registry(), WAKER).map_err(ServerError::Start)?;
         let control = Arc::new(Control { commands: Mutex::new(Some(Vec::new())), waker, stop: AtomicBool::new(false) });
@@ -139,13 +138,14 @@ impl ProbeListeners {
 
     /// Serves `listener` with `answer`, letting in only what `sources` allows, until the
     /// returned handle is dropped.
-    pub fn serve(
+    pub(crate) fn serve(
         &self,
         listener: std::net::TcpListener,
         answer: Arc<dyn ProbeAnswer>,
         sources: SourceFilter,
         counters: ConnectionCounters,
     ) -> Result<ProbeListener, ServerError> {
+        #[cfg(test)]
         let local = listener.local_addr().map_err(ServerError::Start)?;
         listener.set_nonblocking(true).map_err(ServerError::Start)?;
         defer_accept(&listener);
@@ -162,7 +162,13 @@ impl ProbeListeners {
         if !self.control.send(Command::Serve { id, listener: Box::new(served) }) {
             return Err(ServerError::Start(io::Error::other("the probe listeners' loop has stopped")));
         }
-        Ok(ProbeListener { local, id, control: self.control.clone(), own_loop: None })
+        Ok(ProbeListener {
+            #[cfg(test)]
+            local,
+            id,
+            control: self.control.clone(),
+            own_loop: None,
+        })
     }
 }
 
@@ -181,7 +187,8 @@ impl Drop for ProbeListeners {
 /// One listener served by a [`ProbeListeners`] loop. Dropping it (or [`ProbeListener::stop`])
 /// closes the socket and every open connection of it before it returns.
 pub struct ProbeListener {
-    local: SocketAddr,
+    #[cfg(test)]
+    local: std::net::SocketAddr,
     id: usize,
     control: Arc<Control>,
     /// The loop this listener alone is served by ([`ProbeListener::start`]).
@@ -205,7 +212,8 @@ impl ProbeListener {
     }
 
     /// The address the listener is bound to.
-    pub fn local_addr(&self) -> SocketAddr {
+    #[cfg(test)]
+    pub(crate) fn local_addr(&self) -> std::net::SocketAddr {
         self.local
     }
 

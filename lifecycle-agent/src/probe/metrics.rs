@@ -21,7 +21,7 @@ use crate::model::node::{PodWarning, WarningReason};
 use super::{check::Verdict, declaration::RefusalReason};
 
 /// (container, check) series a pod may have; checks past it answer but are not exported.
-pub const MAX_CHECK_SERIES_PER_POD: usize = 32;
+pub(crate) const MAX_CHECK_SERIES_PER_POD: usize = 32;
 
 /// Which container a probe speaks for (the kube-state-metrics label names).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -100,7 +100,7 @@ const MAX_STALL_WARNINGS: usize = 256;
 impl ProbeMetrics {
     /// Accept stalls noted since the last call (a declared tcp check that passed and now sees
     /// connections waiting unaccepted, or an overflowed queue).
-    pub fn take_stall_warnings(&self) -> Vec<PodWarning> {
+    pub(crate) fn take_stall_warnings(&self) -> Vec<PodWarning> {
         std::mem::take(&mut *self.stalls.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
@@ -178,7 +178,7 @@ impl ProbeMetrics {
     }
 
     /// Records a verdict; counts and logs a transition when it differs from the last one.
-    pub fn record_result(&self, target: &ProbeTarget, label: &str, verdict: &Verdict) {
+    pub(crate) fn record_result(&self, target: &ProbeTarget, label: &str, verdict: &Verdict) {
         let previous = {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
             if !self.exported(&last, target, label) {
@@ -213,7 +213,7 @@ impl ProbeMetrics {
     }
 
     /// Counts one answered request of a declared check and its duration.
-    pub fn record_request(&self, target: &ProbeTarget, label: &str, kind: &str, code: u16, seconds: f64) {
+    pub(crate) fn record_request(&self, target: &ProbeTarget, label: &str, kind: &str, code: u16, seconds: f64) {
         self.duration.with_label_values(&[kind]).observe(seconds);
         if !self.last.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&(target.clone(), label.to_owned())) {
             return;
@@ -223,27 +223,27 @@ impl ProbeMetrics {
     }
 
     /// Counts one request answered 403.
-    pub fn record_forbidden(&self) {
+    pub(crate) fn record_forbidden(&self) {
         self.forbidden.inc();
     }
 
     /// Counts one refused declaration entry.
     /// Ports of a probed netns the model did not track (see `model::node::MAX_TRACKED_PORTS`).
-    pub fn record_untracked_ports(&self, n: u64) {
+    pub(crate) fn record_untracked_ports(&self, n: u64) {
         self.ports_untracked.inc_by(n);
     }
 
-    pub fn record_refusal(&self, reason: RefusalReason) {
+    pub(crate) fn record_refusal(&self, reason: RefusalReason) {
         self.declarations_refused.with_label_values(&[reason.label()]).inc();
     }
 
     /// The shared handles the pod listeners count rejected connections with.
-    pub fn connection_counters(&self) -> ConnectionCounters {
+    pub(crate) fn connection_counters(&self) -> ConnectionCounters {
         self.connections.clone()
     }
 
     /// Drops the series of one check of a container (no longer declared).
-    pub fn forget_check(&self, target: &ProbeTarget, label: &str) {
+    pub(crate) fn forget_check(&self, target: &ProbeTarget, label: &str) {
         let key = (target.clone(), label.to_owned());
         self.dropped.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
         if self.last.lock().unwrap_or_else(|p| p.into_inner()).remove(&key).is_some() {
@@ -252,7 +252,7 @@ impl ProbeMetrics {
     }
 
     /// Drops every series of a container that went away.
-    pub fn forget(&self, target: &ProbeTarget) {
+    pub(crate) fn forget(&self, target: &ProbeTarget) {
         self.dropped.lock().unwrap_or_else(|p| p.into_inner()).retain(|(t, _)| t != target);
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         last.retain(|(t, label), _| {

@@ -47,19 +47,17 @@
 pub mod check;
 pub mod declaration;
 pub mod feeds;
-pub mod handoff;
+pub(crate) mod handoff;
 pub mod listener;
 pub mod metrics;
-pub mod pod;
+pub(crate) mod pod;
 mod pod_declarations;
 pub mod query;
 pub mod server;
 pub mod source;
-pub mod supervisor;
-pub mod tcp;
+pub(crate) mod supervisor;
+pub(crate) mod tcp;
 
-pub use check::{CheckSpec, Verdict};
-pub use declaration::Declaration;
-pub use listener::ProbeListener;
+pub(crate) use check::CheckSpec;
 pub use pod::PodProbe;
 pub use server::{bind_in_netns, NodeProbes, ProbeAnswer};

@@ -41,11 +41,11 @@ use crate::{
 };
 
 /// How often /proc is sampled when no deadline comes sooner.
-pub const DEFAULT_REFRESH: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_REFRESH: Duration = Duration::from_secs(2);
 
 /// How long one pass over a container's declared files may take. A file on a hung mount fails
 /// that container's file checks after this; nothing else waits for it.
-pub const FILE_READ_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const FILE_READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The probe state of one container.
 pub struct PodProbe {
@@ -152,10 +152,6 @@ impl PodProbe {
     /// When the probe was made (boot ns): events before it are not its netns's.
     pub fn created_ns(&self) -> u64 {
         self.created_ns
-    }
-
-    pub fn main_pid(&self) -> u32 {
-        self.main_pid
     }
 
     fn lock(&self) -> MutexGuard<'_, PodState> {
@@ -313,7 +309,7 @@ impl PodProbe {
     }
 
     /// Whether `spec` is one of the declared checks.
-    pub fn is_declared(&self, spec: &CheckSpec) -> bool {
+    pub(crate) fn is_declared(&self, spec: &CheckSpec) -> bool {
         self.lock().checks.iter().any(|(_, known)| known == spec)
     }
 
@@ -426,7 +422,7 @@ fn file_paths(spec: &CheckSpec) -> Vec<&str> {
 impl PodProbe {
     /// Judges one check now: 200 `ok`, or 503 with the one-line reason, and records the request;
     /// 403 `forbidden` (counted, nothing else recorded) unless `spec` is declared.
-    pub fn answer_check(&self, spec: &CheckSpec) -> (u16, String) {
+    pub(crate) fn answer_check(&self, spec: &CheckSpec) -> (u16, String) {
         let started = Instant::now();
         let now = boottime_ns();
         let (verdict, label) = {

@@ -32,10 +32,10 @@ use crate::{
 /// Port of the per-pod probe listener unless configured otherwise.
 pub const DEFAULT_POD_PORT: u16 = 9891;
 /// The whole body of every refusal: no detail, so a refusal teaches the client nothing.
-pub const FORBIDDEN_BODY: &str = "forbidden\n";
+pub(crate) const FORBIDDEN_BODY: &str = "forbidden\n";
 
 /// The answer to anything that is not a declared check of a known container.
-pub fn forbidden() -> (u16, String) {
+pub(crate) fn forbidden() -> (u16, String) {
     (403, FORBIDDEN_BODY.to_owned())
 }
 
@@ -87,7 +87,7 @@ pub(super) fn response(head: &[u8], answer: &dyn ProbeAnswer) -> String {
 }
 
 /// Longest request head a probe may send (the kubelet's are ~200 bytes).
-pub const MAX_REQUEST_HEAD: usize = 4096;
+pub(crate) const MAX_REQUEST_HEAD: usize = 4096;
 
 /// Headers a probe request may carry (the kubelet sends four, plus the probe's own
 /// `httpHeaders`); more is answered 431.
@@ -154,7 +154,7 @@ pub struct NodeProbes {
 
 impl NodeProbes {
     /// An empty set whose refusals are counted in `metrics`.
-    pub fn new(metrics: Option<Arc<ProbeMetrics>>) -> Self {
+    pub(crate) fn new(metrics: Option<Arc<ProbeMetrics>>) -> Self {
         Self { metrics, ..Self::default() }
     }
 
@@ -165,7 +165,7 @@ impl NodeProbes {
 
     /// Stops routing to `target`'s probe if it is `key`'s (a pod recreated under the same name
     /// may already have the name).
-    pub fn remove(&self, target: &ProbeTarget, key: &ProbeKey) -> Option<Arc<PodProbe>> {
+    pub(crate) fn remove(&self, target: &ProbeTarget, key: &ProbeKey) -> Option<Arc<PodProbe>> {
         let mut pods = self.pods.write().unwrap_or_else(|p| p.into_inner());
         if pods.get(target).is_some_and(|probe| probe.key() == key) {
             return pods.remove(target);
@@ -173,12 +173,12 @@ impl NodeProbes {
         None
     }
 
-    pub fn get(&self, target: &ProbeTarget) -> Option<Arc<PodProbe>> {
+    pub(crate) fn get(&self, target: &ProbeTarget) -> Option<Arc<PodProbe>> {
         self.pods.read().unwrap_or_else(|p| p.into_inner()).get(target).cloned()
     }
 
     /// Names of the containers of one pod that declared `spec`.
-    pub fn declaring(&self, namespace: &str, pod: &str, spec: &CheckSpec) -> Vec<String> {
+    pub(crate) fn declaring(&self, namespace: &str, pod: &str, spec: &CheckSpec) -> Vec<String> {
         self.pods
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -190,7 +190,7 @@ impl NodeProbes {
 
     /// Judges `spec` for the container `target`: 403 unless that container is tracked here and
     /// declared exactly this check.
-    pub fn answer_check(&self, target: &ProbeTarget, spec: &CheckSpec) -> (u16, String) {
+    pub(crate) fn answer_check(&self, target: &ProbeTarget, spec: &CheckSpec) -> (u16, String) {
         match self.get(target) {
             Some(probe) => probe.answer_check(spec),
             None => self.forbidden(),
@@ -198,7 +198,7 @@ impl NodeProbes {
     }
 
     /// Counts a refused request and gives its answer.
-    pub fn forbidden(&self) -> (u16, String) {
+    pub(crate) fn forbidden(&self) -> (u16, String) {
         if let Some(metrics) = &self.metrics {
             metrics.record_forbidden();
         }

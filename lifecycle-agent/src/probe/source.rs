@@ -81,7 +81,7 @@ impl fmt::Display for AllowFrom {
 }
 
 impl Cidr {
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => same_prefix(&net.octets(), &ip.octets(), self.prefix),
             (IpAddr::V6(net), IpAddr::V6(ip)) => same_prefix(&net.octets(), &ip.octets(), self.prefix),
@@ -126,12 +126,12 @@ impl SourceFilter {
     }
 
     /// Whether the rules use the node's addresses (so they need refreshing).
-    pub fn needs_node_addresses(&self) -> bool {
+    pub(crate) fn needs_node_addresses(&self) -> bool {
         self.rules.contains(&AllowFrom::Node)
     }
 
     /// Replaces the node's addresses.
-    pub fn set_node_addresses(&self, mut addresses: Vec<IpAddr>) {
+    pub(crate) fn set_node_addresses(&self, mut addresses: Vec<IpAddr>) {
         addresses.retain(|ip| !ip.is_loopback());
         addresses.sort_unstable();
         addresses.dedup();
@@ -147,11 +147,6 @@ impl SourceFilter {
         let addresses: Vec<IpAddr> = if_addrs::get_if_addrs()?.into_iter().map(|i| i.ip()).collect();
         self.set_node_addresses(addresses);
         Ok(self.node.read().unwrap_or_else(|p| p.into_inner()).len())
-    }
-
-    /// The rules, as given.
-    pub fn rules(&self) -> &[AllowFrom] {
-        &self.rules
     }
 }
 

@@ -69,7 +69,7 @@ struct Probed {
 }
 
 /// What the supervisor tells the model about the containers it probes.
-pub enum ProbeCommand {
+pub(crate) enum ProbeCommand {
     /// Watch (or watch again, with other declared ports) a container, with the first sample
     /// of a new probe.
     Watch { key: ProbeKey, watch: ProbeWatch, first: Option<ProbeSample> },
@@ -79,7 +79,7 @@ pub enum ProbeCommand {
 
 impl ProbeCommand {
     /// Runs `commands` on the model.
-    pub fn apply_all(tracker: &mut NodeTracker, commands: Vec<ProbeCommand>) -> Outcome {
+    pub(crate) fn apply_all(tracker: &mut NodeTracker, commands: Vec<ProbeCommand>) -> Outcome {
         let mut outcome = Outcome::default();
         for command in commands {
             match command {
@@ -112,7 +112,7 @@ struct Fresh {
 }
 
 /// The supervisor's state across reconciliations.
-pub struct ProbeSupervisor {
+pub(crate) struct ProbeSupervisor {
     probes: Arc<NodeProbes>,
     /// The probed containers' feeds of facts, opened here and published into by the model's owner.
     feeds: Arc<ProbeFeeds>,
@@ -144,16 +144,21 @@ pub struct ProbeSupervisor {
 }
 
 /// How long sockets taken from the previous agent wait for their pods to be known again.
-pub const ADOPTION_WINDOW: Duration = Duration::from_secs(30);
+pub(crate) const ADOPTION_WINDOW: Duration = Duration::from_secs(30);
 /// Least time between passes made on notice (`run`'s `wanted`): a node starting, or a burst of
 /// pod updates, costs a pass per this, not one per update.
-pub const MIN_PASS_GAP: Duration = Duration::from_millis(100);
+pub(crate) const MIN_PASS_GAP: Duration = Duration::from_millis(100);
 
 impl ProbeSupervisor {
     /// Serves the listeners `adopted` from the previous agent (see `handoff.rs`) instead of
     /// binding new ones, offers its own in `registry`, and sets `settled` once no adopted
     /// listener waits any more.
-    pub fn with_handoff(mut self, adopted: Adopted, registry: Arc<ListenerRegistry>, settled: Arc<AtomicBool>) -> Self {
+    pub(crate) fn with_handoff(
+        mut self,
+        adopted: Adopted,
+        registry: Arc<ListenerRegistry>,
+        settled: Arc<AtomicBool>,
+    ) -> Self {
         self.adopted = adopted;
         self.adopted_until = Instant::now() + ADOPTION_WINDOW;
         self.registry = registry;
@@ -161,7 +166,7 @@ impl ProbeSupervisor {
         self
     }
 
-    pub fn new(
+    pub(crate) fn new(
         probes: Arc<NodeProbes>,
         feeds: Arc<ProbeFeeds>,
         metrics: Arc<ProbeMetrics>,
@@ -195,7 +200,7 @@ impl ProbeSupervisor {
     /// Brings probes and listeners in line with the containers running now and what their pods
     /// declared; `commit` runs the pass's commands on the model and returns once their facts are
     /// published, before new probes are served.
-    pub fn reconcile(&mut self, model: &NodeSnapshot, commit: &dyn Fn(Vec<ProbeCommand>)) {
+    pub(crate) fn reconcile(&mut self, model: &NodeSnapshot, commit: &dyn Fn(Vec<ProbeCommand>)) {
         // A new pod's sandbox can bring the node a new address (the CNI bridge's, made with the
         // first pod), and the kubelet probes from it as soon as the listener is bound: read
         // them before binding, not only at the next tick.

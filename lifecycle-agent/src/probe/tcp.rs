@@ -5,10 +5,10 @@
 //! stall time); connections have waited unaccepted longer than the stall time.
 
 use super::check::{seconds, Verdict};
-pub use crate::model::probe::{AcceptFacts, AcceptProgress, QueueSample};
+pub(crate) use crate::model::probe::AcceptFacts;
 
 /// Judges the listener at `now` against `stall_ns`.
-pub fn verdict(facts: &AcceptFacts, port: u16, now: u64, stall_ns: u64) -> Verdict {
+pub(crate) fn verdict(facts: &AcceptFacts, port: u16, now: u64, stall_ns: u64) -> Verdict {
     if !facts.listening {
         return Verdict::fail(format!("listener on {port} closed"));
     }
@@ -36,7 +36,7 @@ pub fn verdict(facts: &AcceptFacts, port: u16, now: u64, stall_ns: u64) -> Verdi
 }
 
 /// When the verdict changes next with no new input: a stall or an overflow window ending.
-pub fn next_deadline(facts: &AcceptFacts, now: u64, stall_ns: u64) -> Option<u64> {
+pub(crate) fn next_deadline(facts: &AcceptFacts, now: u64, stall_ns: u64) -> Option<u64> {
     if !facts.listening {
         return None;
     }
@@ -48,6 +48,7 @@ pub fn next_deadline(facts: &AcceptFacts, now: u64, stall_ns: u64) -> Option<u64
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::probe::{AcceptProgress, QueueSample};
 
     /// The progress judged as the probe layer judges its published facts.
     trait Judged {

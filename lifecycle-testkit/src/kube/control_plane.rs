@@ -37,7 +37,7 @@ pub(super) struct Pki {
     pub(super) tokens: PathBuf,
     /// The admin token (group system:masters): kubectl and tests.
     pub(super) admin_token: String,
-    /// The kubelet's token (user system:node:<node>, groups system:nodes and system:masters).
+    /// The kubelet's token (user `system:node:<node>`, groups system:nodes and system:masters).
     pub(super) kubelet_token: String,
     /// A token of user `reader`, in no group: authenticated, and allowed nothing until a test
     /// binds a role to it.

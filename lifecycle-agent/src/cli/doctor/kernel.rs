@@ -16,19 +16,19 @@ use crate::kernel::Feature;
 
 /// `major.minor` of a kernel release string.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct KernelVersion {
+pub(crate) struct KernelVersion {
     pub major: u32,
     pub minor: u32,
 }
 
 impl KernelVersion {
     /// The BPF ring buffer (BPF_MAP_TYPE_RINGBUF) and CAP_BPF/CAP_PERFMON.
-    pub const RING_BUFFER: Self = Self { major: 5, minor: 8 };
+    pub(crate) const RING_BUFFER: Self = Self { major: 5, minor: 8 };
     /// BPF memory charged to the memory cgroup instead of RLIMIT_MEMLOCK.
-    pub const MEMCG_ACCOUNTING: Self = Self { major: 5, minor: 11 };
+    pub(crate) const MEMCG_ACCOUNTING: Self = Self { major: 5, minor: 11 };
 
     /// Reads `6.18.44-fc-v669`, `5.15.0-91-generic`, `4.18.0-513.el8.x86_64`, `5.8`.
-    pub fn parse(release: &str) -> Option<Self> {
+    pub(crate) fn parse(release: &str) -> Option<Self> {
         let mut parts = release.trim().split(['.', '-', '+']);
         let major = parts.next()?.parse().ok()?;
         let minor_digits: String = parts.next()?.chars().take_while(char::is_ascii_digit).collect();
@@ -37,7 +37,7 @@ impl KernelVersion {
 }
 
 /// The ring buffer is the agent's only event channel: below 5.8 nothing is recorded at all.
-pub fn check_kernel(release: &str) -> Finding {
+pub(crate) fn check_kernel(release: &str) -> Finding {
     const CHECK: &str = "kernel";
     let release = release.trim();
     match KernelVersion::parse(release) {
@@ -61,7 +61,7 @@ pub fn check_kernel(release: &str) -> Finding {
 
 /// What reading the kernel's BTF gave.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BtfRead {
+pub(crate) enum BtfRead {
     /// No file at the path.
     Absent,
     /// The file exists but could not be read (the error).
@@ -75,7 +75,7 @@ pub enum BtfRead {
 }
 
 /// The programs are CO-RE: their struct offsets come from this file, so it is mandatory.
-pub fn check_btf(path: &Path, read: &BtfRead) -> Finding {
+pub(crate) fn check_btf(path: &Path, read: &BtfRead) -> Finding {
     const CHECK: &str = "btf";
     const FIX: &str = "use a kernel built with CONFIG_DEBUG_INFO_BTF=y (every major distribution's since 2020); \
                        in a pod, mount the host's /sys/kernel/btf";
@@ -101,7 +101,7 @@ pub fn check_btf(path: &Path, read: &BtfRead) -> Finding {
 
 /// How a program reaches its tracepoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TracepointKind {
+pub(crate) enum TracepointKind {
     /// `tp_btf`: found in BTF as `btf_trace_<name>`; needs no tracefs.
     Btf,
     /// A classic tracepoint `<category>/<name>` in tracefs.
@@ -109,7 +109,7 @@ pub enum TracepointKind {
 }
 
 /// Every tracepoint the kernel programs attach to (lifecycle-ebpf), by feature.
-pub const TRACEPOINTS: [(Feature, &str, TracepointKind); 9] = [
+pub(crate) const TRACEPOINTS: [(Feature, &str, TracepointKind); 9] = [
     (Feature::ProcessExec, names::PROG_EXEC, TracepointKind::Btf),
     (Feature::ProcessExit, names::PROG_EXIT, TracepointKind::Btf),
     (Feature::Signals, names::PROG_SIGNAL, TracepointKind::Btf),
@@ -123,7 +123,7 @@ pub const TRACEPOINTS: [(Feature, &str, TracepointKind); 9] = [
 
 /// Whether one tracepoint exists: None when it cannot be told (no BTF, or tracefs not mounted).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TracepointSeen {
+pub(crate) struct TracepointSeen {
     pub feature: Feature,
     pub name: &'static str,
     pub kind: TracepointKind,
@@ -131,7 +131,7 @@ pub struct TracepointSeen {
 }
 
 /// A missing tracepoint turns its feature off; only exec and exit are essential.
-pub fn check_tracepoints(seen: &[TracepointSeen]) -> Finding {
+pub(crate) fn check_tracepoints(seen: &[TracepointSeen]) -> Finding {
     const CHECK: &str = "tracepoints";
     let spell = |tracepoint: &TracepointSeen| match tracepoint.kind {
         TracepointKind::Btf => format!("tp_btf/{}", tracepoint.name),
@@ -186,7 +186,7 @@ pub fn check_tracepoints(seen: &[TracepointSeen]) -> Finding {
 
 /// What loading the kernel programs as `run` does gave.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ProgramLoad {
+pub(crate) enum ProgramLoad {
     /// Not attempted (why: no BTF, no capabilities, --no-load).
     NotTried(String),
     /// The sensor refused to start (the error chain).
@@ -197,7 +197,7 @@ pub enum ProgramLoad {
 
 /// The real answer to "will the programs load here": the kernel's verifier, lockdown, seccomp and
 /// LSMs all have a say that no file under /sys tells.
-pub fn check_programs(load: &ProgramLoad) -> Finding {
+pub(crate) fn check_programs(load: &ProgramLoad) -> Finding {
     const CHECK: &str = "programs";
     match load {
         ProgramLoad::NotTried(why) => Finding::skip(CHECK, format!("not loaded: {why}")),
@@ -228,18 +228,18 @@ pub fn check_programs(load: &ProgramLoad) -> Finding {
 // ---- capabilities ---------------------------------------------------------------------------
 
 /// Capability bit numbers (linux/capability.h).
-pub mod cap {
-    pub const SYS_PTRACE: u32 = 19;
-    pub const SYS_ADMIN: u32 = 21;
-    pub const SYS_RESOURCE: u32 = 24;
-    pub const SYSLOG: u32 = 34;
-    pub const PERFMON: u32 = 38;
-    pub const BPF: u32 = 39;
+pub(crate) mod cap {
+    pub(crate) const SYS_PTRACE: u32 = 19;
+    pub(crate) const SYS_ADMIN: u32 = 21;
+    pub(crate) const SYS_RESOURCE: u32 = 24;
+    pub(crate) const SYSLOG: u32 = 34;
+    pub(crate) const PERFMON: u32 = 38;
+    pub(crate) const BPF: u32 = 39;
 }
 
 /// What deploy/daemonset.yaml grants, and why each one. NET_ADMIN is not among them (no program
 /// attaches to a cgroup or a socket); SYS_RESOURCE only matters below 5.11 (the memlock check).
-pub const REQUIRED_CAPABILITIES: [(u32, &str, &str); 4] = [
+pub(crate) const REQUIRED_CAPABILITIES: [(u32, &str, &str); 4] = [
     (cap::BPF, "CAP_BPF", "load programs, create maps"),
     (cap::PERFMON, "CAP_PERFMON", "attach tracepoints"),
     (cap::SYS_ADMIN, "CAP_SYS_ADMIN", "setns into pods, mount tracefs"),
@@ -247,22 +247,22 @@ pub const REQUIRED_CAPABILITIES: [(u32, &str, &str); 4] = [
 ];
 
 /// Granted too, but the agent runs without them, less well.
-pub const OPTIONAL_CAPABILITIES: [(u32, &str, &str); 1] =
+pub(crate) const OPTIONAL_CAPABILITIES: [(u32, &str, &str); 1] =
     [(cap::SYSLOG, "CAP_SYSLOG", "read the kernel log: which memory limit an OOM kill answered")];
 
 /// Whether a capability is in an effective set.
-pub fn has_capability(effective: u64, bit: u32) -> bool {
+pub(crate) fn has_capability(effective: u64, bit: u32) -> bool {
     effective & (1u64 << bit) != 0
 }
 
 /// Reads the hexadecimal `CapEff:` of `/proc/<pid>/status`.
-pub fn parse_cap_eff(status: &str) -> Option<u64> {
+pub(crate) fn parse_cap_eff(status: &str) -> Option<u64> {
     let hex = status.lines().find_map(|line| line.strip_prefix("CapEff:"))?;
     u64::from_str_radix(hex.trim(), 16).ok()
 }
 
 /// Names each capability of the DaemonSet's list that this process lacks.
-pub fn check_capabilities(effective: Option<u64>) -> Finding {
+pub(crate) fn check_capabilities(effective: Option<u64>) -> Finding {
     const CHECK: &str = "capabilities";
     let Some(effective) = effective else {
         return Finding::warn(CHECK, "cannot read CapEff from /proc/self/status", "run as root with /proc mounted");
@@ -300,14 +300,14 @@ pub fn check_capabilities(effective: Option<u64>) -> Finding {
 
 /// RLIMIT_MEMLOCK of this process, in bytes; `u64::MAX` is unlimited.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Memlock {
+pub(crate) struct Memlock {
     pub soft: u64,
     pub hard: u64,
 }
 
 /// About what the agent's maps lock at the default sizes: the ring (mapped twice), the counters
 /// (~400 bytes an entry), and the small maps and programs.
-pub const MEMLOCK_NEEDED_BYTES: u64 =
+pub(crate) const MEMLOCK_NEEDED_BYTES: u64 =
     2 * defaults::RING_BYTES as u64 + defaults::COUNTER_ENTRIES as u64 * 512 + (4 << 20);
 
 fn bytes_text(bytes: u64) -> String {
@@ -322,7 +322,7 @@ fn bytes_text(bytes: u64) -> String {
 
 /// Below 5.11 BPF memory counts against RLIMIT_MEMLOCK; aya raises it to unlimited when a load
 /// fails with EPERM, which takes CAP_SYS_RESOURCE.
-pub fn check_memlock(kernel: Option<KernelVersion>, limit: Option<Memlock>, can_raise: bool) -> Finding {
+pub(crate) fn check_memlock(kernel: Option<KernelVersion>, limit: Option<Memlock>, can_raise: bool) -> Finding {
     const CHECK: &str = "memlock";
     let limit_text = limit.map_or("unknown".to_owned(), |l| bytes_text(l.soft));
     if kernel.is_some_and(|k| k >= KernelVersion::MEMCG_ACCOUNTING) {
@@ -353,7 +353,7 @@ pub fn check_memlock(kernel: Option<KernelVersion>, limit: Option<Memlock>, can_
 
 /// How the cgroup hierarchies are mounted.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CgroupLayout {
+pub(crate) enum CgroupLayout {
     /// cgroup v2 alone.
     Unified { v2: PathBuf },
     /// v1 controllers beside a v2 hierarchy (systemd's `unified` mount).
@@ -365,7 +365,7 @@ pub enum CgroupLayout {
 }
 
 /// Reads the layout from /proc/self/mountinfo text.
-pub fn cgroup_layout(mountinfo: &str) -> CgroupLayout {
+pub(crate) fn cgroup_layout(mountinfo: &str) -> CgroupLayout {
     let v2 = crate::discovery::cgroupfs::CgroupRoot::from_mountinfo(mountinfo).map(|root| root.mount().to_owned());
     let mut v1_controllers: Vec<String> = mountinfo
         .lines()
@@ -396,7 +396,7 @@ pub fn cgroup_layout(mountinfo: &str) -> CgroupLayout {
 }
 
 /// The kernel reports v2 cgroup ids: the agent needs a v2 hierarchy, unified or hybrid.
-pub fn check_cgroups(layout: &CgroupLayout) -> Finding {
+pub(crate) fn check_cgroups(layout: &CgroupLayout) -> Finding {
     const CHECK: &str = "cgroups";
     const FIX: &str = "boot with systemd.unified_cgroup_hierarchy=1 (v2, what Kubernetes recommends), or mount \
                        cgroup2 at /sys/fs/cgroup/unified (hybrid); in a pod, mount the host's /sys/fs/cgroup";

@@ -244,7 +244,7 @@ fn port_state(addr: SocketAddr) -> PortState {
 }
 
 /// The process listening on `port` in this network namespace: the socket's inode from
-/// /proc/net/tcp{,6}, then the /proc/<pid>/fd link that names it. Only runs for a taken port.
+/// `/proc/net/tcp{,6}`, then the `/proc/<pid>/fd` link that names it. Only runs for a taken port.
 fn port_holder(port: u16) -> Option<Holder> {
     let inodes: Vec<u64> = ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()

@@ -11,7 +11,7 @@ use crate::model::time::SECOND;
 
 /// Where a CRI socket path comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SocketOrigin {
+pub(crate) enum SocketOrigin {
     /// `--cri-socket`.
     Flag,
     /// One the agent tries by itself (containerd's, CRI-O's).
@@ -21,12 +21,12 @@ pub enum SocketOrigin {
 }
 
 /// The k3s/RKE2 and MicroK8s containerd sockets.
-pub const DISTRIBUTION_SOCKETS: [&str; 2] =
+pub(crate) const DISTRIBUTION_SOCKETS: [&str; 2] =
     ["/run/k3s/containerd/containerd.sock", "/var/snap/microk8s/common/run/containerd.sock"];
 
 /// What one socket path gave.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SocketState {
+pub(crate) enum SocketState {
     Absent,
     /// A CRI `Version` call answered.
     Answered {
@@ -40,14 +40,14 @@ pub enum SocketState {
 
 /// One path tried.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SocketProbe {
+pub(crate) struct SocketProbe {
     pub path: PathBuf,
     pub origin: SocketOrigin,
     pub state: SocketState,
 }
 
 /// The socket the agent would use answers; else which flag makes it find one.
-pub fn check_cri(probes: &[SocketProbe]) -> Finding {
+pub(crate) fn check_cri(probes: &[SocketProbe]) -> Finding {
     const CHECK: &str = "cri";
     let describe = |probe: &SocketProbe| {
         let state = match &probe.state {
@@ -108,7 +108,7 @@ pub fn check_cri(probes: &[SocketProbe]) -> Finding {
 
 /// A permission the agent uses, checked with a SelfSubjectAccessReview.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Permission {
+pub(crate) struct Permission {
     pub verb: &'static str,
     pub group: &'static str,
     pub resource: &'static str,
@@ -116,7 +116,7 @@ pub struct Permission {
 
 impl Permission {
     /// `list pods`, `create tokenreviews.authentication.k8s.io`.
-    pub fn spelling(self) -> String {
+    pub(crate) fn spelling(self) -> String {
         if self.group.is_empty() {
             format!("{} {}", self.verb, self.resource)
         } else {
@@ -128,7 +128,7 @@ impl Permission {
 /// What deploy/rbac.yaml grants and the agent uses: its node's pods (list, watch), tokens and
 /// access checks for `--api-auth kubernetes`, events (events.k8s.io, kube's recorder) for
 /// `--events`.
-pub const PERMISSIONS: [Permission; 7] = [
+pub(crate) const PERMISSIONS: [Permission; 7] = [
     Permission { verb: "list", group: "", resource: "pods" },
     Permission { verb: "watch", group: "", resource: "pods" },
     // The kubelet's Killing and Evicted events: the cause of a probe kill, a resize, an eviction.
@@ -141,7 +141,7 @@ pub const PERMISSIONS: [Permission; 7] = [
 
 /// What the API said.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ApiReach {
+pub(crate) enum ApiReach {
     /// No in-cluster account, no kubeconfig.
     NotConfigured,
     /// Credentials exist but listing this node's pods failed (the error).
@@ -152,7 +152,7 @@ pub enum ApiReach {
 
 /// Pod specs and status make the verdicts exact; without the API the agent falls back to the
 /// runtime's labels, which is right on a plain host and a loss on a node.
-pub fn check_kubernetes(reach: &ApiReach) -> Finding {
+pub(crate) fn check_kubernetes(reach: &ApiReach) -> Finding {
     const CHECK: &str = "kubernetes";
     match reach {
         ApiReach::NotConfigured => Finding::skip(
@@ -196,7 +196,7 @@ pub fn check_kubernetes(reach: &ApiReach) -> Finding {
 
 /// Which of the agent's listeners a port is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PortRole {
+pub(crate) enum PortRole {
     /// `--listen`: /metrics and the API.
     Listen,
     /// `--health-listen`: the kubelet's probes of the agent.
@@ -217,14 +217,14 @@ impl PortRole {
 
 /// A process holding a port.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Holder {
+pub(crate) struct Holder {
     pub pid: u32,
     pub command: String,
 }
 
 /// What binding a port gave.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PortState {
+pub(crate) enum PortState {
     Free,
     /// In use, by this process if it could be found.
     InUse(Option<Holder>),
@@ -236,7 +236,7 @@ pub enum PortState {
 const AGENT_COMMAND: &str = "lifecycle-agent";
 
 /// A port the agent binds must be free, or held by a running agent.
-pub fn check_port(role: PortRole, addr: SocketAddr, state: &PortState) -> Finding {
+pub(crate) fn check_port(role: PortRole, addr: SocketAddr, state: &PortState) -> Finding {
     let check = role.check();
     let holder_text = |holder: &Option<Holder>| match holder {
         Some(holder) => format!("{} (pid {})", holder.command, holder.pid),
@@ -270,7 +270,7 @@ pub fn check_port(role: PortRole, addr: SocketAddr, state: &PortState) -> Findin
 }
 
 /// The inodes of the sockets listening on `port` in /proc/net/tcp or tcp6 text.
-pub fn listening_inodes(table: &str, port: u16) -> Vec<u64> {
+pub(crate) fn listening_inodes(table: &str, port: u16) -> Vec<u64> {
     const LISTEN: &str = "0A";
     table
         .lines()
@@ -288,7 +288,7 @@ pub fn listening_inodes(table: &str, port: u16) -> Vec<u64> {
 
 /// The agent turns kernel (CLOCK_BOOTTIME) times into wall times with REALTIME - BOOTTIME: that
 /// difference is the boot time, which the kernel also reports (`btime` of /proc/stat).
-pub fn check_clock(boot_ns: u64, realtime_ns: u64, btime_seconds: Option<u64>) -> Finding {
+pub(crate) fn check_clock(boot_ns: u64, realtime_ns: u64, btime_seconds: Option<u64>) -> Finding {
     const CHECK: &str = "clock";
     /// btime is whole seconds, and the two clocks are read a moment apart.
     const TOLERANCE_SECONDS: i64 = 2;
@@ -319,7 +319,7 @@ pub fn check_clock(boot_ns: u64, realtime_ns: u64, btime_seconds: Option<u64>) -
 
 /// What adjtimex(2) said about synchronisation.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ClockSync {
+pub(crate) enum ClockSync {
     /// Synchronised, with the kernel's maximum error estimate in microseconds.
     Synchronised { max_error_us: i64 },
     /// STA_UNSYNC set, or TIME_ERROR returned.
@@ -329,7 +329,7 @@ pub enum ClockSync {
 }
 
 /// An unsynchronised clock is not fatal: the agent's own timing is on CLOCK_BOOTTIME.
-pub fn check_clock_sync(sync: &ClockSync) -> Finding {
+pub(crate) fn check_clock_sync(sync: &ClockSync) -> Finding {
     const CHECK: &str = "clock-sync";
     match sync {
         ClockSync::Synchronised { max_error_us } => {

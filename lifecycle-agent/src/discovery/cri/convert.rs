@@ -26,7 +26,7 @@ fn nonempty(text: &str) -> Option<String> {
 
 /// Decodes a `ListContainers` entry. Outcome fields (exit code, reason, start/finish) stay
 /// `None`: the list does not carry them.
-pub fn meta_from_list_entry(container: &proto::Container) -> (ContainerMeta, Vec<AnnotationProblem>) {
+pub(crate) fn meta_from_list_entry(container: &proto::Container) -> (ContainerMeta, Vec<AnnotationProblem>) {
     let mut problems = Vec::new();
     let a = KubeletAnnotations::parse(&container.annotations, &mut problems);
     let PodIdentity { pod_name, pod_namespace, pod_uid, container_name } =
@@ -54,7 +54,7 @@ pub fn meta_from_list_entry(container: &proto::Container) -> (ContainerMeta, Vec
 
 /// Decodes a `ContainerStatus` answer. The status message has no sandbox id, so the caller
 /// supplies it (from a list entry).
-pub fn meta_from_status(
+pub(crate) fn meta_from_status(
     status: &proto::ContainerStatus,
     pod_sandbox_id: String,
 ) -> (ContainerMeta, Vec<AnnotationProblem>) {

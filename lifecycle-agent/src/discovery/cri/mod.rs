@@ -25,14 +25,14 @@ use tonic::{
 };
 
 use convert::log_problems;
-pub use convert::{meta_from_list_entry, meta_from_status};
+pub(crate) use convert::{meta_from_list_entry, meta_from_status};
 
 use crate::model::metadata::{probe_declaration, ContainerMeta};
 
 /// containerd's default CRI socket.
-pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+pub(crate) const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 /// CRI-O's default CRI socket.
-pub const CRIO_SOCKET: &str = "/var/run/crio/crio.sock";
+pub(crate) const CRIO_SOCKET: &str = "/var/run/crio/crio.sock";
 
 /// How long connecting plus the first `Version` call may take before the socket is declared dead.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,7 +42,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// sets: past it `ListPodSandbox` failed on every refresh and the whole node lost its names,
 /// declarations and grace periods. 32 MiB is thousands of fat pods; the kubelet's own CRI client
 /// allows 16 MiB.
-pub const MAX_CRI_MESSAGE_BYTES: usize = 32 << 20;
+pub(crate) const MAX_CRI_MESSAGE_BYTES: usize = 32 << 20;
 
 /// Failures talking to the runtime's CRI socket.
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +160,7 @@ impl CriClient {
     }
 
     /// The socket this client talks to.
-    pub fn socket(&self) -> &Path {
+    pub(crate) fn socket(&self) -> &Path {
         &self.socket
     }
 

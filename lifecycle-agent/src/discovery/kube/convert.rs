@@ -325,7 +325,7 @@ fn seconds_ns(seconds: i64) -> u64 {
 }
 
 /// Longest `httpGet.path` taken as a probe declaration (a pod's whole annotation may be 4 KiB).
-pub const MAX_PROBE_PATH_BYTES: usize = 512;
+pub(crate) const MAX_PROBE_PATH_BYTES: usize = 512;
 
 /// A field whose value is not understood; the value is quoted escaped and cut to 64 characters
 /// (it reaches the logs, and the pod chose it).

@@ -3,5 +3,5 @@
 //! the kubelet's kill events, [`review`] asks it who holds a bearer token and what they may read.
 
 pub mod convert;
-pub mod review;
-pub mod watch;
+pub(crate) mod review;
+pub(crate) mod watch;

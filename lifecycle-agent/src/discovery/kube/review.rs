@@ -24,11 +24,11 @@ use kube::{
 };
 
 /// The API group of the agent's access rules (the group of its `lifecycle.dev/probes` annotation).
-pub const GROUP: &str = "lifecycle.dev";
+pub(crate) const GROUP: &str = "lifecycle.dev";
 
 /// What a request reads, as RBAC sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum AccessRequest {
+pub(crate) enum AccessRequest {
     /// Every container and pod on the node (`/api/v1/containers`): `list` on `containers`,
     /// cluster-wide.
     ListContainers,
@@ -66,7 +66,7 @@ impl AccessRequest {
 
 /// What the API server said about one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Access {
+pub(crate) enum Access {
     /// The token is not valid (unknown, expired, or for another audience).
     Unauthenticated,
     /// A valid token whose user may not `get` the path.
@@ -78,7 +78,7 @@ pub enum Access {
 /// Checks `token` — issued for one of `audiences`, when any are given: a token minted for the
 /// agent (`kubectl create token --audience`) is then useless against the API server if it leaks,
 /// and an API server token is refused here — and then whether its user may do `request`.
-pub async fn review(
+pub(crate) async fn review(
     client: &Client,
     token: &str,
     audiences: &[String],

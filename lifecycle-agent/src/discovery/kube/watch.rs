@@ -23,7 +23,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why the API cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum KubeError {
+pub(crate) enum KubeError {
     /// No in-cluster service account, no `--kubeconfig` and no `KUBECONFIG`.
     #[error("no Kubernetes credentials (not in a pod, and no --kubeconfig or KUBECONFIG)")]
     NotConfigured,
@@ -51,14 +51,14 @@ pub enum KubeError {
 
 /// A connected API client for one node.
 #[derive(Clone)]
-pub struct KubeSource {
+pub(crate) struct KubeSource {
     client: Client,
     node: String,
 }
 
 /// What the pod watch reports.
 #[derive(Debug)]
-pub enum PodChange {
+pub(crate) enum PodChange {
     /// A (re)list starts: pods not re-announced before [`PodChange::Listed`] are gone.
     Relisting,
     /// A pod as it is now.
@@ -74,7 +74,7 @@ pub enum PodChange {
 impl KubeSource {
     /// The node's name: `--node-name`, else `NODE_NAME` (the DaemonSet sets it from the
     /// downward API), else the hostname.
-    pub fn node_name(flag: Option<String>) -> String {
+    pub(crate) fn node_name(flag: Option<String>) -> String {
         flag.or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
             .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()))
             .unwrap_or_default()
@@ -82,7 +82,7 @@ impl KubeSource {
 
     /// Connects with in-cluster credentials, else the kubeconfig given or in `KUBECONFIG`, and
     /// proves the API answers by listing one pod of `node`.
-    pub async fn connect(kubeconfig: Option<PathBuf>, node: String) -> Result<Self, KubeError> {
+    pub(crate) async fn connect(kubeconfig: Option<PathBuf>, node: String) -> Result<Self, KubeError> {
         let source = Self::configure(kubeconfig, node).await?;
         source.check().await?;
         Ok(source)
@@ -90,7 +90,7 @@ impl KubeSource {
 
     /// A client from in-cluster credentials, else the kubeconfig given or in `KUBECONFIG`,
     /// without asking the API anything: the watches retry with back-off until it answers.
-    pub async fn configure(kubeconfig: Option<PathBuf>, node: String) -> Result<Self, KubeError> {
+    pub(crate) async fn configure(kubeconfig: Option<PathBuf>, node: String) -> Result<Self, KubeError> {
         let kubeconfig = kubeconfig.or_else(|| std::env::var_os("KUBECONFIG").map(PathBuf::from));
         let config = match (Config::incluster(), kubeconfig) {
             (Ok(config), _) => config,
@@ -108,7 +108,7 @@ impl KubeSource {
     }
 
     /// Lists one pod of the node, within `CONNECT_TIMEOUT`: whether the API answers now.
-    pub async fn check(&self) -> Result<(), KubeError> {
+    pub(crate) async fn check(&self) -> Result<(), KubeError> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let params = ListParams::default().fields(&self.node_selector()).limit(1);
         match tokio::time::timeout(CONNECT_TIMEOUT, pods.list(&params)).await {
@@ -119,12 +119,12 @@ impl KubeSource {
     }
 
     /// The client, for writers (the event recorder).
-    pub fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         self.client.clone()
     }
 
     /// The node this source watches.
-    pub fn node(&self) -> &str {
+    pub(crate) fn node(&self) -> &str {
         &self.node
     }
 
@@ -135,7 +135,7 @@ impl KubeSource {
     /// This node's pods, as changes. No store of Pod objects is kept: each change is turned into
     /// the few facts the model uses and dropped (a pod's managedFields, env and annotations
     /// would otherwise stay pinned in memory for as long as it runs).
-    pub fn pods(&self) -> impl Stream<Item = PodChange> + Send + 'static {
+    pub(crate) fn pods(&self) -> impl Stream<Item = PodChange> + Send + 'static {
         let api: Api<Pod> = Api::all(self.client.clone());
         let config = watcher::Config::default().fields(&self.node_selector());
         watcher(api, config).default_backoff().map(|event| match event {
@@ -150,7 +150,7 @@ impl KubeSource {
     /// The kubelet's `Killing` events that name a failed probe, as kill notices. Events of pods
     /// on other nodes come too (events cannot be selected by node): the tracker ignores pods it
     /// does not know.
-    pub fn kill_notices(&self) -> impl Stream<Item = Result<KillNotice, String>> + Send + 'static {
+    pub(crate) fn kill_notices(&self) -> impl Stream<Item = Result<KillNotice, String>> + Send + 'static {
         let api: Api<ApiEvent> = Api::all(self.client.clone());
         let config = watcher::Config::default().fields("involvedObject.kind=Pod,reason=Killing");
         let node = self.node.clone();
@@ -168,7 +168,7 @@ impl KubeSource {
     /// The uids of pods this node's kubelet announced it evicts (its `Evicted` Warning events,
     /// recorded before it kills the containers: node pressure, ephemeral storage, emptyDir
     /// `sizeLimit`).
-    pub fn eviction_notices(&self) -> impl Stream<Item = Result<String, String>> + Send + 'static {
+    pub(crate) fn eviction_notices(&self) -> impl Stream<Item = Result<String, String>> + Send + 'static {
         let api: Api<ApiEvent> = Api::all(self.client.clone());
         let config = watcher::Config::default().fields("involvedObject.kind=Pod,reason=Evicted");
         let node = self.node.clone();
@@ -183,7 +183,7 @@ impl KubeSource {
 }
 
 /// The uid of the pod in an `Evicted` event, if this node's kubelet reported it.
-pub fn eviction_notice(event: &ApiEvent, node: &str) -> Option<String> {
+pub(crate) fn eviction_notice(event: &ApiEvent, node: &str) -> Option<String> {
     if !from_kubelet_of(event, node) || event.reason.as_deref() != Some("Evicted") {
         return None;
     }
@@ -206,7 +206,7 @@ fn from_kubelet_of(event: &ApiEvent, node: &str) -> bool {
 
 /// The kill notice in a `Killing` event, if this node's kubelet reported it and its message
 /// names a probe.
-pub fn kill_notice(event: &ApiEvent, node: &str) -> Option<KillNotice> {
+pub(crate) fn kill_notice(event: &ApiEvent, node: &str) -> Option<KillNotice> {
     if !from_kubelet_of(event, node) {
         return None;
     }
