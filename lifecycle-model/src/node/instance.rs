@@ -6,21 +6,14 @@ use std::collections::BTreeMap;
 
 use lifecycle_common::CgroupCounters;
 
-use super::{bounds::DroppedKind, unit::start_unit, NodeTracker, PortStats, UnitCounters, UnitKey};
+use super::{
+    bounds::DroppedKind, processes::ProcessEntry, unit::start_unit, NodeTracker, PortStats, UnitCounters, UnitKey,
+};
 use crate::{
     identity::{classify, CgroupIdentity},
     termination::{TerminationSettings, TerminationTracker},
     time::BootTime,
 };
-
-#[derive(Clone, Debug)]
-pub(super) struct ProcessEntry {
-    pub(super) cgroup_id: u64,
-    pub(super) start_time_ns: u64,
-    /// Started into the container by the runtime without descending from its init.
-    pub(super) exec_session: bool,
-    pub(super) comm: String,
-}
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct InitProcess {
@@ -131,11 +124,8 @@ impl NodeTracker {
         let ExecFacts { tgid, parent_tgid, cgroup_id, parent_cgroup_id, child_pid_namespace, exec_time, start_time_ns } =
             facts;
         // A process that execs again (sh -c exec ...) keeps its role; only its name changes.
-        if let Some(known) = self.processes.get_mut(&tgid) {
-            if known.cgroup_id == cgroup_id && known.start_time_ns == start_time_ns {
-                known.comm = comm.to_owned();
-                return;
-            }
+        if self.processes.renamed(tgid, cgroup_id, start_time_ns, comm) {
+            return;
         }
         if !self.instances.contains_key(&cgroup_id) {
             // A plain-host cgroup becomes a unit when something runs in it.
@@ -195,7 +185,7 @@ impl NodeTracker {
         } else {
             // Forked by something inside: part of an exec session if its parent was.
             exec_session = parent_tgid
-                .and_then(|parent| self.processes.get(&parent))
+                .and_then(|parent| self.processes.get(parent))
                 .is_some_and(|parent| parent.cgroup_id == cgroup_id && parent.exec_session);
         }
         self.processes.insert(tgid, ProcessEntry { cgroup_id, start_time_ns, exec_session, comm: comm.to_owned() });
@@ -210,7 +200,7 @@ impl NodeTracker {
         signal: Option<u8>,
         cpu_time_ns: u64,
     ) {
-        let process = self.processes.remove(&tgid);
+        let process = self.processes.remove(tgid);
         let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
         if let Some(process) = &process {
             if process.exec_session {
@@ -236,10 +226,9 @@ impl NodeTracker {
             // to the oldest remaining process instead of ending the unit.
             let heir = self
                 .processes
-                .iter()
-                .filter(|(_, p)| p.cgroup_id == cgroup_id)
-                .min_by_key(|(_, p)| p.start_time_ns)
-                .map(|(pid, p)| InitProcess { tgid: *pid, started_at: p.start_time_ns, provisional: false });
+                .in_cgroup(cgroup_id)
+                .min_by_key(|(pid, p)| (p.start_time_ns, *pid))
+                .map(|(pid, p)| InitProcess { tgid: pid, started_at: p.start_time_ns, provisional: false });
             if let Some(heir) = heir {
                 let started_at = instance.init.map_or(heir.started_at, |i| i.started_at);
                 instance.init = Some(InitProcess { tgid: heir.tgid, started_at, provisional: false });

@@ -2,7 +2,7 @@
 //! its init, and what each instance's start, stop and exit mean under the kubelet's rules.
 //!
 //! Pure: events, runtime metadata and times go in; container views and counters come out. No
-//! I/O and no clock — the plumbing in `agent.rs` feeds it and serves what it holds.
+//! I/O and no clock — the plumbing in the agent's `agent/owner.rs` feeds it and serves what it holds.
 //!
 //! One container *instance* is one container cgroup (runtimes create a fresh cgroup per container
 //! id). Instances are linked to a *unit* — (pod uid, container name) in Kubernetes, the cgroup path
@@ -12,10 +12,11 @@
 //! evidence is kept and replayed into the unit on linking, so nothing is judged with defaults.
 //!
 //! Submodules: `unit` (a unit and its counters, linking and judging), `instance` (one
-//! container cgroup and its processes), `sidecar` (sidecars and their stop order), `view`
-//! (the read-only views exporters and the API use), `pods` (the API's pod facts), `oom` (OOM
-//! victims joined with the kernel's log), `resync` (repairs after lost records), `history`
-//! (past stops).
+//! container cgroup and what its processes mean for it), `processes` (the node's processes, by
+//! pid and by cgroup), `sidecar` (sidecars and their stop order), `view` (the read-only views
+//! exporters and the API use), `pods` (the API's pod facts), `oom` (OOM victims joined with the
+//! kernel's log), `resync` (repairs after lost records), `history` (past stops), `probed` (the
+//! probes' facts).
 
 mod bounds;
 mod disagree;
@@ -27,6 +28,7 @@ mod outcome;
 mod phase;
 mod pods;
 mod probed;
+mod processes;
 mod resync;
 mod shared;
 mod sidecar;
@@ -59,7 +61,7 @@ pub use bounds::{DroppedCounts, DroppedKind};
 pub use disagree::{Disagreement, DisagreementKind};
 pub use history::{PastStop, MAX_BYTES as MAX_HISTORY_BYTES, MAX_STOPS as MAX_HISTORY_STOPS};
 pub use instance::SeedProcess;
-use instance::{ExecFacts, Instance, InstanceKind, ProcessEntry};
+use instance::{ExecFacts, Instance, InstanceKind};
 pub use outcome::{Ended, Outcome};
 pub use phase::{PodConditions, PodPhase, PodView};
 pub use probed::{
@@ -130,7 +132,7 @@ const KUBELET_COMM: &str = "kubelet";
 pub struct NodeTracker {
     config: TrackerConfig,
     cgroups: HashMap<u64, String>,
-    processes: HashMap<u32, ProcessEntry>,
+    processes: processes::Processes,
     instances: HashMap<u64, Instance>,
     units: shared::Units,
     metadata: HashMap<String, ContainerMeta>,
@@ -176,7 +178,7 @@ impl NodeTracker {
         Self {
             config,
             cgroups: HashMap::new(),
-            processes: HashMap::new(),
+            processes: processes::Processes::default(),
             instances: HashMap::new(),
             units: shared::Units::default(),
             metadata: HashMap::new(),
@@ -236,7 +238,7 @@ impl NodeTracker {
     /// the first process of a container whose parent is outside it becomes its init.
     #[must_use = "the outcome carries judgements and notices the caller routes"]
     pub fn seed_process(&mut self, process: SeedProcess<'_>) -> Outcome {
-        if self.processes.contains_key(&process.tgid) || !self.cgroups.contains_key(&process.cgroup_id) {
+        if self.processes.contains(process.tgid) || !self.cgroups.contains_key(&process.cgroup_id) {
             return self.outcome();
         }
         let start = process.start_time_ns;
@@ -308,11 +310,10 @@ impl NodeTracker {
     /// The processes running in cgroup `cgroup_id` now, as a stop's scene lists them.
     fn processes_of(&self, cgroup_id: u64, init: Option<u32>) -> Vec<ProcessAtStop> {
         self.processes
-            .iter()
-            .filter(|(_, p)| p.cgroup_id == cgroup_id)
+            .in_cgroup(cgroup_id)
             .map(|(pid, p)| ProcessAtStop {
-                pid: *pid,
-                init: Some(*pid) == init,
+                pid,
+                init: Some(pid) == init,
                 comm: p.comm.clone(),
                 started_at: BootTime::from_ns(p.start_time_ns),
                 got_stop_signal: false,
@@ -624,7 +625,7 @@ impl NodeTracker {
             instance.unit.is_none() && !instance.ignored && matches!(instance.kind, InstanceKind::Container { .. });
         if waiting_for_name && !instance.departed {
             instance.departed = true;
-            self.processes.retain(|_, p| p.cgroup_id != cgroup_id);
+            self.processes.remove_cgroup(cgroup_id);
             self.bound_departed();
             return;
         }
@@ -636,6 +637,6 @@ impl NodeTracker {
                 unit.tcp.values_mut().for_each(|p| p.listeners = 0);
             }
         }
-        self.processes.retain(|_, p| p.cgroup_id != cgroup_id);
+        self.processes.remove_cgroup(cgroup_id);
     }
 }

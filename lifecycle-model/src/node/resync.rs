@@ -7,7 +7,7 @@ impl NodeTracker {
     /// Every process the tracker believes alive: (tgid, start time ns on the boot clock), for a
     /// resync's check against /proc.
     pub fn tracked_processes(&self) -> Vec<(u32, u64)> {
-        self.processes.iter().map(|(tgid, p)| (*tgid, p.start_time_ns)).collect()
+        self.processes.iter().map(|(tgid, p)| (tgid, p.start_time_ns)).collect()
     }
 
     /// Every cgroup the tracker believes exists.
@@ -37,7 +37,7 @@ impl NodeTracker {
     ) -> (Resync, super::Outcome) {
         let mut report = Resync::default();
         for tgid in dead {
-            if let Some(cgroup_id) = self.processes.get(tgid).map(|p| p.cgroup_id) {
+            if let Some(cgroup_id) = self.processes.get(*tgid).map(|p| p.cgroup_id) {
                 self.exit(*tgid, cgroup_id, now, None, None, 0);
                 report.exits_unseen += 1;
             }
