@@ -16,7 +16,7 @@ use crate::{
     discovery::clock::{boottime, wall_clock},
     export::{explain, explain_html},
     model::{
-        node::{ContainerView, NodeSnapshot},
+        node::{NodeSnapshot, Unit},
         wire::{at::WallClock, ContainersResponse, HistoryResponse},
     },
     probe::{metrics::ProbeTarget, query::Query, CheckSpec, NodeProbes},
@@ -61,15 +61,16 @@ impl ApiHandler for ContainersApi {
             Err(reason) => return Some((StatusCode::BAD_REQUEST, serde_json::json!({ "error": reason }).to_string())),
         };
         let now = boottime();
-        let (mut containers, mut pods) = {
-            let snapshot = self.snapshot();
-            (snapshot.containers(now), snapshot.pods(now))
+        let snapshot = self.snapshot();
+        let containers = snapshot.containers_where(now, |unit| selection.selects(unit));
+        let pods = match selection.is_everything() {
+            true => snapshot.pods(now),
+            false => {
+                let uids: std::collections::HashSet<&str> = containers.iter().map(|c| c.labels.uid.as_str()).collect();
+                snapshot.pods_where(now, |uid| uids.contains(uid))
+            }
         };
-        if !selection.is_everything() {
-            containers.retain(|c| selection.selects(c));
-            let uids: std::collections::HashSet<&str> = containers.iter().map(|c| c.labels.uid.as_str()).collect();
-            pods.retain(|p| uids.contains(p.uid.as_str()));
-        }
+        drop(snapshot);
         let clock = wall_clock();
         Some(answer(clock, &ContainersResponse { boot_to_unix_seconds: clock.offset_seconds(), now, containers, pods }))
     }
@@ -127,15 +128,16 @@ impl Selection {
         *self == Selection::default()
     }
 
-    fn selects(&self, container: &ContainerView) -> bool {
+    fn selects(&self, unit: &Unit) -> bool {
         let is = |wanted: &Option<String>, have: &str| wanted.as_deref().is_none_or(|w| w == have);
-        is(&self.namespace, &container.labels.namespace)
-            && is(&self.pod, &container.labels.pod)
-            && is(&self.container, &container.labels.container)
+        let labels = unit.labels();
+        is(&self.namespace, &labels.namespace)
+            && is(&self.pod, &labels.pod)
+            && is(&self.container, &labels.container)
             && self
                 .container_id
                 .as_deref()
-                .is_none_or(|wanted| container.container_id.as_deref().is_some_and(|id| id.starts_with(wanted)))
+                .is_none_or(|wanted| unit.container_id().is_some_and(|id| id.starts_with(wanted)))
     }
 }
 
@@ -157,8 +159,10 @@ impl ContainersApi {
         let now = boottime();
         let (containers, past) = {
             let snapshot = self.snapshot();
-            let mut containers = snapshot.containers(now);
-            containers.retain(|c| c.labels.namespace == namespace && c.labels.pod == pod);
+            let containers = snapshot.containers_where(now, |unit| {
+                let labels = unit.labels();
+                labels.namespace == namespace && labels.pod == pod
+            });
             (containers, snapshot.history_of_pod(&namespace, &pod))
         };
         let current = Self::api_json(|| serde_json::json!({ "containers": containers }));

@@ -86,10 +86,18 @@ fn phase(parts: &[Part]) -> PodPhase {
 impl NodeSnapshot {
     /// Every Kubernetes pod with a unit, with its phase at `now`.
     pub fn pods(&self, now: BootTime) -> Vec<PodView> {
+        self.pods_where(now, |_| true)
+    }
+
+    /// The pods (by uid) `wanted` selects, with their phase at `now`; only those are viewed.
+    pub fn pods_where(&self, now: BootTime, wanted: impl Fn(&str) -> bool) -> Vec<PodView> {
         let with_process = self.pods_with_process();
         let mut pods: BTreeMap<&str, (PodView, Vec<Part>)> = BTreeMap::new();
         for unit in self.units() {
             let UnitKey::Container { pod_uid, .. } = &unit.key else { continue };
+            if !wanted(pod_uid) {
+                continue;
+            }
             let entry = pods.entry(pod_uid.as_str()).or_insert_with(|| {
                 let view = PodView {
                     namespace: unit.labels.namespace.clone(),

@@ -12,11 +12,13 @@ use crate::{
 impl NodeSnapshot {
     /// Sidecar stop order for every pod with a terminated sidecar: sidecars in the order they
     /// started (their definition order), main containers after, as `sidecar_order` expects.
-    pub(super) fn sidecar_orders(&self) -> HashMap<(String, String), SidecarOrder> {
+    pub(super) fn sidecar_orders(&self, of_pod: impl Fn(&str) -> bool) -> HashMap<(String, String), SidecarOrder> {
         let mut pods: BTreeMap<&str, Vec<&Unit>> = BTreeMap::new();
         for unit in self.units() {
             if let UnitKey::Container { pod_uid, .. } = &unit.key {
-                pods.entry(pod_uid.as_str()).or_default().push(unit);
+                if of_pod(pod_uid) {
+                    pods.entry(pod_uid.as_str()).or_default().push(unit);
+                }
             }
         }
         let mut out = HashMap::new();

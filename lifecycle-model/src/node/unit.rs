@@ -205,6 +205,11 @@ impl Unit {
         self.named_by_id
     }
 
+    /// The runtime's id of its current (or last) container, if it has one.
+    pub fn container_id(&self) -> Option<&str> {
+        self.container_id.as_deref()
+    }
+
     /// The cgroup it runs in now, if any.
     pub fn cgroup_id(&self) -> Option<u64> {
         self.cgroup_id

@@ -1,7 +1,7 @@
 //! Read-only views of the node for the exporters and the API: a unit's JSON view, the running
 //! containers with their main process, and the units still tracked.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -60,11 +60,23 @@ impl NodeTracker {
 impl NodeSnapshot {
     /// The API view of every unit at `now`.
     pub fn containers(&self, now: BootTime) -> Vec<ContainerView> {
-        let mut views: Vec<ContainerView> = self.units().map(|unit| self.view(unit, now)).collect();
-        let orders = self.sidecar_orders();
-        for view in &mut views {
-            if view.sidecar {
-                view.sidecar_order = orders.get(&(view.labels.uid.clone(), view.labels.container.clone())).cloned();
+        self.containers_where(now, |_| true)
+    }
+
+    /// The API view at `now` of the units `wanted` selects. Only those are viewed: a client
+    /// after one container costs that container, not the node (a poll of one container on a
+    /// node of 1,000 was a view of each).
+    pub fn containers_where(&self, now: BootTime, wanted: impl Fn(&Unit) -> bool) -> Vec<ContainerView> {
+        let mut views: Vec<ContainerView> =
+            self.units().filter(|unit| wanted(unit)).map(|unit| self.view(unit, now)).collect();
+        if views.iter().any(|view| view.sidecar) {
+            let pods: HashSet<&str> =
+                views.iter().filter(|view| view.sidecar).map(|view| view.labels.uid.as_str()).collect();
+            let orders = self.sidecar_orders(|pod_uid| pods.contains(pod_uid));
+            for view in &mut views {
+                if view.sidecar {
+                    view.sidecar_order = orders.get(&(view.labels.uid.clone(), view.labels.container.clone())).cloned();
+                }
             }
         }
         views

@@ -145,6 +145,13 @@ fn a_sidecar_signalled_before_the_main_container_exited_is_flagged() {
     );
     let app = views.iter().find(|v| v.labels.container == "app").expect("app");
     assert!(!app.sidecar && app.sidecar_order.is_none());
+    // Asked for the sidecar alone, it is the only view made, judged against the whole pod.
+    let alone = tracker.snapshot().containers_where(at(13 * SECOND), |unit| unit.labels().container == "proxy");
+    assert_eq!(alone.len(), 1);
+    assert_eq!(alone[0].sidecar_order.as_ref(), Some(&order));
+    let pods = tracker.snapshot().pods_where(at(13 * SECOND), |uid| uid == "someone-else");
+    assert!(pods.is_empty(), "only the pods asked for");
+    assert_eq!(tracker.snapshot().pods_where(at(13 * SECOND), |uid| uid == POD_UID).len(), 1);
 }
 
 #[test]
