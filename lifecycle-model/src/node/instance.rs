@@ -127,7 +127,7 @@ impl NodeTracker {
         if self.processes.renamed(tgid, cgroup_id, start_time_ns, comm) {
             return;
         }
-        if !self.instances.contains_key(&cgroup_id) {
+        if !self.instances.contains(cgroup_id) {
             // A plain-host cgroup becomes a unit when something runs in it.
             let Some(path) = self.cgroups.get(&cgroup_id).cloned() else { return };
             if !matches!(classify(&path), Ok(CgroupIdentity::HostUnit { .. })) {
@@ -138,7 +138,7 @@ impl NodeTracker {
         }
         let from_outside = parent_cgroup_id != cgroup_id;
         self.restart_host_unit_if_over(cgroup_id, time);
-        let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
+        let Some(instance) = self.instances.get_mut(cgroup_id) else { return };
         let is_container = matches!(instance.kind, InstanceKind::Container { .. });
         let no_real_init = instance.init.is_none_or(|init| init.provisional);
         let mut exec_session = false;
@@ -201,7 +201,7 @@ impl NodeTracker {
         cpu_time_ns: u64,
     ) {
         let process = self.processes.remove(tgid);
-        let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
+        let Some(instance) = self.instances.get_mut(cgroup_id) else { return };
         if let Some(process) = &process {
             if process.exec_session {
                 let kept = instance.termination.on_exec_session(process.start_time_ns, Some(time), &process.comm);
@@ -211,7 +211,7 @@ impl NodeTracker {
                 }
             }
         }
-        let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
+        let Some(instance) = self.instances.get_mut(cgroup_id) else { return };
         let Some(init) = instance.init.filter(|init| init.tgid == tgid) else { return };
         if instance.exit.is_some() {
             return;
@@ -246,7 +246,7 @@ impl NodeTracker {
 
     /// A plain-host cgroup whose processes all ended and that runs something again: a new run.
     fn restart_host_unit_if_over(&mut self, cgroup_id: u64, time: u64) {
-        let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
+        let Some(instance) = self.instances.get_mut(cgroup_id) else { return };
         let InstanceKind::Host { path } = &instance.kind else { return };
         if instance.exit.is_none() {
             return;

@@ -12,8 +12,8 @@
 //! evidence is kept and replayed into the unit on linking, so nothing is judged with defaults.
 //!
 //! Submodules: `unit` (a unit and its counters, linking and judging), `instance` (one
-//! container cgroup and what its processes mean for it), `processes` (the node's processes, by
-//! pid and by cgroup), `sidecar` (sidecars and their stop order), `view` (the read-only views
+//! container cgroup and what its processes mean for it), `instances` (every instance, by cgroup,
+//! and the questions asked of them all), `processes` (the node's processes, by pid and by cgroup), `sidecar` (sidecars and their stop order), `view` (the read-only views
 //! exporters and the API use), `pods` (the API's pod facts), `oom` (OOM victims joined with the
 //! kernel's log), `resync` (repairs after lost records), `history` (past stops), `probed` (the
 //! probes' facts).
@@ -22,6 +22,7 @@ mod bounds;
 mod disagree;
 mod history;
 mod instance;
+mod instances;
 mod naming;
 mod oom;
 mod outcome;
@@ -42,7 +43,7 @@ mod unit;
 mod view;
 mod warning;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use lifecycle_common::CgroupCounters;
 
@@ -133,7 +134,7 @@ pub struct NodeTracker {
     config: TrackerConfig,
     cgroups: HashMap<u64, String>,
     processes: processes::Processes,
-    instances: HashMap<u64, Instance>,
+    instances: instances::Instances,
     units: shared::Units,
     metadata: HashMap<String, ContainerMeta>,
     /// What the public call in progress changed, handed back when it returns (`outcome.rs`):
@@ -179,7 +180,7 @@ impl NodeTracker {
             config,
             cgroups: HashMap::new(),
             processes: processes::Processes::default(),
-            instances: HashMap::new(),
+            instances: instances::Instances::default(),
             units: shared::Units::default(),
             metadata: HashMap::new(),
             staged: Outcome::default(),
@@ -228,7 +229,7 @@ impl NodeTracker {
         if !self.cgroups.contains_key(&id) {
             self.on_cgroup_created(id, path, now);
             // It existed before the agent saw it: what happened in it before now was not seen.
-            if let Some(instance) = self.instances.get_mut(&id) {
+            if let Some(instance) = self.instances.get_mut(id) {
                 instance.termination.watched_since(now);
             }
         }
@@ -254,7 +255,7 @@ impl NodeTracker {
         self.exec(exec, start, process.comm);
         // Its instance's start was not seen if this process is its init (found, not exec'd).
         if let Some(instance) =
-            self.instances.get_mut(&process.cgroup_id).filter(|i| i.init.is_some_and(|init| init.tgid == process.tgid))
+            self.instances.get_mut(process.cgroup_id).filter(|i| i.init.is_some_and(|init| init.tgid == process.tgid))
         {
             instance.termination.watched_since(self.watching_since);
         }
@@ -268,10 +269,8 @@ impl NodeTracker {
         self.metadata = containers.into_iter().map(|m| (m.container_id.clone(), m)).collect();
         self.runtime_reachable = true;
         self.name_units_named_by_id();
-        let pending: Vec<u64> =
-            self.instances.iter().filter(|(_, i)| i.unit.is_none() && !i.ignored).map(|(id, _)| *id).collect();
-        for cgroup_id in pending {
-            let Some(instance) = self.instances.get_mut(&cgroup_id) else { continue };
+        for cgroup_id in self.instances.unlinked() {
+            let Some(instance) = self.instances.get_mut(cgroup_id) else { continue };
             if let InstanceKind::Container { container_id, .. } = &instance.kind {
                 if !self.metadata.contains_key(container_id) {
                     instance.ignored = true;
@@ -281,21 +280,11 @@ impl NodeTracker {
             self.link(cgroup_id);
         }
         // Metadata can change (a deletion grace period appears when the pod is deleted).
-        let linked: Vec<(u64, String, UnitKey)> = self
-            .instances
-            .iter()
-            .filter_map(|(id, i)| match (&i.kind, &i.unit) {
-                (InstanceKind::Container { container_id, .. }, Some(key)) if !i.finished => {
-                    Some((*id, container_id.clone(), key.clone()))
-                }
-                _ => None,
-            })
-            .collect();
-        for (cgroup_id, container_id, key) in linked {
+        for (cgroup_id, container_id, key) in self.instances.linked_unfinished_containers() {
             let Some(meta) = self.metadata.get(&container_id) else { continue };
             let settings = self.settings_for(&key, Some(meta));
             let declaration = meta.probe_declaration.clone();
-            if let Some(instance) = self.instances.get_mut(&cgroup_id) {
+            if let Some(instance) = self.instances.get_mut(cgroup_id) {
                 instance.termination.set_settings(settings);
             }
             // A pod's annotations can change while it runs (its probe declaration).
@@ -416,7 +405,7 @@ impl NodeTracker {
                     sender => sender,
                 };
                 let kind = sender.kind();
-                if let Some(instance) = self.instances.get_mut(target_cgroup_id) {
+                if let Some(instance) = self.instances.get_mut(*target_cgroup_id) {
                     let to_init = instance.init.is_some_and(|i| i.tgid == *target_tgid);
                     let kept = instance.termination.on_signal(event.time_ns, *signal as u8, sender, to_init);
                     self.dropped.note(DroppedKind::Signal, kept);
@@ -424,11 +413,11 @@ impl NodeTracker {
                     // The stop signal or the SIGKILL just came: who runs now (once each).
                     if let Some(moment) = instance.termination.scene_wanted() {
                         let processes = self.processes_of(*target_cgroup_id, init);
-                        if let Some(instance) = self.instances.get_mut(target_cgroup_id) {
+                        if let Some(instance) = self.instances.get_mut(*target_cgroup_id) {
                             instance.termination.on_scene(moment, processes);
                         }
                     }
-                    if let Some(instance) = self.instances.get_mut(target_cgroup_id) {
+                    if let Some(instance) = self.instances.get_mut(*target_cgroup_id) {
                         instance.termination.on_signal_to(*target_tgid, *signal as u8);
                     }
                 }
@@ -437,7 +426,7 @@ impl NodeTracker {
                 }
             }
             Detail::OomVictim { victim_tgid, victim_cgroup_id, .. } => {
-                if let Some(instance) = self.instances.get_mut(victim_cgroup_id) {
+                if let Some(instance) = self.instances.get_mut(*victim_cgroup_id) {
                     let is_init = instance.init.is_some_and(|i| i.tgid == *victim_tgid);
                     let kept = instance.termination.on_oom_kill(event.time_ns, is_init);
                     self.dropped.note(DroppedKind::OomKill, kept);
@@ -449,7 +438,7 @@ impl NodeTracker {
             }
             Detail::TcpListen(t) | Detail::TcpListenClose(t) | Detail::TcpEstablished(t) | Detail::TcpAccept(t) => {
                 let time = event.time_ns;
-                if let Some(instance) = self.instances.get_mut(&t.socket_cgroup_id) {
+                if let Some(instance) = self.instances.get_mut(t.socket_cgroup_id) {
                     let termination = &mut instance.termination;
                     let (kind, kept) = match event.detail {
                         Detail::TcpListen(_) => (DroppedKind::ListenerChange, termination.on_listen(time)),
@@ -492,8 +481,7 @@ impl NodeTracker {
     pub fn expire(&mut self, now: u64, retention_ns: u64) -> Outcome {
         self.expire_gone_pods(now);
         self.expire_eviction_notices(now);
-        let live: HashSet<UnitKey> =
-            self.instances.values().filter(|i| i.exit.is_none()).filter_map(|i| i.unit.clone()).collect();
+        let live = self.instances.live_units();
         self.units.retain(|key, unit| live.contains(key) || now.saturating_sub(unit.last_change_ns) < retention_ns);
         let stale = |port: &PortStats| port.listeners == 0 && now.saturating_sub(port.last_change_ns) >= retention_ns;
         for unit in self.units.changing(|unit| unit.tcp.values().any(stale)) {
@@ -537,7 +525,7 @@ impl NodeTracker {
     }
 
     fn is_container_cgroup(&self, id: u64) -> bool {
-        self.instances.get(&id).is_some_and(|i| matches!(i.kind, InstanceKind::Container { .. }))
+        self.instances.is_container(id)
     }
 
     fn known_cgroup(&mut self, id: u64) -> bool {
@@ -549,13 +537,13 @@ impl NodeTracker {
     }
 
     fn unit_of(&mut self, cgroup_id: u64) -> Option<&mut Unit> {
-        let key = self.instances.get(&cgroup_id)?.unit.clone()?;
+        let key = self.instances.get(cgroup_id)?.unit.clone()?;
         self.units.get_mut(&key)
     }
 
     /// Where a cgroup's counts go: its unit's, or the instance's own until it is linked.
     fn counters_of(&mut self, cgroup_id: u64) -> Option<(&mut UnitCounters, &mut BTreeMap<u16, PortStats>)> {
-        let instance = self.instances.get_mut(&cgroup_id)?;
+        let instance = self.instances.get_mut(cgroup_id)?;
         match instance.unit.clone() {
             Some(key) => self.units.get_mut(&key).map(|u| (&mut u.counters, &mut u.tcp)),
             None => Some((&mut instance.pending_counters, &mut instance.pending_tcp)),
@@ -582,36 +570,27 @@ impl NodeTracker {
 
     /// Instances whose cgroup is gone and that were linked or ignored since: finished with.
     fn drop_departed(&mut self) {
-        let done: Vec<u64> = self
-            .instances
-            .iter()
-            .filter(|(_, i)| i.departed && (i.unit.is_some() || i.ignored))
-            .map(|(id, _)| *id)
-            .collect();
-        for cgroup_id in done {
+        for cgroup_id in self.instances.departed_and_done() {
             self.on_instance_gone(cgroup_id);
         }
     }
 
     /// At most [`MAX_DEPARTED_WAITING`] gone instances wait for a name; the oldest go first.
     fn bound_departed(&mut self) {
-        let mut waiting: Vec<(u64, u64)> =
-            self.instances.iter().filter(|(_, i)| i.departed).map(|(id, i)| (i.created_at, *id)).collect();
-        if waiting.len() <= MAX_DEPARTED_WAITING {
+        let excess = self.instances.departed_beyond(MAX_DEPARTED_WAITING);
+        if excess.is_empty() {
             return;
         }
-        waiting.sort_unstable();
-        let excess = waiting.len() - MAX_DEPARTED_WAITING;
-        for (_, cgroup_id) in &waiting[..excess] {
+        for &cgroup_id in &excess {
             self.instances.remove(cgroup_id);
         }
         self.live_inits.take();
-        self.dropped.add(DroppedKind::DepartedInstance, excess as u64);
+        self.dropped.add(DroppedKind::DepartedInstance, excess.len() as u64);
     }
 
     fn on_instance_gone(&mut self, cgroup_id: u64) {
         // A provisional init (hostPID container) whose exit no real init followed: that was it.
-        if let Some(instance) = self.instances.get_mut(&cgroup_id) {
+        if let Some(instance) = self.instances.get_mut(cgroup_id) {
             if instance.exit.is_none() {
                 if let Some(exit) = instance.provisional_exit.take() {
                     instance.exit = Some(exit);
@@ -620,7 +599,7 @@ impl NodeTracker {
                 }
             }
         }
-        let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
+        let Some(instance) = self.instances.get_mut(cgroup_id) else { return };
         let waiting_for_name =
             instance.unit.is_none() && !instance.ignored && matches!(instance.kind, InstanceKind::Container { .. });
         if waiting_for_name && !instance.departed {
@@ -629,7 +608,7 @@ impl NodeTracker {
             self.bound_departed();
             return;
         }
-        let Some(instance) = self.instances.remove(&cgroup_id) else { return };
+        let Some(instance) = self.instances.remove(cgroup_id) else { return };
         self.live_inits.take();
         if let Some(unit) = instance.unit.and_then(|k| self.units.get_mut(&k)) {
             if unit.cgroup_id == Some(cgroup_id) {

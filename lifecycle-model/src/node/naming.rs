@@ -20,12 +20,8 @@ impl NodeTracker {
         }
         self.runtime_reachable = reachable;
         if !reachable {
-            let waiting: Vec<u64> = self
-                .instances
-                .iter()
-                .filter(|(_, i)| i.unit.is_none() && !i.ignored && matches!(i.kind, InstanceKind::Container { .. }))
-                .map(|(id, _)| *id)
-                .collect();
+            let waiting: Vec<u64> =
+                self.instances.unlinked().into_iter().filter(|id| self.instances.is_container(*id)).collect();
             for cgroup_id in waiting {
                 self.link(cgroup_id);
             }
@@ -43,15 +39,8 @@ impl NodeTracker {
     /// still runs is a pod sandbox (a running container is always listed): it is dropped. One
     /// that exited keeps its name by id and its verdict.
     pub(super) fn name_units_named_by_id(&mut self) {
-        let mut named_by_id: Vec<(u64, u64)> = self
-            .instances
-            .iter()
-            .filter(|(_, i)| i.named_by_id && i.unit.is_some())
-            .map(|(id, i)| (i.created_at, *id))
-            .collect();
-        named_by_id.sort_unstable();
-        for (_, cgroup_id) in named_by_id {
-            let Some(instance) = self.instances.get(&cgroup_id) else { continue };
+        for cgroup_id in self.instances.named_by_id_oldest_first() {
+            let Some(instance) = self.instances.get(cgroup_id) else { continue };
             let InstanceKind::Container { container_id, .. } = &instance.kind else { continue };
             let listed = self.metadata.contains_key(container_id);
             if !listed && instance.exit.is_some() {
@@ -60,7 +49,7 @@ impl NodeTracker {
             self.unlink_named_by_id(cgroup_id);
             if listed {
                 self.link(cgroup_id);
-            } else if let Some(instance) = self.instances.get_mut(&cgroup_id) {
+            } else if let Some(instance) = self.instances.get_mut(cgroup_id) {
                 instance.ignored = true;
             }
         }
@@ -69,7 +58,7 @@ impl NodeTracker {
     /// Takes an instance off its unit named by id, keeping what its events counted so that
     /// linking it again replays them into the real unit.
     fn unlink_named_by_id(&mut self, cgroup_id: u64) {
-        let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
+        let Some(instance) = self.instances.get_mut(cgroup_id) else { return };
         let Some(key) = instance.unit.take() else { return };
         instance.named_by_id = false;
         instance.finished = false;

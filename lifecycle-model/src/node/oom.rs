@@ -70,7 +70,7 @@ impl NodeTracker {
     /// Gives `limit` to the instance in `cgroup_id`: to its evidence while it runs, else to the
     /// report of its end when that came less than [`LATE_NOTICE_NS`] before `now`.
     fn attach_oom_limit(&mut self, cgroup_id: u64, limit: OomLimit, now: u64) {
-        let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
+        let Some(instance) = self.instances.get_mut(cgroup_id) else { return };
         if !instance.finished {
             instance.termination.on_oom_limit(limit);
             return;

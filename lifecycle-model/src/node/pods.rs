@@ -340,7 +340,7 @@ impl NodeTracker {
                 unit.sidecar = sidecar;
             }
             let live = unit.cgroup_id;
-            if let Some(instance) = live.and_then(|id| self.instances.get_mut(&id)) {
+            if let Some(instance) = live.and_then(|id| self.instances.get_mut(id)) {
                 if matches!(instance.kind, InstanceKind::Container { .. }) && !instance.finished {
                     instance.termination.set_settings(settings);
                 }

@@ -10,7 +10,7 @@ use std::{
     sync::Arc,
 };
 
-use super::{history::History, instance::InstanceKind, shared::Pods, DroppedCounts, NodeTracker, Unit};
+use super::{history::History, shared::Pods, DroppedCounts, NodeTracker, Unit};
 
 /// The node as it was when the snapshot was taken (see the module header).
 pub struct NodeSnapshot {
@@ -67,18 +67,7 @@ impl NodeTracker {
     /// a pass over the instances at every snapshot, were most of a busy agent's CPU (`bench
     /// scale` with 1,000 units, BENCHMARKS.md).
     pub fn snapshot(&self) -> NodeSnapshot {
-        let live_inits = self.live_inits.get_or_init(|| {
-            self.instances
-                .iter()
-                .filter(|(_, i)| i.exit.is_none())
-                .filter_map(|(id, i)| match (&i.kind, i.init) {
-                    (InstanceKind::Container { pod_uid, .. }, Some(init)) => {
-                        Some(LiveInit { cgroup_id: *id, tgid: init.tgid, pod_uid: pod_uid.clone() })
-                    }
-                    _ => None,
-                })
-                .collect()
-        });
+        let live_inits = self.live_inits.get_or_init(|| self.instances.live_inits().into());
         NodeSnapshot {
             units: self.units.shared().cloned().collect(),
             live_inits: live_inits.clone(),

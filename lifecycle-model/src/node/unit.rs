@@ -238,7 +238,7 @@ impl Unit {
 impl NodeTracker {
     /// Links an instance to its unit if its identity is known, replaying what it already did.
     pub(super) fn link(&mut self, cgroup_id: u64) {
-        let Some(instance) = self.instances.get(&cgroup_id) else { return };
+        let Some(instance) = self.instances.get(cgroup_id) else { return };
         if instance.unit.is_some() || instance.ignored {
             return;
         }
@@ -326,7 +326,7 @@ impl NodeTracker {
         if let Some(sidecar) = sidecar_in_spec {
             unit.sidecar = sidecar;
         }
-        let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
+        let Some(instance) = self.instances.get_mut(cgroup_id) else { return };
         instance.unit = Some(key.clone());
         self.staged.states_changed = true;
         let named_by_id = meta.is_none() && matches!(instance.kind, InstanceKind::Container { .. });
@@ -371,7 +371,7 @@ impl NodeTracker {
 
     /// Judges an exited, linked instance and applies the result to its unit (once).
     pub(super) fn finish(&mut self, cgroup_id: u64) {
-        let Some(instance) = self.instances.get_mut(&cgroup_id) else { return };
+        let Some(instance) = self.instances.get_mut(cgroup_id) else { return };
         let (Some(exit), Some(key)) = (instance.exit, instance.unit.clone()) else { return };
         if instance.finished {
             return;
