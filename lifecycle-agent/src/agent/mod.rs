@@ -336,6 +336,8 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
             error = reading.failed() => break Some(error),
             _ = shutdown_flag.changed() => break None,
             Some(ended) = loops.join_next() => match ended {
+                // A loop that saw the shutdown flag before this one did: shutting down, no error.
+                Ok(()) if *shutdown_flag.borrow() => break None,
                 Ok(()) => log::error!("a background loop ended before shutdown"),
                 Err(err) => log::error!("a background loop failed: {err}"),
             },
