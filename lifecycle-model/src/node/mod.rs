@@ -283,13 +283,17 @@ impl NodeTracker {
         for (cgroup_id, container_id, key) in self.instances.linked_unfinished_containers() {
             let Some(meta) = self.metadata.get(&container_id) else { continue };
             let settings = self.settings_for(&key, Some(meta));
-            let declaration = meta.probe_declaration.clone();
             if let Some(instance) = self.instances.get_mut(cgroup_id) {
                 instance.termination.set_settings(settings);
             }
-            // A pod's annotations can change while it runs (its probe declaration).
-            if let Some(unit) = self.units.get_mut(&key) {
-                unit.probe_declaration = declaration;
+            // A pod's annotations can change while it runs (its probe declaration). The unit is
+            // written only when it did: a write copies a unit the snapshots share, and the
+            // runtime is asked again every few seconds.
+            let declared = &meta.probe_declaration;
+            if self.units.get(&key).is_some_and(|unit| unit.probe_declaration != *declared) {
+                if let Some(unit) = self.units.get_mut(&key) {
+                    unit.probe_declaration = declared.clone();
+                }
             }
         }
         self.drop_departed();

@@ -238,6 +238,25 @@ fn a_node_declares_probes_only_when_a_container_does() {
 }
 
 #[test]
+fn a_runtime_refresh_that_changes_nothing_copies_no_unit_the_snapshots_share() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_metadata(vec![meta(1, 30)]);
+    let cgroup = container_cgroup(&mut tracker, SECOND, 1);
+    tracker.apply(&exec(2 * SECOND, 100, cgroup, SHIM_CGROUP, "app"));
+    let before = tracker.snapshot();
+    tracker.set_metadata(vec![meta(1, 30)]);
+    let after = tracker.snapshot();
+    assert_eq!(after.units.len(), 1);
+    assert!(std::sync::Arc::ptr_eq(&before.units[0], &after.units[0]), "the same metadata copied the unit");
+    // A declaration that changed is written.
+    let declaring = ContainerMeta { probe_declaration: Some("/probe/process".into()), ..meta(1, 30) };
+    tracker.set_metadata(vec![declaring]);
+    let declared = tracker.snapshot();
+    assert!(!std::sync::Arc::ptr_eq(&after.units[0], &declared.units[0]));
+    assert_eq!(declared.units[0].probe_declaration.as_deref(), Some("/probe/process"));
+}
+
+#[test]
 fn late_metadata_links_the_instance_and_judges_with_its_grace_period() {
     let mut tracker = tracker_with_cri();
     let id = 1000 + 1;
