@@ -26,9 +26,6 @@ pub fn seconds(ns: u64) -> f64 {
 pub struct BootTime(u64);
 
 impl BootTime {
-    /// The boot itself.
-    pub const ZERO: BootTime = BootTime(0);
-
     /// The point `ns` nanoseconds after boot (a kernel timestamp).
     pub const fn from_ns(ns: u64) -> Self {
         BootTime(ns)
@@ -47,12 +44,6 @@ impl BootTime {
     /// The point `ns` nanoseconds later (saturating).
     pub const fn after(self, ns: u64) -> BootTime {
         BootTime(self.0.saturating_add(ns))
-    }
-}
-
-impl std::fmt::Display for BootTime {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:.3}s after boot", seconds(self.0))
     }
 }
 
