@@ -55,7 +55,7 @@ EXPECTED_RULES = {
 # which every authenticated user may get): the reader role grants exactly this.
 READER_RULES = {("lifecycle.dev", "containers"): {"list"}, ("lifecycle.dev", "probes"): {"get"}}
 CRD_GROUPS = {"monitoring.coreos.com"}
-EXPECTED_CAPABILITIES = {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE", "SYSLOG"}
+EXPECTED_CAPABILITIES = {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE", "SYSLOG", "SYS_NICE"}
 EXPECTED_MOUNTS = {
     "/sys/fs/cgroup",
     "/sys/kernel/btf",

@@ -35,6 +35,37 @@ fn annotations(grace_s: i64, restart_count: u32) -> KubeletAnnotations {
     KubeletAnnotations { termination_grace_period_s: Some(grace_s), restart_count, ..KubeletAnnotations::default() }
 }
 
+/// Each thread of `pid` by name, with its nice value (field 19 of `/proc/<pid>/task/<tid>/stat`;
+/// the name, field 2, has no spaces here).
+fn thread_nice(pid: u32) -> Vec<(String, i32)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the agent's threads");
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            let after_name = &stat[stat.rfind(')')? + 2..];
+            // Fields from the state (3rd) on: nice is the 19th, the 17th after the state.
+            let nice = after_name.split(' ').nth(16)?.parse().ok()?;
+            Some((comm.trim().to_owned(), nice))
+        })
+        .collect()
+}
+
+/// The ring reader is scheduled ahead of the threads that answer HTTP clients: a container's
+/// exit must not wait for a CPU behind them (BENCHMARKS.md: exit -> API).
+#[test]
+fn the_ring_reader_runs_at_a_higher_priority_than_the_http_workers() {
+    let Some(h) = start_or_skip("the_ring_reader_runs_at_a_higher_priority_than_the_http_workers") else { return };
+    let agent = Agent::start(AGENT, &h, &[]);
+    let threads = thread_nice(agent.pid());
+    let reader = threads.iter().find(|(name, _)| name == "ring-reader").expect("a ring-reader thread");
+    let workers: Vec<i32> =
+        threads.iter().filter(|(name, _)| name.starts_with("tokio-rt-worker")).map(|(_, nice)| *nice).collect();
+    assert!(!workers.is_empty(), "HTTP workers in {threads:?}");
+    assert!(workers.iter().all(|&worker| reader.1 < worker), "{threads:?}");
+}
+
 #[test]
 fn app_exiting_on_sigterm_is_within_grace() {
     let Some(mut h) = start_or_skip("app_exiting_on_sigterm_is_within_grace") else { return };

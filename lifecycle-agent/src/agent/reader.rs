@@ -60,6 +60,7 @@ impl Reader {
         let (sender, done) = oneshot::channel();
         let (thread_stop, thread_wake) = (stop.clone(), wake.clone());
         std::thread::Builder::new().name("ring-reader".into()).spawn(move || {
+            raise_priority();
             let result = self.run(stream, poll, &thread_stop, &thread_wake);
             let _ = sender.send(result);
         })?;
@@ -114,6 +115,25 @@ impl Reader {
                 self.latency.observe(seconds(now.saturating_sub(ended.exit_ns)));
             }
         }
+    }
+}
+
+/// The reader thread's nice value. Its work per wake-up is tens of microseconds, but on a busy node
+/// it waited for a CPU behind the HTTP workers (answering the API's and the scrapes' clients,
+/// whom it must not wait for): `bench latency`'s own polling put most of the exit -> published
+/// tail in that wait (BENCHMARKS.md: exit -> API). A higher weight lets the scheduler run it as it
+/// wakes; it uses so little CPU that it takes next to nothing from the rest of the node.
+const READER_NICE: i32 = -10;
+
+/// Gives the calling thread (the reader) [`READER_NICE`]. Without CAP_SYS_NICE (an agent run
+/// unprivileged) it keeps the default, said once in the log.
+fn raise_priority() {
+    let thread = rustix::thread::gettid();
+    if let Err(errno) = rustix::process::setpriority_process(Some(thread), READER_NICE) {
+        log::info!(
+            "the ring reader keeps the default scheduling priority (setpriority: {}); a busy node may delay its states",
+            std::io::Error::from(errno)
+        );
     }
 }
 

@@ -231,6 +231,7 @@ pub(crate) fn check_programs(load: &ProgramLoad) -> Finding {
 pub(crate) mod cap {
     pub(crate) const SYS_PTRACE: u32 = 19;
     pub(crate) const SYS_ADMIN: u32 = 21;
+    pub(crate) const SYS_NICE: u32 = 23;
     pub(crate) const SYS_RESOURCE: u32 = 24;
     pub(crate) const SYSLOG: u32 = 34;
     pub(crate) const PERFMON: u32 = 38;
@@ -247,8 +248,10 @@ pub(crate) const REQUIRED_CAPABILITIES: [(u32, &str, &str); 4] = [
 ];
 
 /// Granted too, but the agent runs without them, less well.
-pub(crate) const OPTIONAL_CAPABILITIES: [(u32, &str, &str); 1] =
-    [(cap::SYSLOG, "CAP_SYSLOG", "read the kernel log: which memory limit an OOM kill answered")];
+pub(crate) const OPTIONAL_CAPABILITIES: [(u32, &str, &str, &str); 2] = [
+    (cap::SYSLOG, "CAP_SYSLOG", "SYSLOG", "read the kernel log: which memory limit an OOM kill answered"),
+    (cap::SYS_NICE, "CAP_SYS_NICE", "SYS_NICE", "run the ring reader ahead of the HTTP workers"),
+];
 
 /// Whether a capability is in an effective set.
 pub(crate) fn has_capability(effective: u64, bit: u32) -> bool {
@@ -274,16 +277,18 @@ pub(crate) fn check_capabilities(effective: Option<u64>) -> Finding {
         .collect();
     if missing.is_empty() {
         let names: Vec<&str> = REQUIRED_CAPABILITIES.iter().map(|(_, name, _)| *name).collect();
-        let lacking: Vec<String> = OPTIONAL_CAPABILITIES
-            .iter()
-            .filter(|(bit, _, _)| !has_capability(effective, *bit))
-            .map(|(_, name, why)| format!("{name} ({why})"))
-            .collect();
+        let lacking: Vec<_> =
+            OPTIONAL_CAPABILITIES.iter().filter(|(bit, _, _, _)| !has_capability(effective, *bit)).collect();
         if !lacking.is_empty() {
+            let named: Vec<String> = lacking.iter().map(|(_, name, _, why)| format!("{name} ({why})")).collect();
+            let to_add: Vec<&str> = lacking.iter().map(|(_, _, add, _)| *add).collect();
             return Finding::warn(
                 CHECK,
-                format!("CapEff {effective:016x}: {}; lacks {}", names.join(", "), lacking.join(", ")),
-                "add SYSLOG to the container's securityContext (deploy/daemonset.yaml grants it)",
+                format!("CapEff {effective:016x}: {}; lacks {}", names.join(", "), named.join(", ")),
+                format!(
+                    "add {} to the container's securityContext (deploy/daemonset.yaml grants it)",
+                    to_add.join(", ")
+                ),
             );
         }
         return Finding::ok(CHECK, format!("CapEff {effective:016x}: {}", names.join(", ")));

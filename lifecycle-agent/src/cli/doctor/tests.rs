@@ -94,8 +94,8 @@ fn program_loads_report_features_off_and_failures() {
 
 /// CapEff of root on this machine kind: everything but CAP_SYS_RESOURCE (bit 24).
 const ROOT_WITHOUT_SYS_RESOURCE: u64 = 0x0000_01ff_feff_ffff;
-/// deploy/daemonset.yaml's set: BPF, PERFMON, SYS_ADMIN, SYS_PTRACE, SYSLOG.
-const DAEMONSET: u64 = (1 << 39) | (1 << 38) | (1 << 34) | (1 << 21) | (1 << 19);
+/// deploy/daemonset.yaml's set: BPF, PERFMON, SYS_ADMIN, SYS_PTRACE, SYSLOG, SYS_NICE.
+const DAEMONSET: u64 = (1 << 39) | (1 << 38) | (1 << 34) | (1 << 23) | (1 << 21) | (1 << 19);
 
 #[test]
 fn cap_eff_is_read_from_proc_status() {
@@ -126,6 +126,13 @@ fn each_missing_capability_is_named() {
     let no_syslog = check_capabilities(Some(DAEMONSET & !(1 << cap::SYSLOG)));
     assert_eq!(verdict(&no_syslog), Verdict::Warn);
     assert!(no_syslog.found.contains("CAP_SYSLOG"), "{no_syslog:?}");
+    assert!(no_syslog.fix.as_deref().is_some_and(|fix| fix.contains("add SYSLOG ")), "{no_syslog:?}");
+
+    // Without SYS_NICE it runs, its ring reader at the default priority: a warning naming it.
+    let no_nice = check_capabilities(Some(DAEMONSET & !(1 << cap::SYS_NICE)));
+    assert_eq!(verdict(&no_nice), Verdict::Warn);
+    assert!(no_nice.found.contains("CAP_SYS_NICE") && !no_nice.found.contains("CAP_SYSLOG"), "{no_nice:?}");
+    assert!(no_nice.fix.as_deref().is_some_and(|fix| fix.contains("add SYS_NICE ")), "{no_nice:?}");
 }
 
 // The fixture's 8 MiB limit must be below what the maps need: the default ring alone is mapped twice.
