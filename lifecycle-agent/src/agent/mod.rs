@@ -65,9 +65,7 @@ impl KernelStats for SensorMaps {
     }
 
     fn counter_entries(&self) -> usize {
-        let mut entries = 0;
-        self.each_cgroup_counters(|_, _| entries += 1);
-        entries
+        SensorMaps::counter_entries(self)
     }
 }
 

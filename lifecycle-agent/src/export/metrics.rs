@@ -226,13 +226,18 @@ impl Metrics {
         // The last answer's buffer when it is back (sized by it), else a new one: concurrent
         // scrapes each get one, and the last to finish is kept.
         let spare = self.spare.lock().unwrap_or_else(|poison| poison.into_inner()).take();
-        let mut out = spare.unwrap_or_else(|| Vec::with_capacity(64 * 1024));
-        // Encoding into a Vec cannot fail on I/O; a collector error leaves what was written.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        let mut text = String::from_utf8(out).unwrap_or_default();
+        let mut text =
+            spare.map(String::from_utf8).and_then(Result::ok).unwrap_or_else(|| String::with_capacity(64 * 1024));
+        // The text sources first: the per-container families read the kernel's counter map, and
+        // the registry's collector then takes the map's entry count from that read instead of
+        // reading it again (`SensorMaps::counter_entries`). The format puts no order on families.
         for source in &self.text_sources {
             source(&mut text);
         }
+        let mut out = text.into_bytes();
+        // Encoding into a Vec cannot fail on I/O; a collector error leaves what was written.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let mut text = String::from_utf8(out).unwrap_or_default();
         if !self.families.is_everything() {
             text = self.families.apply(&text);
         }

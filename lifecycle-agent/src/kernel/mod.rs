@@ -16,6 +16,7 @@ use std::{
     os::fd::AsFd as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use aya::{
@@ -238,7 +239,16 @@ pub struct SensorMaps {
     counters: Mutex<BpfHashMap<MapData, u64, CgroupCounters>>,
     batch_buffers: Mutex<batch::BatchBuffers>,
     stats: PerCpuArray<MapData, KindStats>,
+    /// The entry count of the last whole read, and when it was made (see
+    /// [`SensorMaps::counter_entries`]).
+    last_read: Mutex<Option<(Instant, usize)>>,
 }
+
+/// How recent a whole read of the counter map must be for its entry count to answer
+/// [`SensorMaps::counter_entries`]. A scrape reads the map once for the per-container families
+/// and then asks for the count: a second whole read (a thousand entries) was a fifth of a
+/// scrape's CPU (`perf` of the agent with 1,000 units, BENCHMARKS.md).
+const ENTRIES_FRESH_FOR: Duration = Duration::from_secs(1);
 
 impl SensorMaps {
     /// Every cgroup's counters, as the kernel holds them now, handed to `each`; how they were read.
@@ -248,6 +258,7 @@ impl SensorMaps {
         match batch::read_counters(counters.map().fd().as_fd(), &mut buffers) {
             Ok(entries) => {
                 entries.iter().for_each(|(id, c)| each(*id, *c));
+                self.note_read(entries.len());
                 return MapRead::Batched;
             }
             Err(batch::BatchError::Io(error)) => {
@@ -256,8 +267,31 @@ impl SensorMaps {
             Err(batch::BatchError::Unsupported) => {}
         }
         // An entry deleted between iteration steps yields an error for that key; skip it.
-        counters.iter().filter_map(Result::ok).for_each(|(id, c)| each(id, c));
+        let mut read = 0;
+        counters.iter().filter_map(Result::ok).for_each(|(id, c)| {
+            read += 1;
+            each(id, c)
+        });
+        self.note_read(read);
         MapRead::Iterated
+    }
+
+    fn note_read(&self, entries: usize) {
+        *self.last_read.lock().unwrap_or_else(|poison| poison.into_inner()) = Some((Instant::now(), entries));
+    }
+
+    /// Entries in use in the counter map: the count of a whole read made within
+    /// [`ENTRIES_FRESH_FOR`] (a scrape's own, made a moment before), else of a new one.
+    pub fn counter_entries(&self) -> usize {
+        let last = *self.last_read.lock().unwrap_or_else(|poison| poison.into_inner());
+        match last {
+            Some((at, entries)) if at.elapsed() < ENTRIES_FRESH_FOR => entries,
+            _ => {
+                let mut entries = 0;
+                self.each_cgroup_counters(|_, _| entries += 1);
+                entries
+            }
+        }
     }
 
     /// Counters of one cgroup, if it has any.
@@ -372,7 +406,12 @@ impl Sensor {
         Ok(Self {
             _ebpf: ebpf,
             features,
-            maps: Arc::new(SensorMaps { counters: Mutex::new(counters), batch_buffers: Default::default(), stats }),
+            maps: Arc::new(SensorMaps {
+                counters: Mutex::new(counters),
+                batch_buffers: Default::default(),
+                stats,
+                last_read: Mutex::new(None),
+            }),
             events: Some(EventStream::new(ring)),
         })
     }
