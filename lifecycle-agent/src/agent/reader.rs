@@ -122,7 +122,9 @@ impl Reader {
 /// it waited for a CPU behind the HTTP workers (answering the API's and the scrapes' clients,
 /// whom it must not wait for): `bench latency`'s own polling put most of the exit -> published
 /// tail in that wait (BENCHMARKS.md: exit -> API). A higher weight lets the scheduler run it as it
-/// wakes; it uses so little CPU that it takes next to nothing from the rest of the node.
+/// wakes. In a pod the nice value orders it among the agent's own threads (the pod's CPU weight
+/// and limit stay as they were), and what it reads is bounded by the kernel's per-cgroup rate
+/// limits, so a pod flooding records gets no more of the node's CPU than before.
 const READER_NICE: i32 = -10;
 
 /// Gives the calling thread (the reader) [`READER_NICE`]. Without CAP_SYS_NICE (an agent run

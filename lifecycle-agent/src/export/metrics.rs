@@ -14,7 +14,7 @@ use super::families::AgentFamily;
 use prometheus::{
     core::{Collector, Desc},
     proto::MetricFamily,
-    Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Metric name prefix.
@@ -234,10 +234,8 @@ impl Metrics {
         for source in &self.text_sources {
             source(&mut text);
         }
-        let mut out = text.into_bytes();
-        // Encoding into a Vec cannot fail on I/O; a collector error leaves what was written.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        let mut text = String::from_utf8(out).unwrap_or_default();
+        // Encoding into a String cannot fail on I/O; a collector error leaves what was written.
+        let _ = TextEncoder::new().encode_utf8(&self.registry.gather(), &mut text);
         if !self.families.is_everything() {
             text = self.families.apply(&text);
         }

@@ -248,9 +248,9 @@ pub(crate) const REQUIRED_CAPABILITIES: [(u32, &str, &str); 4] = [
 ];
 
 /// Granted too, but the agent runs without them, less well.
-pub(crate) const OPTIONAL_CAPABILITIES: [(u32, &str, &str, &str); 2] = [
-    (cap::SYSLOG, "CAP_SYSLOG", "SYSLOG", "read the kernel log: which memory limit an OOM kill answered"),
-    (cap::SYS_NICE, "CAP_SYS_NICE", "SYS_NICE", "run the ring reader ahead of the HTTP workers"),
+pub(crate) const OPTIONAL_CAPABILITIES: [(u32, &str, &str); 2] = [
+    (cap::SYSLOG, "CAP_SYSLOG", "read the kernel log: which memory limit an OOM kill answered"),
+    (cap::SYS_NICE, "CAP_SYS_NICE", "run the ring reader ahead of the HTTP workers"),
 ];
 
 /// Whether a capability is in an effective set.
@@ -278,10 +278,11 @@ pub(crate) fn check_capabilities(effective: Option<u64>) -> Finding {
     if missing.is_empty() {
         let names: Vec<&str> = REQUIRED_CAPABILITIES.iter().map(|(_, name, _)| *name).collect();
         let lacking: Vec<_> =
-            OPTIONAL_CAPABILITIES.iter().filter(|(bit, _, _, _)| !has_capability(effective, *bit)).collect();
+            OPTIONAL_CAPABILITIES.iter().filter(|(bit, _, _)| !has_capability(effective, *bit)).collect();
         if !lacking.is_empty() {
-            let named: Vec<String> = lacking.iter().map(|(_, name, _, why)| format!("{name} ({why})")).collect();
-            let to_add: Vec<&str> = lacking.iter().map(|(_, _, add, _)| *add).collect();
+            let named: Vec<String> = lacking.iter().map(|(_, name, why)| format!("{name} ({why})")).collect();
+            // securityContext names a capability without its CAP_ prefix.
+            let to_add: Vec<&str> = lacking.iter().map(|(_, name, _)| name.trim_start_matches("CAP_")).collect();
             return Finding::warn(
                 CHECK,
                 format!("CapEff {effective:016x}: {}; lacks {}", names.join(", "), named.join(", ")),

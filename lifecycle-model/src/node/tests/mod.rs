@@ -156,10 +156,7 @@ fn a_sidecar_signalled_before_the_main_container_exited_is_flagged() {
 
 #[test]
 fn a_container_runs_and_completes_with_kubelet_names() {
-    let mut tracker = tracker_with_cri();
-    tracker.set_metadata(vec![meta(1, 30)]);
-    let cg = container_cgroup(&mut tracker, SECOND, 1);
-    tracker.apply(&exec(2 * SECOND, 100, cg, SHIM_CGROUP, "app"));
+    let (mut tracker, cg) = running_app();
     let view = only_view(&tracker, 3 * SECOND);
     assert_eq!(
         (
@@ -183,12 +180,19 @@ fn a_container_runs_and_completes_with_kubelet_names() {
     ));
 }
 
-#[test]
-fn a_snapshot_keeps_what_it_showed_while_the_model_goes_on() {
+/// A tracker with one named container (`meta(1, 30)`) started at 2 s, its init pid 100; and the
+/// container's cgroup.
+fn running_app() -> (NodeTracker, u64) {
     let mut tracker = tracker_with_cri();
     tracker.set_metadata(vec![meta(1, 30)]);
-    let cg = container_cgroup(&mut tracker, SECOND, 1);
-    tracker.apply(&exec(2 * SECOND, 100, cg, SHIM_CGROUP, "app"));
+    let cgroup = container_cgroup(&mut tracker, SECOND, 1);
+    tracker.apply(&exec(2 * SECOND, 100, cgroup, SHIM_CGROUP, "app"));
+    (tracker, cgroup)
+}
+
+#[test]
+fn a_snapshot_keeps_what_it_showed_while_the_model_goes_on() {
+    let (mut tracker, cg) = running_app();
     let before = tracker.snapshot();
     let running = before.running_containers();
     assert_eq!(running.iter().map(|c| c.main_pid).collect::<Vec<_>>(), [100], "its init is the main process");
@@ -239,10 +243,7 @@ fn a_node_declares_probes_only_when_a_container_does() {
 
 #[test]
 fn a_runtime_refresh_that_changes_nothing_copies_no_unit_the_snapshots_share() {
-    let mut tracker = tracker_with_cri();
-    tracker.set_metadata(vec![meta(1, 30)]);
-    let cgroup = container_cgroup(&mut tracker, SECOND, 1);
-    tracker.apply(&exec(2 * SECOND, 100, cgroup, SHIM_CGROUP, "app"));
+    let (mut tracker, _) = running_app();
     let before = tracker.snapshot();
     tracker.set_metadata(vec![meta(1, 30)]);
     let after = tracker.snapshot();
