@@ -203,7 +203,6 @@ fn scrape_of_a_thousand_containers() {
     let units = Arc::new(UnitMetrics::new(
         snapshots,
         kernel.clone(),
-        Box::new(|| 100_000_000_000),
         Box::new(lifecycle_agent::discovery::clock::unix_minus_boot_seconds),
     ));
     units.record_judgements(judgements);

@@ -27,7 +27,7 @@ use crate::export::families::AgentFamily;
 use crate::{
     discovery::{
         cgroupfs::{CgroupFsError, CgroupRoot},
-        clock::{boottime_ns, unix_minus_boot_seconds},
+        clock::unix_minus_boot_seconds,
     },
     export::{
         metrics::{AgentCounters, FeatureFlag, KernelStats, Metrics, MetricsError, RuntimeMetrics},
@@ -178,8 +178,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     metrics.registry().register(Box::new(latency.clone())).map_err(MetricsError::from)?;
     let repairs = tasks::register_repairs(metrics.registry()).map_err(MetricsError::from)?;
     metrics.set_family_filter(config.metric_families.clone());
-    let units =
-        UnitMetrics::new(snapshots.subscribe(), maps.clone(), Box::new(boottime_ns), Box::new(unix_minus_boot_seconds));
+    let units = UnitMetrics::new(snapshots.subscribe(), maps.clone(), Box::new(unix_minus_boot_seconds));
     let host_units = config.host_cgroups.unwrap_or(kube.is_none());
     if !host_units {
         log::info!("no series for host cgroups (--host-cgroups on to have them)");

@@ -46,12 +46,7 @@ fn meta() -> ContainerMeta {
 fn owned() -> (Owner, ModelHandle, Arc<UnitMetrics>, Arc<Notify>) {
     let tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
     let snapshots = snapshots_of(&tracker);
-    let units = Arc::new(UnitMetrics::new(
-        snapshots.subscribe(),
-        Arc::new(NoKernel),
-        Box::new(|| 10 * SECOND),
-        Box::new(|| 0.0),
-    ));
+    let units = Arc::new(UnitMetrics::new(snapshots.subscribe(), Arc::new(NoKernel), Box::new(|| 0.0)));
     let wanted = Arc::new(Notify::new());
     let routes = Routes {
         units: units.clone(),

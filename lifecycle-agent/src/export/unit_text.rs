@@ -5,31 +5,31 @@
 //! right for as long as the view is equal. Families are written straight into the text format
 //! (the registry's model allocates per label pair), each family contiguous as the format requires.
 
-use std::{borrow::Cow, collections::BTreeMap, fmt::Write as _};
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use lifecycle_common::CgroupCounters;
 
 pub(super) use super::families::PerContainer as F;
 use super::{families::PER_CONTAINER, histogram::Histogram};
 use crate::model::{
-    container_state::ContainerState,
+    container_state::{ContainerState, WaitingReason},
     node::{PortStats, Unit, UnitCounters, UnitLabels},
     termination::{SenderKind, TerminationOutcome},
-    time::{seconds, BootTime},
+    time::seconds,
 };
 
 const STATES: [&str; 3] = ["waiting", "running", "terminated"];
 
 /// Everything the per-container families say about one unit.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub(super) struct UnitView<'a> {
-    labels: Cow<'a, UnitLabels>,
+    labels: &'a UnitLabels,
     state: &'static str,
     waiting_reason: Option<&'static str>,
     /// Reason, exit code and Unix time of the last termination.
     last_terminated: Option<(&'static str, i32, f64)>,
     restart_count: u32,
-    counters: Cow<'a, UnitCounters>,
+    counters: &'a UnitCounters,
     /// Stop signal to exit of the last termination, when it had a stop signal.
     last_stop_seconds: Option<f64>,
     last_grace_ratio: Option<f64>,
@@ -37,23 +37,27 @@ pub(super) struct UnitView<'a> {
     last_backoff_seconds: Option<(f64, f64)>,
     /// The kernel's counters of the unit's departed instances plus its live one.
     kernel: CgroupCounters,
-    tcp: Cow<'a, BTreeMap<u16, PortStats>>,
+    tcp: &'a BTreeMap<u16, PortStats>,
 }
 
 impl UnitView<'_> {
-    pub(super) fn of<'a>(unit: &'a Unit, now: u64, boot_to_unix: f64, live: Option<&CgroupCounters>) -> UnitView<'a> {
-        let snapshot = unit.snapshot(BootTime::from_ns(now));
-        let state = match &snapshot.state {
-            ContainerState::Waiting { .. } => "waiting",
-            ContainerState::Running { .. } => "running",
-            ContainerState::Terminated { .. } => "terminated",
+    /// The view of `unit`. Nothing in it depends on the time of the scrape: a unit waiting on
+    /// its back-off shows Waiting/CrashLoopBackOff from its exit to its restart, a fact of the
+    /// unit ([`Unit::pending_back_off_ns`]), which is what lets `units.rs` keep a text until the
+    /// unit changes.
+    pub(super) fn of<'a>(unit: &'a Unit, boot_to_unix: f64, live: Option<&CgroupCounters>) -> UnitView<'a> {
+        let (state, waiting_reason) = match unit.state() {
+            ContainerState::Terminated { .. } if unit.pending_back_off_ns().is_some() => {
+                ("waiting", Some(WaitingReason::CrashLoopBackOff.as_str()))
+            }
+            ContainerState::Waiting { reason, .. } => ("waiting", Some(reason.as_str())),
+            ContainerState::Running { .. } => ("running", None),
+            ContainerState::Terminated { .. } => ("terminated", None),
         };
-        let waiting_reason = match &snapshot.state {
-            ContainerState::Waiting { reason, .. } => Some(reason.as_str()),
-            _ => None,
-        };
-        let last = match (&snapshot.state, &snapshot.last_state) {
-            (ContainerState::Terminated { .. }, _) => Some(&snapshot.state),
+        // The last termination: the current state's, or (restarted since) the previous one's.
+        // While backing off the status shows the termination as its last state: the same one.
+        let last = match (unit.state(), unit.last_state()) {
+            (current @ ContainerState::Terminated { .. }, _) => Some(current),
             (_, Some(last @ ContainerState::Terminated { .. })) => Some(last),
             _ => None,
         };
@@ -69,12 +73,12 @@ impl UnitView<'_> {
             kernel += *live;
         }
         UnitView {
-            labels: Cow::Borrowed(unit.labels()),
+            labels: unit.labels(),
             state,
             waiting_reason,
             last_terminated,
             restart_count: unit.restart_count(),
-            counters: Cow::Borrowed(unit.counters()),
+            counters: unit.counters(),
             last_stop_seconds: report
                 .and_then(|r| r.stop_signal.as_ref().map(|stop| seconds(r.exit_time.since(stop.time)))),
             last_grace_ratio: report.and_then(|r| match r.outcome {
@@ -85,23 +89,7 @@ impl UnitView<'_> {
                 .last_backoff()
                 .map(|b| (seconds(b.observed_delay_ns), seconds(b.expected_delay_ns))),
             kernel,
-            tcp: Cow::Borrowed(unit.tcp()),
-        }
-    }
-
-    pub(super) fn into_owned(self) -> UnitView<'static> {
-        UnitView {
-            labels: Cow::Owned(self.labels.into_owned()),
-            counters: Cow::Owned(self.counters.into_owned()),
-            tcp: Cow::Owned(self.tcp.into_owned()),
-            state: self.state,
-            waiting_reason: self.waiting_reason,
-            last_terminated: self.last_terminated,
-            restart_count: self.restart_count,
-            last_stop_seconds: self.last_stop_seconds,
-            last_grace_ratio: self.last_grace_ratio,
-            last_backoff_seconds: self.last_backoff_seconds,
-            kernel: self.kernel,
+            tcp: unit.tcp(),
         }
     }
 }

@@ -9,9 +9,13 @@
 //! the pod count; each container's own last value is a gauge beside them.
 //!
 //! A scrape of 1,000 containers must stay within a few milliseconds, and between two scrapes most
-//! containers do not change. So each unit's text is kept with the `UnitView` it was written from
-//! (`unit_text.rs`: everything the text says and nothing else) and written again only when the view
-//! differs. The text is a function of the view alone, so reuse can never serve a stale value.
+//! containers do not change. So each unit's text is kept with what it was written from: the
+//! model's `Arc` of the unit and the kernel's live counters of its cgroup. The text is a function
+//! of those two and the boot-to-Unix offset (`unit_text.rs`: `UnitView` holds everything it says,
+//! none of it time-dependent), and the model replaces a unit's `Arc` whenever it changes it
+//! (`NodeSnapshot::shared_units`), so a text is written again exactly when one of the three
+//! moved and reuse can never serve a stale value. Comparing the whole view instead (as before)
+//! was a third of a scrape's CPU (BENCHMARKS.md).
 
 use std::{
     collections::HashMap,
@@ -28,7 +32,7 @@ use super::{
     histogram::{TerminationHistograms, GRACE_RATIO_BUCKETS, TERMINATION_BUCKETS},
     unit_text::{new_families, write_unit, Families, Labels, UnitView, F, FAMILY_COUNT},
 };
-use crate::model::node::{DroppedCounts, Judgement, NodeSnapshot, UnitKey};
+use crate::model::node::{DroppedCounts, Judgement, NodeSnapshot, Unit, UnitKey};
 
 /// Source of the kernel's per-cgroup counters (the sensor's map, or a fake in tests).
 pub trait KernelCounters: Send + Sync {
@@ -42,7 +46,6 @@ pub struct UnitMetrics {
     /// The model's published snapshots (`agent/owner.rs`).
     snapshots: watch::Receiver<Arc<NodeSnapshot>>,
     kernel: Arc<dyn KernelCounters>,
-    clock: Box<dyn Fn() -> u64 + Send + Sync>,
     /// The offset that turns a boot time into a Unix time, read at each scrape.
     boot_to_unix: Box<dyn Fn() -> f64 + Send + Sync>,
     /// Filled from the tracker's judgements; outlives the units that fed it.
@@ -55,11 +58,18 @@ pub struct UnitMetrics {
 
 #[derive(Default)]
 struct Cache {
-    /// Boxed: an entry is about a kilobyte, and a scrape moves every entry from one list to the
-    /// next (unboxed, those moves were most of a scrape's copying).
-    #[expect(clippy::vec_box, reason = "entries move between lists at every scrape")]
-    units: Vec<Box<CachedUnit>>,
-    /// The boot-to-Unix offset the cached texts used (see [`stable_offset`]).
+    /// The units of the last scrape, in the tracker's unit order.
+    units: Vec<CachedUnit>,
+    /// The list the next scrape fills (empty; kept for its memory).
+    spare_units: Vec<CachedUnit>,
+    /// The per-container section of the last scrape's text: the unchanged units' samples are
+    /// copied from it, family by family, in runs of neighbours (one copy per run instead of one
+    /// per unit and family: 30,000 scattered reads at 1,000 units were most of a scrape's own
+    /// time under `perf`, BENCHMARKS.md).
+    section: String,
+    /// The samples of the units written afresh in this scrape, family by family.
+    fresh: String,
+    /// The boot-to-Unix offset the kept samples used (see [`stable_offset`]).
     offset: Option<f64>,
     /// Scratch bodies a changed unit is written into, family by family.
     scratch: Option<Families>,
@@ -67,48 +77,114 @@ struct Cache {
     live: HashMap<u64, CgroupCounters>,
 }
 
-/// One unit's text, family by family, and what it was written from.
+/// A unit of the last scrape: what its samples were written from, and where they are.
 struct CachedUnit {
-    key: UnitKey,
-    view: UnitView<'static>,
-    text: String,
-    /// Family `f`'s part is `text[ends[f - 1]..ends[f]]` (from 0 for the first).
-    ends: [usize; FAMILY_COUNT],
+    /// The unit as the model shared it; holding it keeps its address from being reused.
+    unit: Arc<Unit>,
+    /// The unit's cgroup then (read from the unit only when it changes).
+    cgroup_id: Option<u64>,
+    /// The kernel's live counters of its cgroup at the time (boxed: a few hundred bytes that
+    /// only a changed unit reads).
+    live: Option<Box<CgroupCounters>>,
+    /// Each family's samples of this unit: in `Cache::section`, or in `Cache::fresh` while
+    /// `fresh` (written in this scrape).
+    parts: [Part; FAMILY_COUNT],
+    fresh: bool,
+}
+
+/// Where one family's samples of a unit lie in a text. A scrape's text is bounded far below
+/// 4 GiB (`a_thousand_units_beside_a_hostile_one...`: under 4 MB for a thousand units).
+#[derive(Clone, Copy, Default)]
+struct Part {
+    start: u32,
+    len: u32,
 }
 
 impl CachedUnit {
-    fn new(key: UnitKey, view: UnitView<'static>) -> Self {
-        Self { key, view, text: String::new(), ends: [0; FAMILY_COUNT] }
+    fn new(unit: Arc<Unit>) -> Self {
+        Self { unit, cgroup_id: None, live: None, parts: [Part::default(); FAMILY_COUNT], fresh: true }
     }
 
-    /// Writes the text afresh from the view, through the scratch families (left empty).
-    fn write(&mut self, scratch: &mut Families) {
-        write_unit(scratch, &self.view);
-        self.text.clear();
-        for (index, family) in scratch.0.iter_mut().enumerate() {
-            self.text.push_str(&family.body);
-            family.body.clear();
-            self.ends[index] = self.text.len();
+    /// Whether the samples were written from this very unit and these counters.
+    fn written_from(&self, unit: &Arc<Unit>, live: Option<&CgroupCounters>) -> bool {
+        Arc::ptr_eq(&self.unit, unit) && self.live.as_deref() == live
+    }
+
+    /// Writes the samples afresh from `unit` and `live` at the end of `fresh`, through the
+    /// scratch families (left empty).
+    fn rewrite(
+        &mut self,
+        unit: &Arc<Unit>,
+        live: Option<&CgroupCounters>,
+        scratch: &mut Families,
+        fresh: &mut String,
+        boot_to_unix: f64,
+    ) {
+        self.unit = unit.clone();
+        self.cgroup_id = unit.cgroup_id();
+        match (&mut self.live, live) {
+            (Some(kept), Some(live)) => **kept = *live,
+            (kept, live) => *kept = live.map(|live| Box::new(*live)),
         }
+        write_unit(scratch, &UnitView::of(&self.unit, boot_to_unix, live));
+        for (part, family) in self.parts.iter_mut().zip(scratch.0.iter_mut()) {
+            *part = Part { start: offset(fresh.len()), len: offset(family.body.len()) };
+            fresh.push_str(&family.body);
+            family.body.clear();
+        }
+        self.fresh = true;
     }
+}
 
-    fn part(&self, family: usize) -> &str {
-        let start = if family == 0 { 0 } else { self.ends[family - 1] };
-        &self.text[start..self.ends[family]]
+/// The capacity the fresh samples' buffer keeps between scrapes: about sixty changed units'.
+const FRESH_KEPT_BYTES: usize = 64 * 1024;
+
+/// A position in a scrape's text (see [`Part`]).
+fn offset(at: usize) -> u32 {
+    u32::try_from(at).unwrap_or(u32::MAX)
+}
+
+/// Copies the units' samples of one family into `out`, each run of samples that lay side by side
+/// in the same text with one copy, and notes where each unit's samples now are.
+fn copy_family(out: &mut String, base: usize, family: usize, units: &mut [CachedUnit], section: &str, fresh: &str) {
+    // The run being gathered: its text (fresh or not), its range there, where it goes in `out`.
+    let mut run: Option<(bool, usize, usize, usize)> = None;
+    let flush = |out: &mut String, run: Option<(bool, usize, usize, usize)>| {
+        if let Some((from_fresh, start, end, _)) = run {
+            out.push_str((if from_fresh { fresh } else { section }).get(start..end).unwrap_or_default());
+        }
+    };
+    for unit in units {
+        let part = &mut unit.parts[family];
+        if part.len == 0 {
+            continue;
+        }
+        let (start, len) = (part.start as usize, part.len as usize);
+        let at = match &mut run {
+            Some((from_fresh, run_start, run_end, to)) if *from_fresh == unit.fresh && *run_end == start => {
+                *run_end += len;
+                *to + (start - *run_start)
+            }
+            _ => {
+                flush(out, run);
+                run = Some((unit.fresh, start, start + len, out.len()));
+                out.len()
+            }
+        };
+        part.start = offset(at - base);
     }
+    flush(out, run);
 }
 
 impl UnitMetrics {
     pub fn new(
         snapshots: watch::Receiver<Arc<NodeSnapshot>>,
         kernel: Arc<dyn KernelCounters>,
-        clock: Box<dyn Fn() -> u64 + Send + Sync>,
         boot_to_unix: Box<dyn Fn() -> f64 + Send + Sync>,
     ) -> Self {
         Self {
             snapshots,
             kernel,
-            clock,
             boot_to_unix,
             histograms: Mutex::new(TerminationHistograms::default()),
             cache: Mutex::new(Cache::default()),
@@ -133,45 +209,54 @@ impl UnitMetrics {
 
     /// Appends every per-container family to `out`.
     pub fn render(&self, out: &mut String) {
-        let now = (self.clock)();
         let mut cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
         // The kernel's map, read once per scrape into the kept map.
         let mut live = std::mem::take(&mut cache.live);
         live.clear();
         self.kernel.read_all(&mut live);
+        let kept_offset = cache.offset;
         let boot_to_unix = stable_offset(&mut cache.offset, (self.boot_to_unix)());
+        // A new offset moves every terminated unit's timestamp: nothing is reused then.
+        let offset_kept = kept_offset == Some(boot_to_unix);
         let mut scratch = cache.scratch.take().unwrap_or_else(new_families);
-        let mut previous = std::mem::take(&mut cache.units).into_iter().peekable();
-        // (entry, whether its text must be written from its new view)
-        let mut units: Vec<(Box<CachedUnit>, bool)> = Vec::with_capacity(previous.len());
-        let dropped;
-        {
-            let snapshot = self.snapshots.borrow().clone();
-            dropped = *snapshot.dropped();
-            // Both sequences are in unit-key order: a merge keeps the entries of units still here.
-            for unit in snapshot.units().filter(|u| self.host_units || !matches!(u.key(), UnitKey::Host { .. })) {
-                while previous.next_if(|cached| cached.key < *unit.key()).is_some() {}
-                let cached = previous.next_if(|cached| cached.key == *unit.key());
-                let view = UnitView::of(unit, now, boot_to_unix, unit.cgroup_id().and_then(|id| live.get(&id)));
-                units.push(match cached {
-                    Some(cached) if cached.view == view => (cached, false),
-                    Some(mut cached) => {
-                        cached.view = view.into_owned();
-                        (cached, true)
-                    }
-                    None => (Box::new(CachedUnit::new(unit.key().clone(), view.into_owned())), true),
-                });
-            }
-        }
-        cache.units = units
-            .into_iter()
-            .map(|(mut cached, stale)| {
-                if stale {
-                    cached.write(&mut scratch);
+        // Both lists keep their memory from scrape to scrape: at a few hundred bytes an entry,
+        // a new list each time was a large allocation, mapped and unmapped at every scrape.
+        let mut last = std::mem::take(&mut cache.units);
+        let mut units = std::mem::take(&mut cache.spare_units);
+        units.clear();
+        let mut previous = last.drain(..).peekable();
+        let mut fresh = std::mem::take(&mut cache.fresh);
+        fresh.clear();
+        let snapshot = self.snapshots.borrow().clone();
+        let dropped = *snapshot.dropped();
+        // Both sequences are in unit-key order: a merge keeps the entries of units still here.
+        for unit in snapshot.shared_units() {
+            // The unit the last scrape saw, unchanged (the usual case), is found without reading
+            // it: at 1,000 units, reading each one's key was a cache miss apiece.
+            let same = previous.next_if(|cached| Arc::ptr_eq(&cached.unit, unit));
+            let (cached, cgroup_id) = match same {
+                Some(same) => {
+                    let cgroup_id = same.cgroup_id;
+                    (Some(same), cgroup_id)
                 }
-                cached
-            })
-            .collect();
+                None if !self.host_units && matches!(unit.key(), UnitKey::Host { .. }) => continue,
+                None => {
+                    while previous.next_if(|cached| cached.unit.key() < unit.key()).is_some() {}
+                    (previous.next_if(|cached| cached.unit.key() == unit.key()), unit.cgroup_id())
+                }
+            };
+            let counters = cgroup_id.and_then(|id| live.get(&id));
+            units.push(match cached {
+                Some(cached) if offset_kept && cached.written_from(unit, counters) => cached,
+                cached => {
+                    let mut cached = cached.unwrap_or_else(|| CachedUnit::new(unit.clone()));
+                    cached.rewrite(unit, counters, &mut scratch, &mut fresh, boot_to_unix);
+                    cached
+                }
+            });
+        }
+        drop(previous);
+        cache.spare_units = last;
         cache.scratch = Some(scratch);
         cache.live = live;
 
@@ -186,17 +271,30 @@ impl UnitMetrics {
             shared.histogram(F::GraceUsed, &labels, &[], &GRACE_RATIO_BUCKETS, h);
         }
         drop(histograms);
+        let base = out.len();
         for (index, family) in shared.0.iter().enumerate() {
-            if family.body.is_empty() && cache.units.iter().all(|u| u.part(index).is_empty()) {
-                continue;
-            }
+            // A family no unit has a sample of is left out: its header is taken back.
+            let header_at = out.len();
             let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
             let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
-            for unit in &cache.units {
-                out.push_str(unit.part(index));
-            }
+            let samples_at = out.len();
+            copy_family(out, base, index, &mut units, &cache.section, &fresh);
             out.push_str(&family.body);
+            if out.len() == samples_at {
+                out.truncate(header_at);
+            }
         }
+        for unit in &mut units {
+            unit.fresh = false;
+        }
+        // What the next scrape copies from; the fresh samples' buffer is kept small (all of them
+        // are fresh at the first scrape).
+        cache.section.clear();
+        cache.section.push_str(out.get(base..).unwrap_or_default());
+        fresh.clear();
+        fresh.shrink_to(FRESH_KEPT_BYTES);
+        cache.fresh = fresh;
+        cache.units = units;
         write_dropped(out, &dropped);
     }
 }

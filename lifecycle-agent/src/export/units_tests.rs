@@ -60,7 +60,7 @@ fn signals_only_counted_in_the_kernel_join_the_recorded_ones_from_the_same_conta
         };
         tracker.apply(&event(3, sender, sender_cgroup, signal));
     }
-    let units = UnitMetrics::new(publisher(&tracker).subscribe(), Arc::new(Kernel), Box::new(|| 10), Box::new(|| 0.0));
+    let units = UnitMetrics::new(publisher(&tracker).subscribe(), Arc::new(Kernel), Box::new(|| 0.0));
     let mut text = String::new();
     units.render(&mut text);
     let signals: Vec<&str> = text.lines().filter(|l| l.starts_with("lifecycle_signals_received_total{")).collect();
@@ -105,9 +105,7 @@ fn a_scrape_shows_every_change_since_the_last_and_keeps_nothing_stale() {
     }
     let published = publisher(&tracker);
     let kernel = Arc::new(Changing::default());
-    let metrics = |kernel: Arc<Changing>| {
-        UnitMetrics::new(published.subscribe(), kernel, Box::new(|| 10_000_000_000), Box::new(|| 1_700_000_000.0))
-    };
+    let metrics = |kernel: Arc<Changing>| UnitMetrics::new(published.subscribe(), kernel, Box::new(|| 1_700_000_000.0));
     let cached = metrics(kernel.clone());
     let scrape = |m: &UnitMetrics| {
         let mut text = String::new();
@@ -150,6 +148,124 @@ fn a_scrape_shows_every_change_since_the_last_and_keeps_nothing_stale() {
 }
 
 #[test]
+fn scrape_after_scrape_the_kept_text_is_the_text_written_afresh() {
+    // Units come, change (exits, restarts, kernel counters) and go between scrapes, a few at a
+    // time as on a node; each scrape of the kept text must be byte for byte what a scrape without
+    // any kept text writes, families contiguous.
+    let mut tracker = NodeTracker::new(TrackerConfig::default());
+    let kernel = Arc::new(Changing::default());
+    let published = publisher(&tracker);
+    let make = || UnitMetrics::new(published.subscribe(), kernel.clone(), Box::new(|| 1_700_000_000.0));
+    let kept = make();
+    let scrape = |m: &UnitMetrics| {
+        let mut text = String::new();
+        m.render(&mut text);
+        text
+    };
+    // A fixed pseudo-random sequence (a linear congruential generator): the same run every time.
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move |below: u64| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % below
+    };
+    let mut time = 10u64;
+    let mut live: Vec<(u64, u32)> = Vec::new();
+    let mut last_cgroup = 1000u64;
+    for round in 0..40 {
+        for _ in 0..next(6) {
+            time += 1;
+            match next(5) {
+                0 | 1 => {
+                    last_cgroup += 1;
+                    let pid = last_cgroup as u32;
+                    start_host_unit(&mut tracker, last_cgroup, pid, &format!("u{last_cgroup}"));
+                    live.push((last_cgroup, pid));
+                }
+                2 if !live.is_empty() => {
+                    let (cgroup, pid) = live.remove(next(live.len() as u64) as usize);
+                    let exit = Detail::Exit {
+                        exit_status: Some(next(3) as u8),
+                        signal: None,
+                        core_dumped: false,
+                        group_dead: true,
+                        parent_tgid: 1,
+                        start_time_ns: 2,
+                        cpu_time_ns: 1,
+                        comm: "u".into(),
+                    };
+                    tracker.apply(&event(time * 1_000_000, pid, cgroup, exit));
+                    if next(2) == 0 {
+                        let path = format!("/system.slice/u{cgroup}.service");
+                        let rmdir = CgroupDetail { id: cgroup, path, truncated: false };
+                        tracker.apply(&event(time * 1_000_000 + 1, pid, cgroup, Detail::CgroupRmdir(rmdir)));
+                    }
+                }
+                _ if !live.is_empty() => {
+                    let (cgroup, _) = live[next(live.len() as u64) as usize];
+                    let counters = CgroupCounters { execs: next(100) + 1, ..Default::default() };
+                    kernel.0.lock().expect("lock").insert(cgroup, counters);
+                }
+                _ => {}
+            }
+        }
+        if round % 7 == 6 {
+            tracker.expire(time * 1_000_000, 3_000_000);
+        }
+        published.send_replace(Arc::new(tracker.snapshot()));
+        let text = scrape(&kept);
+        assert_eq!(text, scrape(&make()), "round {round}");
+        let families: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        let mut unique = families.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(families.len(), unique.len(), "each family once, round {round}:\n{text}");
+    }
+    assert!(tracker.units().count() > 10, "the run kept some units: {}", tracker.units().count());
+}
+
+#[test]
+fn a_step_of_the_wall_clock_rewrites_the_kept_termination_times() {
+    // A unit that did not change keeps its text, except when the boot-to-Unix offset moved by
+    // more than a millisecond (an NTP step): its termination time is a Unix time.
+    let mut tracker = NodeTracker::new(TrackerConfig::default());
+    start_host_unit(&mut tracker, 50, 500, "a");
+    let exit = Detail::Exit {
+        exit_status: Some(1),
+        signal: None,
+        core_dumped: false,
+        group_dead: true,
+        parent_tgid: 1,
+        start_time_ns: 2,
+        cpu_time_ns: 1,
+        comm: "a".into(),
+    };
+    tracker.apply(&event(3_000_000_000, 500, 50, exit));
+    let published = publisher(&tracker);
+    let offset = Arc::new(Mutex::new(1_700_000_000.0));
+    let clock = offset.clone();
+    let metrics = UnitMetrics::new(
+        published.subscribe(),
+        Arc::new(Changing::default()),
+        Box::new(move || *clock.lock().expect("lock")),
+    );
+    let finished = |offset: f64| {
+        let mut text = String::new();
+        metrics.render(&mut text);
+        let line = text.lines().find(|l| l.starts_with("lifecycle_container_last_terminated_timestamp_seconds{"));
+        assert_eq!(
+            line.and_then(|l| l.rsplit_once(' ')).map(|(_, v)| v.parse::<f64>().expect("value")),
+            Some(offset + 3.0)
+        );
+    };
+    finished(1_700_000_000.0);
+    // Microseconds of drift keep the offset (and the text) as it was.
+    *offset.lock().expect("lock") = 1_700_000_000.000_5;
+    finished(1_700_000_000.0);
+    *offset.lock().expect("lock") = 1_700_000_060.0;
+    finished(1_700_000_060.0);
+}
+
+#[test]
 fn without_host_units_a_scrape_has_no_host_cgroup_series() {
     // Issue 21: on a Kubernetes node host cgroups are off by default (`--host-cgroups`).
     let mut tracker = NodeTracker::new(TrackerConfig::default());
@@ -160,8 +276,7 @@ fn without_host_units_a_scrape_has_no_host_cgroup_series() {
         m.render(&mut text);
         text
     };
-    let make =
-        || UnitMetrics::new(published.subscribe(), Arc::new(Kernel), Box::new(|| 10), Box::new(|| 1_700_000_000.0));
+    let make = || UnitMetrics::new(published.subscribe(), Arc::new(Kernel), Box::new(|| 1_700_000_000.0));
     assert!(scrape(make()).contains("container=\"/system.slice/nginx.service\""));
     let without = scrape(make().without_host_units());
     assert!(!without.contains("nginx"), "{without}");
@@ -196,12 +311,7 @@ fn a_pod_recreated_under_the_same_name_gives_two_series_sets_not_duplicates() {
         };
         tracker.apply(&event(2, 1000 + n as u32, cgroup, exec));
     }
-    let metrics = UnitMetrics::new(
-        publisher(&tracker).subscribe(),
-        Arc::new(Kernel),
-        Box::new(|| 10_000_000_000),
-        Box::new(|| 1_700_000_000.0),
-    );
+    let metrics = UnitMetrics::new(publisher(&tracker).subscribe(), Arc::new(Kernel), Box::new(|| 1_700_000_000.0));
     let mut text = String::new();
     metrics.render(&mut text);
     let mut seen = std::collections::HashSet::new();
@@ -230,8 +340,7 @@ fn a_thousand_units_beside_a_hostile_one_stay_under_four_megabytes() {
     let (hostile, pid) = (50, 500);
     start_host_unit(&mut tracker, hostile, pid, "hostile");
     let published = publisher(&tracker);
-    let units =
-        UnitMetrics::new(published.subscribe(), Arc::new(Changing::default()), Box::new(|| 10), Box::new(|| 0.0));
+    let units = UnitMetrics::new(published.subscribe(), Arc::new(Changing::default()), Box::new(|| 0.0));
     let hostile_lines = |text: &str| text.lines().filter(|l| l.contains("/hostile.service\"")).count();
     let mut text = String::new();
     units.render(&mut text);

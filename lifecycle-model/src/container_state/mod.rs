@@ -289,6 +289,25 @@ impl ContainerStatus {
         self.state = ContainerState::Terminated { reason, exit_code, signal, started_at, finished_at: time };
     }
 
+    /// The delay the back-off puts before this terminated container's restart, when there is
+    /// one: the status then shows Waiting/CrashLoopBackOff. A fact of the status and the back-off,
+    /// not of the time: it holds from the exit until the restart (an event) however long that
+    /// takes, which is why a reader may keep what it derived from it until the unit changes
+    /// (the scrape's cache, `export/units.rs` in the agent).
+    pub fn pending_back_off_ns(&self, restart: &RestartSpec, backoff: &BackoffTracker) -> Option<u64> {
+        let ContainerState::Terminated { exit_code, finished_at, .. } = self.state else {
+            return None;
+        };
+        if !restart.should_restart(exit_code) {
+            return None;
+        }
+        // Only trust the tracker when it is waiting on this very exit.
+        if backoff.pending_finished_at() != Some(finished_at) {
+            return None;
+        }
+        backoff.pending_delay_ns().filter(|delay| *delay > 0)
+    }
+
     /// The status at `now`. A terminated container that will be restarted shows
     /// Waiting/CrashLoopBackOff (last state: the termination) from its exit until the restart when
     /// the back-off delays that restart — the kubelet keeps the reason until the start succeeds —
@@ -305,18 +324,11 @@ impl ContainerStatus {
             restart_expected: false,
             back_off_remaining_ns: None,
         };
-        let ContainerState::Terminated { exit_code, finished_at, .. } = self.state else {
+        let ContainerState::Terminated { exit_code, .. } = self.state else {
             return snapshot;
         };
-        if !restart.should_restart(exit_code) {
-            return snapshot;
-        }
-        snapshot.restart_expected = true;
-        // Only trust the tracker when it is waiting on this very exit.
-        if backoff.pending_finished_at() != Some(finished_at) {
-            return snapshot;
-        }
-        let Some(delay) = backoff.pending_delay_ns().filter(|delay| *delay > 0) else {
+        snapshot.restart_expected = restart.should_restart(exit_code);
+        let Some(delay) = self.pending_back_off_ns(restart, backoff) else {
             return snapshot;
         };
         snapshot.back_off_remaining_ns = backoff.expected_wait_remaining(now);

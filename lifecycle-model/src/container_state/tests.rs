@@ -155,6 +155,30 @@ fn crash_loop_back_off_is_shown_while_the_back_off_holds() {
     assert_eq!(running.restart_count, 2);
 }
 
+#[test]
+fn whether_the_back_off_is_shown_does_not_move_with_time_alone() {
+    // Readers keep what they derive from a status until the status changes (the agent's scrape
+    // cache): what `state_at` shows, apart from the time remaining, must not depend on `now`.
+    let never = RestartSpec { pod_restart_policy: RestartPolicy::Never, ..Default::default() };
+    let (c, b) = second_crash(Some(1), None);
+    let mut first = status_running();
+    let mut first_b = backoff();
+    first_b.on_started(at(S), None);
+    first.on_init_exited(at(2 * S), Some(1), None, false);
+    first_b.on_finished(at(2 * S));
+    let cases = [(&c, &always(), &b, Some(10 * S)), (&c, &never, &b, None), (&first, &always(), &first_b, None)];
+    for (status, restart, backoff, delay) in cases {
+        assert_eq!(status.pending_back_off_ns(restart, backoff), delay);
+        let shown = status.state_at(at(0), restart, backoff);
+        for now in [S, 4 * S, 13 * S, 14 * S, 15 * S, 3600 * S, u64::MAX / 2] {
+            let later = status.state_at(at(now), restart, backoff);
+            assert_eq!(later.state, shown.state, "at {now}");
+            assert_eq!(later.last_state, shown.last_state, "at {now}");
+            assert_eq!(shows_back_off(&later), delay.is_some(), "at {now}");
+        }
+    }
+}
+
 /// Drives a container to its second crash, so a restart would be held by a 10 s back-off.
 fn second_crash(exit_status: Option<u8>, signal: Option<u8>) -> (ContainerStatus, BackoffTracker) {
     let mut c = status();

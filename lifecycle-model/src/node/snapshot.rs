@@ -38,6 +38,14 @@ impl NodeSnapshot {
         self.units.iter().map(|unit| &**unit)
     }
 
+    /// Every unit as the model shares it, in key order. A unit the model changes is replaced by a
+    /// new `Arc` (copy on write), so a reader that keeps one and finds the same pointer in a later
+    /// snapshot knows the unit did not change in between (the scrape's cache, `export/units.rs`
+    /// in the agent); keeping the `Arc` is what rules out a freed unit's address coming back.
+    pub fn shared_units(&self) -> impl Iterator<Item = &Arc<Unit>> {
+        self.units.iter()
+    }
+
     /// What was dropped to stay within the bounds, by kind (see `bounds.rs`).
     pub fn dropped(&self) -> &DroppedCounts {
         &self.dropped

@@ -225,6 +225,17 @@ impl Unit {
         self.status.state()
     }
 
+    /// The unit's previous state, as its status keeps it (without back-off projection).
+    pub fn last_state(&self) -> Option<&ContainerState> {
+        self.status.last_state()
+    }
+
+    /// The back-off delay before a restart while the status shows Waiting/CrashLoopBackOff; a
+    /// fact of the unit, not of the time (see [`ContainerStatus::pending_back_off_ns`]).
+    pub fn pending_back_off_ns(&self) -> Option<u64> {
+        self.status.pending_back_off_ns(&self.restart, &self.backoff)
+    }
+
     pub fn restart_count(&self) -> u32 {
         self.status.restart_count()
     }
