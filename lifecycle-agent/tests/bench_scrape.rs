@@ -9,7 +9,6 @@
 //! kept), the baseline the others are compared with.
 
 use std::{
-    collections::HashMap,
     io::{Read as _, Write as _},
     net::TcpStream,
     sync::{
@@ -22,7 +21,7 @@ use std::{
 use lifecycle_agent::{
     agent::http::{self, Routes},
     export::metrics::Metrics,
-    export::units::{KernelCounters, UnitMetrics},
+    export::units::{KernelCounters, LiveCounters, UnitMetrics},
     model::event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
     model::metadata::{ContainerMeta, ContainerState, ContainerType, KubeletAnnotations},
     model::node::{Judgement, NodeTracker, Outcome, TrackerConfig},
@@ -38,7 +37,7 @@ struct FakeKernel {
 }
 
 impl KernelCounters for FakeKernel {
-    fn read_all(&self, into: &mut HashMap<u64, CgroupCounters>) {
+    fn read_all(&self, into: &mut LiveCounters) {
         let read = self.reads.fetch_add(1, Ordering::Relaxed);
         let moving = self.moving_per_mille.load(Ordering::Relaxed);
         for &id in &self.cgroups {

@@ -19,7 +19,7 @@ use crate::probe::handoff::{self, ListenerRegistry};
 use health::Heartbeats;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use lifecycle_common::{CgroupCounters, KindStats, EVENT_KIND_COUNT};
+use lifecycle_common::{KindStats, EVENT_KIND_COUNT};
 use prometheus::Histogram;
 use tokio::sync::{watch, Notify};
 
@@ -31,7 +31,7 @@ use crate::{
     },
     export::{
         metrics::{AgentCounters, FeatureFlag, KernelStats, Metrics, MetricsError, RuntimeMetrics},
-        units::{KernelCounters, UnitMetrics},
+        units::{KernelCounters, LiveCounters, UnitMetrics},
     },
     kernel::{Sensor, SensorConfig, SensorError, SensorMaps, StreamError},
     model::node::{NodeTracker, TrackerConfig},
@@ -51,7 +51,7 @@ use tasks::{expiry_loop, seed};
 
 /// The sensor's counter map is where the exporters' kernel counters come from.
 impl KernelCounters for SensorMaps {
-    fn read_all(&self, into: &mut std::collections::HashMap<u64, CgroupCounters>) {
+    fn read_all(&self, into: &mut LiveCounters) {
         self.each_cgroup_counters(|id, counters| {
             into.insert(id, counters);
         });

@@ -1,15 +1,12 @@
 //! The owner's routing and its queue, driven by hand on the test's thread where the agent runs
 //! it on the ring reader's.
 
-use std::collections::HashMap;
-
 use futures::FutureExt as _;
-use lifecycle_common::CgroupCounters;
 
 use super::*;
 use crate::{
     discovery::cgroupfs::CgroupRoot,
-    export::units::KernelCounters,
+    export::units::{KernelCounters, LiveCounters},
     model::{
         event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
         metadata::{ContainerMeta, KubeletAnnotations},
@@ -24,7 +21,7 @@ const POD_UID: &str = "00000000-0000-0000-0000-000000000001";
 struct NoKernel;
 
 impl KernelCounters for NoKernel {
-    fn read_all(&self, _: &mut HashMap<u64, CgroupCounters>) {}
+    fn read_all(&self, _: &mut LiveCounters) {}
 }
 
 fn container_id() -> String {

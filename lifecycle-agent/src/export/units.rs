@@ -38,7 +38,40 @@ use crate::model::node::{DroppedCounts, Judgement, NodeSnapshot, Unit, UnitKey};
 pub trait KernelCounters: Send + Sync {
     /// The live counters of every cgroup the kernel has an entry for, read at once into `into`
     /// (empty; kept from scrape to scrape so its memory is reused).
-    fn read_all(&self, into: &mut HashMap<u64, CgroupCounters>);
+    fn read_all(&self, into: &mut LiveCounters);
+}
+
+/// The kernel's counters of every cgroup, as one scrape read them. The values lie in a list and
+/// the map holds positions: a map of the values themselves (a few hundred bytes each, at the
+/// map's spare capacity) held about twice the memory for a thousand cgroups.
+#[derive(Default)]
+pub struct LiveCounters {
+    positions: HashMap<u64, u32>,
+    values: Vec<CgroupCounters>,
+}
+
+impl LiveCounters {
+    /// Records a cgroup's counters; a second record of the same cgroup replaces the first.
+    pub fn insert(&mut self, cgroup_id: u64, counters: CgroupCounters) {
+        match self.positions.get(&cgroup_id).and_then(|at| self.values.get_mut(*at as usize)) {
+            Some(kept) => *kept = counters,
+            None => {
+                let Ok(at) = u32::try_from(self.values.len()) else { return };
+                self.positions.insert(cgroup_id, at);
+                self.values.push(counters);
+            }
+        }
+    }
+
+    /// The counters of a cgroup, if the kernel had an entry for it.
+    pub fn get(&self, cgroup_id: u64) -> Option<&CgroupCounters> {
+        self.positions.get(&cgroup_id).and_then(|at| self.values.get(*at as usize))
+    }
+
+    fn clear(&mut self) {
+        self.positions.clear();
+        self.values.clear();
+    }
 }
 
 /// Writes the per-container families; handed to [`crate::export::metrics::Metrics::add_text_source`].
@@ -60,8 +93,6 @@ pub struct UnitMetrics {
 struct Cache {
     /// The units of the last scrape, in the tracker's unit order.
     units: Vec<CachedUnit>,
-    /// The list the next scrape fills (empty; kept for its memory).
-    spare_units: Vec<CachedUnit>,
     /// The per-container section of the last scrape's text: the unchanged units' samples are
     /// copied from it, family by family, in runs of neighbours (one copy per run instead of one
     /// per unit and family: 30,000 scattered reads at 1,000 units were most of a scrape's own
@@ -73,8 +104,8 @@ struct Cache {
     offset: Option<f64>,
     /// Scratch bodies a changed unit is written into, family by family.
     scratch: Option<Families>,
-    /// The kernel's counters, read at each scrape into the same map.
-    live: HashMap<u64, CgroupCounters>,
+    /// The kernel's counters, read at each scrape into the same memory.
+    live: LiveCounters,
 }
 
 /// A unit of the last scrape: what its samples were written from, and where they are.
@@ -207,6 +238,28 @@ impl UnitMetrics {
         }
     }
 
+    /// Whether a unit gets series (host cgroups only with `--host-cgroups`).
+    fn shown(&self, unit: &Unit) -> bool {
+        self.host_units || !matches!(unit.key(), UnitKey::Host { .. })
+    }
+
+    /// Whether the snapshot shows the same units, in the same order, as the kept list: then the
+    /// list is updated in place (a new one each scrape, a few hundred kilobytes at 1,000 units,
+    /// was mapped and unmapped every time, or kept twice).
+    fn same_units(&self, kept: &[CachedUnit], snapshot: &NodeSnapshot) -> bool {
+        let mut kept = kept.iter();
+        for unit in snapshot.shared_units() {
+            match kept.as_slice().first() {
+                Some(cached) if Arc::ptr_eq(&cached.unit, unit) || cached.unit.key() == unit.key() => {
+                    kept.next();
+                }
+                _ if !self.shown(unit) => {}
+                _ => return false,
+            }
+        }
+        kept.next().is_none()
+    }
+
     /// Appends every per-container family to `out`.
     pub fn render(&self, out: &mut String) {
         let mut cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
@@ -219,44 +272,48 @@ impl UnitMetrics {
         // A new offset moves every terminated unit's timestamp: nothing is reused then.
         let offset_kept = kept_offset == Some(boot_to_unix);
         let mut scratch = cache.scratch.take().unwrap_or_else(new_families);
-        // Both lists keep their memory from scrape to scrape: at a few hundred bytes an entry,
-        // a new list each time was a large allocation, mapped and unmapped at every scrape.
-        let mut last = std::mem::take(&mut cache.units);
-        let mut units = std::mem::take(&mut cache.spare_units);
-        units.clear();
-        let mut previous = last.drain(..).peekable();
         let mut fresh = std::mem::take(&mut cache.fresh);
         fresh.clear();
         let snapshot = self.snapshots.borrow().clone();
         let dropped = *snapshot.dropped();
-        // Both sequences are in unit-key order: a merge keeps the entries of units still here.
-        for unit in snapshot.shared_units() {
-            // The unit the last scrape saw, unchanged (the usual case), is found without reading
-            // it: at 1,000 units, reading each one's key was a cache miss apiece.
-            let same = previous.next_if(|cached| Arc::ptr_eq(&cached.unit, unit));
-            let (cached, cgroup_id) = match same {
-                Some(same) => {
-                    let cgroup_id = same.cgroup_id;
-                    (Some(same), cgroup_id)
+        // Brings one kept unit up to date: its samples are written again unless they were written
+        // from this very unit and these counters.
+        let mut refresh = |cached: &mut CachedUnit, unit: &Arc<Unit>, cgroup_id: Option<u64>, new: bool| {
+            let counters = cgroup_id.and_then(|id| live.get(id));
+            if new || !offset_kept || !cached.written_from(unit, counters) {
+                cached.rewrite(unit, counters, &mut scratch, &mut fresh, boot_to_unix);
+            }
+        };
+        let mut units = std::mem::take(&mut cache.units);
+        if self.same_units(&units, &snapshot) {
+            // The usual scrape: the units of the last one, in the same order, updated where they
+            // are. An unchanged unit (the same `Arc`) is not even read: at 1,000 units, reading
+            // each one was a cache miss apiece.
+            let mut kept = units.iter_mut().peekable();
+            for unit in snapshot.shared_units() {
+                if let Some(cached) = kept.next_if(|cached| Arc::ptr_eq(&cached.unit, unit)) {
+                    let cgroup_id = cached.cgroup_id;
+                    refresh(cached, unit, cgroup_id, false);
+                } else if let Some(cached) = kept.next_if(|cached| cached.unit.key() == unit.key()) {
+                    refresh(cached, unit, unit.cgroup_id(), false);
                 }
-                None if !self.host_units && matches!(unit.key(), UnitKey::Host { .. }) => continue,
-                None => {
-                    while previous.next_if(|cached| cached.unit.key() < unit.key()).is_some() {}
-                    (previous.next_if(|cached| cached.unit.key() == unit.key()), unit.cgroup_id())
-                }
-            };
-            let counters = cgroup_id.and_then(|id| live.get(&id));
-            units.push(match cached {
-                Some(cached) if offset_kept && cached.written_from(unit, counters) => cached,
-                cached => {
-                    let mut cached = cached.unwrap_or_else(|| CachedUnit::new(unit.clone()));
-                    cached.rewrite(unit, counters, &mut scratch, &mut fresh, boot_to_unix);
-                    cached
-                }
-            });
+                // Otherwise a unit without series (`same_units` checked).
+            }
+        } else {
+            // Units came or went: both sequences are in unit-key order, and a merge keeps the
+            // entries of the units still here.
+            let mut previous = units.into_iter().peekable();
+            units = Vec::with_capacity(previous.len() + 1);
+            for unit in snapshot.shared_units().filter(|u| self.shown(u)) {
+                while previous.next_if(|cached| cached.unit.key() < unit.key()).is_some() {}
+                let (mut cached, new) = match previous.next_if(|cached| cached.unit.key() == unit.key()) {
+                    Some(cached) => (cached, false),
+                    None => (CachedUnit::new(unit.clone()), true),
+                };
+                refresh(&mut cached, unit, unit.cgroup_id(), new);
+                units.push(cached);
+            }
         }
-        drop(previous);
-        cache.spare_units = last;
         cache.scratch = Some(scratch);
         cache.live = live;
 

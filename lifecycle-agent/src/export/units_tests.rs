@@ -14,7 +14,7 @@ fn publisher(tracker: &NodeTracker) -> watch::Sender<Arc<NodeSnapshot>> {
 struct Kernel;
 
 impl KernelCounters for Kernel {
-    fn read_all(&self, into: &mut HashMap<u64, CgroupCounters>) {
+    fn read_all(&self, into: &mut LiveCounters) {
         let mut counters = CgroupCounters::default();
         counters.unrecorded_signals[10] = 7;
         counters.unrecorded_signals[23] = 3;
@@ -81,8 +81,10 @@ fn signals_only_counted_in_the_kernel_join_the_recorded_ones_from_the_same_conta
 struct Changing(Mutex<HashMap<u64, CgroupCounters>>);
 
 impl KernelCounters for Changing {
-    fn read_all(&self, into: &mut HashMap<u64, CgroupCounters>) {
-        into.extend(self.0.lock().expect("lock").iter().map(|(k, v)| (*k, *v)));
+    fn read_all(&self, into: &mut LiveCounters) {
+        for (cgroup_id, counters) in self.0.lock().expect("lock").iter() {
+            into.insert(*cgroup_id, *counters);
+        }
     }
 }
 

@@ -44,12 +44,15 @@ pub(crate) enum BatchError {
     Io(io::Error),
 }
 
-/// Buffers of the batch calls and the map read, kept between reads: a read that allocates its
-/// buffers anew faults their pages in at every scrape.
+/// Buffers of the batch calls, kept between reads: a read that allocates its buffers anew faults
+/// their pages in at every scrape.
 pub(crate) struct BatchBuffers {
     keys: Vec<u64>,
     values: Vec<CgroupCounters>,
-    entries: Vec<(u64, CgroupCounters)>,
+    /// The keys handed over by the current (or last) read, so that a caller falling back to
+    /// iteration after an error skips them. Keys only: keeping every entry's counters here as
+    /// well held a second copy of the map (a third of a megabyte at 1,000 cgroups).
+    handed: Vec<u64>,
 }
 
 impl Default for BatchBuffers {
@@ -57,18 +60,34 @@ impl Default for BatchBuffers {
         Self {
             keys: vec![0; ENTRIES_PER_CALL],
             values: vec![CgroupCounters::default(); ENTRIES_PER_CALL],
-            entries: Vec::new(),
+            handed: Vec::new(),
         }
     }
 }
 
-/// Every entry of a `u64 -> CgroupCounters` hash map (in `buffers`, until the next read).
-pub(crate) fn read_counters<'b>(
+impl BatchBuffers {
+    /// The keys the last read handed over, whether or not it then failed.
+    pub(crate) fn handed(&self) -> &[u64] {
+        &self.handed
+    }
+}
+
+/// Every entry of a `u64 -> CgroupCounters` hash map, handed to `each` batch by batch; how many.
+/// On an error some entries may have been handed over already: [`BatchBuffers::handed`] names
+/// them.
+pub(crate) fn read_counters(
     map: BorrowedFd<'_>,
-    buffers: &'b mut BatchBuffers,
-) -> Result<&'b [(u64, CgroupCounters)], BatchError> {
-    let BatchBuffers { keys, values, entries } = buffers;
-    entries.clear();
+    buffers: &mut BatchBuffers,
+    each: &mut impl FnMut(u64, CgroupCounters),
+) -> Result<usize, BatchError> {
+    let BatchBuffers { keys, values, handed } = buffers;
+    handed.clear();
+    let mut hand = |keys: &[u64], values: &[CgroupCounters]| {
+        for (key, value) in keys.iter().zip(values) {
+            handed.push(*key);
+            each(*key, *value);
+        }
+    };
     // The kernel's position token for hash maps is a bucket index (u32); none on the first call.
     let mut position: Option<u32> = None;
     loop {
@@ -91,15 +110,15 @@ pub(crate) fn read_counters<'b>(
         match error.as_ref().and_then(crate::sys::SysError::errno) {
             None => {}
             Some(libc::ENOENT) => {
-                entries.extend(keys[..filled].iter().copied().zip(values[..filled].iter().copied()));
-                return Ok(entries);
+                hand(&keys[..filled], &values[..filled]);
+                return Ok(handed.len());
             }
             Some(libc::EINVAL | libc::EOPNOTSUPP | KERNEL_ENOTSUPP | libc::ENOSPC) => {
                 return Err(BatchError::Unsupported)
             }
             Some(_) => return Err(BatchError::Io(error.map_or_else(io::Error::last_os_error, |error| error.source))),
         }
-        entries.extend(keys[..filled].iter().copied().zip(values[..filled].iter().copied()));
+        hand(&keys[..filled], &values[..filled]);
         position = Some(next);
     }
 }

@@ -12,6 +12,7 @@ mod ring;
 
 use crate::ErrorChain;
 use std::{
+    collections::HashSet,
     io,
     os::fd::AsFd as _,
     path::{Path, PathBuf},
@@ -255,10 +256,9 @@ impl SensorMaps {
     pub fn each_cgroup_counters(&self, mut each: impl FnMut(u64, CgroupCounters)) -> MapRead {
         let counters = self.counters.lock().unwrap_or_else(|poison| poison.into_inner());
         let mut buffers = self.batch_buffers.lock().unwrap_or_else(|poison| poison.into_inner());
-        match batch::read_counters(counters.map().fd().as_fd(), &mut buffers) {
-            Ok(entries) => {
-                entries.iter().for_each(|(id, c)| each(*id, *c));
-                self.note_read(entries.len());
+        match batch::read_counters(counters.map().fd().as_fd(), &mut buffers, &mut each) {
+            Ok(read) => {
+                self.note_read(read);
                 return MapRead::Batched;
             }
             Err(batch::BatchError::Io(error)) => {
@@ -266,9 +266,11 @@ impl SensorMaps {
             }
             Err(batch::BatchError::Unsupported) => {}
         }
+        // Each entry once: the ones a failed batch read handed over already are skipped.
+        let handed: HashSet<u64> = buffers.handed().iter().copied().collect();
+        let mut read = handed.len();
         // An entry deleted between iteration steps yields an error for that key; skip it.
-        let mut read = 0;
-        counters.iter().filter_map(Result::ok).for_each(|(id, c)| {
+        counters.iter().filter_map(Result::ok).filter(|(id, _)| !handed.contains(id)).for_each(|(id, c)| {
             read += 1;
             each(id, c)
         });

@@ -4,10 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use lifecycle_common::CgroupCounters;
-
 use super::{
-    bounds::DroppedKind, processes::ProcessEntry, unit::start_unit, NodeTracker, PortStats, UnitCounters, UnitKey,
+    bounds::DroppedKind,
+    processes::ProcessEntry,
+    unit::{start_unit, CarriedCounters},
+    NodeTracker, PortStats, UnitCounters, UnitKey,
 };
 use crate::{
     identity::{classify, CgroupIdentity},
@@ -64,7 +65,7 @@ pub(super) struct Instance {
     pub(super) pending_counters: UnitCounters,
     pub(super) pending_tcp: BTreeMap<u16, PortStats>,
     /// Kernel counters of departed cgroups carried over when the instance changes units.
-    pub(super) pending_kernel_counters: CgroupCounters,
+    pub(super) pending_kernel_counters: CarriedCounters,
     /// Its cgroup is gone while it still waited for its name: kept until the next metadata links
     /// (and judges) or ignores it, so a container that lives for milliseconds is not lost.
     pub(super) departed: bool,
@@ -112,7 +113,7 @@ impl Instance {
             spec_hash: None,
             pending_counters: UnitCounters::default(),
             pending_tcp: BTreeMap::new(),
-            pending_kernel_counters: CgroupCounters::default(),
+            pending_kernel_counters: CarriedCounters::default(),
             named_by_id: false,
             departed: false,
         }

@@ -475,7 +475,7 @@ impl NodeTracker {
     /// The final kernel counters of a cgroup about to disappear, kept with its unit.
     pub fn absorb_kernel_counters(&mut self, cgroup_id: u64, counters: CgroupCounters) {
         if let Some(unit) = self.unit_of(cgroup_id) {
-            unit.departed_kernel_counters += counters;
+            unit.departed_kernel_counters.add(counters);
         }
     }
 

@@ -30,7 +30,7 @@ impl NodeSnapshot {
             let reports = units
                 .iter()
                 .filter(|u| u.sidecar || !u.init_container)
-                .filter_map(|u| u.last_termination.as_ref().map(|r| (u.labels.container.as_str(), r)));
+                .filter_map(|u| u.last_termination.as_deref().map(|r| (u.labels.container.as_str(), r)));
             for order in sidecar_order(reports) {
                 out.insert((pod_uid.to_owned(), order.container.clone()), order);
             }

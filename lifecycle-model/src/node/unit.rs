@@ -103,6 +103,35 @@ pub struct UnitCounters {
     pub disagreements: BTreeMap<DisagreementKind, u64>,
 }
 
+/// Kernel counters carried over from cgroups that are gone (a unit's departed instances, or an
+/// instance's when it changes units). Most units and instances carry none, so the sum is boxed
+/// and absent until the first: inline, its few hundred bytes were a third of every unit and
+/// instance (heaptrack of the agent with 1,000 units, BENCHMARKS.md).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CarriedCounters(Option<Box<CgroupCounters>>);
+
+impl CarriedCounters {
+    /// Adds a departed cgroup's final counters.
+    pub(crate) fn add(&mut self, counters: CgroupCounters) {
+        match &mut self.0 {
+            Some(sum) => **sum += counters,
+            None => self.0 = Some(Box::new(counters)),
+        }
+    }
+
+    /// Adds everything `other` carried.
+    pub(crate) fn add_all(&mut self, other: CarriedCounters) {
+        if let Some(counters) = other.0 {
+            self.add(*counters);
+        }
+    }
+
+    /// The sum carried (zero when nothing was).
+    pub(crate) fn total(&self) -> CgroupCounters {
+        self.0.as_deref().copied().unwrap_or_default()
+    }
+}
+
 /// One unit: a container over its restarts, or a host cgroup.
 #[derive(Clone, Debug)]
 ///
@@ -115,7 +144,8 @@ pub struct Unit {
     pub(super) restart: RestartSpec,
     pub(super) counters: UnitCounters,
     pub(super) tcp: BTreeMap<u16, PortStats>,
-    pub(super) last_termination: Option<TerminationReport>,
+    /// Boxed: a report is about 320 bytes, and most units (running, never stopped) have none.
+    pub(super) last_termination: Option<Box<TerminationReport>>,
     pub(super) last_backoff: Option<Observation>,
     /// The instance (cgroup) the unit runs as now.
     pub(super) cgroup_id: Option<u64>,
@@ -123,7 +153,7 @@ pub struct Unit {
     /// Last time anything changed (boot ns); departed units expire from it.
     pub(super) last_change_ns: u64,
     /// The kernel's counters of this unit's instances whose cgroups are gone.
-    pub(super) departed_kernel_counters: CgroupCounters,
+    pub(super) departed_kernel_counters: CarriedCounters,
     /// An init container (per the runtime's metadata).
     pub(super) init_container: bool,
     /// An init container seen running beside a main container: a sidecar (restartPolicy Always;
@@ -191,7 +221,7 @@ impl Unit {
 
     /// The last judged termination.
     pub fn last_termination(&self) -> Option<&TerminationReport> {
-        self.last_termination.as_ref()
+        self.last_termination.as_deref()
     }
 
     /// The last judged restart.
@@ -217,7 +247,7 @@ impl Unit {
 
     /// The kernel's counters of its instances whose cgroups are gone.
     pub fn departed_kernel_counters(&self) -> CgroupCounters {
-        self.departed_kernel_counters
+        self.departed_kernel_counters.total()
     }
 
     /// The unit's current status (without back-off projection).
@@ -317,7 +347,7 @@ impl NodeTracker {
             cgroup_id: None,
             container_id: None,
             last_change_ns: 0,
-            departed_kernel_counters: CgroupCounters::default(),
+            departed_kernel_counters: CarriedCounters::default(),
             init_container: false,
             sidecar: false,
             started_at: None,
@@ -343,7 +373,7 @@ impl NodeTracker {
         let named_by_id = meta.is_none() && matches!(instance.kind, InstanceKind::Container { .. });
         instance.named_by_id = named_by_id;
         unit.named_by_id = named_by_id;
-        unit.departed_kernel_counters += std::mem::take(&mut instance.pending_kernel_counters);
+        unit.departed_kernel_counters.add_all(std::mem::take(&mut instance.pending_kernel_counters));
         instance.termination.set_settings(settings);
         if let Some(meta) = &meta {
             instance.spec_hash = meta.kubelet.spec_hash.map(|h| format!("{h:x}"));
@@ -482,7 +512,7 @@ impl NodeTracker {
             };
             std::sync::Arc::make_mut(&mut self.history).record(stop, &mut self.dropped);
         }
-        unit.last_termination = Some(report);
+        unit.last_termination = Some(Box::new(report));
         unit.last_change_ns = exit.time;
         if host {
             // Host units have no kubelet: a new process is a new run, not a restart to judge.

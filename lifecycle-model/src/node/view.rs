@@ -88,7 +88,7 @@ impl NodeSnapshot {
             container_id: unit.container_id.clone(),
             cgroup_id: unit.cgroup_id,
             status: unit.status.state_at(now, &unit.restart, &unit.backoff),
-            last_termination: unit.last_termination.clone(),
+            last_termination: unit.last_termination.as_deref().cloned(),
             last_backoff: unit.last_backoff.clone(),
             exec_sessions: unit.counters.exec_sessions,
             exec_session_cpu_seconds: crate::time::seconds(unit.counters.exec_session_cpu_ns),
