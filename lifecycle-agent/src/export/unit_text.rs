@@ -1,9 +1,10 @@
 //! What one unit's per-container families say, and the exposition text they are written as.
 //!
-//! [`UnitView`] gathers everything the text says of a unit and nothing else; [`write_unit`]
-//! writes the samples from the view alone, so a text kept with its view (see `units.rs`) is
-//! right for as long as the view is equal. Families are written straight into the text format
-//! (the registry's model allocates per label pair), each family contiguous as the format requires.
+//! [`UnitView`] gathers everything the text says of a unit and nothing else, none of it
+//! dependent on the time of the scrape; [`write_unit`] writes the samples from the view alone,
+//! so samples kept with the unit and counters they came from (see `units.rs`) stay right until
+//! one of those changes. Families are written straight into the text format (the registry's
+//! model allocates per label pair), each family contiguous as the format requires.
 
 use std::{collections::BTreeMap, fmt::Write as _};
 

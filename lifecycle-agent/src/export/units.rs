@@ -9,13 +9,14 @@
 //! the pod count; each container's own last value is a gauge beside them.
 //!
 //! A scrape of 1,000 containers must stay within a few milliseconds, and between two scrapes most
-//! containers do not change. So each unit's text is kept with what it was written from: the
-//! model's `Arc` of the unit and the kernel's live counters of its cgroup. The text is a function
-//! of those two and the boot-to-Unix offset (`unit_text.rs`: `UnitView` holds everything it says,
-//! none of it time-dependent), and the model replaces a unit's `Arc` whenever it changes it
-//! (`NodeSnapshot::shared_units`), so a text is written again exactly when one of the three
+//! containers do not change. So each unit's samples are kept with what they were written from:
+//! the model's `Arc` of the unit and the kernel's live counters of its cgroup. The samples are a
+//! function of those two and the boot-to-Unix offset (`unit_text.rs`: `UnitView` holds everything
+//! they say, none of it time-dependent), and the model replaces a unit's `Arc` whenever it changes
+//! it (`NodeSnapshot::shared_units`), so a unit is written again exactly when one of the three
 //! moved and reuse can never serve a stale value. Comparing the whole view instead (as before)
-//! was a third of a scrape's CPU (BENCHMARKS.md).
+//! was a third of a scrape's CPU (BENCHMARKS.md). The kept samples are the last scrape's own
+//! text: unchanged neighbours are copied from it family by family, one copy per run of them.
 
 use std::{
     collections::HashMap,
@@ -83,7 +84,7 @@ pub struct UnitMetrics {
     boot_to_unix: Box<dyn Fn() -> f64 + Send + Sync>,
     /// Filled from the tracker's judgements; outlives the units that fed it.
     histograms: Mutex<TerminationHistograms>,
-    /// Each unit's text from the last scrape, in the tracker's unit order.
+    /// What the last scrape wrote for each unit, and from what.
     cache: Mutex<Cache>,
     /// Whether host cgroups (not containers) get series (`--host-cgroups`).
     host_units: bool,
