@@ -137,6 +137,21 @@ impl CachedUnit {
         Self { unit, cgroup_id: None, live: None, parts: [Part::default(); FAMILY_COUNT], fresh: true }
     }
 
+    /// Whether this entry is `unit`'s: the very `Arc` (read without touching the unit), or a
+    /// newer one of the same key.
+    fn is_for(&self, unit: &Arc<Unit>) -> bool {
+        Arc::ptr_eq(&self.unit, unit) || self.unit.key() == unit.key()
+    }
+
+    /// The cgroup of `unit`, taken from the entry when it is the very `Arc` it was written from.
+    fn cgroup_of(&self, unit: &Arc<Unit>) -> Option<u64> {
+        if Arc::ptr_eq(&self.unit, unit) {
+            self.cgroup_id
+        } else {
+            unit.cgroup_id()
+        }
+    }
+
     /// Whether the samples were written from this very unit and these counters.
     fn written_from(&self, unit: &Arc<Unit>, live: Option<&CgroupCounters>) -> bool {
         Arc::ptr_eq(&self.unit, unit) && self.live.as_deref() == live
@@ -251,7 +266,7 @@ impl UnitMetrics {
         let mut kept = kept.iter();
         for unit in snapshot.shared_units() {
             match kept.as_slice().first() {
-                Some(cached) if Arc::ptr_eq(&cached.unit, unit) || cached.unit.key() == unit.key() => {
+                Some(cached) if cached.is_for(unit) => {
                     kept.next();
                 }
                 _ if !self.shown(unit) => {}
@@ -292,13 +307,11 @@ impl UnitMetrics {
             // each one was a cache miss apiece.
             let mut kept = units.iter_mut().peekable();
             for unit in snapshot.shared_units() {
-                if let Some(cached) = kept.next_if(|cached| Arc::ptr_eq(&cached.unit, unit)) {
-                    let cgroup_id = cached.cgroup_id;
+                // No entry: a unit without series (`same_units` checked).
+                if let Some(cached) = kept.next_if(|cached| cached.is_for(unit)) {
+                    let cgroup_id = cached.cgroup_of(unit);
                     refresh(cached, unit, cgroup_id, false);
-                } else if let Some(cached) = kept.next_if(|cached| cached.unit.key() == unit.key()) {
-                    refresh(cached, unit, unit.cgroup_id(), false);
                 }
-                // Otherwise a unit without series (`same_units` checked).
             }
         } else {
             // Units came or went: both sequences are in unit-key order, and a merge keeps the

@@ -41,6 +41,20 @@ fn start_host_unit(tracker: &mut NodeTracker, cgroup: u64, pid: u32, name: &str)
     tracker.apply(&event(2, pid, cgroup, exec));
 }
 
+/// The exit of a unit's main process with `status` (started at 2 ns, as `start_host_unit` does).
+fn main_exit(status: u8, comm: &str) -> Detail {
+    Detail::Exit {
+        exit_status: Some(status),
+        signal: None,
+        core_dumped: false,
+        group_dead: true,
+        parent_tgid: 1,
+        start_time_ns: 2,
+        cpu_time_ns: 1,
+        comm: comm.into(),
+    }
+}
+
 #[test]
 fn signals_only_counted_in_the_kernel_join_the_recorded_ones_from_the_same_container() {
     let mut tracker = NodeTracker::new(TrackerConfig::default());
@@ -118,16 +132,7 @@ fn a_scrape_shows_every_change_since_the_last_and_keeps_nothing_stale() {
     assert_eq!(first.matches("lifecycle_container_state{").count(), 3 * 3, "{first}");
 
     // a exits 3; b's kernel counters move; c's cgroup goes and its unit expires.
-    let exit = Detail::Exit {
-        exit_status: Some(3),
-        signal: None,
-        core_dumped: false,
-        group_dead: true,
-        parent_tgid: 1,
-        start_time_ns: 2,
-        cpu_time_ns: 1,
-        comm: "a".into(),
-    };
+    let exit = main_exit(3, "a");
     kernel.0.lock().expect("lock").insert(51, CgroupCounters { execs: 4, ..Default::default() });
     tracker.apply(&event(3_000_000_000, 500, 50, exit));
     let rmdir = CgroupDetail { id: 52, path: "/system.slice/c.service".into(), truncated: false };
@@ -185,16 +190,7 @@ fn scrape_after_scrape_the_kept_text_is_the_text_written_afresh() {
                 }
                 2 if !live.is_empty() => {
                     let (cgroup, pid) = live.remove(next(live.len() as u64) as usize);
-                    let exit = Detail::Exit {
-                        exit_status: Some(next(3) as u8),
-                        signal: None,
-                        core_dumped: false,
-                        group_dead: true,
-                        parent_tgid: 1,
-                        start_time_ns: 2,
-                        cpu_time_ns: 1,
-                        comm: "u".into(),
-                    };
+                    let exit = main_exit(next(3) as u8, "u");
                     tracker.apply(&event(time * 1_000_000, pid, cgroup, exit));
                     if next(2) == 0 {
                         let path = format!("/system.slice/u{cgroup}.service");
@@ -231,16 +227,7 @@ fn a_step_of_the_wall_clock_rewrites_the_kept_termination_times() {
     // more than a millisecond (an NTP step): its termination time is a Unix time.
     let mut tracker = NodeTracker::new(TrackerConfig::default());
     start_host_unit(&mut tracker, 50, 500, "a");
-    let exit = Detail::Exit {
-        exit_status: Some(1),
-        signal: None,
-        core_dumped: false,
-        group_dead: true,
-        parent_tgid: 1,
-        start_time_ns: 2,
-        cpu_time_ns: 1,
-        comm: "a".into(),
-    };
+    let exit = main_exit(1, "a");
     tracker.apply(&event(3_000_000_000, 500, 50, exit));
     let published = publisher(&tracker);
     let offset = Arc::new(Mutex::new(1_700_000_000.0));
