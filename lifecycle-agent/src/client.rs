@@ -22,7 +22,7 @@ pub(crate) struct StatusArgs {
     container: Option<String>,
     #[command(flatten)]
     connection: Connection,
-    /// Redraw every second until interrupted.
+    /// Redraw at every change and at least every second, until interrupted.
     #[arg(long, short)]
     watch: bool,
     /// Output format.
@@ -180,9 +180,17 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<()> {
         None => (args.namespace.clone(), None),
     };
     let selection = Selection { namespace, pod, container: args.container.clone() };
+    // With --watch, each request after the first waits for a change (at most a second, for the
+    // ages shown), so a new state is drawn as soon as the agent has it.
+    let mut version: Option<String> = None;
     loop {
-        let body = status::fetch_path(args.connection.server, &selection.path(), token, &transport).await?;
+        let path = match &version {
+            Some(version) => selection.waiting_path(version, 1),
+            None => selection.path(),
+        };
+        let body = status::fetch_path(args.connection.server, &path, token, &transport).await?;
         let body: serde_json::Value = serde_json::from_str(&body).context("the agent's answer is not JSON")?;
+        version = body["resource_version"].as_str().filter(|v| !v.is_empty()).map(str::to_owned);
         let shown = status::render(&[Answer { node: None, body: &body }], args.output)?;
         if args.watch && matches!(args.output, Output::Table | Output::Wide) {
             // Clear the screen and home the cursor, like `watch`.
@@ -192,6 +200,9 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<()> {
         if !args.watch {
             return Ok(());
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        if version.is_none() {
+            // An agent from before waits: redraw every second.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use lifecycle_agent::{export::families, model::metadata::keys};
 use lifecycle_testkit::{
-    agent::{free_port, Agent},
+    agent::{free_port, get, Agent},
     containerd::{start_or_skip, KubeletAnnotations, Pod},
 };
 use serde_json::Value;
@@ -94,6 +94,51 @@ fn app_exiting_on_sigterm_is_within_grace() {
         Some(1.0)
     );
     assert_eq!(metric_line(&metrics, "lifecycle_grace_period_violations_total", &pod, ""), Some(0.0));
+}
+
+#[test]
+fn a_request_waiting_on_a_container_is_answered_with_its_exit() {
+    let Some(mut h) = start_or_skip("a_request_waiting_on_a_container_is_answered_with_its_exit") else { return };
+    let agent = Agent::start(AGENT, &h, &[]);
+    let pod = h.new_pod("followed").expect("pod");
+    let script = "trap 'exit 4' TERM; while true; do sleep 0.1; done";
+    let id = h.run_container(&pod, "app", &["sh", "-c", script], &annotations(30, 0), None).expect("container");
+    agent.wait(&pod, "app", "running", |c| state(c) == "running");
+    let ask = |path: &str| -> Value {
+        let (code, body) = get(&agent.addr, path).expect("the API answers");
+        assert_eq!(code, 200, "{path}: {body}");
+        serde_json::from_str(&body).expect("JSON")
+    };
+    let first = ask(&format!("/api/v1/containers?container_id={id}"));
+    assert_eq!(state(&first["containers"][0]), "running", "{first:#}");
+    // The client follows the container from the version it saw, one waiting request at a time,
+    // as `status --watch` does. The stop lands at any point of that: before the first wait
+    // arrives (answered at once, "behind"), or while one waits ("changed").
+    let exited = std::thread::scope(|scope| {
+        let stopper = scope.spawn(|| h.stop_container(&id, 30));
+        let mut version = first["resource_version"].as_str().expect("a resource_version").to_owned();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let exited = loop {
+            assert!(Instant::now() < deadline, "no exit seen; last version {version}");
+            let answer =
+                ask(&format!("/api/v1/containers?container_id={id}&wait_seconds=8&resource_version={version}"));
+            let container = &answer["containers"][0];
+            if state(container) == "terminated" {
+                break container.clone();
+            }
+            version = answer["resource_version"].as_str().expect("a resource_version").to_owned();
+        };
+        stopper.join().expect("stopper").expect("stop");
+        exited
+    });
+    assert_eq!(exited["state"]["exit_code"], 4, "{exited:#}");
+    let metrics = agent.metrics();
+    let ended = |result: &str| {
+        let line = format!("lifecycle_api_waits_total{{result=\"{result}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&line)).and_then(|v| v.parse::<f64>().ok())
+    };
+    assert_eq!(ended("timeout"), Some(0.0), "every wait ended with a change, none at its 8 s:\n{metrics}");
+    assert!(ended("changed").unwrap_or(0.0) + ended("behind").unwrap_or(0.0) >= 1.0, "{metrics}");
 }
 
 #[test]

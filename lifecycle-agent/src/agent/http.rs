@@ -44,10 +44,20 @@ use super::{
 };
 use crate::export::metrics::Metrics;
 
+/// An answer that comes later: the status and JSON body of a request that waits for a change.
+pub type Later = std::pin::Pin<Box<dyn std::future::Future<Output = (StatusCode, String)> + Send>>;
+
 /// Something that answers JSON API paths (everything under `/api/`).
 pub trait ApiHandler: Send + Sync + 'static {
     /// Returns the status and JSON body for `path` (with query), or None for an unknown path.
     fn get(&self, path: &str, query: Option<&str>) -> Option<(StatusCode, String)>;
+
+    /// The answer of a request that waits for a change (a long poll), or None when `path` and
+    /// `query` are to be answered now, by [`Self::get`]. The connection stays within the
+    /// listener's [`Limits`] while it waits.
+    fn wait(&self, _path: &str, _query: Option<&str>) -> Option<Later> {
+        None
+    }
 }
 
 /// What the listener serves.
@@ -250,7 +260,10 @@ pub(crate) async fn serve_within(
                     if let Some(refusal) = check_access(&routes, &request, peer.ip(), encrypted).await {
                         return Ok::<_, Infallible>(refusal);
                     }
-                    let response = route(&routes, &request);
+                    let response = match waiting(&routes, &request) {
+                        Some(later) => json(later.await),
+                        None => route(&routes, &request),
+                    };
                     // A scrape reuses its buffers (see `Metrics::render`); what an API answer
                     // was built from is left free.
                     let leaves_free = request.uri().path() != "/metrics";
@@ -360,6 +373,24 @@ async fn check_access(
     }
 }
 
+/// The answer to come of an API request that waits for a change (see [`ApiHandler::wait`]).
+fn waiting(routes: &Routes, request: &Request<Incoming>) -> Option<Later> {
+    let path = request.uri().path();
+    if request.method() != Method::GET || routes.health_only || !path.starts_with("/api/") {
+        return None;
+    }
+    routes.api.as_ref()?.wait(path, request.uri().query())
+}
+
+/// A JSON API answer as a response.
+fn json((status, body): (StatusCode, String)) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n"))
+}
+
 fn route(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> {
     if request.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET is served\n");
@@ -408,11 +439,7 @@ fn route(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> 
         },
         _ if path.starts_with("/api/") => {
             match routes.api.as_ref().and_then(|api| api.get(path, request.uri().query())) {
-                Some((status, body)) => Response::builder()
-                    .status(status)
-                    .header(header::CONTENT_TYPE, "application/json")
-                    .body(Full::new(Bytes::from(body)))
-                    .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n")),
+                Some(answer) => json(answer),
                 None => text(StatusCode::NOT_FOUND, "no such API path\n"),
             }
         }

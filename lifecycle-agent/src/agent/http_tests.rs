@@ -221,3 +221,47 @@ async fn with_tls_one_port_takes_credentials_over_https_only_and_serves_the_rest
     let _ = tls.read_to_string(&mut answer).await;
     assert!(answer.starts_with("HTTP/1.0 503"), "{answer}");
 }
+
+/// An API whose every `/api/v1/wait` request waits until [`Self::release`] is notified.
+struct WaitingApi {
+    release: Arc<tokio::sync::Notify>,
+}
+
+impl ApiHandler for WaitingApi {
+    fn get(&self, path: &str, _query: Option<&str>) -> Option<(StatusCode, String)> {
+        (path == "/api/v1/now").then(|| (StatusCode::OK, "{\"now\":true}".to_owned()))
+    }
+
+    fn wait(&self, path: &str, _query: Option<&str>) -> Option<Later> {
+        let release = Arc::clone(&self.release);
+        (path == "/api/v1/wait").then(|| -> Later {
+            Box::pin(async move {
+                release.notified().await;
+                (StatusCode::OK, "{\"changed\":true}".to_owned())
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_waiting_request_is_answered_when_its_wait_ends_and_holds_up_no_other() {
+    let release = Arc::new(tokio::sync::Notify::new());
+    let api: Arc<dyn ApiHandler> = Arc::new(WaitingApi { release: Arc::clone(&release) });
+    let (addr, _stop) = serving(Routes { api: Some(api), ..routes(None, None) }, Limits::default()).await;
+    let mut waiting = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    waiting.write_all(b"GET /api/v1/wait HTTP/1.0\r\n\r\n").await.expect("send");
+    // Served meanwhile, on other connections: the API, the health check.
+    assert!(exchange(addr, "GET /api/v1/now HTTP/1.0\r\n\r\n").await.ends_with("{\"now\":true}"));
+    assert!(healthz(addr).await.starts_with("HTTP/1.0 200"));
+    let mut first = [0u8; 1];
+    let early = tokio::time::timeout(Duration::from_millis(50), waiting.read(&mut first)).await;
+    assert!(early.is_err(), "the waiting request is not answered before its wait ends");
+    release.notify_one();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), waiting.read_to_string(&mut answer))
+        .await
+        .expect("answered once the wait ends")
+        .expect("read");
+    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    assert!(answer.contains("application/json") && answer.ends_with("{\"changed\":true}"), "{answer}");
+}

@@ -45,7 +45,7 @@ use crate::{
 };
 use http::{HttpError, Routes};
 use reader::Reader;
-use routes::ContainersApi;
+use routes::{ContainersApi, Waits};
 use runtime::{runtime_loop, RuntimeLink};
 use tasks::{expiry_loop, seed};
 
@@ -304,7 +304,8 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let node = config.node_name.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
     });
-    let api = ContainersApi { snapshots: model.snapshots(), probes: node_probes.clone(), node };
+    let waits = Arc::new(Waits::new(Some(metrics.registry())).map_err(MetricsError::from)?);
+    let api = ContainersApi { snapshots: model.snapshots(), probes: node_probes.clone(), node, waits };
     let routes = Arc::new(Routes {
         metrics,
         api: Some(Arc::new(api)),

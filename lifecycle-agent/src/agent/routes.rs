@@ -4,29 +4,108 @@
 //! `/api/v1/probe/<namespace>/<pod>/<container>` (the probe answer for people, scripts and
 //! host-network pods: declared checks only, 403 otherwise). `/metrics` and `/healthz` are served
 //! by `http.rs`.
+//!
+//! A `/api/v1/containers` request with `wait_seconds` is a long poll: it is answered when the
+//! containers it selects (or their pods) change from the `resource_version` it gives (from an
+//! earlier answer; without one, from the node as the request finds it), or after `wait_seconds`
+//! with the answer as it stands. A client that follows a container this way learns of its exit
+//! as soon as the model has it, and costs the agent nothing between changes: polling for the
+//! same, one request every 200 µs was most of the agent's CPU and the tail of its exit -> API
+//! latency (BENCHMARKS.md, "Waiting for a change"). At most [`MAX_WAITING`] requests wait at
+//! once; past that, one is answered at once (a wait may always end early), and each way a wait
+//! ended is counted in `lifecycle_api_waits_total{result}`.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use hyper::StatusCode;
+use prometheus::{IntCounterVec, Registry};
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
-use super::http::ApiHandler;
+use super::http::{ApiHandler, Later};
 use crate::{
     discovery::clock::{boottime, wall_clock},
-    export::{explain, explain_html},
+    export::{explain, explain_html, families::AgentFamily, metrics::vec_of},
     model::{
-        node::{NodeSnapshot, Unit},
+        node::{ContainerView, NodeSnapshot, PodView, Unit},
+        time::BootTime,
         wire::{at::WallClock, ContainersResponse, HistoryResponse},
     },
     probe::{metrics::ProbeTarget, query::Query, CheckSpec, NodeProbes},
 };
+
+/// Requests that may wait for a change at once. Each also holds one of the API listener's
+/// connections (128, 32 per source address: `http::Limits`), so waiters alone cannot take every
+/// connection from the other clients.
+pub(super) const MAX_WAITING: usize = 64;
+/// The longest wait a request may ask for: well inside the listener's 60 s connection life.
+pub(super) const MAX_WAIT_SECONDS: u64 = 30;
 
 pub(super) struct ContainersApi {
     pub(super) snapshots: watch::Receiver<Arc<NodeSnapshot>>,
     pub(super) probes: Arc<NodeProbes>,
     /// The node's name, for the `/explain` page's title.
     pub(super) node: String,
+    pub(super) waits: Arc<Waits>,
+}
+
+/// The requests waiting for a change: their bound and how each wait ended.
+pub(super) struct Waits {
+    slots: Arc<Semaphore>,
+    /// Written into every `resource_version` beside the model's generation: the boot-clock time
+    /// this agent started, so a version from an earlier agent (whose generations started over)
+    /// never matches one of this agent's.
+    epoch: u64,
+    results: IntCounterVec,
+}
+
+impl Waits {
+    /// The waits of this agent, counted in `lifecycle_api_waits_total{result}` when a registry
+    /// is given.
+    pub(super) fn new(registry: Option<&Registry>) -> Result<Self, prometheus::Error> {
+        let results = vec_of(AgentFamily::ApiWaits, IntCounterVec::new)?;
+        for result in WaitEnd::ALL {
+            results.with_label_values(&[result.as_str()]).inc_by(0);
+        }
+        if let Some(registry) = registry {
+            registry.register(Box::new(results.clone()))?;
+        }
+        Ok(Self { slots: Arc::new(Semaphore::new(MAX_WAITING)), epoch: boottime().ns(), results })
+    }
+
+    fn resource_version(&self, snapshot: &NodeSnapshot) -> String {
+        format!("{}-{}", self.epoch, snapshot.generation())
+    }
+
+    fn count(&self, end: WaitEnd) {
+        self.results.with_label_values(&[end.as_str()]).inc();
+    }
+}
+
+/// How a wait ended: the `result` label of `lifecycle_api_waits_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WaitEnd {
+    /// The selection changed from the version given.
+    Changed,
+    /// Nothing changed within `wait_seconds`.
+    Timeout,
+    /// The version given is not the node's current one: answered at once.
+    Behind,
+    /// [`MAX_WAITING`] requests were waiting already: answered at once.
+    Busy,
+}
+
+impl WaitEnd {
+    const ALL: [WaitEnd; 4] = [WaitEnd::Changed, WaitEnd::Timeout, WaitEnd::Behind, WaitEnd::Busy];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            WaitEnd::Changed => "changed",
+            WaitEnd::Timeout => "timeout",
+            WaitEnd::Behind => "behind",
+            WaitEnd::Busy => "busy",
+        }
+    }
 }
 
 impl ContainersApi {
@@ -56,23 +135,88 @@ impl ApiHandler for ContainersApi {
         if path != "/api/v1/containers" {
             return None;
         }
-        let selection = match Selection::parse(query) {
-            Ok(selection) => selection,
+        // A request that could wait and did not (`wait` found it busy) is answered here, now.
+        let (selection, _) = match ContainersRequest::parse(query) {
+            Ok(request) => request,
             Err(reason) => return Some((StatusCode::BAD_REQUEST, serde_json::json!({ "error": reason }).to_string())),
         };
-        let now = boottime();
-        let snapshot = self.snapshot();
-        let containers = snapshot.containers_where(now, |unit| selection.selects(unit));
-        let pods = match selection.is_everything() {
-            true => snapshot.pods(now),
-            false => {
-                let uids: std::collections::HashSet<&str> = containers.iter().map(|c| c.labels.uid.as_str()).collect();
-                snapshot.pods_where(now, |uid| uids.contains(uid))
-            }
+        Some(containers_answer(&self.snapshot(), &selection, &self.waits))
+    }
+
+    fn wait(&self, path: &str, query: Option<&str>) -> Option<Later> {
+        if path != "/api/v1/containers" {
+            return None;
+        }
+        // A malformed request is refused by `get`.
+        let Ok((selection, Some(wait))) = ContainersRequest::parse(query) else { return None };
+        let Ok(slot) = Arc::clone(&self.waits.slots).try_acquire_owned() else {
+            self.waits.count(WaitEnd::Busy);
+            return None;
         };
-        drop(snapshot);
-        let clock = wall_clock();
-        Some(answer(clock, &ContainersResponse { boot_to_unix_seconds: clock.offset_seconds(), now, containers, pods }))
+        let mut snapshots = self.snapshots.clone();
+        let waits = Arc::clone(&self.waits);
+        Some(Box::pin(async move {
+            let _slot = slot;
+            let (end, snapshot) = changed_within(&mut snapshots, &selection, &wait, &waits).await;
+            if let Some(end) = end {
+                waits.count(end);
+            }
+            containers_answer(&snapshot, &selection, &waits)
+        }))
+    }
+}
+
+/// The body of `GET /api/v1/containers` for `selection` in `snapshot`.
+fn containers_answer(snapshot: &NodeSnapshot, selection: &Selection, waits: &Waits) -> (StatusCode, String) {
+    let now = boottime();
+    let (containers, pods) = selection.view(snapshot, now);
+    let clock = wall_clock();
+    let resource_version = waits.resource_version(snapshot);
+    answer(
+        clock,
+        &ContainersResponse { boot_to_unix_seconds: clock.offset_seconds(), now, resource_version, containers, pods },
+    )
+}
+
+/// Waits until the containers `selection` picks, or their pods, differ from what they were at
+/// the version `wait` gives, or `wait` runs out: how the wait ended (None: the model's owner
+/// stopped) and the snapshot to answer from. A snapshot whose generation did not move changed
+/// only counters and is not looked at; one that did is viewed and compared with the first.
+async fn changed_within(
+    snapshots: &mut watch::Receiver<Arc<NodeSnapshot>>,
+    selection: &Selection,
+    wait: &Wait,
+    waits: &Waits,
+) -> (Option<WaitEnd>, Arc<NodeSnapshot>) {
+    let first = snapshots.borrow_and_update().clone();
+    if wait.resource_version.as_ref().is_some_and(|version| *version != waits.resource_version(&first)) {
+        return (Some(WaitEnd::Behind), first);
+    }
+    // Views compared as the text they serialize to, with one clock: what a client would see.
+    let clock = wall_clock();
+    let seen =
+        |snapshot: &NodeSnapshot| clock.writing(|| serde_json::to_vec(&selection.view(snapshot, boottime())).ok());
+    let at_first = seen(&first);
+    let mut generation = first.generation();
+    let deadline = tokio::time::sleep(wait.timeout);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            changed = snapshots.changed() => {
+                let latest = snapshots.borrow_and_update().clone();
+                if changed.is_err() {
+                    return (None, latest);
+                }
+                if latest.generation() == generation {
+                    continue;
+                }
+                generation = latest.generation();
+                if seen(&latest) != at_first {
+                    return (Some(WaitEnd::Changed), latest);
+                }
+            }
+            () = &mut deadline => return (Some(WaitEnd::Timeout), snapshots.borrow().clone()),
+        }
     }
 }
 
@@ -97,9 +241,48 @@ struct Selection {
     container_id: Option<String>,
 }
 
+/// How long a `/api/v1/containers` request waits for a change, and from which version.
+#[derive(Debug, PartialEq, Eq)]
+struct Wait {
+    timeout: Duration,
+    /// None: from the node as the request finds it.
+    resource_version: Option<String>,
+}
+
+/// A `/api/v1/containers` request: what it selects, and whether it waits for a change.
+struct ContainersRequest;
+
+impl ContainersRequest {
+    fn parse(query: Option<&str>) -> Result<(Selection, Option<Wait>), String> {
+        let mut query = Query::parse(query).map_err(|err| err.to_string())?;
+        let wait_seconds = query.take("wait_seconds");
+        let resource_version = query.take("resource_version");
+        let selection = Selection::take(query)?;
+        let Some(seconds) = wait_seconds else {
+            if resource_version.is_some() {
+                return Err("resource_version is a version to wait from: give wait_seconds too".into());
+            }
+            return Ok((selection, None));
+        };
+        let seconds = seconds
+            .parse::<u64>()
+            .ok()
+            .filter(|s| (1..=MAX_WAIT_SECONDS).contains(s))
+            .ok_or_else(|| format!("wait_seconds is whole seconds from 1 to {MAX_WAIT_SECONDS}"))?;
+        if resource_version.as_deref().is_some_and(str::is_empty) {
+            return Err("resource_version is empty".into());
+        }
+        Ok((selection, Some(Wait { timeout: Duration::from_secs(seconds), resource_version })))
+    }
+}
+
 impl Selection {
     fn parse(query: Option<&str>) -> Result<Self, String> {
-        let mut query = Query::parse(query).map_err(|err| err.to_string())?;
+        Self::take(Query::parse(query).map_err(|err| err.to_string())?)
+    }
+
+    /// The selection in `query`, which has no other parameter.
+    fn take(mut query: Query) -> Result<Self, String> {
         let selection = Selection {
             namespace: query.take("namespace"),
             pod: query.take("pod"),
@@ -108,7 +291,8 @@ impl Selection {
         };
         if let Some((unknown, _)) = query.params().first() {
             return Err(format!(
-                "unknown parameter {unknown:?}; namespace, pod, container and container_id select containers"
+                "unknown parameter {unknown:?}; namespace, pod, container and container_id select containers \
+                 (and wait_seconds with resource_version waits for a change in them)"
             ));
         }
         for (name, value) in [
@@ -122,6 +306,19 @@ impl Selection {
             }
         }
         Ok(selection)
+    }
+
+    /// The containers this selects in `snapshot`, viewed at `now`, and their pods.
+    fn view(&self, snapshot: &NodeSnapshot, now: BootTime) -> (Vec<ContainerView>, Vec<PodView>) {
+        let containers = snapshot.containers_where(now, |unit| self.selects(unit));
+        let pods = match self.is_everything() {
+            true => snapshot.pods(now),
+            false => {
+                let uids: std::collections::HashSet<&str> = containers.iter().map(|c| c.labels.uid.as_str()).collect();
+                snapshot.pods_where(now, |uid| uids.contains(uid))
+            }
+        };
+        (containers, pods)
     }
 
     fn is_everything(&self) -> bool {
@@ -235,8 +432,25 @@ mod tests {
         node::{NodeTracker, TrackerConfig},
     };
 
-    /// Two running containers: `aaaa…` in shop/web, `bbbb…` in shop/db.
+    /// An API over two running containers (see [`node`]).
     fn api() -> ContainersApi {
+        serving(&node()).0
+    }
+
+    /// An API over `tracker`'s snapshot, and the sender that publishes the next one.
+    fn serving(tracker: &NodeTracker) -> (ContainersApi, watch::Sender<Arc<NodeSnapshot>>) {
+        let (publish, snapshots) = watch::channel(Arc::new(tracker.snapshot()));
+        let api = ContainersApi {
+            snapshots,
+            probes: Arc::new(NodeProbes::new(None)),
+            node: "node-a".into(),
+            waits: Arc::new(Waits::new(None).expect("counters")),
+        };
+        (api, publish)
+    }
+
+    /// Two running containers: `aaaa…` in shop/web (main pid 1001), `bbbb…` in shop/db (1002).
+    fn node() -> NodeTracker {
         let mut tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
         let pods = [("a", "web", 1u64), ("b", "db", 2)];
         let metas = pods
@@ -262,11 +476,7 @@ mod tests {
             };
             tracker.apply(&event(2, 1000 + n as u32, cgroup, exec));
         }
-        ContainersApi {
-            snapshots: watch::channel(Arc::new(tracker.snapshot())).1,
-            probes: Arc::new(NodeProbes::new(None)),
-            node: "node-a".into(),
-        }
+        tracker
     }
 
     /// (status, container ids, pod names) of a `/api/v1/containers` answer.
@@ -325,12 +535,137 @@ mod tests {
             ("container_id=", "container_id is empty"),
             ("container=", "container is empty"),
             ("pod=%zz", "encoding"),
+            ("wait_seconds=0", "wait_seconds is whole seconds from 1 to 30"),
+            ("wait_seconds=31", "wait_seconds is whole seconds from 1 to 30"),
+            ("wait_seconds=1.5", "wait_seconds is whole seconds"),
+            ("wait_seconds", "wait_seconds is whole seconds"),
+            ("resource_version=1-2", "give wait_seconds too"),
+            ("wait_seconds=5&resource_version=", "resource_version is empty"),
         ] {
+            assert!(api.wait("/api/v1/containers", Some(query)).is_none(), "{query}: refused, not waited on");
             let (status, body) = api.get("/api/v1/containers", Some(query)).expect("served");
             assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
             let json: serde_json::Value = serde_json::from_str(&body).expect("the refusal is JSON");
             let error = json["error"].as_str().expect("an error");
             assert!(error.contains(reason), "{query}: {error}");
         }
+    }
+
+    /// The main process of container `a` (0) or `b` (1) of [`node`] exits with `status`.
+    fn main_exits(tracker: &mut NodeTracker, which: u32, status: u8) {
+        let detail = Detail::Exit {
+            exit_status: Some(status),
+            signal: None,
+            core_dumped: false,
+            group_dead: true,
+            parent_tgid: 1,
+            start_time_ns: 2,
+            cpu_time_ns: 1,
+            comm: "app".into(),
+        };
+        let (tgid, cgroup_id) = (1001 + which, 101 + u64::from(which));
+        tracker.apply(&Event { time_ns: 10, pid: tgid, tgid, cgroup_id, detail });
+    }
+
+    /// Polls `later` once: its answer if it has one already (the wait has read the snapshots
+    /// published so far either way).
+    async fn poll_once(later: &mut Later) -> Option<(StatusCode, String)> {
+        tokio::time::timeout(Duration::ZERO, later).await.ok()
+    }
+
+    /// The `result` counts of `lifecycle_api_waits_total`.
+    fn ends(api: &ContainersApi) -> Vec<(&'static str, u64)> {
+        WaitEnd::ALL
+            .iter()
+            .map(|end| (end.as_str(), api.waits.results.with_label_values(&[end.as_str()]).get()))
+            .collect()
+    }
+
+    fn state_of(body: &str) -> (String, String) {
+        let answer: ContainersResponse = serde_json::from_str(body).expect("the API's type");
+        let json: serde_json::Value = serde_json::from_str(body).expect("json");
+        (json["containers"][0]["state"]["state"].as_str().unwrap_or("none").to_owned(), answer.resource_version)
+    }
+
+    #[tokio::test]
+    async fn a_wait_is_answered_when_its_container_changes_and_not_before() {
+        let mut tracker = node();
+        let (api, publish) = serving(&tracker);
+        let (_, body) = api.get("/api/v1/containers", Some("container_id=aaaa")).expect("served");
+        let (state, version) = state_of(&body);
+        assert_eq!(state, "running");
+        let mut later = api
+            .wait("/api/v1/containers", Some(&format!("container_id=aaaa&wait_seconds=30&resource_version={version}")))
+            .expect("waits");
+        assert_eq!(poll_once(&mut later).await, None, "nothing changed yet");
+        // The other container's exit moves the node's version but not this selection.
+        main_exits(&mut tracker, 1, 1);
+        publish.send_replace(Arc::new(tracker.snapshot()));
+        assert_eq!(poll_once(&mut later).await, None, "another container's exit does not answer this wait");
+        main_exits(&mut tracker, 0, 3);
+        publish.send_replace(Arc::new(tracker.snapshot()));
+        let (status, body) = poll_once(&mut later).await.expect("its container's exit answers the wait");
+        assert_eq!(status, StatusCode::OK);
+        let (state, after) = state_of(&body);
+        assert_eq!(state, "terminated", "{body}");
+        assert_ne!(after, version);
+        assert_eq!(ends(&api), [("changed", 1), ("timeout", 0), ("behind", 0), ("busy", 0)]);
+    }
+
+    #[tokio::test]
+    async fn a_wait_from_a_version_the_node_has_left_is_answered_at_once() {
+        let mut tracker = node();
+        let (api, publish) = serving(&tracker);
+        let (_, body) = api.get("/api/v1/containers", Some("container_id=aaaa")).expect("served");
+        let (_, version) = state_of(&body);
+        // The exit lands between the client's two requests: the wait must not take the node as
+        // it finds it for what the client saw.
+        main_exits(&mut tracker, 0, 3);
+        publish.send_replace(Arc::new(tracker.snapshot()));
+        for stale in [version, "1-1".to_owned()] {
+            let query = format!("container_id=aaaa&wait_seconds=30&resource_version={stale}");
+            let mut later = api.wait("/api/v1/containers", Some(&query)).expect("waits");
+            let (_, body) = poll_once(&mut later).await.expect("answered at once");
+            assert_eq!(state_of(&body).0, "terminated", "{body}");
+        }
+        assert_eq!(ends(&api), [("changed", 0), ("timeout", 0), ("behind", 2), ("busy", 0)]);
+    }
+
+    #[tokio::test]
+    async fn a_wait_with_nothing_changing_ends_at_its_timeout_with_the_answer_as_it_stands() {
+        let mut tracker = node();
+        let (api, publish) = serving(&tracker);
+        let started = tokio::time::Instant::now();
+        let mut later = api.wait("/api/v1/containers", Some("pod=web&wait_seconds=1")).expect("waits");
+        assert_eq!(poll_once(&mut later).await, None);
+        main_exits(&mut tracker, 1, 1);
+        publish.send_replace(Arc::new(tracker.snapshot()));
+        let (status, body) = later.await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(state_of(&body).0, "running");
+        assert!(started.elapsed() >= Duration::from_secs(1), "{:?}", started.elapsed());
+        assert_eq!(ends(&api), [("changed", 0), ("timeout", 1), ("behind", 0), ("busy", 0)]);
+    }
+
+    #[tokio::test]
+    async fn past_the_bound_a_request_is_answered_at_once_and_a_stopped_model_ends_every_wait() {
+        let tracker = node();
+        let (api, publish) = serving(&tracker);
+        let mut waiting: Vec<Later> =
+            (0..MAX_WAITING).map(|_| api.wait("/api/v1/containers", Some("wait_seconds=30")).expect("waits")).collect();
+        for later in &mut waiting {
+            assert_eq!(poll_once(later).await, None);
+        }
+        assert!(api.wait("/api/v1/containers", Some("wait_seconds=30")).is_none(), "one past the bound waits not");
+        let (status, _) = api.get("/api/v1/containers", Some("wait_seconds=30")).expect("answered now instead");
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(ends(&api), [("changed", 0), ("timeout", 0), ("behind", 0), ("busy", 1)]);
+        // The owner of the model stops (the agent is shutting down): nothing will change again.
+        drop(publish);
+        for later in &mut waiting {
+            assert_eq!(poll_once(later).await.map(|(status, _)| status), Some(StatusCode::OK));
+        }
+        drop(waiting);
+        assert!(api.wait("/api/v1/containers", Some("wait_seconds=30")).is_some(), "their places are free again");
     }
 }

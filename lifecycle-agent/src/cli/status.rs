@@ -160,6 +160,14 @@ impl Selection {
             false => format!("/api/v1/containers?{}", pairs.join("&")),
         }
     }
+
+    /// [`Self::path`] asking the agent to answer when the selection changes from
+    /// `resource_version` (an earlier answer's), or after `seconds` with the answer as it stands.
+    pub fn waiting_path(&self, resource_version: &str, seconds: u64) -> String {
+        let path = self.path();
+        let separator = if path.contains('?') { '&' } else { '?' };
+        format!("{path}{separator}wait_seconds={seconds}&resource_version={}", percent_encoded(resource_version))
+    }
 }
 
 /// How `status` prints, as `kubectl get -o` does.
@@ -423,8 +431,13 @@ mod tests {
 
     /// An agent's answer at `now_s` seconds after boot, as the agent writes it.
     fn answer(now_s: u64, containers: Vec<ContainerView>, pods: Vec<PodView>) -> Value {
-        let body =
-            ContainersResponse { boot_to_unix_seconds: 0.0, now: BootTime::from_ns(now_s * SECOND), containers, pods };
+        let body = ContainersResponse {
+            boot_to_unix_seconds: 0.0,
+            now: BootTime::from_ns(now_s * SECOND),
+            resource_version: String::new(),
+            containers,
+            pods,
+        };
         WallClock::from_offset_seconds(0.0).writing(|| serde_json::to_value(body)).expect("serializes")
     }
 
@@ -554,5 +567,13 @@ mod tests {
         assert_eq!(selection.path(), "/api/v1/containers?namespace=shop&pod=web%201%26x");
         let selection = Selection { container: Some("app".into()), ..Selection::default() };
         assert_eq!(selection.path(), "/api/v1/containers?container=app");
+        assert_eq!(
+            selection.waiting_path("17-4", 1),
+            "/api/v1/containers?container=app&wait_seconds=1&resource_version=17-4"
+        );
+        assert_eq!(
+            Selection::default().waiting_path("a&b", 30),
+            "/api/v1/containers?wait_seconds=30&resource_version=a%26b"
+        );
     }
 }

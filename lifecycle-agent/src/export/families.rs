@@ -139,6 +139,7 @@ families! {
         KubernetesUp: "lifecycle_kubernetes_api_up", Gauge, [], "1 while the watch of this node's pods works, 0 while it retries.";
         KubernetesWatchErrors: "lifecycle_kubernetes_api_watch_errors_total", Counter, [], "Failures of the pod and event watches (each is retried).";
         KubernetesEvents: "lifecycle_kubernetes_events_total", Counter, ["result"], "Warnings about pods sent as Kubernetes Events, by result.";
+        ApiWaits: "lifecycle_api_waits_total", Counter, ["result"], "Requests to /api/v1/containers that asked to wait for a change (wait_seconds), by how the wait ended: changed, timeout, behind (the resource_version given was not the current one: answered at once), busy (64 were waiting already: answered at once).";
         ApiAuthReviews: "lifecycle_api_auth_reviews_total", Counter, ["result"], "Token and access reviews the API server answered for requests to /api/* (--api-auth kubernetes), by result: allowed, denied, unauthenticated, error. Cached answers are not counted.";
         ProbeResult: "lifecycle_probe_result", Gauge, ["namespace", "pod", "container", "check"], "Last result of a declared agent probe check: 1 pass, 0 fail.";
         ProbeTransitions: "lifecycle_probe_transitions_total", Counter, ["namespace", "pod", "container", "check"], "Times a declared agent probe check changed between pass and fail.";

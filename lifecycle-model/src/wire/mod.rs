@@ -19,6 +19,12 @@ pub struct ContainersResponse {
     pub boot_to_unix_seconds: f64,
     /// When this answer was made (boot-clock ns).
     pub now: BootTime,
+    /// Which state of the node this answer shows, opaque: given back with `wait_seconds`, the
+    /// next answer waits until the selected containers or their pods change from it. It moves
+    /// with states, names and pods, not with counters (an exec, a signal, an accept), and never
+    /// repeats across restarts of the agent. Empty from an agent that does not serve waits.
+    #[serde(default)]
+    pub resource_version: String,
     pub containers: Vec<ContainerView>,
     /// Every pod with its phase as the kernel saw it, and the API's.
     pub pods: Vec<PodView>,
