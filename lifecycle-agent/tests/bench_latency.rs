@@ -2,7 +2,8 @@
 //! process's exit, as the kernel timestamps it, to the state change visible in the agent's
 //! `/api/v1/containers` — and, in the same run, to the runtime's own notice of that exit in CRI
 //! ContainerStatus. Both sides are polled the same way (the measurement, not a synchronisation),
-//! and both are measured against the same kernel timestamp.
+//! and both are measured against the same kernel timestamp. An answer counts as read once its
+//! `Content-Length` of body has arrived.
 //!
 //! Each poller pauses 200 µs between polls (`LIFECYCLE_BENCH_POLL_US`): two threads polling
 //! flat out, and the agent and containerd answering them, kept both of this machine's CPUs busy,
@@ -39,12 +40,30 @@ fn boot_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The body of `GET path`, read up to its `Content-Length`: a client has the answer once its
+/// bytes are there, not when the agent's close of the connection arrives after them.
 fn get(addr: &str, path: &str) -> Option<String> {
     let mut stream = TcpStream::connect(addr).ok()?;
     write!(stream, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+    let mut response = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        let read = stream.read(&mut chunk).ok()?;
+        response.extend_from_slice(&chunk[..read]);
+        let text = String::from_utf8_lossy(&response);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head.lines().find_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length").then(|| value.trim().parse::<usize>().ok())?
+            });
+            if read == 0 || length.is_some_and(|length| body.len() >= length) {
+                return Some(body.to_owned());
+            }
+        }
+        if read == 0 {
+            return None;
+        }
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -91,6 +110,8 @@ fn exit_to_visible_state_latency() {
         .is_some_and(|answer| answer.get("error").is_none());
     let pod = h.new_pod("latency").expect("pod");
     let (mut polled_ms, mut waited_ms, mut runtime_ms) = (Vec::new(), Vec::new(), Vec::new());
+    // For the waiting exits: from the exit to the answer's own `now` (made in the agent).
+    let mut answered_ms = Vec::new();
     for attempt in 0..exits {
         // The container waits on a fifo-less sleep so the poller is already running at exit.
         let annotations = KubeletAnnotations { restart_count: attempt as u32, ..KubeletAnnotations::default() };
@@ -113,13 +134,16 @@ fn exit_to_visible_state_latency() {
             }
             (agent_side.join().expect("agent poller"), runtime_seen)
         });
-        let (agent_seen, finished) = agent_side.expect("the agent saw the exit");
+        let (agent_seen, finished, answered) = agent_side.expect("the agent saw the exit");
+        if waiting {
+            answered_ms.push(answered.saturating_sub(finished) as f64 / 1e6);
+        }
         let agent_ms = if waiting { &mut waited_ms } else { &mut polled_ms };
         agent_ms.push(agent_seen.saturating_sub(finished) as f64 / 1e6);
         runtime_ms.push(runtime_seen.expect("runtime").saturating_sub(finished) as f64 / 1e6);
         h.remove_container(&id).expect("remove");
     }
-    for samples in [&mut polled_ms, &mut waited_ms, &mut runtime_ms] {
+    for samples in [&mut polled_ms, &mut waited_ms, &mut answered_ms, &mut runtime_ms] {
         samples.sort_by(f64::total_cmp);
     }
     let internal = get(&addr, "/metrics").unwrap_or_default();
@@ -133,6 +157,7 @@ fn exit_to_visible_state_latency() {
     for (name, v) in [
         ("kernel exit -> agent, polling /api/v1/containers?container_id=", &polled_ms),
         ("kernel exit -> agent, one request waiting for the change (&wait_seconds=)", &waited_ms),
+        ("  of which kernel exit -> the answer made (its `now`)", &answered_ms),
         ("kernel exit -> CRI ContainerStatus (containerd)", &runtime_ms),
     ] {
         if v.is_empty() {
@@ -158,10 +183,11 @@ fn exit_to_visible_state_latency() {
     }
 }
 
-/// When the agent's API first showed this container's exit (boot ns) and the exit's own time,
+/// When the agent's API first showed this container's exit (boot ns), the exit's own time and
+/// the time the agent made that answer (its `now`),
 /// asking as a client following one container does: polling every `pause`, or (`waiting`) one
 /// request at a time that waits for the change from the version the last answer gave.
-fn agent_sees_exit(addr: &str, id: &str, waiting: bool, pause: Duration, deadline: Instant) -> Option<(u64, u64)> {
+fn agent_sees_exit(addr: &str, id: &str, waiting: bool, pause: Duration, deadline: Instant) -> Option<(u64, u64, u64)> {
     let mut version: Option<String> = None;
     while Instant::now() < deadline {
         let path = match &version {
@@ -186,7 +212,7 @@ fn agent_sees_exit(addr: &str, id: &str, waiting: bool, pause: Duration, deadlin
             _ => None,
         });
         if let Some(finished) = exited {
-            return Some((now, finished));
+            return Some((now, finished, value["now"].as_u64().unwrap_or(now)));
         }
         if waiting {
             version = value["resource_version"].as_str().map(str::to_owned);

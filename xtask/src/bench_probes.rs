@@ -129,6 +129,13 @@ pub fn run(count: usize) -> Result<()> {
         ratio(a.probed_ns, c.probed_ns),
         fmt_duration(c.percentile(0.99))
     );
+    // What an application pays to accept a loopback connection and close it, (b)'s app side:
+    // what a probe over TCP costs at least with a plain server, to set (c) against.
+    println!(
+        "CPU (a)/(b) probed side: {:.0}x (exec against a plain accept + close); (c)/(b) probed side: {:.2}",
+        ratio(a.probed_ns, b.probed_ns),
+        c.probed_ns as f64 / b.probed_ns.max(1) as f64
+    );
     println!(
         "(d) p99 {} beside {STALLERS} stalled clients (target < 10 ms), max {}; {cut} stalled connections cut at the head deadline",
         fmt_duration(d.percentile(0.99)),
