@@ -125,18 +125,23 @@ impl TestCgroup {
 
 impl Drop for TestCgroup {
     fn drop(&mut self) {
+        // A child the test reaped itself may have left its pid to a later child of this process
+        // in another cgroup (pid_max is 32,768 here): only a child still in this cgroup is
+        // waited for; the others are reaped only if they are done, so a reused pid never makes
+        // this wait on someone else's process.
+        let inside = self.pids();
         // Everything in this cgroup was started by this test (directly or by its children), so
         // cgroup.kill ends exactly our processes and nothing else.
         if std::fs::write(self.dir.join("cgroup.kill"), "1").is_err() {
-            for pid in self.pids() {
+            for pid in &inside {
                 // SAFETY: kill has no memory-safety preconditions.
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
             }
         }
         for pid in &self.children {
-            // Reap our direct children (ECHILD if the test already did).
+            let flags = if inside.contains(pid) { 0 } else { libc::WNOHANG };
             // SAFETY: waitpid with a null status pointer is allowed.
-            unsafe { libc::waitpid(*pid as i32, std::ptr::null_mut(), 0) };
+            unsafe { libc::waitpid(*pid as i32, std::ptr::null_mut(), flags) };
         }
         // Grandchildren are reaped by init asynchronously; rmdir reports EBUSY until then.
         let deadline = Instant::now() + Duration::from_secs(5);
