@@ -5,7 +5,7 @@
 //!   and runc through the CRI (10 pods of 10), half of them trapping SIGTERM and exiting, half
 //!   ignoring it;
 //! - the baseline, measured first in the same run: the agent idle, tracking nothing of ours;
-//! - a churn of restarts: 20 a second for 10 s, each a unit's process SIGKILLed and a new one
+//! - a churn of restarts: 20 a second for 20 s, each a unit's process SIGKILLed and a new one
 //!   started in its cgroup, while `/metrics` is scraped every 100 ms;
 //! - a stop storm: the 100 containers stopped at once by the runtime (StopContainer, timeout 2 s,
 //!   as the kubelet's killContainer asks for it): the trapping half exits within the grace, the
@@ -171,8 +171,10 @@ fn a_thousand_units_on_two_cpus() {
 
     // Scrapes of the 1,000 units with nothing else happening, 100 ms apart (after the CPU
     // measurement, which they would disturb): the same scrape as during churn, without it.
+    // 200 of them (and 200 during churn), so the p99 is the third largest, not the largest:
+    // with 50, the p99 was the maximum, which moved 2x between runs of one binary.
     let mut buffer = Vec::with_capacity(4 << 20);
-    let mut quiet_scrapes: Vec<f64> = (0..50)
+    let mut quiet_scrapes: Vec<f64> = (0..200)
         .map(|_| {
             let (took, bytes) = timed_scrape(&agent.addr, &mut buffer);
             assert!(bytes > 100 * 1024, "a whole body");
@@ -182,7 +184,7 @@ fn a_thousand_units_on_two_cpus() {
         .collect();
     quiet_scrapes.sort_by(f64::total_cmp);
 
-    // Churn: 20 restarts a second for 10 s, scraping every 100 ms.
+    // Churn: 20 restarts a second for 20 s, scraping every 100 ms.
     let before = agent.metrics();
     let lost_before = metric_sum(&before, "lifecycle_events_lost_total");
     let latency_before = buckets(&before, "lifecycle_event_to_state_seconds");
@@ -192,7 +194,7 @@ fn a_thousand_units_on_two_cpus() {
     let mut next_restart = Instant::now();
     let mut next_scrape = Instant::now();
     let mut restarted = 0usize;
-    while t0.elapsed() < Duration::from_secs(10) {
+    while t0.elapsed() < Duration::from_secs(20) {
         if Instant::now() >= next_restart {
             let (cg, child) = &mut units[(restarted * 7) % HOST_UNITS];
             let _ = child.kill();
@@ -258,7 +260,7 @@ fn a_thousand_units_on_two_cpus() {
     println!();
     println!("- setup: {} units running in the agent's view after {setup_s:.1} s", HOST_UNITS + ids.len());
     println!("- kernel map memory (memlock of the agent's BPF maps): {maps_mib:.1} MiB");
-    println!("- churn: {restarted} restarts in 10 s; records lost during churn and storm: {lost}");
+    println!("- churn: {restarted} restarts in 20 s; records lost during churn and storm: {lost}");
     println!(
         "- exit -> state (lifecycle_event_to_state_seconds, bucket bounds): p50 <= {} s, p99 <= {} s",
         bucket_quantile(&latency_before, &latency_after, 0.5),
