@@ -6,14 +6,15 @@
 //! by `http.rs`.
 //!
 //! A `/api/v1/containers` request with `wait_seconds` is a long poll: it is answered when the
-//! containers it selects (or their pods) change from the `resource_version` it gives (from an
-//! earlier answer; without one, from the node as the request finds it), or after `wait_seconds`
-//! with the answer as it stands. A client that follows a container this way learns of its exit
-//! as soon as the model has it, and costs the agent nothing between changes: polling for the
-//! same, one request every 200 µs was most of the agent's CPU and the tail of its exit -> API
-//! latency (BENCHMARKS.md, "Waiting for a change"). At most [`MAX_WAITING`] requests wait at
-//! once; past that, one is answered at once (a wait may always end early), and each way a wait
-//! ended is counted in `lifecycle_api_waits_total{result}`.
+//! containers it selects (or their pods) may have changed from the `resource_version` it gives
+//! (from an earlier answer; without one, from the node as the request finds it), or after
+//! `wait_seconds` with the answer as it stands. "May": a change of a selected container's counters
+//! alone can answer it too, when something else on the node changed at the same time. A client that
+//! follows a container this way learns of its exit as soon as the model has it, and costs the agent
+//! nothing between changes: polling for the same, one request every 200 µs was most of the agent's
+//! CPU and the tail of its exit -> API latency (BENCHMARKS.md, "Waiting for a change"). At most
+//! [`MAX_WAITING`] requests wait at once; past that, one is answered at once (a wait may always end
+//! early), and each way a wait ended is counted in `lifecycle_api_waits_total{result}`.
 
 use std::{sync::Arc, time::Duration};
 
@@ -178,26 +179,27 @@ fn containers_answer(snapshot: &NodeSnapshot, selection: &Selection, waits: &Wai
     )
 }
 
-/// Waits until the containers `selection` picks, or their pods, differ from what they were at
-/// the version `wait` gives, or `wait` runs out: how the wait ended (None: the model's owner
-/// stopped) and the snapshot to answer from. A snapshot whose generation did not move changed
-/// only counters and is not looked at; one that did is viewed and compared with the first.
+/// Waits until the answer for `selection` may differ from what it was at the version `wait`
+/// gives, or `wait` runs out: how the wait ended (None: the model's owner stopped) and the
+/// snapshot to answer from. Only a snapshot whose generation moved (a state, a name or a pod
+/// changed somewhere) is looked at, and then only for what the answer is made from
+/// ([`NodeSnapshot::answer_inputs`]: a version per unit, no view), so a waiter costs a pass over
+/// the units per change on the node, whatever it selects. It keeps those inputs, not the
+/// snapshot, while it waits: no unit is kept alive by a waiter.
 async fn changed_within(
     snapshots: &mut watch::Receiver<Arc<NodeSnapshot>>,
     selection: &Selection,
     wait: &Wait,
     waits: &Waits,
 ) -> (Option<WaitEnd>, Arc<NodeSnapshot>) {
-    let first = snapshots.borrow_and_update().clone();
-    if wait.resource_version.as_ref().is_some_and(|version| *version != waits.resource_version(&first)) {
-        return (Some(WaitEnd::Behind), first);
-    }
-    // Views compared as the text they serialize to, with one clock: what a client would see.
-    let clock = wall_clock();
-    let seen =
-        |snapshot: &NodeSnapshot| clock.writing(|| serde_json::to_vec(&selection.view(snapshot, boottime())).ok());
-    let at_first = seen(&first);
-    let mut generation = first.generation();
+    let inputs = |snapshot: &NodeSnapshot| snapshot.answer_inputs(|unit| selection.selects(unit));
+    let (at_first, mut generation) = {
+        let first = snapshots.borrow_and_update().clone();
+        if wait.resource_version.as_ref().is_some_and(|version| *version != waits.resource_version(&first)) {
+            return (Some(WaitEnd::Behind), first);
+        }
+        (inputs(&first), first.generation())
+    };
     let deadline = tokio::time::sleep(wait.timeout);
     tokio::pin!(deadline);
     loop {
@@ -211,7 +213,7 @@ async fn changed_within(
                     continue;
                 }
                 generation = latest.generation();
-                if seen(&latest) != at_first {
+                if inputs(&latest) != at_first {
                     return (Some(WaitEnd::Changed), latest);
                 }
             }
@@ -451,18 +453,23 @@ mod tests {
 
     /// Two running containers: `aaaa…` in shop/web (main pid 1001), `bbbb…` in shop/db (1002).
     fn node() -> NodeTracker {
+        node_of(&[("a", "web", 1, "main"), ("b", "db", 2, "main")])
+    }
+
+    /// Running containers, each (id digit, pod, pod number, name): the `i`th (from 0) has
+    /// cgroup `101 + i` and main pid `1001 + i`.
+    fn node_of(containers: &[(&str, &str, u64, &str)]) -> NodeTracker {
         let mut tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
-        let pods = [("a", "web", 1u64), ("b", "db", 2)];
-        let metas = pods
+        let metas = containers
             .iter()
-            .map(|(digit, pod, n)| {
+            .map(|(digit, pod, n, name)| {
                 let uid = format!("00000000-0000-0000-0000-{n:012}");
-                running_container(&digit.repeat(64), &uid, "shop", pod, &format!("{pod}-main"))
+                running_container(&digit.repeat(64), &uid, "shop", pod, &format!("{pod}-{name}"))
             })
             .collect();
         tracker.set_metadata(metas);
-        for (digit, _, n) in pods {
-            let cgroup = 100 + n;
+        for (i, (digit, _, n, _)) in containers.iter().enumerate() {
+            let cgroup = 101 + i as u64;
             let path = format!("/kubepods/besteffort/pod00000000-0000-0000-0000-{n:012}/{}", digit.repeat(64));
             let event = |time, tgid, cgroup_id, detail| Event { time_ns: time, pid: tgid, tgid, cgroup_id, detail };
             tracker.apply(&event(1, 1, 1, Detail::CgroupMkdir(CgroupDetail { id: cgroup, path, truncated: false })));
@@ -474,7 +481,7 @@ mod tests {
                 start_time_ns: 2,
                 comm: "app".into(),
             };
-            tracker.apply(&event(2, 1000 + n as u32, cgroup, exec));
+            tracker.apply(&event(2, 1001 + i as u32, cgroup, exec));
         }
         tracker
     }
@@ -551,7 +558,7 @@ mod tests {
         }
     }
 
-    /// The main process of container `a` (0) or `b` (1) of [`node`] exits with `status`.
+    /// The main process of the `which`th container (from 0) of [`node_of`] exits with `status`.
     fn main_exits(tracker: &mut NodeTracker, which: u32, status: u8) {
         let detail = Detail::Exit {
             exit_status: Some(status),
@@ -667,5 +674,24 @@ mod tests {
         }
         drop(waiting);
         assert!(api.wait("/api/v1/containers", Some("wait_seconds=30")).is_some(), "their places are free again");
+    }
+
+    #[tokio::test]
+    async fn a_wait_on_one_container_is_answered_when_its_pods_other_container_changes() {
+        // The answer shows the container's pod, whose phase reads every container of it.
+        let mut tracker = node_of(&[("a", "web", 1, "main"), ("b", "db", 2, "main"), ("c", "web", 1, "side")]);
+        let (api, publish) = serving(&tracker);
+        let mut later = api.wait("/api/v1/containers", Some("container_id=aaaa&wait_seconds=30")).expect("waits");
+        assert_eq!(poll_once(&mut later).await, None);
+        main_exits(&mut tracker, 1, 1);
+        publish.send_replace(Arc::new(tracker.snapshot()));
+        assert_eq!(poll_once(&mut later).await, None, "another pod's container");
+        main_exits(&mut tracker, 2, 1);
+        publish.send_replace(Arc::new(tracker.snapshot()));
+        let (_, body) = poll_once(&mut later).await.expect("its pod's other container ended");
+        let answer: ContainersResponse = serde_json::from_str(&body).expect("the API's type");
+        assert_eq!(answer.containers.len(), 1, "{body}");
+        assert_eq!(answer.pods.len(), 1, "{body}");
+        assert_eq!(answer.pods[0].running_containers, 1, "the pod now runs one of its two: {body}");
     }
 }

@@ -71,7 +71,7 @@ pub use probed::{
 };
 pub use snapshot::NodeSnapshot;
 pub use unit::{Judgement, PortStats, Unit, UnitCounters, UnitKey, UnitLabels, MAX_PORTS_PER_UNIT};
-pub use view::{ContainerView, RunningContainer};
+pub use view::{AnswerInputs, ContainerView, RunningContainer};
 pub use warning::{PodWarning, WarningReason};
 
 /// Settings for the model; defaults are the kubelet's.

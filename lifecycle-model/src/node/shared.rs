@@ -18,57 +18,73 @@ use crate::spec::PodFacts;
 
 /// The node's units by key (see the module header).
 #[derive(Default)]
-pub(super) struct Units(BTreeMap<UnitKey, Arc<Unit>>);
+pub(super) struct Units {
+    map: BTreeMap<UnitKey, Arc<Unit>>,
+    /// Handed out to each unit taken to be changed ([`Unit::version`]): never repeats, so a
+    /// reader that keeps a unit's version (not the unit) knows whether it is still the same.
+    versions: u64,
+}
+
+/// Gives `unit` the next version from `versions`.
+fn stamp<'a>(versions: &mut u64, unit: &'a mut Arc<Unit>) -> &'a mut Unit {
+    *versions += 1;
+    let unit = Arc::make_mut(unit);
+    unit.version = *versions;
+    unit
+}
 
 impl Units {
     pub(super) fn get(&self, key: &UnitKey) -> Option<&Unit> {
-        self.0.get(key).map(|unit| &**unit)
+        self.map.get(key).map(|unit| &**unit)
     }
 
     /// The unit, to change: copied first if a snapshot holds it.
     pub(super) fn get_mut(&mut self, key: &UnitKey) -> Option<&mut Unit> {
-        self.0.get_mut(key).map(Arc::make_mut)
+        let versions = &mut self.versions;
+        self.map.get_mut(key).map(|unit| stamp(versions, unit))
     }
 
     /// The unit of `key`, made by `new` if there is none.
     pub(super) fn get_or_insert_with(&mut self, key: &UnitKey, new: impl FnOnce() -> Unit) -> &mut Unit {
-        Arc::make_mut(self.0.entry(key.clone()).or_insert_with(|| Arc::new(new())))
+        stamp(&mut self.versions, self.map.entry(key.clone()).or_insert_with(|| Arc::new(new())))
     }
 
     pub(super) fn keys(&self) -> btree_map::Keys<'_, UnitKey, Arc<Unit>> {
-        self.0.keys()
+        self.map.keys()
     }
 
     /// Every unit, in key order.
     pub(super) fn values(&self) -> impl Iterator<Item = &Unit> {
-        self.0.values().map(|unit| &**unit)
+        self.map.values().map(|unit| &**unit)
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = (&UnitKey, &Unit)> {
-        self.0.iter().map(|(key, unit)| (key, &**unit))
+        self.map.iter().map(|(key, unit)| (key, &**unit))
     }
 
     /// Every unit, to change: copies each one a snapshot holds (a node-wide change: rare).
     pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut Unit> {
-        self.0.values_mut().map(Arc::make_mut)
+        let versions = &mut self.versions;
+        self.map.values_mut().map(move |unit| stamp(versions, unit))
     }
 
     /// The units `wanted` picks, to change: only those are copied.
     pub(super) fn changing(&mut self, wanted: impl Fn(&Unit) -> bool) -> impl Iterator<Item = &mut Unit> {
-        self.0.values_mut().filter(move |unit| wanted(unit)).map(Arc::make_mut)
+        let versions = &mut self.versions;
+        self.map.values_mut().filter(move |unit| wanted(unit)).map(move |unit| stamp(versions, unit))
     }
 
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&UnitKey, &Unit) -> bool) {
-        self.0.retain(|key, unit| keep(key, unit));
+        self.map.retain(|key, unit| keep(key, unit));
     }
 
     pub(super) fn remove(&mut self, key: &UnitKey) -> Option<Unit> {
-        self.0.remove(key).map(Arc::unwrap_or_clone)
+        self.map.remove(key).map(Arc::unwrap_or_clone)
     }
 
     /// Every unit, shared (for a snapshot), in key order.
     pub(super) fn shared(&self) -> impl Iterator<Item = &Arc<Unit>> {
-        self.0.values()
+        self.map.values()
     }
 }
 

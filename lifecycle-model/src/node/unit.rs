@@ -169,6 +169,9 @@ pub struct Unit {
     pub(super) status_check: StatusCheck,
     /// Warnings not taken yet (see `warning.rs`).
     pub(super) pending_warnings: Vec<(WarningReason, String)>,
+    /// Moves each time the tracker takes the unit to change it, and never comes back to an
+    /// earlier value on this node (`shared.rs`): the same version is the same unit.
+    pub(super) version: u64,
 }
 
 /// One judged termination, for the exporters' distributions (the model keeps no histograms).
@@ -355,6 +358,7 @@ impl NodeTracker {
             probe_declaration: None,
             status_check: StatusCheck::default(),
             pending_warnings: Vec::new(),
+            version: 0,
         });
         unit.labels = labels;
         if unit.status_check.restart_base.is_none() {

@@ -1,7 +1,7 @@
 //! Read-only views of the node for the exporters and the API: a unit's JSON view, the running
 //! containers with their main process, and the units still tracked.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -9,7 +9,7 @@ use super::{Disagreement, NodeSnapshot, NodeTracker, PortStats, Unit, UnitKey, U
 use crate::{
     backoff::Observation,
     container_state::ContainerStatusSnapshot,
-    spec::HttpProbe,
+    spec::{HttpProbe, ReportedPodStatus},
     termination::{SidecarOrder, TerminationReport},
     time::BootTime,
 };
@@ -57,7 +57,52 @@ impl NodeTracker {
     }
 }
 
+/// What the API's answer about some units is made from (see [`NodeSnapshot::answer_inputs`]):
+/// equal inputs make the same answer. Kept by a reader instead of the snapshot, it holds no unit:
+/// a version per unit and a few values per pod.
+#[derive(Debug, PartialEq, Eq)]
+pub struct AnswerInputs {
+    /// The version of each unit the answer reads, in key order.
+    units: Vec<u64>,
+    /// Per pod the answer shows, in uid order: what the API reported of its phase and status,
+    /// and whether a process of it lives.
+    pods: Vec<(Option<String>, Option<ReportedPodStatus>, bool)>,
+}
+
 impl NodeSnapshot {
+    /// What the answer about the units `wanted` selects is made from: their views, and the views
+    /// of their pods, which read every unit of the pod (its phase, its sidecars' order), the
+    /// pod's reported phase and status, and whether a process of the pod lives. Two snapshots
+    /// with equal inputs give the same answer; unequal inputs may still give the same one (a
+    /// unit's version moves with its counters too). Costs a lookup per unit, no view.
+    pub fn answer_inputs(&self, wanted: impl Fn(&Unit) -> bool) -> AnswerInputs {
+        fn pod_of(unit: &Unit) -> Option<&str> {
+            match &unit.key {
+                UnitKey::Container { pod_uid, .. } => Some(pod_uid.as_str()),
+                UnitKey::Host { .. } => None,
+            }
+        }
+        let pods: BTreeSet<&str> = self.units().filter(|unit| wanted(unit)).filter_map(pod_of).collect();
+        let units = self
+            .units()
+            .filter(|unit| wanted(unit) || pod_of(unit).is_some_and(|uid| pods.contains(uid)))
+            .map(|unit| unit.version)
+            .collect();
+        let with_process = self.pods_with_process();
+        let pods = pods
+            .into_iter()
+            .map(|uid| {
+                let facts = self.pods.get(uid);
+                (
+                    facts.and_then(|facts| facts.reported_phase.clone()),
+                    facts.map(|facts| facts.reported_status.clone()),
+                    with_process.contains(uid),
+                )
+            })
+            .collect();
+        AnswerInputs { units, pods }
+    }
+
     /// The API view of every unit at `now`.
     pub fn containers(&self, now: BootTime) -> Vec<ContainerView> {
         self.containers_where(now, |_| true)

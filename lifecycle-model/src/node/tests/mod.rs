@@ -675,3 +675,26 @@ fn a_process_in_a_container_named_like_the_runtime_is_not_the_runtime() {
     assert!(termination.stop_signal.is_none(), "no stop signal from the runtime: {termination:?}");
     assert!(matches!(termination.outcome, TerminationOutcome::KilledWithoutGrace { .. }), "{:?}", termination.outcome);
 }
+
+#[test]
+fn answer_inputs_move_with_what_an_answer_reads_and_stay_for_another_pod() {
+    let (mut tracker, app) = running_app();
+    let other_pod = "00000000-0000-0000-0000-0000000000db";
+    let db = ContainerMeta {
+        pod_uid: other_pod.into(),
+        pod_name: "db-0".into(),
+        container_name: "db".into(),
+        ..meta(2, 30)
+    };
+    tracker.set_metadata(vec![meta(1, 30), db]);
+    let db_cgroup = 2002;
+    tracker.apply(&mkdir(SECOND, db_cgroup, &format!("/kubepods/burstable/pod{other_pod}/{}", container_id(2))));
+    tracker.apply(&exec(2 * SECOND, 200, db_cgroup, SHIM_CGROUP, "db"));
+    let web = |unit: &Unit| unit.labels.pod == "web-1";
+    let running = tracker.snapshot().answer_inputs(web);
+    assert_eq!(running, tracker.snapshot().answer_inputs(web), "nothing changed");
+    tracker.apply(&exit(3 * SECOND, 200, db_cgroup, Some(1), None));
+    assert_eq!(tracker.snapshot().answer_inputs(web), running, "only the other pod's container ended");
+    tracker.apply(&exit(4 * SECOND, 100, app, Some(1), None));
+    assert_ne!(tracker.snapshot().answer_inputs(web), running, "its own container ended");
+}
