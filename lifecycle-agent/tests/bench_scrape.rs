@@ -179,6 +179,7 @@ fn serve(runtime: &tokio::runtime::Runtime, metrics: Metrics, stop: tokio::sync:
             probe_sources: None,
             health_only: false,
             tls: None,
+            rejections: None,
         }),
         stop,
     ));

@@ -76,6 +76,45 @@ pub struct Routes {
     pub health_only: bool,
     /// Serve HTTPS with this (`--tls-cert-file`); None: plain HTTP.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Where connections closed without an answer are counted; None: not counted (tests).
+    pub rejections: Option<Rejections>,
+}
+
+/// Connections one listener closed without an answer, by reason:
+/// `lifecycle_http_connections_rejected_total{listener, reason}`.
+#[derive(Clone)]
+pub struct Rejections {
+    counts: prometheus::IntCounterVec,
+    listener: &'static str,
+}
+
+impl Rejections {
+    /// Why a connection was closed unanswered.
+    const REASONS: [&'static str; 4] = ["source", "busy", "timeout", "lifetime"];
+
+    /// The counters of the agent's listeners, registered in `registry`; [`Self::of`] names one.
+    pub(crate) fn register(registry: &prometheus::Registry) -> Result<prometheus::IntCounterVec, prometheus::Error> {
+        let counts = crate::export::metrics::vec_of(
+            crate::export::families::AgentFamily::HttpConnectionsRejected,
+            prometheus::IntCounterVec::new,
+        )?;
+        registry.register(Box::new(counts.clone()))?;
+        Ok(counts)
+    }
+
+    /// The counts of `listener` (`listen` or `health`), each reason shown from the start.
+    pub(crate) fn of(counts: &prometheus::IntCounterVec, listener: &'static str) -> Self {
+        for reason in Self::REASONS {
+            counts.with_label_values(&[listener, reason]).inc_by(0);
+        }
+        Self { counts: counts.clone(), listener }
+    }
+
+    fn count(rejections: Option<&Self>, reason: &'static str) {
+        if let Some(rejections) = rejections {
+            rejections.counts.with_label_values(&[rejections.listener, reason]).inc();
+        }
+    }
 }
 
 impl Routes {
@@ -87,7 +126,7 @@ impl Routes {
 
 impl Routes {
     /// The health listener's routes: `/healthz` from `health`, nothing else.
-    pub(crate) fn health_only(health: Arc<Heartbeats>) -> Self {
+    pub(crate) fn health_only(health: Arc<Heartbeats>, rejections: Option<Rejections>) -> Self {
         Self {
             metrics: Metrics::bare(),
             api: None,
@@ -96,6 +135,7 @@ impl Routes {
             probe_sources: None,
             health_only: true,
             tls: None,
+            rejections,
         }
     }
 }
@@ -232,13 +272,16 @@ pub(crate) async fn serve_within(
         };
         let Some(place) = sources.take(peer.ip()) else {
             log::debug!("{peer}: {} connections from {} open already; closed", limits.per_source, peer.ip());
+            Rejections::count(routes.rejections.as_ref(), "source");
             continue;
         };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             log::debug!("{peer}: {} connections open already; closed", limits.max_connections);
+            Rejections::count(routes.rejections.as_ref(), "busy");
             continue;
         };
         let routes = Arc::clone(&routes);
+        let rejections = routes.rejections.clone();
         let tls = routes.tls.clone();
         tokio::spawn(async move {
             let _slot = (slot, place);
@@ -254,8 +297,13 @@ pub(crate) async fn serve_within(
                 },
             };
             let encrypted = tls.is_some();
+            // Whether a request on this connection was answered: an idle keep-alive connection
+            // closed at the head deadline (Prometheus' between scrapes) is not a rejection.
+            let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let answering = Arc::clone(&answered);
             let service = service_fn(move |request| {
                 let routes = Arc::clone(&routes);
+                answering.store(true, std::sync::atomic::Ordering::Relaxed);
                 async move {
                     if let Some(refusal) = check_access(&routes, &request, peer.ip(), encrypted).await {
                         return Ok::<_, Infallible>(refusal);
@@ -297,8 +345,16 @@ pub(crate) async fn serve_within(
                 }
             };
             match tokio::time::timeout(limits.lifetime, served).await {
-                Ok(Err(err)) => log::debug!("HTTP connection from {peer} ended with an error: {err}"),
-                Err(_) => log::debug!("HTTP connection from {peer} cut after {:?}", limits.lifetime),
+                Ok(Err(err)) => {
+                    log::debug!("HTTP connection from {peer} ended with an error: {err}");
+                    if err.is_timeout() && !answered.load(std::sync::atomic::Ordering::Relaxed) {
+                        Rejections::count(rejections.as_ref(), "timeout");
+                    }
+                }
+                Err(_) => {
+                    log::debug!("HTTP connection from {peer} cut after {:?}", limits.lifetime);
+                    Rejections::count(rejections.as_ref(), "lifetime");
+                }
                 Ok(Ok(())) => {}
             }
         });

@@ -4,7 +4,16 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Plain routes (no API, no gate) with `gate` and `probe_sources` as given.
 fn routes(gate: Option<ApiGate>, probe_sources: Option<crate::probe::source::SourceFilter>) -> Routes {
-    Routes { metrics: Metrics::bare(), api: None, gate, health: None, probe_sources, health_only: false, tls: None }
+    Routes {
+        metrics: Metrics::bare(),
+        api: None,
+        gate,
+        health: None,
+        probe_sources,
+        health_only: false,
+        tls: None,
+        rejections: None,
+    }
 }
 
 /// Serves `routes` on a loopback port within `limits` until the sender is dropped.
@@ -16,8 +25,28 @@ async fn serving(routes: Routes, limits: Limits) -> (SocketAddr, watch::Sender<b
     (addr, stop)
 }
 
-async fn listener_with(limits: Limits) -> (SocketAddr, watch::Sender<bool>) {
-    serving(routes(None, None), limits).await
+/// A plain listener within `limits`, and its `lifecycle_http_connections_rejected_total`
+/// counters (registered nowhere).
+async fn listener_with(limits: Limits) -> (SocketAddr, watch::Sender<bool>, prometheus::IntCounterVec) {
+    let counts = crate::export::metrics::vec_of(
+        crate::export::families::AgentFamily::HttpConnectionsRejected,
+        prometheus::IntCounterVec::new,
+    )
+    .expect("counters");
+    let routes = Routes { rejections: Some(Rejections::of(&counts, "listen")), ..routes(None, None) };
+    let (addr, stop) = serving(routes, limits).await;
+    (addr, stop, counts)
+}
+
+/// The count of connections `listener_with`'s listener rejected for `reason`, once it reaches
+/// `at_least` (the count follows the close the client sees), or what it is after 10 s.
+async fn rejected(counts: &prometheus::IntCounterVec, reason: &str, at_least: u64) -> u64 {
+    let counter = counts.with_label_values(&["listen", reason]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while counter.get() < at_least && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    counter.get()
 }
 
 /// The whole answer to the raw `request` on a fresh connection, or what came before the close.
@@ -52,7 +81,7 @@ async fn clients_holding_connections_give_their_places_up_and_others_are_served(
         head_timeout: Duration::from_millis(300),
         lifetime: Duration::from_secs(30),
     };
-    let (addr, _stop) = listener_with(limits).await;
+    let (addr, _stop, counts) = listener_with(limits).await;
     // Four clients that connect and say nothing take every place.
     let mut silent = Vec::new();
     for _ in 0..4 {
@@ -68,10 +97,14 @@ async fn clients_holding_connections_give_their_places_up_and_others_are_served(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(refused, "a fifth connection is closed while four are held");
+    // All four are from 127.0.0.1, whose own bound (4) is reached first.
+    assert!(rejected(&counts, "source", 1).await >= 1, "the refusal is counted");
+    assert_eq!(rejected(&counts, "busy", 0).await, 0);
     // The silent ones are cut when their head does not come; the place is free again.
     for stream in &mut silent {
         assert_eq!(closed_within_10s(stream).await, 0);
     }
+    assert_eq!(rejected(&counts, "timeout", 4).await, 4, "each cut at its head deadline is counted");
     assert!(healthz(addr).await.starts_with("HTTP/1.0 200"), "served once the places are free");
 }
 
@@ -83,11 +116,12 @@ async fn a_connection_lives_no_longer_than_its_lifetime() {
         head_timeout: Duration::from_secs(30),
         lifetime: Duration::from_millis(300),
     };
-    let (addr, _stop) = listener_with(limits).await;
+    let (addr, _stop, counts) = listener_with(limits).await;
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     // Half a head, then nothing: only the lifetime ends it.
     stream.write_all(b"GET /healthz HTTP/1.1\r\n").await.expect("write");
     assert_eq!(closed_within_10s(&mut stream).await, 0);
+    assert_eq!(rejected(&counts, "lifetime", 1).await, 1, "the cut is counted");
 }
 
 #[tokio::test]
@@ -98,7 +132,7 @@ async fn one_source_cannot_take_every_place() {
         head_timeout: Duration::from_secs(30),
         lifetime: Duration::from_secs(30),
     };
-    let (addr, _stop) = listener_with(limits).await;
+    let (addr, _stop, counts) = listener_with(limits).await;
     // 127.0.0.1 holds its two places with silent connections.
     let held: Vec<_> = futures::future::join_all((0..2).map(|_| tokio::net::TcpStream::connect(addr))).await;
     let mut refused = false;
@@ -110,6 +144,7 @@ async fn one_source_cannot_take_every_place() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(refused, "a third connection from the same source is closed");
+    assert!(rejected(&counts, "source", 1).await >= 1, "the refusal is counted");
     // Another loopback address is another source: it is served.
     let other = std::net::SocketAddr::new("127.0.0.2".parse().expect("ip"), 0);
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
@@ -125,7 +160,7 @@ async fn one_source_cannot_take_every_place() {
 #[tokio::test]
 async fn the_health_listener_answers_from_the_heartbeats_and_serves_nothing_else() {
     let beats = Arc::new(Heartbeats::new(Duration::from_millis(50), Duration::from_secs(10)));
-    let (addr, _stop) = serving(Routes::health_only(beats.clone()), Limits::health()).await;
+    let (addr, _stop) = serving(Routes::health_only(beats.clone(), None), Limits::health()).await;
     beats.beat(super::super::health::Loop::RingReader);
     assert!(healthz(addr).await.starts_with("HTTP/1.0 200"));
     // The reader stops beating: the kubelet is told, with the reason.
@@ -264,4 +299,27 @@ async fn a_waiting_request_is_answered_when_its_wait_ends_and_holds_up_no_other(
         .expect("read");
     assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
     assert!(answer.contains("application/json") && answer.ends_with("{\"changed\":true}"), "{answer}");
+}
+
+#[tokio::test]
+async fn an_answered_keep_alive_connection_closed_when_idle_is_not_counted_as_rejected() {
+    let limits = Limits {
+        max_connections: 4,
+        per_source: 4,
+        head_timeout: Duration::from_millis(300),
+        lifetime: Duration::from_secs(30),
+    };
+    let (addr, _stop, counts) = listener_with(limits).await;
+    // Prometheus' way: HTTP/1.1, the connection kept between scrapes; idle, it is closed at the
+    // head deadline.
+    let mut kept = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+    let mut answer = [0u8; 15];
+    kept.read_exact(&mut answer).await.expect("answered");
+    assert_eq!(&answer, b"HTTP/1.1 200 OK");
+    assert!(closed_within_10s(&mut kept).await > 0, "the rest of the answer, then the close");
+    // A connection that never sends a head is cut the same way, and counted.
+    let mut silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    assert_eq!(closed_within_10s(&mut silent).await, 0);
+    assert_eq!(rejected(&counts, "timeout", 1).await, 1, "the silent one only");
 }

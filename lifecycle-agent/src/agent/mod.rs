@@ -305,6 +305,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
     });
     let waits = Arc::new(Waits::new(Some(metrics.registry())).map_err(MetricsError::from)?);
+    let rejected = http::Rejections::register(metrics.registry()).map_err(MetricsError::from)?;
     let api = ContainersApi { snapshots: model.snapshots(), probes: node_probes.clone(), node, waits };
     let routes = Arc::new(Routes {
         metrics,
@@ -314,12 +315,13 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         probe_sources: Some(probe_sources),
         health_only: false,
         tls,
+        rejections: Some(http::Rejections::of(&rejected, "listen")),
     });
     let server = tokio::spawn(http::serve(listener, routes, shutdown.clone()));
     if let Some(addr) = config.health_listen {
         let listener = http::bind(addr).await?;
         log::info!("serving /healthz for the kubelet on http://{addr}");
-        let routes = Arc::new(Routes::health_only(heartbeats.clone()));
+        let routes = Arc::new(Routes::health_only(heartbeats.clone(), Some(http::Rejections::of(&rejected, "health"))));
         loops.spawn(http::serve_within(listener, routes, shutdown.clone(), http::Limits::health()));
     }
 
