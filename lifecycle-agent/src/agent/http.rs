@@ -293,7 +293,11 @@ pub(crate) async fn serve_within(
                 Some(acceptor) => match tokio::time::timeout(limits.head_timeout, opens_tls(&stream)).await {
                     Ok(Ok(true)) => Some(acceptor),
                     Ok(Ok(false)) => None,
-                    Ok(Err(_)) | Err(_) => return,
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        Rejections::count(rejections.as_ref(), "timeout");
+                        return;
+                    }
                 },
             };
             let encrypted = tls.is_some();
@@ -339,6 +343,7 @@ pub(crate) async fn serve_within(
                         }
                         Err(_) => {
                             log::debug!("TLS handshake with {peer} not done within {:?}", limits.head_timeout);
+                            Rejections::count(rejections.as_ref(), "timeout");
                             Ok(())
                         }
                     },

@@ -323,3 +323,36 @@ async fn an_answered_keep_alive_connection_closed_when_idle_is_not_counted_as_re
     assert_eq!(closed_within_10s(&mut silent).await, 0);
     assert_eq!(rejected(&counts, "timeout", 1).await, 1, "the silent one only");
 }
+
+#[tokio::test]
+async fn with_tls_on_a_connection_that_sends_nothing_is_counted_at_its_head_deadline() {
+    // The DaemonSet serves TLS: a silent connection then ends waiting for its first byte (or its
+    // handshake), before any request head, and still counts.
+    let counts = crate::export::metrics::vec_of(
+        crate::export::families::AgentFamily::HttpConnectionsRejected,
+        prometheus::IntCounterVec::new,
+    )
+    .expect("counters");
+    let generated =
+        crate::agent::tls::generate(crate::agent::tls::serving_names("127.0.0.1".parse().expect("ip"), None))
+            .expect("a certificate");
+    let routes = Routes {
+        tls: Some(generated.acceptor),
+        rejections: Some(Rejections::of(&counts, "listen")),
+        ..routes(None, None)
+    };
+    let limits = Limits {
+        max_connections: 4,
+        per_source: 4,
+        head_timeout: Duration::from_millis(300),
+        lifetime: Duration::from_secs(30),
+    };
+    let (addr, _stop) = serving(routes, limits).await;
+    let mut silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    assert_eq!(closed_within_10s(&mut silent).await, 0);
+    // A handshake begun and never finished: the first byte says TLS, then nothing.
+    let mut half = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    half.write_all(&[0x16, 0x03, 0x01]).await.expect("write");
+    assert_eq!(closed_within_10s(&mut half).await, 0);
+    assert_eq!(rejected(&counts, "timeout", 2).await, 2, "both cut at the deadline, both counted");
+}
