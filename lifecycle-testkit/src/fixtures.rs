@@ -4,6 +4,7 @@
 
 use lifecycle_agent::model::{
     container_state::{ContainerState as ApiState, ContainerStatusSnapshot},
+    event::Detail,
     metadata::{ContainerMeta, ContainerState, KubeletAnnotations},
     node::{ContainerView, UnitLabels},
     spec::SpecSource,
@@ -97,5 +98,20 @@ pub fn termination_report(outcome: TerminationOutcome, exit_time: BootTime) -> T
         spec: SpecSource::default(),
         watched_since: None,
         scene: StopScene::default(),
+    }
+}
+
+/// The exit of a container's main process (its pid namespace's init, started at 2 ns, child of
+/// pid 1) with `status`: the last thread, no signal.
+pub fn main_exit(status: u8, comm: &str) -> Detail {
+    Detail::Exit {
+        exit_status: Some(status),
+        signal: None,
+        core_dumped: false,
+        group_dead: true,
+        parent_tgid: 1,
+        start_time_ns: 2,
+        cpu_time_ns: 1,
+        comm: comm.into(),
     }
 }

@@ -16,6 +16,11 @@ fn routes(gate: Option<ApiGate>, probe_sources: Option<crate::probe::source::Sou
     }
 }
 
+/// Four places in all and per source, with these deadlines.
+fn four_places(head_timeout: Duration, lifetime: Duration) -> Limits {
+    Limits { max_connections: 4, per_source: 4, head_timeout, lifetime }
+}
+
 /// Serves `routes` on a loopback port within `limits` until the sender is dropped.
 async fn serving(routes: Routes, limits: Limits) -> (SocketAddr, watch::Sender<bool>) {
     let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
@@ -75,12 +80,7 @@ async fn closed_within_10s(stream: &mut tokio::net::TcpStream) -> usize {
 
 #[tokio::test]
 async fn clients_holding_connections_give_their_places_up_and_others_are_served() {
-    let limits = Limits {
-        max_connections: 4,
-        per_source: 4,
-        head_timeout: Duration::from_millis(300),
-        lifetime: Duration::from_secs(30),
-    };
+    let limits = four_places(Duration::from_millis(300), Duration::from_secs(30));
     let (addr, _stop, counts) = listener_with(limits).await;
     // Four clients that connect and say nothing take every place.
     let mut silent = Vec::new();
@@ -110,12 +110,7 @@ async fn clients_holding_connections_give_their_places_up_and_others_are_served(
 
 #[tokio::test]
 async fn a_connection_lives_no_longer_than_its_lifetime() {
-    let limits = Limits {
-        max_connections: 4,
-        per_source: 4,
-        head_timeout: Duration::from_secs(30),
-        lifetime: Duration::from_millis(300),
-    };
+    let limits = four_places(Duration::from_secs(30), Duration::from_millis(300));
     let (addr, _stop, counts) = listener_with(limits).await;
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     // Half a head, then nothing: only the lifetime ends it.
@@ -303,12 +298,7 @@ async fn a_waiting_request_is_answered_when_its_wait_ends_and_holds_up_no_other(
 
 #[tokio::test]
 async fn an_answered_keep_alive_connection_closed_when_idle_is_not_counted_as_rejected() {
-    let limits = Limits {
-        max_connections: 4,
-        per_source: 4,
-        head_timeout: Duration::from_millis(300),
-        lifetime: Duration::from_secs(30),
-    };
+    let limits = four_places(Duration::from_millis(300), Duration::from_secs(30));
     let (addr, _stop, counts) = listener_with(limits).await;
     // Prometheus' way: HTTP/1.1, the connection kept between scrapes; idle, it is closed at the
     // head deadline.
@@ -341,12 +331,7 @@ async fn with_tls_on_a_connection_that_sends_nothing_is_counted_at_its_head_dead
         rejections: Some(Rejections::of(&counts, "listen")),
         ..routes(None, None)
     };
-    let limits = Limits {
-        max_connections: 4,
-        per_source: 4,
-        head_timeout: Duration::from_millis(300),
-        lifetime: Duration::from_secs(30),
-    };
+    let limits = four_places(Duration::from_millis(300), Duration::from_secs(30));
     let (addr, _stop) = serving(routes, limits).await;
     let mut silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
     assert_eq!(closed_within_10s(&mut silent).await, 0);

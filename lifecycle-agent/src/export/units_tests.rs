@@ -3,6 +3,7 @@
 use super::*;
 use crate::model::event::{CgroupDetail, Detail, Event, SignalResult};
 use crate::model::node::{NodeTracker, TrackerConfig};
+use lifecycle_testkit::fixtures::main_exit;
 
 /// The channel a tracker's snapshots are published on, as the model's owner does.
 fn publisher(tracker: &NodeTracker) -> watch::Sender<Arc<NodeSnapshot>> {
@@ -39,20 +40,6 @@ fn start_host_unit(tracker: &mut NodeTracker, cgroup: u64, pid: u32, name: &str)
         comm: name.into(),
     };
     tracker.apply(&event(2, pid, cgroup, exec));
-}
-
-/// The exit of a unit's main process with `status` (started at 2 ns, as `start_host_unit` does).
-fn main_exit(status: u8, comm: &str) -> Detail {
-    Detail::Exit {
-        exit_status: Some(status),
-        signal: None,
-        core_dumped: false,
-        group_dead: true,
-        parent_tgid: 1,
-        start_time_ns: 2,
-        cpu_time_ns: 1,
-        comm: comm.into(),
-    }
 }
 
 #[test]
