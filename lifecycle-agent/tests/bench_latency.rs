@@ -1,19 +1,19 @@
 //! Benchmark (not a test; `#[ignore]`d, run by `xtask/x.sh bench latency`): from a container
 //! process's exit, as the kernel timestamps it, to the state change visible in the agent's
 //! `/api/v1/containers` — and, in the same run, to the runtime's own notice of that exit in CRI
-//! ContainerStatus. Both sides are polled the same way (the measurement, not a synchronisation),
-//! and both are measured against the same kernel timestamp. An answer counts as read once its
-//! `Content-Length` of body has arrived.
+//! ContainerStatus. Both are measured against the same kernel timestamp. An answer counts as
+//! read once its `Content-Length` of body has arrived.
 //!
-//! Each poller pauses 200 µs between polls (`LIFECYCLE_BENCH_POLL_US`): two threads polling
-//! flat out, and the agent and containerd answering them, kept both of this machine's CPUs busy,
-//! so the tail measured the pollers' own load (the agent's event thread waiting for a CPU) more
-//! than the agent. The pause adds at most 0.2 ms to either side.
+//! Exits take turns between three followers, one per exit: CRI `ContainerStatus` polled, the
+//! agent's API polled, and one API request at a time that waits for the container to change
+//! (`wait_seconds` with the last answer's `resource_version`). An agent that does not serve
+//! waits (a baseline from before them) takes turns between the first two. Until 2026-11-27 the
+//! CRI poller ran beside the agent's client on every exit: its calls kept containerd busy on one
+//! of this machine's two CPUs in the very window measured (BENCHMARKS.md).
 //!
-//! Every other exit, the agent's side is followed the other way the API offers: one request at
-//! a time that waits for the container to change (`wait_seconds` with the last answer's
-//! `resource_version`), answered as soon as the agent has the exit. An agent that does not
-//! serve waits (a baseline from before them) is polled for every exit.
+//! Each poller pauses 200 µs between polls (`LIFECYCLE_BENCH_POLL_US`): polling flat out, and
+//! the agent or containerd answering, kept both CPUs busy, so the tail measured the poller's own
+//! load more than the agent. The pause adds at most 0.2 ms to a polled exit.
 
 use std::{
     io::{Read as _, Write as _},
@@ -23,7 +23,7 @@ use std::{
 };
 
 use k8s_cri::v1 as cri;
-use lifecycle_testkit::containerd::{start_or_skip, KubeletAnnotations};
+use lifecycle_testkit::containerd::{start_or_skip, Containerd, KubeletAnnotations};
 use serde_json::Value;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
@@ -112,35 +112,45 @@ fn exit_to_visible_state_latency() {
     let (mut polled_ms, mut waited_ms, mut runtime_ms) = (Vec::new(), Vec::new(), Vec::new());
     // For the waiting exits: from the exit to the answer's own `now` (made in the agent).
     let mut answered_ms = Vec::new();
+    // For the waiting exits: how many waits ended before the one that showed the exit (each a
+    // round trip the client made while the container ran).
+    let mut early_wakes = Vec::new();
     for attempt in 0..exits {
         // The container waits on a fifo-less sleep so the poller is already running at exit.
         let annotations = KubeletAnnotations { restart_count: attempt as u32, ..KubeletAnnotations::default() };
         let id =
             h.run_container(&pod, "blink", &["sh", "-c", "sleep 0.2; exit 3"], &annotations, None).expect("container");
-        // Exits alternate between the two ways a client can follow the container, so both see
-        // the same conditions on the host.
-        let waiting = waits_served && attempt % 2 == 1;
-        // Each side is polled on its own thread so a slow call on one cannot delay the other.
+        // Exits take turns between the followers, so each sees the same conditions on the host,
+        // and only one follows each exit: the CRI poller's calls kept containerd and a CPU busy
+        // in the very window measured.
+        let follower = match (waits_served, attempt % if waits_served { 3 } else { 2 }) {
+            (_, 0) => Follower::Runtime,
+            (_, 1) => Follower::Polling,
+            _ => Follower::Waiting,
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
-        let (agent_side, runtime_seen) = std::thread::scope(|scope| {
-            let agent_side = scope.spawn(|| agent_sees_exit(&addr, &id, waiting, pause, deadline));
-            let mut runtime_seen = None;
-            while runtime_seen.is_none() && Instant::now() < deadline {
-                std::thread::sleep(pause);
-                let status = h.container_status(&id).expect("status");
-                if status.state == cri::ContainerState::ContainerExited as i32 {
-                    runtime_seen = Some(boot_ns());
+        let ms = |later: u64, earlier: u64| later.saturating_sub(earlier) as f64 / 1e6;
+        match follower {
+            Follower::Runtime => {
+                let seen = runtime_sees_exit(&h, &id, pause, deadline).expect("the runtime saw the exit");
+                // The exit's kernel time, from the agent once the runtime has it (not timed).
+                let (_, finished, _, _) =
+                    agent_sees_exit(&addr, &id, false, pause, deadline).expect("the agent saw the exit");
+                runtime_ms.push(ms(seen, finished));
+            }
+            Follower::Polling | Follower::Waiting => {
+                let waiting = follower == Follower::Waiting;
+                let (agent_seen, finished, answered, waits) =
+                    agent_sees_exit(&addr, &id, waiting, pause, deadline).expect("the agent saw the exit");
+                if waiting {
+                    answered_ms.push(ms(answered, finished));
+                    early_wakes.push(waits.saturating_sub(1));
+                    waited_ms.push(ms(agent_seen, finished));
+                } else {
+                    polled_ms.push(ms(agent_seen, finished));
                 }
             }
-            (agent_side.join().expect("agent poller"), runtime_seen)
-        });
-        let (agent_seen, finished, answered) = agent_side.expect("the agent saw the exit");
-        if waiting {
-            answered_ms.push(answered.saturating_sub(finished) as f64 / 1e6);
         }
-        let agent_ms = if waiting { &mut waited_ms } else { &mut polled_ms };
-        agent_ms.push(agent_seen.saturating_sub(finished) as f64 / 1e6);
-        runtime_ms.push(runtime_seen.expect("runtime").saturating_sub(finished) as f64 / 1e6);
         h.remove_container(&id).expect("remove");
     }
     for samples in [&mut polled_ms, &mut waited_ms, &mut answered_ms, &mut runtime_ms] {
@@ -148,7 +158,7 @@ fn exit_to_visible_state_latency() {
     }
     let internal = get(&addr, "/metrics").unwrap_or_default();
     println!(
-        "\npolled every {} µs (the agent's poller and the CRI side); exits alternate between polling and waiting\n",
+        "\npolled every {} µs (the agent's poller and the CRI side); exits take turns between the CRI poller, polling and waiting, one follower each\n",
         pause.as_micros()
     );
     println!("| path | exits | p50 | p90 | p99 | max | p99 vs CRI |");
@@ -174,6 +184,14 @@ fn exit_to_visible_state_latency() {
             percentile(v, 0.99) / runtime_p99
         );
     }
+    if !early_wakes.is_empty() {
+        let woken = early_wakes.iter().filter(|&&n| n > 0).count();
+        println!(
+            "\nwaits answered before the exit, while the container ran: {} in all, for {woken} of {} waiting exits",
+            early_wakes.iter().sum::<usize>(),
+            early_wakes.len()
+        );
+    }
     let histogram: Vec<&str> = internal.lines().filter(|l| l.starts_with("lifecycle_event_to_state_seconds")).collect();
     println!("\nagent's own lifecycle_event_to_state_seconds:\n{}", histogram.join("\n"));
     for (way, v) in [("polling", &polled_ms), ("waiting", &waited_ms)] {
@@ -184,11 +202,42 @@ fn exit_to_visible_state_latency() {
 }
 
 /// When the agent's API first showed this container's exit (boot ns), the exit's own time and
-/// the time the agent made that answer (its `now`),
+/// the time the agent made that answer (its `now`) and how many waiting requests were answered,
 /// asking as a client following one container does: polling every `pause`, or (`waiting`) one
 /// request at a time that waits for the change from the version the last answer gave.
-fn agent_sees_exit(addr: &str, id: &str, waiting: bool, pause: Duration, deadline: Instant) -> Option<(u64, u64, u64)> {
+/// How one exit is followed: through the runtime's CRI, or through the agent's API.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Follower {
+    /// CRI `ContainerStatus` polled every `pause`.
+    Runtime,
+    /// `/api/v1/containers?container_id=` polled every `pause`.
+    Polling,
+    /// One request at a time waiting for the change.
+    Waiting,
+}
+
+/// When the runtime's `ContainerStatus` first showed the container exited (boot ns), polled
+/// every `pause`.
+fn runtime_sees_exit(h: &Containerd, id: &str, pause: Duration, deadline: Instant) -> Option<u64> {
+    while Instant::now() < deadline {
+        std::thread::sleep(pause);
+        let status = h.container_status(id).expect("status");
+        if status.state == cri::ContainerState::ContainerExited as i32 {
+            return Some(boot_ns());
+        }
+    }
+    None
+}
+
+fn agent_sees_exit(
+    addr: &str,
+    id: &str,
+    waiting: bool,
+    pause: Duration,
+    deadline: Instant,
+) -> Option<(u64, u64, u64, usize)> {
     let mut version: Option<String> = None;
+    let mut waits = 0;
     while Instant::now() < deadline {
         let path = match &version {
             Some(version) => format!("/api/v1/containers?container_id={id}&wait_seconds=5&resource_version={version}"),
@@ -198,6 +247,7 @@ fn agent_sees_exit(addr: &str, id: &str, waiting: bool, pause: Duration, deadlin
             }
         };
         let Some(body) = get(addr, &path) else { continue };
+        waits += usize::from(version.is_some());
         let now = boot_ns();
         let value: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
         let c = value["containers"].as_array().and_then(|all| all.iter().find(|c| c["container_id"] == id).cloned());
@@ -212,7 +262,7 @@ fn agent_sees_exit(addr: &str, id: &str, waiting: bool, pause: Duration, deadlin
             _ => None,
         });
         if let Some(finished) = exited {
-            return Some((now, finished, value["now"].as_u64().unwrap_or(now)));
+            return Some((now, finished, value["now"].as_u64().unwrap_or(now), waits));
         }
         if waiting {
             version = value["resource_version"].as_str().map(str::to_owned);
