@@ -11,6 +11,15 @@
 //! client that opens connections and sends nothing, or reads an answer slowly, gives its place
 //! up instead of keeping it, and one source cannot take every place.
 //!
+//! An answer made from the whole node (a scrape, the API's containers and history, the explain
+//! pages) costs CPU in proportion to the node: milliseconds at a thousand containers, on one
+//! thread. Such answers are made off the async workers, on the blocking pool, and take turns
+//! ([`Turns`]): one is made at a time on a listener, in the order asked, and the requests of one
+//! source address one after another. A client asking on all its connections at once gets its
+//! answers in turn, uses one CPU at most, and delays another source's by one answer at most;
+//! the cheap requests (`/healthz`, the probe answers of host-network pods) take no turn and are
+//! never behind one.
+//!
 //! The kubelet's liveness probe of the agent has a listener of its own (`--health-listen`,
 //! [`Routes::health_only`]): nothing a client of `--listen` does can take its places, and it
 //! answers from the loops' progress ([`super::health`]), not a constant.
@@ -44,8 +53,12 @@ use super::{
 };
 use crate::export::metrics::Metrics;
 
-/// An answer that comes later: the status and JSON body of a request that waits for a change.
-pub type Later = std::pin::Pin<Box<dyn std::future::Future<Output = (StatusCode, String)> + Send>>;
+/// The making of an answer: the status and JSON body, made when the request's turn comes.
+pub type Build = Box<dyn FnOnce() -> (StatusCode, String) + Send>;
+
+/// An answer that comes later: a request that waits for a change, ready to be made when its wait
+/// ends (made in its turn, see [`Turns`]).
+pub type Later = std::pin::Pin<Box<dyn std::future::Future<Output = Build> + Send>>;
 
 /// Something that answers JSON API paths (everything under `/api/`).
 pub trait ApiHandler: Send + Sync + 'static {
@@ -210,37 +223,91 @@ impl Limits {
 /// the map holds at most `max_connections` entries.
 struct PerSource {
     limit: usize,
-    open: Mutex<HashMap<IpAddr, usize>>,
+    open: Mutex<HashMap<IpAddr, SourceEntry>>,
+}
+
+/// A source's open connections, and the turn its requests take one after another ([`Turns`]).
+struct SourceEntry {
+    connections: usize,
+    turn: Arc<Semaphore>,
 }
 
 /// One connection's place in [`PerSource`], given back when dropped.
 struct SourcePlace {
     sources: Arc<PerSource>,
     ip: IpAddr,
+    /// Its source's turn, shared by the source's connections.
+    turn: Arc<Semaphore>,
 }
 
 impl PerSource {
     fn take(self: &Arc<Self>, ip: IpAddr) -> Option<SourcePlace> {
         let mut open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
-        let count = open.entry(ip).or_insert(0);
-        if *count >= self.limit {
+        let entry = open.entry(ip).or_insert_with(|| SourceEntry { connections: 0, turn: Arc::new(Semaphore::new(1)) });
+        if entry.connections >= self.limit {
             return None;
         }
-        *count += 1;
-        Some(SourcePlace { sources: Arc::clone(self), ip })
+        entry.connections += 1;
+        Some(SourcePlace { sources: Arc::clone(self), ip, turn: Arc::clone(&entry.turn) })
     }
 }
 
 impl Drop for SourcePlace {
     fn drop(&mut self) {
         let mut open = self.sources.open.lock().unwrap_or_else(|poison| poison.into_inner());
-        if let Some(count) = open.get_mut(&self.ip) {
-            *count -= 1;
-            if *count == 0 {
+        if let Some(entry) = open.get_mut(&self.ip) {
+            entry.connections -= 1;
+            if entry.connections == 0 {
                 open.remove(&self.ip);
             }
         }
     }
+}
+
+/// The turns whole-node answers take on one listener (see the module header): a source's turn
+/// first (its requests in the order they came), then the listener's, FIFO. A source therefore
+/// has at most one request in the listener's queue, and a request waits there for at most one
+/// answer per other source. Nothing is dropped: a request waits, within its connection's
+/// lifetime ([`Limits::lifetime`]).
+pub(crate) struct Turns {
+    listener: Arc<Semaphore>,
+}
+
+/// A request's turn to make its answer: held while it is made, given back when dropped.
+struct Turn {
+    _listener: Option<tokio::sync::OwnedSemaphorePermit>,
+    _source: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Turns {
+    fn new() -> Self {
+        Self { listener: Arc::new(Semaphore::new(1)) }
+    }
+
+    /// Waits for the turn of a request from the source whose turn is `source`.
+    async fn take(&self, source: &Arc<Semaphore>) -> Turn {
+        // Neither semaphore is ever closed (acquiring fails only then); if one were, the answer
+        // would be made without waiting rather than refused.
+        let source = Arc::clone(source).acquire_owned().await.ok();
+        let listener = Arc::clone(&self.listener).acquire_owned().await.ok();
+        Turn { _listener: listener, _source: source }
+    }
+}
+
+/// Makes a whole-node answer on the blocking pool: the async workers, and the I/O they drive, go
+/// on serving meanwhile. (Made on a worker, it held up every task queued there and, when that
+/// worker was the one driving I/O, every connection's progress: a health check waited for the
+/// answer in the making, `tests::a_whole_node_answer_in_the_making_holds_up_no_cheap_request...`.) A making that panicked is a 500.
+async fn off_the_workers(make: impl FnOnce() -> Response<Full<Bytes>> + Send + 'static) -> Response<Full<Bytes>> {
+    tokio::task::spawn_blocking(make)
+        .await
+        .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "the answer could not be made\n"))
+}
+
+/// Whether the answer to `path` is made from the whole node (see [`Turns`]). The probe answers
+/// of host-network pods and the health checks are not: they read one container or nothing.
+fn costs_the_node(path: &str) -> bool {
+    path == "/metrics" || (path.starts_with("/api/") && !path.starts_with("/api/v1/probe/")) || is_page(path)
 }
 
 /// Serves until `shutdown` turns true, within the default [`Limits`].
@@ -257,6 +324,7 @@ pub(crate) async fn serve_within(
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let sources = Arc::new(PerSource { limit: limits.per_source.max(1), open: Mutex::new(HashMap::new()) });
+    let turns = Arc::new(Turns::new());
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -283,6 +351,7 @@ pub(crate) async fn serve_within(
         let routes = Arc::clone(&routes);
         let rejections = routes.rejections.clone();
         let tls = routes.tls.clone();
+        let (turns, source_turn) = (Arc::clone(&turns), Arc::clone(&place.turn));
         tokio::spawn(async move {
             let _slot = (slot, place);
             // With TLS on, the first byte tells a handshake from a plain request, so one port
@@ -307,18 +376,29 @@ pub(crate) async fn serve_within(
             let answering = Arc::clone(&answered);
             let service = service_fn(move |request| {
                 let routes = Arc::clone(&routes);
+                let (turns, source_turn) = (Arc::clone(&turns), Arc::clone(&source_turn));
                 answering.store(true, std::sync::atomic::Ordering::Relaxed);
                 async move {
                     if let Some(refusal) = check_access(&routes, &request, peer.ip(), encrypted).await {
                         return Ok::<_, Infallible>(refusal);
                     }
-                    let response = match waiting(&routes, &request) {
-                        Some(later) => json(later.await),
-                        None => route(&routes, &request),
-                    };
+                    let costly = !routes.health_only && costs_the_node(request.uri().path());
                     // A scrape reuses its buffers (see `Metrics::render`); what an API answer
                     // was built from is left free.
                     let leaves_free = request.uri().path() != "/metrics";
+                    let response = match waiting(&routes, &request) {
+                        Some(later) => {
+                            let build = later.await;
+                            let _turn = turns.take(&source_turn).await;
+                            off_the_workers(move || json(build())).await
+                        }
+                        None if costly => {
+                            let _turn = turns.take(&source_turn).await;
+                            let routes = Arc::clone(&routes);
+                            off_the_workers(move || route(&routes, &request)).await
+                        }
+                        None => route(&routes, &request),
+                    };
                     if leaves_free && response.body().size_hint().exact().is_some_and(|len| len >= TRIM_AFTER_BYTES) {
                         // Off the async workers: the answer is sent meanwhile.
                         drop(tokio::task::spawn_blocking(release_free_memory));

@@ -267,7 +267,7 @@ impl ApiHandler for WaitingApi {
         (path == "/api/v1/wait").then(|| -> Later {
             Box::pin(async move {
                 release.notified().await;
-                (StatusCode::OK, "{\"changed\":true}".to_owned())
+                Box::new(|| (StatusCode::OK, "{\"changed\":true}".to_owned())) as Build
             })
         })
     }
@@ -340,4 +340,117 @@ async fn with_tls_on_a_connection_that_sends_nothing_is_counted_at_its_head_dead
     half.write_all(&[0x16, 0x03, 0x01]).await.expect("write");
     assert_eq!(closed_within_10s(&mut half).await, 0);
     assert_eq!(rejected(&counts, "timeout", 2).await, 2, "both cut at the deadline, both counted");
+}
+
+/// Takes a turn from `source` and notes `who` once it has it; holds it until `go` is notified.
+fn turn_of(
+    turns: &Arc<Turns>,
+    source: &Arc<Semaphore>,
+    who: &'static str,
+    order: &Arc<Mutex<Vec<&'static str>>>,
+    go: &Arc<tokio::sync::Notify>,
+) -> tokio::task::JoinHandle<()> {
+    let (turns, source, order, go) = (Arc::clone(turns), Arc::clone(source), Arc::clone(order), Arc::clone(go));
+    tokio::spawn(async move {
+        let _turn = turns.take(&source).await;
+        order.lock().expect("order").push(who);
+        go.notified().await;
+    })
+}
+
+/// Lets every spawned task run until it waits (the test runtime has one thread).
+async fn settle() {
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn one_sources_requests_take_their_turns_one_after_another_and_delay_another_source_by_one_answer_at_most() {
+    let turns = Arc::new(Turns::new());
+    let (a, b) = (Arc::new(Semaphore::new(1)), Arc::new(Semaphore::new(1)));
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let go = Arc::new(tokio::sync::Notify::new());
+    // Source a asks three times, then source b once; a's first answer is being made.
+    let a1 = turn_of(&turns, &a, "a1", &order, &go);
+    settle().await;
+    let rest: Vec<_> = [("a2", &a), ("a3", &a), ("b1", &b)]
+        .into_iter()
+        .map(|(who, source)| turn_of(&turns, source, who, &order, &go))
+        .collect();
+    settle().await;
+    assert_eq!(*order.lock().expect("order"), ["a1"], "one answer is made at a time");
+    for _ in 0..3 {
+        go.notify_one();
+        settle().await;
+    }
+    go.notify_one();
+    a1.await.expect("a1");
+    for task in rest {
+        task.await.expect("turn");
+    }
+    // b asked after a2 and a3, and waited for a's answer in the making only.
+    assert_eq!(*order.lock().expect("order"), ["a1", "b1", "a2", "a3"]);
+}
+
+/// An API whose `/api/v1/containers` answers are made only as the test lets them (standing for
+/// an answer made from a large node), and which answers `/api/v1/probe/` at once.
+struct SlowApi {
+    making: std::sync::mpsc::SyncSender<()>,
+    release: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl ApiHandler for SlowApi {
+    fn get(&self, path: &str, _query: Option<&str>) -> Option<(StatusCode, String)> {
+        if path.starts_with("/api/v1/probe/") {
+            return Some((StatusCode::OK, "{\"probe\":true}".to_owned()));
+        }
+        (path == "/api/v1/containers").then(|| {
+            let _ = self.making.send(());
+            let _ = self.release.lock().expect("release").recv_timeout(Duration::from_secs(10));
+            (StatusCode::OK, "{\"containers\":[]}".to_owned())
+        })
+    }
+}
+
+/// Sends `GET path` from the loopback address `from` and reads the whole answer, on a thread of
+/// its own.
+fn ask_from(from: &str, addr: SocketAddr, path: &str) -> std::thread::JoinHandle<String> {
+    use std::io::{Read as _, Write as _};
+    let (from, path) = (from.to_owned(), path.to_owned());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build().expect("runtime");
+        let connected = runtime.block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket.bind(format!("{from}:0").parse().expect("source")).expect("bind the source address");
+            socket.connect(addr).await.expect("connect")
+        });
+        let mut stream = connected.into_std().expect("std stream");
+        stream.set_nonblocking(false).expect("blocking");
+        stream.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).expect("send");
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_node_answer_in_the_making_holds_up_no_cheap_request_and_the_next_waits_its_turn() {
+    let (making, made) = std::sync::mpsc::sync_channel(8);
+    let (release, released) = std::sync::mpsc::channel();
+    let api: Arc<dyn ApiHandler> = Arc::new(SlowApi { making, release: Mutex::new(released) });
+    let (addr, _stop) = serving(Routes { api: Some(api), ..routes(None, None) }, Limits::default()).await;
+    let first = ask_from("127.0.0.1", addr, "/api/v1/containers");
+    made.recv_timeout(Duration::from_secs(10)).expect("the first answer is being made");
+    // Another source's whole-node request waits for its turn; the cheap ones do not.
+    let second = ask_from("127.0.0.2", addr, "/api/v1/containers");
+    let probe = ask_from("127.0.0.3", addr, "/api/v1/probe/default/web/app?check=tcp");
+    assert!(probe.join().expect("probe").ends_with("{\"probe\":true}"), "a probe answer is not held up");
+    assert!(healthz(addr).await.starts_with("HTTP/1.0 200"), "the health check is not held up");
+    assert!(made.recv_timeout(Duration::from_millis(200)).is_err(), "one whole-node answer is made at a time");
+    release.send(()).expect("release the first");
+    assert!(first.join().expect("first").ends_with("{\"containers\":[]}"));
+    made.recv_timeout(Duration::from_secs(10)).expect("the second is made in its turn");
+    release.send(()).expect("release the second");
+    assert!(second.join().expect("second").ends_with("{\"containers\":[]}"));
 }

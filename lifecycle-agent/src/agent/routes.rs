@@ -23,7 +23,7 @@ use prometheus::{IntCounterVec, Registry};
 use serde::Serialize;
 use tokio::sync::{watch, Semaphore};
 
-use super::http::{ApiHandler, Later};
+use super::http::{ApiHandler, Build, Later};
 use crate::{
     discovery::clock::{boottime, wall_clock},
     export::{explain, explain_html, families::AgentFamily, metrics::vec_of},
@@ -157,12 +157,15 @@ impl ApiHandler for ContainersApi {
         let mut snapshots = self.snapshots.clone();
         let waits = Arc::clone(&self.waits);
         Some(Box::pin(async move {
-            let _slot = slot;
             let (end, snapshot) = changed_within(&mut snapshots, &selection, &wait, &waits).await;
             if let Some(end) = end {
                 waits.count(end);
             }
-            containers_answer(&snapshot, &selection, &waits)
+            // Made in the request's turn; the waiting place is held until it is.
+            Box::new(move || {
+                let _slot = slot;
+                containers_answer(&snapshot, &selection, &waits)
+            }) as Build
         }))
     }
 }

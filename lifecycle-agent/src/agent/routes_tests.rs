@@ -137,10 +137,10 @@ fn exits_and_publishes(tracker: &mut NodeTracker, publish: &watch::Sender<Arc<No
     publish.send_replace(Arc::new(tracker.snapshot()));
 }
 
-/// Polls `later` once: its answer if it has one already (the wait has read the snapshots
-/// published so far either way).
+/// Polls `later` once: its answer, made, if its wait is over already (the wait has read the
+/// snapshots published so far either way).
 async fn poll_once(later: &mut Later) -> Option<(StatusCode, String)> {
-    tokio::time::timeout(Duration::ZERO, later).await.ok()
+    tokio::time::timeout(Duration::ZERO, later).await.ok().map(|build| build())
 }
 
 /// The `result` counts of `lifecycle_api_waits_total`.
@@ -203,7 +203,7 @@ async fn a_wait_with_nothing_changing_ends_at_its_timeout_with_the_answer_as_it_
     let mut later = api.wait("/api/v1/containers", Some("pod=web&wait_seconds=1")).expect("waits");
     assert_eq!(poll_once(&mut later).await, None);
     exits_and_publishes(&mut tracker, &publish, 1, 1);
-    let (status, body) = later.await;
+    let (status, body) = (later.await)();
     assert_eq!(status, StatusCode::OK);
     assert_eq!(state_of(&body).0, "running");
     assert!(started.elapsed() >= Duration::from_secs(1), "{:?}", started.elapsed());
