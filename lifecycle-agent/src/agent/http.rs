@@ -295,9 +295,10 @@ impl Turns {
 }
 
 /// Makes a whole-node answer on the blocking pool: the async workers, and the I/O they drive, go
-/// on serving meanwhile. (Made on a worker, it held up every task queued there and, when that
+/// on serving meanwhile. Made on a worker, it held up every task queued there and, when that
 /// worker was the one driving I/O, every connection's progress: a health check waited for the
-/// answer in the making, `tests::a_whole_node_answer_in_the_making_holds_up_no_cheap_request...`.) A making that panicked is a 500.
+/// answer in the making (`tests::a_whole_node_answer_in_the_making_...`). A making that
+/// panicked is a 500.
 async fn off_the_workers(make: impl FnOnce() -> Response<Full<Bytes>> + Send + 'static) -> Response<Full<Bytes>> {
     tokio::task::spawn_blocking(make)
         .await
