@@ -14,7 +14,7 @@
 //! An answer made from the whole node (a scrape, the API's containers and history, the explain
 //! pages) costs CPU in proportion to the node: milliseconds at a thousand containers, on one
 //! thread. Such answers are made off the async workers, on the blocking pool, and take turns
-//! ([`Turns`]): one is made at a time on a listener, in the order asked, and the requests of one
+//! (`sources.rs`): one is made at a time on a listener, in the order asked, and the requests of one
 //! source address one after another. A client asking on all its connections at once gets its
 //! answers in turn, uses one CPU at most, and delays another source's by one answer at most;
 //! the cheap requests (`/healthz`, the probe answers of host-network pods) take no turn and are
@@ -25,10 +25,9 @@
 //! answers from the loops' progress ([`super::health`]), not a constant.
 
 use std::{
-    collections::HashMap,
     convert::Infallible,
     net::{IpAddr, SocketAddr},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -50,14 +49,16 @@ use tokio::{
 use super::{
     auth::{ApiGate, Verdict},
     health::Heartbeats,
+    sources::{PerSource, Turns},
 };
 use crate::export::metrics::Metrics;
 
-/// The making of an answer: the status and JSON body, made when the request's turn comes.
+/// The making of an answer: the status and JSON body, made when the request's turn comes
+/// (`sources.rs`).
 pub type Build = Box<dyn FnOnce() -> (StatusCode, String) + Send>;
 
 /// An answer that comes later: a request that waits for a change, ready to be made when its wait
-/// ends (made in its turn, see [`Turns`]).
+/// ends (made in its turn).
 pub type Later = std::pin::Pin<Box<dyn std::future::Future<Output = Build> + Send>>;
 
 /// Something that answers JSON API paths (everything under `/api/`).
@@ -219,81 +220,6 @@ impl Limits {
     }
 }
 
-/// Connections open per source address; an entry exists only while its source has one open, so
-/// the map holds at most `max_connections` entries.
-struct PerSource {
-    limit: usize,
-    open: Mutex<HashMap<IpAddr, SourceEntry>>,
-}
-
-/// A source's open connections, and the turn its requests take one after another ([`Turns`]).
-struct SourceEntry {
-    connections: usize,
-    turn: Arc<Semaphore>,
-}
-
-/// One connection's place in [`PerSource`], given back when dropped.
-struct SourcePlace {
-    sources: Arc<PerSource>,
-    ip: IpAddr,
-    /// Its source's turn, shared by the source's connections.
-    turn: Arc<Semaphore>,
-}
-
-impl PerSource {
-    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<SourcePlace> {
-        let mut open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
-        let entry = open.entry(ip).or_insert_with(|| SourceEntry { connections: 0, turn: Arc::new(Semaphore::new(1)) });
-        if entry.connections >= self.limit {
-            return None;
-        }
-        entry.connections += 1;
-        Some(SourcePlace { sources: Arc::clone(self), ip, turn: Arc::clone(&entry.turn) })
-    }
-}
-
-impl Drop for SourcePlace {
-    fn drop(&mut self) {
-        let mut open = self.sources.open.lock().unwrap_or_else(|poison| poison.into_inner());
-        if let Some(entry) = open.get_mut(&self.ip) {
-            entry.connections -= 1;
-            if entry.connections == 0 {
-                open.remove(&self.ip);
-            }
-        }
-    }
-}
-
-/// The turns whole-node answers take on one listener (see the module header): a source's turn
-/// first (its requests in the order they came), then the listener's, FIFO. A source therefore
-/// has at most one request in the listener's queue, and a request waits there for at most one
-/// answer per other source. Nothing is dropped: a request waits, within its connection's
-/// lifetime ([`Limits::lifetime`]).
-pub(crate) struct Turns {
-    listener: Arc<Semaphore>,
-}
-
-/// A request's turn to make its answer: held while it is made, given back when dropped.
-struct Turn {
-    _listener: Option<tokio::sync::OwnedSemaphorePermit>,
-    _source: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-impl Turns {
-    fn new() -> Self {
-        Self { listener: Arc::new(Semaphore::new(1)) }
-    }
-
-    /// Waits for the turn of a request from the source whose turn is `source`.
-    async fn take(&self, source: &Arc<Semaphore>) -> Turn {
-        // Neither semaphore is ever closed (acquiring fails only then); if one were, the answer
-        // would be made without waiting rather than refused.
-        let source = Arc::clone(source).acquire_owned().await.ok();
-        let listener = Arc::clone(&self.listener).acquire_owned().await.ok();
-        Turn { _listener: listener, _source: source }
-    }
-}
-
 /// Makes a whole-node answer on the blocking pool: the async workers, and the I/O they drive, go
 /// on serving meanwhile. Made on a worker, it held up every task queued there and, when that
 /// worker was the one driving I/O, every connection's progress: a health check waited for the
@@ -305,7 +231,7 @@ async fn off_the_workers(make: impl FnOnce() -> Response<Full<Bytes>> + Send + '
         .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "the answer could not be made\n"))
 }
 
-/// Whether the answer to `path` is made from the whole node (see [`Turns`]). The probe answers
+/// Whether the answer to `path` is made from the whole node (it takes a turn, `sources.rs`). The probe answers
 /// of host-network pods and the health checks are not: they read one container or nothing.
 fn costs_the_node(path: &str) -> bool {
     path == "/metrics" || (path.starts_with("/api/") && !path.starts_with("/api/v1/probe/")) || is_page(path)
@@ -324,7 +250,7 @@ pub(crate) async fn serve_within(
     limits: Limits,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let sources = Arc::new(PerSource { limit: limits.per_source.max(1), open: Mutex::new(HashMap::new()) });
+    let sources = Arc::new(PerSource::new(limits.per_source.max(1)));
     let turns = Arc::new(Turns::new());
     loop {
         let accepted = tokio::select! {

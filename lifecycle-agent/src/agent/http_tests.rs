@@ -1,5 +1,7 @@
 //! Tests of the listeners: places, per-source limits, lifetimes, health, the gate and TLS.
 use super::*;
+use crate::agent::sources::Turns;
+use std::sync::Mutex;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Plain routes (no API, no gate) with `gate` and `probe_sources` as given.

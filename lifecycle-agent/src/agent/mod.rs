@@ -11,6 +11,7 @@ pub(crate) mod owner;
 mod reader;
 mod routes;
 mod runtime;
+mod sources;
 mod tasks;
 pub(crate) mod tls;
 mod verdicts;
