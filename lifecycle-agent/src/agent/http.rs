@@ -13,12 +13,12 @@
 //!
 //! An answer made from the whole node (a scrape, the API's containers and history, the explain
 //! pages) costs CPU in proportion to the node: milliseconds at a thousand containers, on one
-//! thread. Such answers are made off the async workers, on the blocking pool, and take turns
-//! (`sources.rs`): one is made at a time on a listener, in the order asked, and the requests of one
-//! source address one after another. A client asking on all its connections at once gets its
-//! answers in turn, uses one CPU at most, and delays another source's by one answer at most;
-//! the cheap requests (`/healthz`, the probe answers of host-network pods) take no turn and are
-//! never behind one.
+//! thread. While one is made, the worker's other tasks go to another thread, and such answers
+//! take turns (`sources.rs`): one is made at a time on a listener, in the order asked, and the
+//! requests of one source address one after another. A client asking on all its connections at
+//! once gets its answers in turn, uses one CPU at most, and delays another source's by one
+//! answer at most; the cheap requests (`/healthz`, the probe answers of host-network pods) take
+//! no turn and are never behind one.
 //!
 //! The kubelet's liveness probe of the agent has a listener of its own (`--health-listen`,
 //! [`Routes::health_only`]): nothing a client of `--listen` does can take its places, and it
@@ -220,15 +220,18 @@ impl Limits {
     }
 }
 
-/// Makes a whole-node answer on the blocking pool: the async workers, and the I/O they drive, go
-/// on serving meanwhile. Made on a worker, it held up every task queued there and, when that
-/// worker was the one driving I/O, every connection's progress: a health check waited for the
-/// answer in the making (`tests::a_whole_node_answer_in_the_making_...`). A making that
-/// panicked is a 500.
-async fn off_the_workers(make: impl FnOnce() -> Response<Full<Bytes>> + Send + 'static) -> Response<Full<Bytes>> {
-    tokio::task::spawn_blocking(make)
-        .await
-        .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "the answer could not be made\n"))
+/// Makes a whole-node answer with the async worker's other tasks, and the I/O it may drive, handed
+/// to another thread meanwhile (`block_in_place`). Made on the worker as is, it held up every task
+/// queued there and, when that worker was the one driving I/O, every connection's progress: a
+/// health check waited for the answer in the making
+/// (`tests::a_whole_node_answer_in_the_making_...`). On the blocking pool instead, the hop there
+/// and back put 0.1-0.3 ms on every API answer (`bench latency`). A runtime with one thread (the
+/// unit tests') has no other thread to hand to: the answer is made in place.
+fn off_the_workers<T>(make: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|runtime| runtime.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(make),
+        _ => make(),
+    }
 }
 
 /// Whether the answer to `path` is made from the whole node (it takes a turn, `sources.rs`). The probe answers
@@ -317,12 +320,11 @@ pub(crate) async fn serve_within(
                         Some(later) => {
                             let build = later.await;
                             let _turn = turns.take(&source_turn).await;
-                            off_the_workers(move || json(build())).await
+                            off_the_workers(|| json(build()))
                         }
                         None if costly => {
                             let _turn = turns.take(&source_turn).await;
-                            let routes = Arc::clone(&routes);
-                            off_the_workers(move || route(&routes, &request)).await
+                            off_the_workers(|| route(&routes, &request))
                         }
                         None => route(&routes, &request),
                     };
