@@ -234,8 +234,9 @@ fn off_the_workers<T>(make: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Whether the answer to `path` is made from the whole node (it takes a turn, `sources.rs`). The probe answers
-/// of host-network pods and the health checks are not: they read one container or nothing.
+/// Whether the answer to `path` is made from the whole node (it takes a turn, `sources.rs`). The
+/// probe answers of host-network pods and the health checks are not: they read one container or
+/// nothing.
 fn costs_the_node(path: &str) -> bool {
     path == "/metrics" || (path.starts_with("/api/") && !path.starts_with("/api/v1/probe/")) || is_page(path)
 }

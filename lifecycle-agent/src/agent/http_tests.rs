@@ -1,4 +1,5 @@
-//! Tests of the listeners: places, per-source limits, lifetimes, health, the gate and TLS.
+//! Tests of the listeners: places, per-source limits, lifetimes, health, the gate, TLS and the
+//! turns whole-node answers take.
 use super::*;
 use crate::agent::sources::Turns;
 use std::sync::Mutex;
