@@ -101,6 +101,19 @@ pub fn termination_report(outcome: TerminationOutcome, exit_time: BootTime) -> T
     }
 }
 
+/// The exec of a container's main process: started by the runtime (pid 1, in the root cgroup)
+/// at 2 ns as the init of the container's own pid namespace. [`main_exit`] is its end.
+pub fn main_exec(comm: &str) -> Detail {
+    Detail::Exec {
+        parent_tgid: 1,
+        parent_cgroup_id: 1,
+        namespace_init: true,
+        child_pid_namespace: true,
+        start_time_ns: 2,
+        comm: comm.into(),
+    }
+}
+
 /// The exit of a container's main process (its pid namespace's init, started at 2 ns, child of
 /// pid 1) with `status`: the last thread, no signal.
 pub fn main_exit(status: u8, comm: &str) -> Detail {

@@ -1,7 +1,7 @@
 //! Tests of the JSON API's routes: selections, refusals, and requests that wait for a change.
 use super::*;
 
-use lifecycle_testkit::fixtures::{main_exit, running_container};
+use lifecycle_testkit::fixtures::{main_exec, main_exit, running_container};
 
 use crate::model::{
     event::{CgroupDetail, Detail, Event},
@@ -47,14 +47,7 @@ fn node_of(containers: &[(&str, &str, u64, &str)]) -> NodeTracker {
         let path = format!("/kubepods/besteffort/pod00000000-0000-0000-0000-{n:012}/{}", digit.repeat(64));
         let event = |time, tgid, cgroup_id, detail| Event { time_ns: time, pid: tgid, tgid, cgroup_id, detail };
         tracker.apply(&event(1, 1, 1, Detail::CgroupMkdir(CgroupDetail { id: cgroup, path, truncated: false })));
-        let exec = Detail::Exec {
-            parent_tgid: 1,
-            parent_cgroup_id: 1,
-            namespace_init: true,
-            child_pid_namespace: true,
-            start_time_ns: 2,
-            comm: "app".into(),
-        };
+        let exec = main_exec("app");
         tracker.apply(&event(2, 1001 + i as u32, cgroup, exec));
     }
     tracker

@@ -3,7 +3,7 @@
 use super::*;
 use crate::model::event::{CgroupDetail, Detail, Event, SignalResult};
 use crate::model::node::{NodeTracker, TrackerConfig};
-use lifecycle_testkit::fixtures::main_exit;
+use lifecycle_testkit::fixtures::{main_exec, main_exit};
 
 /// The channel a tracker's snapshots are published on, as the model's owner does.
 fn publisher(tracker: &NodeTracker) -> watch::Sender<Arc<NodeSnapshot>> {
@@ -277,14 +277,7 @@ fn a_pod_recreated_under_the_same_name_gives_two_series_sets_not_duplicates() {
         let cgroup = 100 + n as u64;
         let path = format!("/kubepods/besteffort/pod{uid}/{}", format!("{n}").repeat(64));
         tracker.apply(&event(1, 1, 1, Detail::CgroupMkdir(CgroupDetail { id: cgroup, path, truncated: false })));
-        let exec = Detail::Exec {
-            parent_tgid: 1,
-            parent_cgroup_id: 1,
-            namespace_init: true,
-            child_pid_namespace: true,
-            start_time_ns: 2,
-            comm: "db".into(),
-        };
+        let exec = main_exec("db");
         tracker.apply(&event(2, 1000 + n as u32, cgroup, exec));
     }
     let metrics = UnitMetrics::new(publisher(&tracker).subscribe(), Arc::new(Kernel), Box::new(|| 1_700_000_000.0));
