@@ -57,8 +57,9 @@ enum Task {
     },
     /// Run the cargo-fuzz targets in fuzz/ (installs cargo-fuzz); results go to BENCHMARKS.md by hand.
     Fuzz(fuzz::FuzzArgs),
-    /// Build kube-apiserver and kubelet from Debian's source package into target/kubernetes/bin
-    /// (once: later runs find them cached); the kubelet tier does this itself.
+    /// Build kube-apiserver and kubelet from Debian's source package into
+    /// /var/cache/lifecycle/kubernetes/bin (once per machine: later runs find them cached); the
+    /// kubelet tier does this itself.
     Kubernetes,
     /// Provide a current node's binaries (kubelet and kube-apiserver of KUBERNETES_MODERN_VERSION,
     /// runc 1.3 and containerd 2.4 built with Go; etcd and the CNI plugins from Debian unstable) in

@@ -126,8 +126,9 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
 }
 
 /// A real node (etcd, kube-apiserver, containerd, the CNI bridge, kubelet) driven with kubectl:
-/// installs its packages, builds kube-apiserver and kubelet once (cached in target/kubernetes),
-/// then runs the tests one at a time (each owns the node while it runs).
+/// installs its packages, builds kube-apiserver and kubelet once per machine (cached in
+/// /var/cache/lifecycle/kubernetes), then runs the tests one at a time (each owns the node while
+/// it runs).
 fn kubelet() -> Result<()> {
     packages::ensure(packages::KUBELET)?;
     if which("kubectl").is_none() {

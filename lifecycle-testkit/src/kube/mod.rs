@@ -7,7 +7,7 @@
 //!
 //! Two nodes ([`NodeVersion`], chosen by the test): the 1.20 one, whose kube-apiserver and
 //! kubelet are the v1.20.2 binaries `xtask` builds from Debian's source package
-//! (`target/kubernetes/bin`, or `$LIFECYCLE_KUBE_BIN`) with etcd, containerd 1.6 and the CNI
+//! (`/var/cache/lifecycle/kubernetes/bin`, or `$LIFECYCLE_KUBE_BIN`) with etcd, containerd 1.6 and the CNI
 //! plugins from Debian packages; and a current one (1.37) whose kube-apiserver, kubelet,
 //! containerd 2.x, runc, etcd and CNI plugins all come from xtask's kubernetes-modern cache
 //! (`$LIFECYCLE_KUBE_MODERN_BIN`, `$LIFECYCLE_KUBE_MODERN_CNI`), with the feature gates of

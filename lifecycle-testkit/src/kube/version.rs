@@ -4,12 +4,16 @@
 //! plugins from xtask's kubernetes-modern cache). Everything else about the node (its run
 //! directory, clean-up, network, API helpers) is the same for both.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::containerd::{host::which, Flavour};
 
 /// The environment variable naming the directory with the 1.20 kube-apiserver and kubelet.
 pub const BIN_ENV: &str = "LIFECYCLE_KUBE_BIN";
+/// Where `xtask/x.sh kubernetes` caches them when [`BIN_ENV`] is not set (its `bin/`), unless
+/// the second variable names another cache: a test run by hand finds them there.
+const KUBERNETES_CACHE: &str = "/var/cache/lifecycle/kubernetes";
+const KUBERNETES_CACHE_ENV: &str = "LIFECYCLE_KUBERNETES_CACHE";
 /// The environment variable naming the directory with the current node's binaries (kubelet,
 /// kube-apiserver, containerd, containerd-shim-runc-v2, ctr, runc, etcd): xtask's modern tier sets
 /// it to its kubernetes-modern cache.
@@ -45,9 +49,12 @@ impl NodeVersion {
     /// The directory with kube-apiserver and kubelet (and, for 1.37, every other binary).
     pub fn bin_dir(self) -> PathBuf {
         match self {
-            NodeVersion::V1_20 => std::env::var_os(BIN_ENV)
-                .map(PathBuf::from)
-                .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/kubernetes/bin")),
+            NodeVersion::V1_20 => std::env::var_os(BIN_ENV).map(PathBuf::from).unwrap_or_else(|| {
+                std::env::var_os(KUBERNETES_CACHE_ENV)
+                    .filter(|dir| !dir.is_empty())
+                    .map_or_else(|| PathBuf::from(KUBERNETES_CACHE), PathBuf::from)
+                    .join("bin")
+            }),
             NodeVersion::V1_37 => std::env::var_os(MODERN_BIN_ENV).map(PathBuf::from).unwrap_or_default(),
         }
     }
