@@ -72,6 +72,13 @@ pub trait ApiHandler: Send + Sync + 'static {
     fn wait(&self, _path: &str, _query: Option<&str>) -> Option<Later> {
         None
     }
+
+    /// Whether the answer to `path` and `query` is made from one container whatever the node
+    /// holds: made at once on the async worker, without a turn, like a probe answer (see
+    /// [`costs_the_node`]). By default, none is.
+    fn is_narrow(&self, _path: &str, _query: Option<&str>) -> bool {
+        false
+    }
 }
 
 /// What the listener serves.
@@ -234,11 +241,17 @@ fn off_the_workers<T>(make: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Whether the answer to `path` is made from the whole node (it takes a turn, `sources.rs`). The
-/// probe answers of host-network pods and the health checks are not: they read one container or
-/// nothing.
-fn costs_the_node(path: &str) -> bool {
-    path == "/metrics" || (path.starts_with("/api/") && !path.starts_with("/api/v1/probe/")) || is_page(path)
+/// Whether the answer to `request` is made from the whole node (it takes a turn, `sources.rs`).
+/// The probe answers of host-network pods, the API's answers about one container
+/// ([`ApiHandler::is_narrow`]) and the health checks are not: they read one container or
+/// nothing. The turn's hand-off to another thread cost such an answer more than its making
+/// (`bench latency`, BENCHMARKS.md).
+fn costs_the_node(routes: &Routes, request: &Request<Incoming>) -> bool {
+    let path = request.uri().path();
+    let api = path.starts_with("/api/")
+        && !path.starts_with("/api/v1/probe/")
+        && !routes.api.as_ref().is_some_and(|api| api.is_narrow(path, request.uri().query()));
+    path == "/metrics" || api || is_page(path)
 }
 
 /// Serves until `shutdown` turns true, within the default [`Limits`].
@@ -313,16 +326,17 @@ pub(crate) async fn serve_within(
                     if let Some(refusal) = check_access(&routes, &request, peer.ip(), encrypted).await {
                         return Ok::<_, Infallible>(refusal);
                     }
-                    let costly = !routes.health_only && costs_the_node(request.uri().path());
+                    let costly = !routes.health_only && costs_the_node(&routes, &request);
                     // A scrape reuses its buffers (see `Metrics::render`); what an API answer
                     // was built from is left free.
                     let leaves_free = request.uri().path() != "/metrics";
                     let response = match waiting(&routes, &request) {
-                        Some(later) => {
+                        Some(later) if costly => {
                             let build = later.await;
                             let _turn = turns.take(&source_turn).await;
                             off_the_workers(|| json(build()))
                         }
+                        Some(later) => json((later.await)()),
                         None if costly => {
                             let _turn = turns.take(&source_turn).await;
                             off_the_workers(|| route(&routes, &request))

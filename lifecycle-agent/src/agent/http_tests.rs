@@ -397,22 +397,30 @@ async fn one_sources_requests_take_their_turns_one_after_another_and_delay_anoth
 }
 
 /// An API whose `/api/v1/containers` answers are made only as the test lets them (standing for
-/// an answer made from a large node), and which answers `/api/v1/probe/` at once.
+/// an answer made from a large node), and which answers `/api/v1/probe/` and one container's
+/// `/api/v1/containers?one` at once.
 struct SlowApi {
     making: std::sync::mpsc::SyncSender<()>,
     release: Mutex<std::sync::mpsc::Receiver<()>>,
 }
 
 impl ApiHandler for SlowApi {
-    fn get(&self, path: &str, _query: Option<&str>) -> Option<(StatusCode, String)> {
+    fn get(&self, path: &str, query: Option<&str>) -> Option<(StatusCode, String)> {
         if path.starts_with("/api/v1/probe/") {
             return Some((StatusCode::OK, "{\"probe\":true}".to_owned()));
+        }
+        if self.is_narrow(path, query) {
+            return Some((StatusCode::OK, "{\"one\":true}".to_owned()));
         }
         (path == "/api/v1/containers").then(|| {
             let _ = self.making.send(());
             let _ = self.release.lock().expect("release").recv_timeout(Duration::from_secs(10));
             (StatusCode::OK, "{\"containers\":[]}".to_owned())
         })
+    }
+
+    fn is_narrow(&self, path: &str, query: Option<&str>) -> bool {
+        path == "/api/v1/containers" && query == Some("one")
     }
 }
 
@@ -450,6 +458,9 @@ async fn a_whole_node_answer_in_the_making_holds_up_no_cheap_request_and_the_nex
     let probe = ask_from("127.0.0.3", addr, "/api/v1/probe/default/web/app?check=tcp");
     assert!(probe.join().expect("probe").ends_with("{\"probe\":true}"), "a probe answer is not held up");
     assert!(healthz(addr).await.starts_with("HTTP/1.0 200"), "the health check is not held up");
+    let one = ask_from("127.0.0.4", addr, "/api/v1/containers?one");
+    assert!(one.join().expect("one").ends_with("{\"one\":true}"));
+    assert!(!first.is_finished(), "an answer about one container is not held up either");
     assert!(made.recv_timeout(Duration::from_millis(200)).is_err(), "one whole-node answer is made at a time");
     release.send(()).expect("release the first");
     assert!(first.join().expect("first").ends_with("{\"containers\":[]}"));

@@ -144,6 +144,11 @@ impl ApiHandler for ContainersApi {
         Some(containers_answer(&self.snapshot(), &selection, &self.waits))
     }
 
+    fn is_narrow(&self, path: &str, query: Option<&str>) -> bool {
+        path == "/api/v1/containers"
+            && parse_containers_request(query).is_ok_and(|(selection, _)| selection.is_one_container())
+    }
+
     fn wait(&self, path: &str, query: Option<&str>) -> Option<Later> {
         if path != "/api/v1/containers" {
             return None;
@@ -246,6 +251,9 @@ struct Selection {
     container_id: Option<String>,
 }
 
+/// The digits of a whole container id (see [`Selection::is_one_container`]).
+const CONTAINER_ID_DIGITS: usize = 64;
+
 /// How long a `/api/v1/containers` request waits for a change, and from which version.
 #[derive(Debug, PartialEq, Eq)]
 struct Wait {
@@ -324,6 +332,14 @@ impl Selection {
 
     fn is_everything(&self) -> bool {
         *self == Selection::default()
+    }
+
+    /// Whether it selects one container at most: by its whole id. The ids are the runtime's 64
+    /// hex digits (the model takes no other, `identity.rs`), one per container; a prefix, even
+    /// of the 12 or 13 digits `docker ps` and crictl print, may be shared by many when whoever
+    /// names containers (root, not a pod) chooses ids alike.
+    fn is_one_container(&self) -> bool {
+        self.container_id.as_ref().is_some_and(|id| id.len() == CONTAINER_ID_DIGITS)
     }
 
     fn selects(&self, unit: &Unit) -> bool {

@@ -79,6 +79,25 @@ fn a_request_selects_containers_by_namespace_pod_container_or_id_prefix() {
 }
 
 #[test]
+fn only_a_request_for_one_container_by_its_id_is_answered_without_a_turn() {
+    let api = api();
+    let narrow = |query: &str| api.is_narrow("/api/v1/containers", Some(query));
+    let (a, b) = ("a".repeat(64), "b".repeat(64));
+    assert!(narrow(&format!("container_id={a}")));
+    assert!(narrow(&format!("container_id={a}&wait_seconds=5")));
+    assert!(narrow(&format!("namespace=shop&container_id={b}")));
+    // A prefix, even crictl's 13 digits, may select many containers; the other selections, a
+    // pod's or more.
+    assert!(!narrow("container_id=aaaaaaaaaaaaa"));
+    assert!(!narrow(&format!("container_id={a}a")));
+    assert!(!narrow("namespace=shop&pod=web"));
+    assert!(!narrow("container=web-main"));
+    assert!(!narrow(&format!("container_id={a}&unknown=1")), "a refused request is not made as one");
+    assert!(!api.is_narrow("/api/v1/containers", None));
+    assert!(!api.is_narrow("/api/v1/history", Some(&format!("container_id={a}"))));
+}
+
+#[test]
 fn an_answer_has_its_times_in_rfc3339_and_reads_back_as_the_apis_types() {
     use crate::model::{container_state::ContainerState, time::BootTime};
     let (status, body) = api().get("/api/v1/containers", None).expect("served");
