@@ -138,6 +138,10 @@ pub enum Bench {
         /// wrk's open connections.
         #[arg(long, default_value_t = 50)]
         connections: usize,
+        /// Another lifecycle-agent binary, measured first in the same run on the same units for
+        /// the answers beside a scraper (step 2): before/after.
+        #[arg(long)]
+        baseline_agent: Option<PathBuf>,
     },
     /// A thousand real units on this machine: 900 host cgroups and 100 containers through
     /// containerd + runc; the agent's CPU, RSS and map memory against its idle baseline, records
@@ -183,9 +187,9 @@ pub fn run(which: Bench) -> Result<()> {
             crate::bench_probes::run(count)
         }
         Bench::Memory { units, rounds, baseline } => memory::run(units, rounds, baseline),
-        Bench::Load { seconds, units, connections } => {
+        Bench::Load { seconds, units, connections, baseline_agent } => {
             packages::ensure(packages::TEST)?;
-            load::run(seconds, units, connections)
+            load::run(seconds, units, connections, baseline_agent.as_deref())
         }
         Bench::Ring { sizes, producers, signals, rounds } => ring::run(&sizes, producers, signals, rounds),
         Bench::Rate { rates, seconds, producers, agent_flags } => rate::run(&rates, seconds, producers, &agent_flags),

@@ -4,7 +4,11 @@
 //!    units (real cgroups, one process each, as `bench memory` makes them): wrk on `/healthz`
 //!    (the baseline: the same listener, connection handling and HTTP stack, an answer of three
 //!    bytes) then on `/metrics`, each for `--seconds`.
-//! 2. A declared probe (`/probe/tcp?port=...`, the pod listener's event loop, answering from the
+//! 2. On the same units, one client scraping `/metrics` back to back while another asks, in
+//!    turns, for one container by its whole id (`/api/v1/containers?container_id=`, as a
+//!    follower of one container does) and for `/healthz`: each answer's time, p50/p90/p99. With
+//!    `--baseline-agent`, that binary first, then this tree's, on the same units.
+//! 3. A declared probe (`/probe/tcp?port=...`, the pod listener's event loop, answering from the
 //!    state of a real listener, as in `bench probes`) for `--seconds`.
 //!
 //! Per run: requests/s, latency p50/p99 (wrk's), socket errors and non-2xx answers, and the
@@ -12,7 +16,11 @@
 //! as this machine has CPUs: wrk and the agent share them, which is the ceiling of every figure.
 
 use std::{
-    process::{Command, Stdio},
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -41,32 +49,35 @@ struct WrkRun {
     rss_kib: u64,
 }
 
-pub fn run(seconds: u64, units: usize, connections: usize) -> Result<()> {
+pub fn run(seconds: u64, units: usize, connections: usize, baseline: Option<&Path>) -> Result<()> {
     packages::ensure(&["wrk"])?;
     shell::run(cargo().args(["build", "--release", "-p", "lifecycle-agent"]))?;
     let load_before = super::loadavg();
     let mut runs = Vec::new();
+    let mut beside = Vec::new();
 
+    let mut node = FakeNode::new(&cgroup2_root()?)?;
+    node.start(units)?;
+    if let Some(binary) = baseline {
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        let mut agent = Started(plain_host_agent(binary, &addr).spawn().context("starting the baseline agent")?);
+        wait_listed(&addr, units, &node.uid_prefix)?;
+        beside.push((format!("baseline {}", binary.display()), beside_a_scraper(&addr)?));
+        agent.stop();
+    }
     let addr = format!("127.0.0.1:{}", free_port()?);
     let binary = workspace_root().join("target/release/lifecycle-agent");
-    let mut agent = plain_host_agent(&binary, &addr).spawn().context("starting the agent")?;
-    let result = (|| -> Result<()> {
-        wait_listed(&addr, 0, "")?;
-        let mut node = FakeNode::new(&cgroup2_root()?)?;
-        node.start(units)?;
-        wait_listed(&addr, units, &node.uid_prefix)?;
-        let body = get(&addr, "/metrics")?;
-        eprintln!("xtask: {units} units tracked; /metrics is {} bytes", body.len());
-        for path in ["/healthz", "/metrics"] {
-            let target = format!("agent {path}, {units} units");
-            runs.push(wrk(&target, &format!("http://{addr}{path}"), agent.id(), seconds, connections)?);
-        }
-        drop(node);
-        Ok(())
-    })();
-    let _ = agent.kill();
-    let _ = agent.wait();
-    result?;
+    let mut agent = Started(plain_host_agent(&binary, &addr).spawn().context("starting the agent")?);
+    wait_listed(&addr, units, &node.uid_prefix)?;
+    let body = get(&addr, "/metrics")?;
+    eprintln!("xtask: {units} units tracked; /metrics is {} bytes", body.len());
+    for path in ["/healthz", "/metrics"] {
+        let target = format!("agent {path}, {units} units");
+        runs.push(wrk(&target, &format!("http://{addr}{path}"), agent.0.id(), seconds, connections)?);
+    }
+    beside.push(("this tree".to_owned(), beside_a_scraper(&addr)?));
+    agent.stop();
+    drop(node);
 
     let app = std::net::TcpListener::bind("127.0.0.1:0").context("binding the probed listener")?;
     let port = app.local_addr()?.port();
@@ -94,6 +105,23 @@ pub fn run(seconds: u64, units: usize, connections: usize) -> Result<()> {
             r.rss_kib as f64 / 1024.0
         );
     }
+    println!("\nbeside one client scraping /metrics back to back, {BESIDE_ASKS} asks of each, in turns:\n");
+    println!("| agent | scrapes meanwhile | answer | p50 | p90 | p99 |");
+    println!("|---|---|---|---|---|---|");
+    for (agent, measured) in &mut beside {
+        for (answer, times) in [("one container by its id", &mut measured.one), ("/healthz", &mut measured.health)] {
+            times.sort_by(f64::total_cmp);
+            let at =
+                |q: f64| times.get(((times.len() as f64 * q) as usize).min(times.len() - 1)).copied().unwrap_or(0.0);
+            println!(
+                "| {agent} | {} | {answer} | {:.3} ms | {:.3} ms | {:.3} ms |",
+                measured.scrapes,
+                at(0.5),
+                at(0.9),
+                at(0.99)
+            );
+        }
+    }
     if let (Some(base), Some(metrics)) = (runs.first(), runs.get(1)) {
         println!(
             "\n/metrics serves {:.3}x the requests/s of /healthz on the same listener (the baseline of this run)",
@@ -101,10 +129,88 @@ pub fn run(seconds: u64, units: usize, connections: usize) -> Result<()> {
         );
     }
     println!(
-        "load average before {load_before}, after {}\ncommand: xtask/x.sh bench load --seconds {seconds} --units {units} --connections {connections}",
-        super::loadavg()
+        "load average before {load_before}, after {}\ncommand: xtask/x.sh bench load --seconds {seconds} --units {units} --connections {connections}{}",
+        super::loadavg(),
+        baseline.map(|b| format!(" --baseline-agent {}", b.display())).unwrap_or_default()
     );
     Ok(())
+}
+
+/// An agent this bench started, ended (by its pid) when dropped.
+struct Started(Child);
+
+impl Started {
+    fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Asks of each kind beside the scraper.
+const BESIDE_ASKS: usize = 1000;
+
+/// What [`beside_a_scraper`] measured: each answer's time (ms), and the scrapes made meanwhile.
+struct Beside {
+    one: Vec<f64>,
+    health: Vec<f64>,
+    scrapes: usize,
+}
+
+/// While one client scrapes `/metrics` back to back, asks in turns for one container by its
+/// whole id (the first unit the API lists) and for `/healthz`, 2 ms apart, each on a fresh
+/// connection; times each whole answer.
+fn beside_a_scraper(addr: &str) -> Result<Beside> {
+    let listed = get(addr, "/api/v1/containers")?;
+    let id_at = listed.find("\"container_id\":\"").context("no unit with a container id is listed")? + 16;
+    let id = listed.get(id_at..id_at + 64).context("a container id of 64 digits")?.to_owned();
+    let one = format!("/api/v1/containers?container_id={id}");
+    let scraping = AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        let scraper = scope.spawn(|| {
+            let mut scrapes = 0;
+            while scraping.load(Ordering::Relaxed) {
+                if timed_get(addr, "/metrics").is_ok() {
+                    scrapes += 1;
+                }
+            }
+            scrapes
+        });
+        let result = (|| -> Result<(Vec<f64>, Vec<f64>)> {
+            let (mut one_ms, mut health_ms) = (Vec::new(), Vec::new());
+            for _ in 0..BESIDE_ASKS {
+                one_ms.push(timed_get(addr, &one)?);
+                std::thread::sleep(Duration::from_millis(2));
+                health_ms.push(timed_get(addr, "/healthz")?);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Ok((one_ms, health_ms))
+        })();
+        scraping.store(false, Ordering::Relaxed);
+        let scrapes = scraper.join().unwrap_or(0);
+        let (one, health) = result?;
+        Ok(Beside { one, health, scrapes })
+    })
+}
+
+/// `GET path` on a fresh connection, the whole answer read: milliseconds, or why it failed.
+fn timed_get(addr: &str, path: &str) -> Result<f64> {
+    let began = Instant::now();
+    let mut stream = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).with_context(|| format!("reading {path}"))?;
+    let took = began.elapsed().as_secs_f64() * 1e3;
+    if !answer.starts_with(b"HTTP/1.1 200") && !answer.starts_with(b"HTTP/1.0 200") {
+        bail!("GET {path}: not a 200 answer");
+    }
+    Ok(took)
 }
 
 /// Runs wrk on `url` for `seconds` and reads its report; `pid` is the server measured.
