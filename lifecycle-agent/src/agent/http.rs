@@ -244,8 +244,8 @@ fn off_the_workers<T>(make: impl FnOnce() -> T) -> T {
 /// Whether the answer to `request` is made from the whole node (it takes a turn, `sources.rs`).
 /// The probe answers of host-network pods, the API's answers about one container
 /// ([`ApiHandler::is_narrow`]) and the health checks are not: they read one container or
-/// nothing. The turn's hand-off to another thread cost such an answer more than its making
-/// (`bench latency`, BENCHMARKS.md).
+/// nothing. In a turn, such an answer waited behind a scrape in the making (`bench load`,
+/// BENCHMARKS.md).
 fn costs_the_node(routes: &Routes, request: &Request<Incoming>) -> bool {
     let path = request.uri().path();
     let api = path.starts_with("/api/")

@@ -7,10 +7,10 @@
 //!
 //! Two nodes ([`NodeVersion`], chosen by the test): the 1.20 one, whose kube-apiserver and
 //! kubelet are the v1.20.2 binaries `xtask` builds from Debian's source package
-//! (`/var/cache/lifecycle/kubernetes/bin`, or `$LIFECYCLE_KUBE_BIN`) with etcd, containerd 1.6 and the CNI
-//! plugins from Debian packages; and a current one (1.37) whose kube-apiserver, kubelet,
-//! containerd 2.x, runc, etcd and CNI plugins all come from xtask's kubernetes-modern cache
-//! (`$LIFECYCLE_KUBE_MODERN_BIN`, `$LIFECYCLE_KUBE_MODERN_CNI`), with the feature gates of
+//! (`/var/cache/lifecycle/kubernetes/bin`, or `$LIFECYCLE_KUBE_BIN`) with etcd, containerd 1.6
+//! and the CNI plugins from Debian packages; and a current one (1.37) whose kube-apiserver,
+//! kubelet, containerd 2.x, runc, etcd and CNI plugins all come from xtask's kubernetes-modern
+//! cache (`$LIFECYCLE_KUBE_MODERN_BIN`, `$LIFECYCLE_KUBE_MODERN_CNI`), with the feature gates of
 //! [`MODERN_FEATURE_GATES`] on and `crashLoopBackOff.maxContainerRestartPeriod`
 //! [`MODERN_MAX_CONTAINER_RESTART_PERIOD`]. openssl and kubectl come from PATH for both.
 //!
