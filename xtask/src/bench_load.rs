@@ -75,6 +75,7 @@ pub fn run(seconds: u64, units: usize, connections: usize, baseline: Option<&Pat
         let target = format!("agent {path}, {units} units");
         runs.push(wrk(&target, &format!("http://{addr}{path}"), agent.0.id(), seconds, connections)?);
     }
+    let turned_away = rejected_by_source(&get(&addr, "/metrics")?);
     beside.push(("this tree".to_owned(), beside_a_scraper(&addr)?));
     agent.stop();
     drop(node);
@@ -105,6 +106,10 @@ pub fn run(seconds: u64, units: usize, connections: usize, baseline: Option<&Pat
             r.rss_kib as f64 / 1024.0
         );
     }
+    println!(
+        "\nconnections the agent turned away for their source during the wrk runs: {turned_away} \
+         (lifecycle_http_connections_rejected_total{{reason=\"source\"}}; 32 places per source address)"
+    );
     println!("\nbeside one client scraping /metrics back to back, {BESIDE_ASKS} asks of each, in turns:\n");
     println!("| agent | scrapes meanwhile | answer | p50 | p90 | p99 |");
     println!("|---|---|---|---|---|---|");
@@ -134,6 +139,19 @@ pub fn run(seconds: u64, units: usize, connections: usize, baseline: Option<&Pat
         baseline.map(|b| format!(" --baseline-agent {}", b.display())).unwrap_or_default()
     );
     Ok(())
+}
+
+/// The connections `--listen` turned away for their source address, from a scrape's text.
+fn rejected_by_source(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("lifecycle_http_connections_rejected_total{")
+                && line.contains("listener=\"listen\"")
+                && line.contains("reason=\"source\"")
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
 /// An agent this bench started, ended (by its pid) when dropped.
