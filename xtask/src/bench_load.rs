@@ -16,10 +16,8 @@
 //! as this machine has CPUs: wrk and the agent share them, which is the ceiling of every figure.
 
 use std::{
-    io::{Read as _, Write as _},
-    net::TcpStream,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
@@ -29,7 +27,7 @@ use anyhow::{bail, Context as _, Result};
 use super::{
     free_port,
     memory::{cgroup2_root, get, read_memory, FakeNode},
-    plain_host_agent,
+    plain_host_agent, Tracer,
 };
 use crate::{
     bench_probes::{process_cpu_ns, ProbeServer},
@@ -60,24 +58,24 @@ pub fn run(seconds: u64, units: usize, connections: usize, baseline: Option<&Pat
     node.start(units)?;
     if let Some(binary) = baseline {
         let addr = format!("127.0.0.1:{}", free_port()?);
-        let mut agent = Started(plain_host_agent(binary, &addr).spawn().context("starting the baseline agent")?);
+        let agent = Tracer::spawn("the baseline agent", &mut plain_host_agent(binary, &addr))?;
         wait_listed(&addr, units, &node.uid_prefix)?;
         beside.push((format!("baseline {}", binary.display()), beside_a_scraper(&addr)?));
-        agent.stop();
+        drop(agent);
     }
     let addr = format!("127.0.0.1:{}", free_port()?);
     let binary = workspace_root().join("target/release/lifecycle-agent");
-    let mut agent = Started(plain_host_agent(&binary, &addr).spawn().context("starting the agent")?);
+    let agent = Tracer::spawn("the agent", &mut plain_host_agent(&binary, &addr))?;
     wait_listed(&addr, units, &node.uid_prefix)?;
     let body = get(&addr, "/metrics")?;
     eprintln!("xtask: {units} units tracked; /metrics is {} bytes", body.len());
     for path in ["/healthz", "/metrics"] {
         let target = format!("agent {path}, {units} units");
-        runs.push(wrk(&target, &format!("http://{addr}{path}"), agent.0.id(), seconds, connections)?);
+        runs.push(wrk(&target, &format!("http://{addr}{path}"), agent.pid(), seconds, connections)?);
     }
     let turned_away = rejected_by_source(&get(&addr, "/metrics")?);
     beside.push(("this tree".to_owned(), beside_a_scraper(&addr)?));
-    agent.stop();
+    drop(agent);
     drop(node);
 
     let app = std::net::TcpListener::bind("127.0.0.1:0").context("binding the probed listener")?;
@@ -154,22 +152,6 @@ fn rejected_by_source(metrics: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
-/// An agent this bench started, ended (by its pid) when dropped.
-struct Started(Child);
-
-impl Started {
-    fn stop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Started {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 /// Asks of each kind beside the scraper.
 const BESIDE_ASKS: usize = 1000;
 
@@ -216,19 +198,12 @@ fn beside_a_scraper(addr: &str) -> Result<Beside> {
     })
 }
 
-/// `GET path` on a fresh connection, the whole answer read: milliseconds, or why it failed.
+/// `GET path` on a fresh connection, the whole answer read (`get`): milliseconds, or why it
+/// failed.
 fn timed_get(addr: &str, path: &str) -> Result<f64> {
     let began = Instant::now();
-    let mut stream = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).with_context(|| format!("reading {path}"))?;
-    let took = began.elapsed().as_secs_f64() * 1e3;
-    if !answer.starts_with(b"HTTP/1.1 200") && !answer.starts_with(b"HTTP/1.0 200") {
-        bail!("GET {path}: not a 200 answer");
-    }
-    Ok(took)
+    get(addr, path)?;
+    Ok(began.elapsed().as_secs_f64() * 1e3)
 }
 
 /// Runs wrk on `url` for `seconds` and reads its report; `pid` is the server measured.
