@@ -20,7 +20,7 @@ use std::{
 
 use lifecycle_agent::{
     agent::http::{self, Routes},
-    export::metrics::Metrics,
+    export::metrics::{Metrics, TextSource},
     export::units::{KernelCounters, LiveCounters, UnitMetrics},
     model::event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
     model::metadata::{ContainerMeta, ContainerState, ContainerType, KubeletAnnotations},
@@ -44,6 +44,15 @@ impl KernelCounters for FakeKernel {
             let execs = if id.wrapping_mul(7919) % 1000 < moving { id % 17 + read } else { id % 17 };
             into.insert(id, CgroupCounters { execs, process_exits: id % 13, ..Default::default() });
         }
+    }
+}
+
+/// The floor's source: the same text every scrape, written once.
+struct Floor(String);
+
+impl TextSource for Floor {
+    fn write(&self, out: &mut String) {
+        out.push_str(&self.0);
     }
 }
 
@@ -209,9 +218,9 @@ fn scrape_of_a_thousand_containers() {
     let mut written_once = String::new();
     units.render(&mut written_once);
     let mut metrics = Metrics::bare();
-    metrics.add_text_source(Box::new(move |out| units.render(out)));
+    metrics.add_text_source(Box::new(units));
     let mut floor = Metrics::bare();
-    floor.add_text_source(Box::new(move |out| out.push_str(&written_once)));
+    floor.add_text_source(Box::new(Floor(written_once)));
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let (tx, rx) = tokio::sync::watch::channel(false);

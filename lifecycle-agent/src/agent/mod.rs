@@ -185,8 +185,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         log::info!("no series for host cgroups (--host-cgroups on to have them)");
     }
     let units = Arc::new(if host_units { units } else { units.without_host_units() });
-    let scraped_units = units.clone();
-    metrics.add_text_source(Box::new(move |out| scraped_units.render(out)));
+    metrics.add_text_source(Box::new(units.clone()));
     let probe_metrics = ProbeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let node_probes = Arc::new(NodeProbes::new(Some(probe_metrics.clone())));
     let probe_feeds = Arc::new(ProbeFeeds::new(Some(probe_metrics.clone())));

@@ -59,7 +59,7 @@ fn owned() -> (Owner, ModelHandle, Arc<UnitMetrics>, Arc<Notify>) {
 
 fn duration_count(units: &UnitMetrics) -> Option<String> {
     let mut text = String::new();
-    units.render(&mut text);
+    units.scrape_into(&mut text);
     text.lines().find(|l| l.starts_with("lifecycle_termination_duration_seconds_count{")).map(str::to_owned)
 }
 

@@ -92,18 +92,37 @@ pub(crate) struct AgentCounters {
 }
 
 /// Writes families straight into the exposition text (for high-cardinality families).
-pub(crate) type TextSource = Box<dyn Fn(&mut String) + Send + Sync>;
+pub trait TextSource: Send + Sync {
+    /// Appends its families to `out`, the scrape's text in the making.
+    fn write(&self, out: &mut String);
+
+    /// The scrape's finished text, once every source wrote into it and before the answer is sent:
+    /// a source that reuses what it wrote last time keeps its part of this, shared with the
+    /// answer, instead of a copy of its own (`export/units.rs`). Not called when the scrape was
+    /// not finished; a source then must not rely on its last part.
+    fn written(&self, _text: &Arc<ScrapeText>) {}
+}
+
+impl<T: TextSource + ?Sized> TextSource for Arc<T> {
+    fn write(&self, out: &mut String) {
+        (**self).write(out);
+    }
+
+    fn written(&self, text: &Arc<ScrapeText>) {
+        (**self).written(text);
+    }
+}
 
 /// The registry and what feeds it.
 pub struct Metrics {
     registry: Registry,
-    text_sources: Vec<TextSource>,
+    text_sources: Vec<Box<dyn TextSource>>,
     /// Which families are served (`--metric-allowlist`, `--metric-denylist`).
     families: FamilyFilter,
-    /// The buffer of the last answer, back once it was sent (see [`PooledBody`]).
+    /// A finished scrape's buffer, back once nothing holds its text (see [`ScrapeText`]).
     spare: Arc<Mutex<Option<Vec<u8>>>>,
-    /// Bodies alive (being sent, or the newest kept), and the newest: past
-    /// [`MAX_BODIES_IN_FLIGHT`] scrapes share the newest instead of each getting a copy.
+    /// Scrape texts alive (being sent, the newest, or kept by a text source), and the newest:
+    /// past [`MAX_BODIES_IN_FLIGHT`] scrapes share the newest instead of each getting a copy.
     bodies: Arc<std::sync::atomic::AtomicUsize>,
     newest: Mutex<Option<Bytes>>,
 }
@@ -114,28 +133,47 @@ pub struct Metrics {
 /// newest body (at most as old as the slow reads in flight), shared, not a new one.
 pub(crate) const MAX_BODIES_IN_FLIGHT: usize = 4;
 
-/// An answer's bytes that go back to the spare slot once the HTTP stack has sent them. A fresh
-/// buffer per scrape (2.6 MB for 1,000 containers) cost ~650 page faults each time, and about
-/// half of a 4 ms scrape together with the heap trim that follows large answers (`xtask/x.sh
-/// bench scrape`, BENCHMARKS.md "Scrape").
-struct PooledBody {
-    bytes: Vec<u8>,
-    home: Arc<Mutex<Option<Vec<u8>>>>,
+/// A scrape's text, whose buffer goes back to the spare slot once nothing holds it any more:
+/// neither the HTTP stack sending it nor a text source that kept its part for the next scrape.
+/// A fresh buffer per scrape (2.6 MB for 1,000 containers) cost ~650 page faults each time, and
+/// about half of a 4 ms scrape together with the heap trim that follows large answers
+/// (`xtask/x.sh bench scrape`, BENCHMARKS.md "Scrape").
+pub struct ScrapeText {
+    text: String,
+    /// Where the buffer goes back to; none for a text made from another (a filtered answer).
+    home: Option<Arc<Mutex<Option<Vec<u8>>>>>,
     alive: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-impl AsRef<[u8]> for PooledBody {
-    fn as_ref(&self) -> &[u8] {
-        &self.bytes
+impl ScrapeText {
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// A finished text of no registry, for tests of a text source.
+    #[cfg(test)]
+    pub(crate) fn unpooled(text: String) -> Arc<Self> {
+        Arc::new(Self { text, home: None, alive: Default::default() })
     }
 }
 
-impl Drop for PooledBody {
+impl Drop for ScrapeText {
     fn drop(&mut self) {
-        let mut bytes = std::mem::take(&mut self.bytes);
-        bytes.clear();
-        *self.home.lock().unwrap_or_else(|poison| poison.into_inner()) = Some(bytes);
+        if let Some(home) = &self.home {
+            let mut bytes = std::mem::take(&mut self.text).into_bytes();
+            bytes.clear();
+            *home.lock().unwrap_or_else(|poison| poison.into_inner()) = Some(bytes);
+        }
         self.alive.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A scrape's text as an answer's bytes, shared with whoever else keeps it.
+struct SharedText(Arc<ScrapeText>);
+
+impl AsRef<[u8]> for SharedText {
+    fn as_ref(&self) -> &[u8] {
+        self.0.text.as_bytes()
     }
 }
 
@@ -207,8 +245,8 @@ impl Metrics {
         self.families = filter;
     }
 
-    /// Adds families written directly as text after the registry's.
-    pub fn add_text_source(&mut self, source: TextSource) {
+    /// Adds families written directly as text (before the registry's).
+    pub fn add_text_source(&mut self, source: Box<dyn TextSource>) {
         self.text_sources.push(source);
     }
 
@@ -223,8 +261,9 @@ impl Metrics {
         // Let go of the newest first: when no reader holds it, its buffer comes back as the
         // spare below.
         *newest = None;
-        // The last answer's buffer when it is back (sized by it), else a new one: concurrent
-        // scrapes each get one, and the last to finish is kept.
+        // A finished scrape's buffer once nothing holds it (sized by it), else a new one. The last
+        // scrape's text is still kept by the per-container source, so two buffers take turns;
+        // concurrent scrapes each get one, and the last to be let go is kept.
         let spare = self.spare.lock().unwrap_or_else(|poison| poison.into_inner()).take();
         let mut text =
             spare.map(String::from_utf8).and_then(Result::ok).unwrap_or_else(|| String::with_capacity(64 * 1024));
@@ -232,21 +271,27 @@ impl Metrics {
         // the registry's collector then takes the map's entry count from that read instead of
         // reading it again (`SensorMaps::counter_entries`). The format puts no order on families.
         for source in &self.text_sources {
-            source(&mut text);
+            source.write(&mut text);
         }
         // Encoding into a String cannot fail on I/O; a collector error leaves what was written.
         let _ = TextEncoder::new().encode_utf8(&self.registry.gather(), &mut text);
-        if !self.families.is_everything() {
-            text = self.families.apply(&text);
+        let text = self.text(text, Some(self.spare.clone()));
+        for source in &self.text_sources {
+            source.written(&text);
         }
-        self.bodies.fetch_add(1, Ordering::AcqRel);
-        let body = Bytes::from_owner(PooledBody {
-            bytes: text.into_bytes(),
-            home: self.spare.clone(),
-            alive: self.bodies.clone(),
-        });
+        let body = if self.families.is_everything() {
+            Bytes::from_owner(SharedText(text))
+        } else {
+            Bytes::from_owner(SharedText(self.text(self.families.apply(text.as_str()), None)))
+        };
         *newest = Some(body.clone());
         body
+    }
+
+    /// `text` as a counted scrape text whose buffer goes back to `home`.
+    fn text(&self, text: String, home: Option<Arc<Mutex<Option<Vec<u8>>>>>) -> Arc<ScrapeText> {
+        self.bodies.fetch_add(1, Ordering::AcqRel);
+        Arc::new(ScrapeText { text, home, alive: self.bodies.clone() })
     }
 }
 

@@ -31,6 +31,7 @@ use lifecycle_common::CgroupCounters;
 use super::{
     families::AgentFamily,
     histogram::{TerminationHistograms, GRACE_RATIO_BUCKETS, TERMINATION_BUCKETS},
+    metrics::{ScrapeText, TextSource},
     unit_text::{new_families, write_unit, Families, Labels, UnitView, F, FAMILY_COUNT},
 };
 use crate::model::node::{DroppedCounts, Judgement, NodeSnapshot, Unit, UnitKey};
@@ -97,8 +98,12 @@ struct Cache {
     /// The per-container section of the last scrape's text: the unchanged units' samples are
     /// copied from it, family by family, in runs of neighbours (one copy per run instead of one
     /// per unit and family: 30,000 scattered reads at 1,000 units were most of a scrape's own
-    /// time under `perf`, BENCHMARKS.md).
-    section: String,
+    /// time under `perf`, BENCHMARKS.md). It is the last answer's own text, shared with it
+    /// ([`TextSource::written`]): a copy of its own was a sixth of a scrape's CPU.
+    section: Option<KeptSection>,
+    /// Where in the text being written this scrape's section lies, until the finished text is
+    /// handed back ([`TextSource::written`]): the units' [`Part`]s already point into it.
+    pending: Option<(usize, usize)>,
     /// The samples of the units written afresh in this scrape, family by family.
     fresh: String,
     /// The boot-to-Unix offset the kept samples used (see [`stable_offset`]).
@@ -107,6 +112,19 @@ struct Cache {
     scratch: Option<Families>,
     /// The kernel's counters, read at each scrape into the same memory.
     live: LiveCounters,
+}
+
+/// The per-container section of a finished scrape's text.
+struct KeptSection {
+    text: Arc<ScrapeText>,
+    start: usize,
+    end: usize,
+}
+
+impl KeptSection {
+    fn as_str(&self) -> &str {
+        self.text.as_str().get(self.start..self.end).unwrap_or_default()
+    }
 }
 
 /// A unit of the last scrape: what its samples were written from, and where they are.
@@ -279,6 +297,12 @@ impl UnitMetrics {
     /// Appends every per-container family to `out`.
     pub fn render(&self, out: &mut String) {
         let mut cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        if cache.pending.take().is_some() {
+            // The last scrape's text never came back: its units' parts point into nothing kept,
+            // so every unit is written afresh.
+            cache.units.clear();
+            cache.section = None;
+        }
         // The kernel's map, read once per scrape into the kept map.
         let mut live = std::mem::take(&mut cache.live);
         live.clear();
@@ -349,7 +373,8 @@ impl UnitMetrics {
             let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
             let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
             let samples_at = out.len();
-            copy_family(out, base, index, &mut units, &cache.section, &fresh);
+            let section = cache.section.as_ref().map_or("", KeptSection::as_str);
+            copy_family(out, base, index, &mut units, section, &fresh);
             out.push_str(&family.body);
             if out.len() == samples_at {
                 out.truncate(header_at);
@@ -358,15 +383,42 @@ impl UnitMetrics {
         for unit in &mut units {
             unit.fresh = false;
         }
-        // What the next scrape copies from; the fresh samples' buffer is kept small (all of them
-        // are fresh at the first scrape).
-        cache.section.clear();
-        cache.section.push_str(out.get(base..).unwrap_or_default());
+        // What the next scrape copies from (kept once the text is finished, `written`); the fresh
+        // samples' buffer is kept small (all of them are fresh at the first scrape).
+        cache.pending = Some((base, out.len()));
         fresh.clear();
         fresh.shrink_to(FRESH_KEPT_BYTES);
         cache.fresh = fresh;
         cache.units = units;
         write_dropped(out, &dropped);
+    }
+}
+
+impl TextSource for UnitMetrics {
+    fn write(&self, out: &mut String) {
+        self.render(out);
+    }
+
+    fn written(&self, text: &Arc<ScrapeText>) {
+        let mut cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        let Some((start, end)) = cache.pending.take() else { return };
+        if text.as_str().get(start..end).is_some() {
+            cache.section = Some(KeptSection { text: text.clone(), start, end });
+        } else {
+            // Not the text `render` wrote into: nothing of it can be reused.
+            cache.units.clear();
+            cache.section = None;
+        }
+    }
+}
+
+#[cfg(test)]
+impl UnitMetrics {
+    /// Appends one scrape to `text` as the registry makes it: written, then handed back finished
+    /// (a copy), so that the next scrape reuses this one's text.
+    pub(crate) fn scrape_into(&self, text: &mut String) {
+        self.write(text);
+        self.written(&ScrapeText::unpooled(text.clone()));
     }
 }
 

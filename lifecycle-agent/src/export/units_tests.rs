@@ -63,7 +63,7 @@ fn signals_only_counted_in_the_kernel_join_the_recorded_ones_from_the_same_conta
     }
     let units = UnitMetrics::new(publisher(&tracker).subscribe(), Arc::new(Kernel), Box::new(|| 0.0));
     let mut text = String::new();
-    units.render(&mut text);
+    units.scrape_into(&mut text);
     let signals: Vec<&str> = text.lines().filter(|l| l.starts_with("lifecycle_signals_received_total{")).collect();
     let value = |signal: &str, sender: &str| {
         let wanted = format!("signal=\"{signal}\",sender=\"{sender}\"");
@@ -112,7 +112,7 @@ fn a_scrape_shows_every_change_since_the_last_and_keeps_nothing_stale() {
     let cached = metrics(kernel.clone());
     let scrape = |m: &UnitMetrics| {
         let mut text = String::new();
-        m.render(&mut text);
+        m.scrape_into(&mut text);
         text
     };
     let first = scrape(&cached);
@@ -153,7 +153,7 @@ fn scrape_after_scrape_the_kept_text_is_the_text_written_afresh() {
     let kept = make();
     let scrape = |m: &UnitMetrics| {
         let mut text = String::new();
-        m.render(&mut text);
+        m.scrape_into(&mut text);
         text
     };
     // A fixed pseudo-random sequence (a linear congruential generator): the same run every time.
@@ -226,7 +226,7 @@ fn a_step_of_the_wall_clock_rewrites_the_kept_termination_times() {
     );
     let finished = |offset: f64| {
         let mut text = String::new();
-        metrics.render(&mut text);
+        metrics.scrape_into(&mut text);
         let line = text.lines().find(|l| l.starts_with("lifecycle_container_last_terminated_timestamp_seconds{"));
         assert_eq!(
             line.and_then(|l| l.rsplit_once(' ')).map(|(_, v)| v.parse::<f64>().expect("value")),
@@ -249,7 +249,7 @@ fn without_host_units_a_scrape_has_no_host_cgroup_series() {
     let published = publisher(&tracker);
     let scrape = |m: UnitMetrics| {
         let mut text = String::new();
-        m.render(&mut text);
+        m.scrape_into(&mut text);
         text
     };
     let make = || UnitMetrics::new(published.subscribe(), Arc::new(Kernel), Box::new(|| 1_700_000_000.0));
@@ -282,7 +282,7 @@ fn a_pod_recreated_under_the_same_name_gives_two_series_sets_not_duplicates() {
     }
     let metrics = UnitMetrics::new(publisher(&tracker).subscribe(), Arc::new(Kernel), Box::new(|| 1_700_000_000.0));
     let mut text = String::new();
-    metrics.render(&mut text);
+    metrics.scrape_into(&mut text);
     let mut seen = std::collections::HashSet::new();
     for series in text.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s)) {
         assert!(seen.insert(series.to_owned()), "{series} twice in:\n{text}");
@@ -312,7 +312,7 @@ fn a_thousand_units_beside_a_hostile_one_stay_under_four_megabytes() {
     let units = UnitMetrics::new(published.subscribe(), Arc::new(Changing::default()), Box::new(|| 0.0));
     let hostile_lines = |text: &str| text.lines().filter(|l| l.contains("/hostile.service\"")).count();
     let mut text = String::new();
-    units.render(&mut text);
+    units.scrape_into(&mut text);
     let alone = hostile_lines(&text);
     for port in 1..=20_000u16 {
         let tcp = |remote_port| TcpDetail {
@@ -343,7 +343,7 @@ fn a_thousand_units_beside_a_hostile_one_stay_under_four_megabytes() {
     }
     published.send_replace(Arc::new(tracker.snapshot()));
     let mut text = String::new();
-    units.render(&mut text);
+    units.scrape_into(&mut text);
     let hostile_series = hostile_lines(&text);
     eprintln!("{} bytes, hostile unit {alone} -> {hostile_series} series", text.len());
     assert!(text.len() < 4_000_000, "{} bytes for 1,001 units", text.len());
@@ -352,4 +352,61 @@ fn a_thousand_units_beside_a_hostile_one_stay_under_four_megabytes() {
     let most = alone + 4 * crate::model::node::MAX_PORTS_PER_UNIT + 2 * 64;
     assert!(hostile_series <= most, "{hostile_series} series for the hostile unit, at most {most}");
     assert!(hostile_series > alone + 64, "its ports and signals are shown, up to the bound");
+}
+
+#[test]
+fn a_scrape_whose_text_never_came_back_is_followed_by_one_written_afresh() {
+    // The kept samples are the last answer's own text, handed back once it is finished. A scrape
+    // written but never handed back (its answer abandoned) leaves nothing to copy from: the next
+    // one must write every unit again, not copy from where that text would have been.
+    let mut tracker = NodeTracker::new(TrackerConfig::default());
+    for (cgroup, pid, name) in [(50, 500, "a"), (51, 510, "b")] {
+        start_host_unit(&mut tracker, cgroup, pid, name);
+    }
+    let published = publisher(&tracker);
+    let kernel = Arc::new(Changing::default());
+    let make = || UnitMetrics::new(published.subscribe(), kernel.clone(), Box::new(|| 1_700_000_000.0));
+    let kept = make();
+    let mut text = String::new();
+    kept.scrape_into(&mut text);
+    // a exits: its samples grow, and the abandoned text lays them out unlike the kept one.
+    tracker.apply(&event(3_000_000_000, 500, 50, main_exit(3, "a")));
+    published.send_replace(Arc::new(tracker.snapshot()));
+    let mut abandoned = String::new();
+    kept.write(&mut abandoned);
+    // b's counters move; a stays as the abandoned text wrote it.
+    kernel.0.lock().expect("lock").insert(51, CgroupCounters { execs: 4, ..Default::default() });
+    let (mut after, mut fresh) = (String::new(), String::new());
+    kept.scrape_into(&mut after);
+    make().scrape_into(&mut fresh);
+    assert_eq!(after, fresh);
+    assert!(after.contains("lifecycle_container_last_terminated_exit_code{"), "{after}");
+}
+
+#[test]
+fn the_registry_answers_with_the_kept_text_and_two_buffers_take_turns() {
+    // Through the registry, as the agent serves /metrics: each answer says what a scrape without
+    // kept text says, and the per-container source keeps the last answer's text instead of a copy
+    // of it, so the buffers of two answers take turns (a new one per scrape cost page faults).
+    let mut tracker = NodeTracker::new(TrackerConfig::default());
+    for n in 0..50u64 {
+        start_host_unit(&mut tracker, 100 + n, 1000 + n as u32, &format!("u{n}"));
+    }
+    let published = publisher(&tracker);
+    let kernel = Arc::new(Changing::default());
+    let make = || UnitMetrics::new(published.subscribe(), kernel.clone(), Box::new(|| 1_700_000_000.0));
+    let mut metrics = crate::export::metrics::Metrics::bare();
+    metrics.add_text_source(Box::new(Arc::new(make())));
+    let mut buffers = Vec::new();
+    for round in 0..6u64 {
+        kernel.0.lock().expect("lock").insert(100 + round, CgroupCounters { execs: round + 1, ..Default::default() });
+        let body = metrics.render();
+        let mut fresh = String::new();
+        make().scrape_into(&mut fresh);
+        assert_eq!(std::str::from_utf8(&body).expect("utf-8"), fresh, "round {round}");
+        buffers.push(body.as_ptr());
+    }
+    buffers.sort();
+    buffers.dedup();
+    assert_eq!(buffers.len(), 2, "the answers' buffers");
 }
