@@ -146,6 +146,7 @@ pub struct ScrapeText {
 }
 
 impl ScrapeText {
+    /// The whole text of the scrape: every source's families, then the registry's.
     pub fn as_str(&self) -> &str {
         &self.text
     }

@@ -99,7 +99,8 @@ struct Cache {
     /// copied from it, family by family, in runs of neighbours (one copy per run instead of one
     /// per unit and family: 30,000 scattered reads at 1,000 units were most of a scrape's own
     /// time under `perf`, BENCHMARKS.md). It is the last answer's own text, shared with it
-    /// ([`TextSource::written`]): a copy of its own was a sixth of a scrape's CPU.
+    /// ([`TextSource::written`]): a copy of its own cost 11-24 % of the scrape of an unchanged
+    /// node (`xtask/x.sh bench scrape`, BENCHMARKS.md).
     section: Option<KeptSection>,
     /// Where in the text being written this scrape's section lies, until the finished text is
     /// handed back ([`TextSource::written`]): the units' [`Part`]s already point into it.
@@ -294,7 +295,9 @@ impl UnitMetrics {
         kept.next().is_none()
     }
 
-    /// Appends every per-container family to `out`.
+    /// Appends every per-container family to `out`. The next scrape copies the unchanged
+    /// units' samples from this one's only once the finished text is handed back
+    /// ([`TextSource::written`]); without it, it writes every unit afresh.
     pub fn render(&self, out: &mut String) {
         let mut cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
         if cache.pending.take().is_some() {
