@@ -244,6 +244,18 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Quiet time after a tracer is ready (and for the baseline), so start-up work is not measured.
 const SETTLE: Duration = Duration::from_millis(300);
 
+/// The values of `family`'s samples in a `/metrics` text whose labels contain every one of
+/// `labels` (written as they appear: `kind="signal"`), in the order they come.
+fn sample_values<'a>(metrics: &'a str, family: &'a str, labels: &'a [&str]) -> impl Iterator<Item = f64> + 'a {
+    metrics
+        .lines()
+        .filter(move |line| {
+            line.strip_prefix(family).is_some_and(|rest| rest.starts_with('{'))
+                && labels.iter().all(|label| line.contains(label))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse().ok())
+}
+
 fn median(values: &[f64]) -> f64 {
     let mut values = values.to_vec();
     values.sort_by(|a, b| a.total_cmp(b));

@@ -27,7 +27,7 @@ use anyhow::{bail, Context as _, Result};
 use super::{
     free_port,
     memory::{cgroup2_root, get, read_memory, FakeNode},
-    plain_host_agent, Tracer,
+    plain_host_agent, sample_values, Tracer,
 };
 use crate::{
     bench_probes::{process_cpu_ns, ProbeServer},
@@ -141,15 +141,8 @@ pub fn run(seconds: u64, units: usize, connections: usize, baseline: Option<&Pat
 
 /// The connections `--listen` turned away for their source address, from a scrape's text.
 fn rejected_by_source(metrics: &str) -> u64 {
-    metrics
-        .lines()
-        .filter(|line| {
-            line.starts_with("lifecycle_http_connections_rejected_total{")
-                && line.contains("listener=\"listen\"")
-                && line.contains("reason=\"source\"")
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    let labels = ["listener=\"listen\"", "reason=\"source\""];
+    sample_values(metrics, "lifecycle_http_connections_rejected_total", &labels).sum::<f64>() as u64
 }
 
 /// Asks of each kind beside the scraper.

@@ -29,7 +29,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{free_port, loadavg, median, plain_host_agent, wait_http, Tracer};
+use super::{free_port, loadavg, median, plain_host_agent, sample_values, wait_http, Tracer};
 use crate::{cargo, shell, workspace_root};
 
 /// Quiet time before each reading.
@@ -188,12 +188,8 @@ fn measure(agent: &Agent, root: &Path, units: usize) -> Result<Round> {
     std::thread::sleep(SETTLE);
     let loaded = read_memory(pid)?;
     let entry = |kind: &str| {
-        metrics
-            .lines()
-            .find(|l| l.starts_with("lifecycle_kernel_map_entries{") && l.contains(kind))
-            .and_then(|l| l.rsplit(' ').next())
-            .unwrap_or("?")
-            .to_owned()
+        let value = sample_values(&metrics, "lifecycle_kernel_map_entries", &[kind]).next();
+        value.map_or_else(|| "?".to_owned(), |v| v.to_string())
     };
     let counter_entries = format!("{}/{}", entry("\"used\""), entry("\"capacity\""));
     drop(tracer);

@@ -11,8 +11,6 @@
 //! The lowest rate is the baseline of the run (agent CPU per million records).
 
 use std::{
-    io::{Read as _, Write as _},
-    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -20,7 +18,11 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{free_port, loadavg, memory::cgroup2_root, plain_host_agent, producer_lines, wait_http, Tracer, SETTLE};
+use super::{
+    free_port, loadavg,
+    memory::{cgroup2_root, get},
+    plain_host_agent, producer_lines, sample_values, wait_http, Tracer, SETTLE,
+};
 use crate::{bench_probes::process_cpu_ns, cargo, shell, workspace_root};
 
 /// The producers' cgroup, under the v2 root (its path is the unit's `container` label).
@@ -162,23 +164,14 @@ struct Counts {
 }
 
 fn read(addr: &str) -> Result<Counts> {
-    let mut stream = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body)?;
-    let unit = format!("container=\"/{CGROUP}\",signal=\"15\",sender=\"same_container\"");
-    let value = |line: &str| line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).map(|v| v as u64);
-    let received = body
-        .lines()
-        .find(|l| l.starts_with("lifecycle_signals_received_total{") && l.contains(&unit))
-        .and_then(value)
-        .unwrap_or(0);
-    let lost = body
-        .lines()
-        .find(|l| l.starts_with("lifecycle_events_lost_total{") && l.contains("kind=\"signal\""))
-        .and_then(value)
-        .context("lifecycle_events_lost_total{kind=\"signal\"} missing from /metrics")?;
+    let body = get(addr, "/metrics")?;
+    // One label each: the per-container label set (`uid` after `container`) sits between them.
+    let container = format!("container=\"/{CGROUP}\"");
+    let unit = [container.as_str(), "signal=\"15\"", "sender=\"same_container\""];
+    let received = sample_values(&body, "lifecycle_signals_received_total", &unit).next().unwrap_or(0.0) as u64;
+    let lost = sample_values(&body, "lifecycle_events_lost_total", &["kind=\"signal\""])
+        .next()
+        .context("lifecycle_events_lost_total{kind=\"signal\"} missing from /metrics")? as u64;
     Ok(Counts { received, lost })
 }
 

@@ -276,21 +276,21 @@ impl Metrics {
         }
         // Encoding into a String cannot fail on I/O; a collector error leaves what was written.
         let _ = TextEncoder::new().encode_utf8(&self.registry.gather(), &mut text);
-        let text = self.text(text, Some(self.spare.clone()));
+        let text = self.counted(text, Some(self.spare.clone()));
         for source in &self.text_sources {
             source.written(&text);
         }
         let body = if self.families.is_everything() {
             Bytes::from_owner(SharedText(text))
         } else {
-            Bytes::from_owner(SharedText(self.text(self.families.apply(text.as_str()), None)))
+            Bytes::from_owner(SharedText(self.counted(self.families.apply(text.as_str()), None)))
         };
         *newest = Some(body.clone());
         body
     }
 
     /// `text` as a counted scrape text whose buffer goes back to `home`.
-    fn text(&self, text: String, home: Option<Arc<Mutex<Option<Vec<u8>>>>>) -> Arc<ScrapeText> {
+    fn counted(&self, text: String, home: Option<Arc<Mutex<Option<Vec<u8>>>>>) -> Arc<ScrapeText> {
         self.bodies.fetch_add(1, Ordering::AcqRel);
         Arc::new(ScrapeText { text, home, alive: self.bodies.clone() })
     }

@@ -115,6 +115,14 @@ struct Cache {
     live: LiveCounters,
 }
 
+impl Cache {
+    /// Drops what the next scrape would copy from: every unit is written afresh.
+    fn forget(&mut self) {
+        self.units.clear();
+        self.section = None;
+    }
+}
+
 /// The per-container section of a finished scrape's text.
 struct KeptSection {
     text: Arc<ScrapeText>,
@@ -301,10 +309,8 @@ impl UnitMetrics {
     pub fn render(&self, out: &mut String) {
         let mut cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
         if cache.pending.take().is_some() {
-            // The last scrape's text never came back: its units' parts point into nothing kept,
-            // so every unit is written afresh.
-            cache.units.clear();
-            cache.section = None;
+            // The last scrape's text never came back: its units' parts point into nothing kept.
+            cache.forget();
         }
         // The kernel's map, read once per scrape into the kept map.
         let mut live = std::mem::take(&mut cache.live);
@@ -409,8 +415,7 @@ impl TextSource for UnitMetrics {
             cache.section = Some(KeptSection { text: text.clone(), start, end });
         } else {
             // Not the text `render` wrote into: nothing of it can be reused.
-            cache.units.clear();
-            cache.section = None;
+            cache.forget();
         }
     }
 }
