@@ -288,6 +288,8 @@ fn main() -> ExitCode {
         });
     }
     logger.init();
+    // Before any thread starts, so none is given a heap of its own.
+    lifecycle_agent::limit_malloc_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {

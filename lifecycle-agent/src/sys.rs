@@ -67,6 +67,18 @@ pub(crate) fn pin_malloc_thresholds(bytes: i32) {
     let _ = bytes;
 }
 
+/// Lets glibc's allocator keep at most `arenas` heaps (its default: eight per core, one more each
+/// time threads contend); a no-op on other C libraries.
+pub(crate) fn limit_malloc_arenas(arenas: i32) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes glibc's tuning parameters; it has no preconditions.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, arenas);
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = arenas;
+}
+
 /// Returns every whole free page of glibc's heap to the kernel; a no-op on other C libraries.
 pub(crate) fn release_free_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

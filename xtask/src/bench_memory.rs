@@ -187,11 +187,12 @@ fn measure(agent: &Agent, root: &Path, units: usize) -> Result<Round> {
     }
     std::thread::sleep(SETTLE);
     let loaded = read_memory(pid)?;
-    let entry = |kind: &str| {
-        let value = sample_values(&metrics, "lifecycle_kernel_map_entries", &[kind]).next();
+    let gauge = |family: &str| {
+        let value = sample_values(&metrics, family, &["map=\"cgroup_counters\""]).next();
         value.map_or_else(|| "?".to_owned(), |v| v.to_string())
     };
-    let counter_entries = format!("{}/{}", entry("\"used\""), entry("\"capacity\""));
+    let counter_entries =
+        format!("{}/{}", gauge("lifecycle_kernel_map_entries"), gauge("lifecycle_kernel_map_capacity"));
     drop(tracer);
     drop(node);
     Ok(Round { idle, loaded, listed_after_s, counter_entries, metrics_bytes: metrics.len() })
