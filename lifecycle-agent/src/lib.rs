@@ -40,12 +40,12 @@ pub use lifecycle_model as model;
 /// Caps glibc's allocator at two heaps for the whole agent (a no-op on other C libraries); the
 /// binary calls it before starting any thread.
 ///
-/// glibc gives a thread a heap of its own whenever it finds the others' locked (up to eight per
-/// core), so the runtime's workers, its blocking threads and the ring reader each came to hold
-/// one, and what was freed in each stayed resident there: with 1,000 units, after ten scrapes and
-/// API reads, 6.8 MB anonymous with glibc's default, 6.4 MB with two heaps, 6.3 MB with one
-/// (BENCHMARKS.md: memory, 2026-11-27). Two, not one: a thread that finds one heap locked takes
-/// the other instead of waiting. Small allocations take no heap lock (glibc's per-thread cache).
+/// glibc gives each thread that allocates a heap of its own (up to eight per core), so the
+/// runtime's workers, its blocking threads and the ring reader each held one, and what was freed
+/// in each stayed resident there: with 1,000 units, after ten scrapes and API reads, 6.8 MB
+/// anonymous with glibc's default, 6.4 MB with two heaps, 6.3 MB with one (BENCHMARKS.md:
+/// memory, 2026-11-27). Two, not one: past the cap, a thread that finds its heap locked takes the
+/// other instead of waiting. Small allocations take no heap lock (glibc's per-thread cache).
 pub fn limit_malloc_arenas() {
     sys::limit_malloc_arenas(2);
 }

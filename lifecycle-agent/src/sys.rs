@@ -67,8 +67,8 @@ pub(crate) fn pin_malloc_thresholds(bytes: i32) {
     let _ = bytes;
 }
 
-/// Lets glibc's allocator keep at most `arenas` heaps (its default: eight per core, one more each
-/// time threads contend); a no-op on other C libraries.
+/// Lets glibc's allocator keep at most `arenas` heaps (its default: one per thread, up to eight
+/// per core); a no-op on other C libraries.
 pub(crate) fn limit_malloc_arenas(arenas: i32) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes glibc's tuning parameters; it has no preconditions.
