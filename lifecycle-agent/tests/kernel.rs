@@ -438,6 +438,57 @@ fn tcp_listener_accepting_clients_from_inside_and_outside_its_cgroup() {
     );
 }
 
+/// A server in the cgroup that accepts `UNIX` connections on a Unix socket, then one TCP
+/// connection (the marker that it is done), and exits when stdin closes.
+const UNIX_THEN_TCP_SERVER: &str = r#"
+import os, socket, sys, tempfile
+n = int(sys.argv[1])
+path = os.path.join(tempfile.mkdtemp(), "s")
+u = socket.socket(socket.AF_UNIX); u.bind(path); u.listen(16)
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(16)
+print(path, l.getsockname()[1], flush=True)
+for _ in range(n):
+    s, _ = u.accept(); s.close()
+s, _ = l.accept(); s.close()
+sys.stdin.read()
+os.unlink(path)
+"#;
+
+#[test]
+fn unix_socket_accepts_are_not_counted_as_tcp_accepts() {
+    require_privileges!();
+    let hub = Hub::get();
+    let mut cg = TestCgroup::new("unixaccept");
+    const UNIX: usize = 3;
+    let mut server = cg.spawn(
+        Command::new(PYTHON)
+            .args(["-c", UNIX_THEN_TCP_SERVER, &UNIX.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped()),
+    );
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().expect("stdout")).read_line(&mut line).expect("path and port");
+    let (path, port) = line.trim().split_once(' ').expect("two fields");
+    let port: u16 = port.parse().expect("port number");
+    let unix_clients: Vec<std::os::unix::net::UnixStream> =
+        (0..UNIX).map(|_| std::os::unix::net::UnixStream::connect(path).expect("connect unix")).collect();
+    let marker = TcpStream::connect(("127.0.0.1", port)).expect("connect tcp");
+    // The TCP accept comes after every Unix accept of the same process: once it is seen, a Unix
+    // accept recorded as TCP would have been seen too.
+    let events = hub.wait_for(
+        "the TCP accept after the Unix ones",
+        |e| e.cgroup_id == cg.id && matches!(e.detail, Detail::TcpAccept(_)),
+        |m| m.iter().any(|e| matches!(e.detail, Detail::TcpAccept(t) if t.local_port == port)),
+    );
+    let accepts: Vec<&Event> = events.iter().filter(|e| matches!(e.detail, Detail::TcpAccept(_))).collect();
+    assert_eq!(accepts.len(), 1, "only the TCP connection is a TCP accept: {accepts:?}");
+    let counters = hub.maps.counters_of(cg.id).expect("counters");
+    assert_eq!(counters.tcp_accepts, 1, "{counters:?}");
+    drop((unix_clients, marker));
+    drop(server.stdin.take());
+    assert!(server.wait().expect("server").success());
+}
+
 /// rx_queue of the LISTEN socket on `port` in /proc/<pid>/net/tcp: the accept-queue depth.
 fn accept_queue_depth(pid: u32, port: u16) -> Option<u64> {
     let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).ok()?;

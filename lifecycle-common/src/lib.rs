@@ -192,6 +192,27 @@ pub struct OomVictimEvent {
     pub victim_comm: [u8; TASK_COMM_LEN],
 }
 
+/// A SIGKILL the kernel sent (`SEND_SIG_PRIV`), kept for a moment by its target's thread id:
+/// where `mark_victim` carries only the victim's pid, this is how the victim's process and cgroup
+/// are found (the OOM killer signals the victim, then marks it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomKillSignal {
+    /// Thread-group id of the target.
+    pub tgid: u32,
+    /// Explicit padding; always 0.
+    pub _pad: u32,
+    /// cgroup v2 id of the target.
+    pub cgroup_id: u64,
+    /// `comm` of the target.
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+/// The cgroup v2 root's id (its kernfs node id; `stat -c %i` of the cgroup2 mount says 1 too):
+/// what a socket is charged to when the kernel keeps no cgroup for it (5.10's tagged
+/// `sock_cgroup_data` while net_prio or net_cls data is set, or no cgroup at all).
+pub const ROOT_CGROUP_ID: u64 = 1;
+
 /// A TCP socket event: listen open/close, a passive connection established, or an accept.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -383,6 +404,9 @@ pub struct KernelOffsets {
     pub sock_family: u32,
     pub sock_net: u32,
     pub sock_protocol: u32,
+    /// `sock.sk_cgrp_data`'s first word: the `cgroup` pointer from 5.15 on; in 5.10 the union's
+    /// `val`, the same pointer unless its low bits tag net_prio/net_cls data (then the socket
+    /// counts as the root cgroup's, as the kernel's own `sock_cgroup_ptr` says).
     pub sock_cgroup: u32,
     pub net_ns_inum: u32,
     pub files_fdt: u32,
@@ -440,7 +464,16 @@ pub mod names {
     pub const PROG_EXEC: &str = "sched_process_exec";
     pub const PROG_EXIT: &str = "sched_process_exit";
     pub const PROG_SIGNAL: &str = "signal_generate";
+    /// `mark_victim(struct task_struct *, uid_t)`, the prototype of 6.1.130 and later.
     pub const PROG_OOM: &str = "mark_victim";
+    /// `mark_victim(int pid)`, the prototype up to 6.1.129 (5.10, 5.15, early 6.1): the victim
+    /// is found in [`OOM_KILLS_MAP`], filled by [`PROG_OOM_KILL_SIGNAL`].
+    pub const PROG_OOM_BY_PID: &str = "mark_victim_pid";
+    /// On `signal_generate`: remembers each SIGKILL the kernel itself sends (the OOM killer's
+    /// comes just before `mark_victim`), for [`PROG_OOM_BY_PID`].
+    pub const PROG_OOM_KILL_SIGNAL: &str = "oom_kill_signal";
+    /// `LruHashMap<u32 victim thread id, OomKillSignal>`.
+    pub const OOM_KILLS_MAP: &str = "OOM_KILL_SIGNALS";
     pub const PROG_SOCK_STATE: &str = "inet_sock_set_state";
     pub const PROG_ACCEPT4: &str = "sys_exit_accept4";
     pub const PROG_ACCEPT: &str = "sys_exit_accept";
@@ -480,6 +513,7 @@ const _: () = assert!(core::mem::size_of::<ExitEvent>() == 32 + 16 + 16 + 16);
 const _: () = assert!(core::mem::size_of::<SignalEvent>() == 32 + 16 + 8 + 8 + 32);
 const _: () = assert!(core::mem::size_of::<OomVictimEvent>() == 32 + 8 + 8 + 16);
 const _: () = assert!(core::mem::size_of::<TcpEvent>() == 32 + 8 + 4 + 8 + 4);
+const _: () = assert!(core::mem::size_of::<OomKillSignal>() == 8 + 8 + TASK_COMM_LEN);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + 8 + 8 + CGROUP_PATH_LEN);
 const _: () = assert!(core::mem::size_of::<CgroupCounters>() == 9 * 8 + SIGNAL_SLOTS * 8);
 const _: () = assert!(core::mem::size_of::<KindStats>() == 5 * 8);

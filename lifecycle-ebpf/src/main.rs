@@ -33,9 +33,9 @@ use aya_ebpf::{
 };
 use lifecycle_common::{
     defaults, signal_always_recorded, signal_default_ends_or_stops, signals::SIGCHLD, CgroupCounters, CgroupEvent,
-    EventHeader, EventKind, ExecEvent, ExitEvent, KernelOffsets, KindStats, OomVictimEvent, ProgramSettings,
-    SignalEvent, TcpEvent, EVENT_KIND_COUNT, EXEC_FLAG_CHILD_PID_NAMESPACE, EXEC_FLAG_NAMESPACE_INIT, SIGNAL_SLOTS,
-    TASK_COMM_LEN,
+    EventHeader, EventKind, ExecEvent, ExitEvent, KernelOffsets, KindStats, OomKillSignal, OomVictimEvent,
+    ProgramSettings, SignalEvent, TcpEvent, EVENT_KIND_COUNT, EXEC_FLAG_CHILD_PID_NAMESPACE, EXEC_FLAG_NAMESPACE_INIT,
+    ROOT_CGROUP_ID, SIGNAL_SLOTS, TASK_COMM_LEN,
 };
 
 /// Struct member offsets; overwritten by the agent before load.

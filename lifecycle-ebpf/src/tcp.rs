@@ -14,16 +14,39 @@ struct SocketFacts {
 
 #[inline(always)]
 fn socket_facts(sk: *const u8) -> Result<SocketFacts, i64> {
-    let cgroup = read_ptr(sk, off!(sock_cgroup))?;
     let net = read_ptr(sk, off!(sock_net))?;
     Ok(SocketFacts {
-        cgroup_id: cgroup_id(cgroup)?,
+        cgroup_id: socket_cgroup_id(sk)?,
         netns: read::<u32>(net, off!(net_ns_inum))?,
         family: read::<u16>(sk, off!(sock_family))?,
         local_port: read::<u16>(sk, off!(sock_num))?,
         remote_port: u16::from_be(read::<u16>(sk, off!(sock_dport))?),
     })
 }
+
+/// The cgroup a socket is charged to: `sk_cgrp_data`'s first word is the cgroup pointer, except
+/// in 5.10, where its low two bits set mean it holds net_prio/net_cls data instead and the
+/// socket counts as the root's (the kernel's `sock_cgroup_ptr`). A `struct cgroup` is aligned,
+/// so on later kernels those bits are always clear and the test costs nothing.
+#[inline(always)]
+fn socket_cgroup_id(sk: *const u8) -> Result<u64, i64> {
+    let word = read::<u64>(sk, off!(sock_cgroup))?;
+    if word & 3 != 0 || word == 0 {
+        return Ok(ROOT_CGROUP_ID);
+    }
+    cgroup_id(word as *const u8)
+}
+
+/// Whether `sk` is a TCP socket of IPv4 or IPv6: `accept(2)` returns Unix sockets too (systemd,
+/// journald and every local server), whose connections are no TCP accepts.
+#[inline(always)]
+fn is_tcp(sk: *const u8) -> Result<bool, i64> {
+    let family = read::<u16>(sk, off!(sock_family))?;
+    Ok((family == AF_INET || family == AF_INET6) && read::<u16>(sk, off!(sock_protocol))? == IPPROTO_TCP)
+}
+
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
 
 #[inline(always)]
 fn tcp_record(kind: EventKind, facts: &SocketFacts, fd: i32) -> TcpEvent {
@@ -63,7 +86,7 @@ fn try_sock_state(ctx: &BtfTracePointContext) -> Result<(), i64> {
         return Ok(());
     };
     let sk = ctx.arg::<u64>(0) as *const u8;
-    if read::<u16>(sk, off!(sock_protocol))? != IPPROTO_TCP {
+    if !is_tcp(sk)? {
         return Ok(());
     }
     let mut facts = socket_facts(sk)?;
@@ -163,6 +186,9 @@ fn try_accept(ctx: &TracePointContext) -> Result<(), i64> {
     let file = read_ptr(fd_array, fd as usize * core::mem::size_of::<u64>())?;
     let socket = read_ptr(file, off!(file_private_data))?;
     let sk = read_ptr(socket, off!(socket_sk))?;
+    if !is_tcp(sk)? {
+        return Ok(());
+    }
     let facts = socket_facts(sk)?;
     bump(facts.cgroup_id, offset_of!(CgroupCounters, tcp_accepts), EventKind::TcpAccept);
     send(EventKind::TcpAccept, facts.cgroup_id, tcp_record(EventKind::TcpAccept, &facts, fd as i32));

@@ -11,7 +11,10 @@
 //! MB of small heap blocks only needed while loading; the same bytes then feed aya's own
 //! parser (see [`KernelBtf::bytes`]), so the file is read once.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use lifecycle_common::KernelOffsets;
 
@@ -39,9 +42,138 @@ pub enum LayoutError {
     Malformed(&'static str),
 }
 
+/// The offsets the programs read, and the members this kernel does not have.
+#[derive(Debug)]
+pub(crate) struct Offsets {
+    /// Every offset found; a missing member's is 0.
+    pub(crate) values: KernelOffsets,
+    /// The members not found, with why.
+    pub(crate) missing: Vec<(Member, Arc<LayoutError>)>,
+}
+
+impl Offsets {
+    /// Why `member` has no offset here, if it has none.
+    pub(crate) fn missing(&self, member: Member) -> Option<&Arc<LayoutError>> {
+        self.missing.iter().find(|(m, _)| *m == member).map(|(_, error)| error)
+    }
+}
+
+/// One parameter of a tracepoint, as a program reading it by position cares about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Param {
+    /// An integer (or enum) of this many bytes.
+    Int { bytes: u32 },
+    /// A pointer to the named struct or union.
+    StructPointer(String),
+    /// Another pointer (to a string, to an integer, to a function).
+    OtherPointer,
+    /// Anything else.
+    Other,
+}
+
+impl std::fmt::Display for Param {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Param::Int { bytes } => write!(f, "{}-bit integer", bytes * 8),
+            Param::StructPointer(name) => write!(f, "struct {name} *"),
+            Param::OtherPointer => f.write_str("pointer"),
+            Param::Other => f.write_str("other"),
+        }
+    }
+}
+
+/// Where one value of [`KernelOffsets`] comes from.
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    /// A member's offset in a struct: the first of the dotted paths this kernel has.
+    Member(&'static str, &'static [&'static str]),
+    /// `sizeof` a struct.
+    Size(&'static str),
+    /// The sum of two members' offsets (an array's start plus a member's place in an element).
+    Sum((&'static str, &'static str), (&'static str, &'static str)),
+}
+
+/// Declares [`Member`], one variant per [`KernelOffsets`] field, with where its value comes from.
+macro_rules! members {
+    ($($variant:ident => $field:ident: $source:expr,)*) => {
+        /// One value of [`KernelOffsets`]: what a program reads, named so that what needs it can
+        /// say so (`kernel::programs`).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Member { $($variant,)* }
+
+        impl Member {
+            /// Every member, in [`KernelOffsets`]' order.
+            pub(crate) const ALL: &'static [Member] = &[$(Member::$variant,)*];
+
+            /// The [`KernelOffsets`] field it fills.
+            pub(crate) fn field(self) -> &'static str {
+                match self { $(Member::$variant => stringify!($field),)* }
+            }
+
+            fn set(self, offsets: &mut KernelOffsets, value: u32) {
+                match self { $(Member::$variant => offsets.$field = value,)* }
+            }
+
+            fn source(self) -> Source {
+                match self { $(Member::$variant => $source,)* }
+            }
+        }
+    };
+}
+
+members! {
+    TaskPid => task_pid: Source::Member("task_struct", &["pid"]),
+    TaskTgid => task_tgid: Source::Member("task_struct", &["tgid"]),
+    TaskRealParent => task_real_parent: Source::Member("task_struct", &["real_parent"]),
+    TaskComm => task_comm: Source::Member("task_struct", &["comm"]),
+    TaskExitCode => task_exit_code: Source::Member("task_struct", &["exit_code"]),
+    TaskSignal => task_signal: Source::Member("task_struct", &["signal"]),
+    TaskUtime => task_utime: Source::Member("task_struct", &["utime"]),
+    TaskStime => task_stime: Source::Member("task_struct", &["stime"]),
+    TaskStartBoottime => task_start_boottime: Source::Member("task_struct", &["start_boottime"]),
+    TaskCgroups => task_cgroups: Source::Member("task_struct", &["cgroups"]),
+    TaskFiles => task_files: Source::Member("task_struct", &["files"]),
+    SignalLive => signal_live: Source::Member("signal_struct", &["live"]),
+    SignalUtime => signal_utime: Source::Member("signal_struct", &["utime"]),
+    SignalStime => signal_stime: Source::Member("signal_struct", &["stime"]),
+    CssSetDflCgrp => css_set_dfl_cgrp: Source::Member("css_set", &["dfl_cgrp"]),
+    CgroupKn => cgroup_kn: Source::Member("cgroup", &["kn"]),
+    CgroupRoot => cgroup_root: Source::Member("cgroup", &["root"]),
+    CgroupRootHierarchyId => cgroup_root_hierarchy_id: Source::Member("cgroup_root", &["hierarchy_id"]),
+    KernfsNodeId => kernfs_node_id: Source::Member("kernfs_node", &["id"]),
+    SockNum => sock_num: Source::Member("sock", &["__sk_common.skc_num"]),
+    SockDport => sock_dport: Source::Member("sock", &["__sk_common.skc_dport"]),
+    SockFamily => sock_family: Source::Member("sock", &["__sk_common.skc_family"]),
+    SockNet => sock_net: Source::Member("sock", &["__sk_common.skc_net"]),
+    SockProtocol => sock_protocol: Source::Member("sock", &["sk_protocol"]),
+    // 5.15 made `struct sock_cgroup_data` a plain struct with a `cgroup` pointer; before, a union
+    // of that pointer (as `u64 val`) and net_prio/net_cls bitfields. Both start at offset 0 of
+    // the member; the program tells the two apart by the low bits (lifecycle-ebpf `tcp.rs`).
+    SockCgroup => sock_cgroup: Source::Member("sock", &["sk_cgrp_data.cgroup", "sk_cgrp_data.val"]),
+    NetNsInum => net_ns_inum: Source::Member("net", &["ns.inum"]),
+    FilesFdt => files_fdt: Source::Member("files_struct", &["fdt"]),
+    FdtableMaxFds => fdtable_max_fds: Source::Member("fdtable", &["max_fds"]),
+    FdtableFd => fdtable_fd: Source::Member("fdtable", &["fd"]),
+    FilePrivateData => file_private_data: Source::Member("file", &["private_data"]),
+    SocketSk => socket_sk: Source::Member("socket", &["sk"]),
+    TaskThreadPid => task_thread_pid: Source::Member("task_struct", &["thread_pid"]),
+    PidLevel => pid_level: Source::Member("pid", &["level"]),
+    PidNumbers => pid_numbers: Source::Member("pid", &["numbers"]),
+    UpidNr => upid_nr: Source::Member("upid", &["nr"]),
+    UpidSize => upid_size: Source::Size("upid"),
+    TaskGroupLeader => task_group_leader: Source::Member("task_struct", &["group_leader"]),
+    TaskSighand => task_sighand: Source::Member("task_struct", &["sighand"]),
+    // `sighand->action[sig - 1].sa.sa_handler`: the array's start plus the handler's place in
+    // one element; the element size is the stride.
+    SighandActionHandler => sighand_action_handler:
+        Source::Sum(("sighand_struct", "action"), ("k_sigaction", "sa.sa_handler")),
+    KSigactionSize => k_sigaction_size: Source::Size("k_sigaction"),
+    CssSetNrTasks => css_set_nr_tasks: Source::Member("css_set", &["nr_tasks"]),
+}
+
 /// `struct btf_header` is 24 bytes in every BTF version so far; `hdr_len` may announce more.
-const HEADER_LEN: usize = 24;
-const BTF_MAGIC: u16 = 0xeb9f;
+pub(crate) const HEADER_LEN: usize = 24;
+pub(crate) const BTF_MAGIC: u16 = 0xeb9f;
 /// `struct btf_type`: name_off, info, size/type.
 const TYPE_LEN: usize = 12;
 
@@ -134,54 +266,98 @@ impl KernelBtf {
         &self.data
     }
 
-    /// Computes every offset the kernel programs need.
-    pub(crate) fn offsets(&self) -> Result<KernelOffsets, LayoutError> {
-        let at = |strukt: &'static str, path: &str| self.offset_of(strukt, path);
-        Ok(KernelOffsets {
-            task_pid: at("task_struct", "pid")?,
-            task_tgid: at("task_struct", "tgid")?,
-            task_real_parent: at("task_struct", "real_parent")?,
-            task_comm: at("task_struct", "comm")?,
-            task_exit_code: at("task_struct", "exit_code")?,
-            task_signal: at("task_struct", "signal")?,
-            task_utime: at("task_struct", "utime")?,
-            task_stime: at("task_struct", "stime")?,
-            task_start_boottime: at("task_struct", "start_boottime")?,
-            task_cgroups: at("task_struct", "cgroups")?,
-            task_files: at("task_struct", "files")?,
-            signal_live: at("signal_struct", "live")?,
-            signal_utime: at("signal_struct", "utime")?,
-            signal_stime: at("signal_struct", "stime")?,
-            css_set_dfl_cgrp: at("css_set", "dfl_cgrp")?,
-            css_set_nr_tasks: at("css_set", "nr_tasks")?,
-            cgroup_kn: at("cgroup", "kn")?,
-            cgroup_root: at("cgroup", "root")?,
-            cgroup_root_hierarchy_id: at("cgroup_root", "hierarchy_id")?,
-            kernfs_node_id: at("kernfs_node", "id")?,
-            sock_num: at("sock", "__sk_common.skc_num")?,
-            sock_dport: at("sock", "__sk_common.skc_dport")?,
-            sock_family: at("sock", "__sk_common.skc_family")?,
-            sock_net: at("sock", "__sk_common.skc_net")?,
-            sock_protocol: at("sock", "sk_protocol")?,
-            sock_cgroup: at("sock", "sk_cgrp_data.cgroup")?,
-            net_ns_inum: at("net", "ns.inum")?,
-            files_fdt: at("files_struct", "fdt")?,
-            fdtable_max_fds: at("fdtable", "max_fds")?,
-            fdtable_fd: at("fdtable", "fd")?,
-            file_private_data: at("file", "private_data")?,
-            socket_sk: at("socket", "sk")?,
-            task_thread_pid: at("task_struct", "thread_pid")?,
-            pid_level: at("pid", "level")?,
-            pid_numbers: at("pid", "numbers")?,
-            upid_nr: at("upid", "nr")?,
-            upid_size: self.struct_size("upid")?,
-            task_group_leader: at("task_struct", "group_leader")?,
-            task_sighand: at("task_struct", "sighand")?,
-            // `sighand->action[sig - 1].sa.sa_handler`: the array's start plus the handler's place
-            // in one element; the element size is the stride.
-            sighand_action_handler: at("sighand_struct", "action")? + at("k_sigaction", "sa.sa_handler")?,
-            k_sigaction_size: self.struct_size("k_sigaction")?,
+    /// Computes every offset the kernel programs need. A member this kernel lacks is listed in
+    /// [`Offsets::missing`] (its value stays 0): only the programs that read it are switched off
+    /// (`kernel::programs`), so one member a single feature needs stops nothing else.
+    pub(crate) fn offsets(&self) -> Offsets {
+        let mut offsets = Offsets { values: KernelOffsets::default(), missing: Vec::new() };
+        for &member in Member::ALL {
+            match self.resolve(member.source()) {
+                Ok(value) => member.set(&mut offsets.values, value),
+                Err(error) => offsets.missing.push((member, Arc::new(error))),
+            }
+        }
+        offsets
+    }
+
+    /// The value of one [`Source`]: the first of its alternatives this kernel has.
+    fn resolve(&self, source: Source) -> Result<u32, LayoutError> {
+        match source {
+            Source::Member(strukt, paths) => {
+                let mut first_error = None;
+                for path in paths {
+                    match self.offset_of(strukt, path) {
+                        Ok(offset) => return Ok(offset),
+                        Err(error) => {
+                            first_error.get_or_insert(error);
+                        }
+                    }
+                }
+                Err(first_error.unwrap_or(LayoutError::Malformed("a member with no path")))
+            }
+            Source::Size(strukt) => self.struct_size(strukt),
+            Source::Sum((a, a_path), (b, b_path)) => Ok(self.offset_of(a, a_path)? + self.offset_of(b, b_path)?),
+        }
+    }
+
+    /// The parameters of BTF tracepoint `name` as its programs see them (the prototype of the
+    /// kernel's `btf_trace_<name>` typedef without its leading `void *__data`), or None when the
+    /// kernel has no such tracepoint. Programs read their arguments by position: a tracepoint
+    /// whose arguments changed between kernels (`mark_victim`) must be checked here, or a program
+    /// reads an integer as a pointer and silently finds nothing.
+    pub(crate) fn tracepoint_params(&self, name: &str) -> Result<Option<Vec<Param>>, LayoutError> {
+        let wanted = format!("btf_trace_{name}");
+        let mut typedef = None;
+        for record in self.records() {
+            let record = record?;
+            if record.kind == KIND_TYPEDEF && self.name_is(&record, &wanted) {
+                typedef = Some(record);
+                break;
+            }
+        }
+        let Some(typedef) = typedef else { return Ok(None) };
+        let malformed = || LayoutError::Malformed("btf_trace typedef is not a function pointer");
+        let pointer = self.record(self.skip_qualifiers(typedef.size_or_type)?)?.ok_or_else(malformed)?;
+        if pointer.kind != KIND_PTR {
+            return Err(malformed());
+        }
+        let proto = self.record(self.skip_qualifiers(pointer.size_or_type)?)?.ok_or_else(malformed)?;
+        if proto.kind != KIND_FUNC_PROTO {
+            return Err(malformed());
+        }
+        let mut params = Vec::with_capacity(proto.vlen.saturating_sub(1));
+        for i in 1..proto.vlen {
+            let param_type = u32_at(&self.data, proto.extra + i * 8 + 4).ok_or(LayoutError::Malformed("parameter"))?;
+            params.push(self.param(param_type)?);
+        }
+        Ok(Some(params))
+    }
+
+    /// What a parameter of type `id` is, as far as a program reading it cares.
+    fn param(&self, id: u32) -> Result<Param, LayoutError> {
+        let Some(record) = self.record(self.skip_qualifiers(id)?)? else { return Ok(Param::Other) };
+        Ok(match record.kind {
+            KIND_INT | KIND_ENUM | KIND_ENUM64 => Param::Int { bytes: record.size_or_type },
+            KIND_PTR => match self.record(self.skip_qualifiers(record.size_or_type)?)? {
+                Some(target) if target.kind == KIND_STRUCT || target.kind == KIND_FWD || target.kind == KIND_UNION => {
+                    Param::StructPointer(String::from_utf8_lossy(self.string(target.name_off)?).into_owned())
+                }
+                _ => Param::OtherPointer,
+            },
+            _ => Param::Other,
         })
+    }
+
+    /// Follows typedefs and qualifiers from type `id` to the type they name.
+    fn skip_qualifiers(&self, mut id: u32) -> Result<u32, LayoutError> {
+        for _ in 0..16 {
+            let Some(record) = self.record(id)? else { return Ok(id) };
+            match record.kind {
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => id = record.size_or_type,
+                _ => return Ok(id),
+            }
+        }
+        Err(LayoutError::Malformed("qualifiers nest too deep"))
     }
 
     /// `sizeof(struct strukt)`.
@@ -351,7 +527,9 @@ mod tests {
     #[test]
     fn offsets_keep_the_relations_every_kernel_layout_has() {
         let Some(btf) = btf() else { return };
-        let offsets = btf.offsets().expect("every member the programs read exists");
+        let found = btf.offsets();
+        assert!(found.missing.is_empty(), "every member the programs read exists here: {:?}", found.missing);
+        let offsets = found.values;
         assert!(offsets.task_tgid == offsets.task_pid + 4, "pid and tgid are adjacent pid_t");
         assert!(offsets.sock_dport < offsets.sock_num, "skc_dport precedes skc_num in skc_portpair");
         assert_eq!(offsets.sock_num - offsets.sock_dport, 2);
@@ -428,6 +606,40 @@ mod tests {
         let err = btf.offset_of("outer", "d").expect_err("bitfield");
         assert!(matches!(err, LayoutError::Bitfield { .. }), "{err}");
         assert!(!btf.has_raw_tracepoint("anything"));
+    }
+
+    #[test]
+    fn the_sockets_cgroup_word_is_found_in_5_10s_union_and_in_later_kernels_struct() {
+        for old in [true, false] {
+            let btf = KernelBtf::from_bytes(crate::kernel::btf_fixture::kernel(old)).expect("well-formed");
+            let offsets = btf.offsets();
+            assert!(offsets.missing(Member::SockCgroup).is_none(), "old={old}: {:?}", offsets.missing);
+            assert_eq!(offsets.values.sock_cgroup, 8, "old={old}: sk_cgrp_data's first word");
+            // The fixture has no task_struct.start_boottime: that member alone is missing, named.
+            let why = offsets.missing(Member::TaskStartBoottime).expect("not in the fixture");
+            assert!(why.to_string().contains("task_struct has no member start_boottime"), "{why}");
+        }
+    }
+
+    #[test]
+    fn tracepoint_prototypes_are_read_without_the_leading_data_pointer() {
+        let old = KernelBtf::from_bytes(crate::kernel::btf_fixture::kernel(true)).expect("well-formed");
+        assert_eq!(old.tracepoint_params("mark_victim").expect("readable"), Some(vec![Param::Int { bytes: 4 }]));
+        let new = KernelBtf::from_bytes(crate::kernel::btf_fixture::kernel(false)).expect("well-formed");
+        assert_eq!(
+            new.tracepoint_params("mark_victim").expect("readable"),
+            Some(vec![Param::StructPointer("task_struct".into()), Param::Int { bytes: 4 }])
+        );
+        assert_eq!(new.tracepoint_params("no_such_tracepoint").expect("readable"), None);
+    }
+
+    #[test]
+    fn the_running_kernels_tracepoints_have_the_arguments_the_programs_read() {
+        let Some(btf) = btf() else { return };
+        let signal = btf.tracepoint_params("signal_generate").expect("readable").expect("present");
+        assert_eq!(signal.get(2), Some(&Param::StructPointer("task_struct".into())), "{signal:?}");
+        let sock = btf.tracepoint_params("inet_sock_set_state").expect("readable").expect("present");
+        assert_eq!(sock.first(), Some(&Param::StructPointer("sock".into())), "{sock:?}");
     }
 
     #[test]

@@ -6,8 +6,11 @@
 //! essential. Dropping the [`Sensor`] detaches every program.
 
 mod batch;
+#[cfg(test)]
+mod btf_fixture;
 pub mod decode;
 pub(crate) mod layout;
+pub(crate) mod programs;
 mod ring;
 
 use crate::ErrorChain;
@@ -27,7 +30,10 @@ use aya::{
 };
 use lifecycle_common::{names, CgroupCounters, KindStats, ProgramSettings, EVENT_KIND_COUNT};
 
-use self::layout::{KernelBtf, LayoutError};
+use self::{
+    layout::{KernelBtf, LayoutError},
+    programs::{Attach, Program},
+};
 pub(crate) use self::ring::{EventStream, StreamError};
 
 /// The compiled kernel programs, embedded at build time.
@@ -73,40 +79,6 @@ impl Feature {
     pub(crate) fn is_core(self) -> bool {
         matches!(self, Feature::ProcessExec | Feature::ProcessExit)
     }
-
-    fn attachments(self) -> &'static [Attachment] {
-        use Attachment::{Btf, Tracepoint};
-        match self {
-            Feature::ProcessExec => &[Btf(names::PROG_EXEC)],
-            Feature::ProcessExit => &[Btf(names::PROG_EXIT)],
-            Feature::Signals => &[Btf(names::PROG_SIGNAL)],
-            Feature::OomKills => &[Btf(names::PROG_OOM)],
-            Feature::TcpSockets => &[Btf(names::PROG_SOCK_STATE)],
-            Feature::TcpAccepts => {
-                &[Tracepoint("syscalls", names::PROG_ACCEPT4), Tracepoint("syscalls", names::PROG_ACCEPT)]
-            }
-            Feature::CgroupEvents => &[Btf(names::PROG_CGROUP_MKDIR), Btf(names::PROG_CGROUP_RMDIR)],
-        }
-    }
-}
-
-impl Feature {
-    /// The BTF tracepoints the feature's programs attach to.
-    fn btf_tracepoints(self) -> impl Iterator<Item = &'static str> {
-        self.attachments().iter().filter_map(|attachment| match attachment {
-            Attachment::Btf(name) => Some(*name),
-            Attachment::Tracepoint(..) => None,
-        })
-    }
-}
-
-/// How one program attaches. The program name equals the tracepoint name in both cases.
-#[derive(Clone, Copy, Debug)]
-enum Attachment {
-    /// A BTF-typed raw tracepoint (`tp_btf`); needs BTF, not tracefs.
-    Btf(&'static str),
-    /// A classic tracepoint in a tracefs category; needs tracefs mounted.
-    Tracepoint(&'static str, &'static str),
 }
 
 /// Whether a feature runs, and why not when it does not.
@@ -124,9 +96,10 @@ pub enum AttachError {
     /// Switched off with `--disable`.
     #[error("disabled by flag")]
     Disabled,
-    /// The kernel has no such BTF tracepoint (too old, or configured without it).
-    #[error("kernel has no tracepoint {0}")]
-    NoTracepoint(&'static str),
+    /// The kernel lacks what the feature's programs need: a tracepoint, the arguments they read,
+    /// a struct member.
+    #[error(transparent)]
+    Kernel(#[from] programs::NoVariant),
     /// The embedded object lacks the program (a build mismatch).
     #[error("object has no program {0}")]
     NoProgram(&'static str),
@@ -354,11 +327,11 @@ impl Sensor {
         // of it go before the agent settles (see `release_load_memory`).
         let (mut ebpf, features) = {
             let kernel_btf = KernelBtf::open(&config.btf_path)?;
-            let offsets = kernel_btf.offsets()?;
-            let available: Vec<(Feature, bool)> = Feature::ALL
-                .iter()
-                .map(|&f| (f, f.btf_tracepoints().all(|name| kernel_btf.has_raw_tracepoint(name))))
-                .collect();
+            let offsets = kernel_btf.offsets();
+            // Which programs each feature runs here; a feature whose needs this kernel does not
+            // meet is off, named with why, before anything is loaded.
+            let chosen: Vec<(Feature, Result<&'static [Program], programs::NoVariant>)> =
+                Feature::ALL.iter().map(|&f| (f, programs::choose(f, &kernel_btf, &offsets))).collect();
             // `EbpfLoader::new` always parses /sys/kernel/btf/vmlinux itself: drop that copy
             // before making ours (from the bytes already read, and from `config.btf_path`), so
             // the two never coexist.
@@ -369,7 +342,7 @@ impl Sensor {
             drop(kernel_btf);
             let mut ebpf = loader
                 .btf(Some(&aya_btf))
-                .override_global(names::OFFSETS_GLOBAL, &offsets, true)
+                .override_global(names::OFFSETS_GLOBAL, &offsets.values, true)
                 .override_global(names::SETTINGS_GLOBAL, &settings, true)
                 .map_max_entries(names::EVENTS_MAP, config.ring_bytes)
                 .map_max_entries(names::COUNTERS_MAP, config.counter_entries)
@@ -378,17 +351,18 @@ impl Sensor {
 
             let tracefs = ensure_tracefs(&config.tracefs_path).map_err(Arc::new);
             let mut features = Vec::new();
-            for (feature, tracepoints_exist) in available {
-                let state = if config.disabled.contains(&feature) {
-                    FeatureState { feature, enabled: false, reason: Some(Arc::new(AttachError::Disabled)) }
+            for (feature, programs) in chosen {
+                let attached = if config.disabled.contains(&feature) {
+                    Err(AttachError::Disabled)
                 } else {
-                    match attach_feature(&mut ebpf, feature, &aya_btf, tracepoints_exist, &tracefs) {
-                        Ok(()) => FeatureState { feature, enabled: true, reason: None },
-                        Err(reason) if feature.is_core() => {
-                            return Err(SensorError::CoreFeature { feature: feature.name(), source: Arc::new(reason) })
-                        }
-                        Err(reason) => FeatureState { feature, enabled: false, reason: Some(Arc::new(reason)) },
+                    programs.map_err(AttachError::from).and_then(|set| attach_all(&mut ebpf, set, &aya_btf, &tracefs))
+                };
+                let state = match attached {
+                    Ok(()) => FeatureState { feature, enabled: true, reason: None },
+                    Err(reason) if feature.is_core() && !matches!(reason, AttachError::Disabled) => {
+                        return Err(SensorError::CoreFeature { feature: feature.name(), source: Arc::new(reason) })
                     }
+                    Err(reason) => FeatureState { feature, enabled: false, reason: Some(Arc::new(reason)) },
                 };
                 features.push(state);
             }
@@ -451,33 +425,29 @@ fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, Senso
     ebpf.take_map(name).ok_or(SensorError::MissingMap(name))
 }
 
-/// Loads and attaches every program of a feature, or says why not.
-/// `tracepoints_exist`: every BTF tracepoint the feature attaches to is in the kernel's BTF.
-fn attach_feature(
+/// Loads and attaches every program of a feature's chosen set, or says why not.
+fn attach_all(
     ebpf: &mut Ebpf,
-    feature: Feature,
+    programs: &[Program],
     aya_btf: &Btf,
-    tracepoints_exist: bool,
     tracefs: &Result<(), Arc<TracefsError>>,
 ) -> Result<(), AttachError> {
     let failed = |stage, program| move |source| AttachError::Program { stage, program, source };
-    for attachment in feature.attachments() {
-        match *attachment {
-            Attachment::Btf(name) => {
-                if !tracepoints_exist {
-                    return Err(AttachError::NoTracepoint(name));
-                }
-                let program: &mut BtfTracePoint = program_mut(ebpf, name)?;
-                program.load(name, aya_btf).map_err(failed("loading", name))?;
-                program.attach().map_err(failed("attaching", name))?;
+    for program in programs {
+        let name = program.name;
+        match program.attach {
+            Attach::Btf(tracepoint) => {
+                let loaded: &mut BtfTracePoint = program_mut(ebpf, name)?;
+                loaded.load(tracepoint, aya_btf).map_err(failed("loading", name))?;
+                loaded.attach().map_err(failed("attaching", name))?;
             }
-            Attachment::Tracepoint(category, name) => {
+            Attach::Tracefs(category, tracepoint) => {
                 if let Err(source) = tracefs {
                     return Err(AttachError::Tracefs { program: name, source: source.clone() });
                 }
-                let program: &mut TracePoint = program_mut(ebpf, name)?;
-                program.load().map_err(failed("loading", name))?;
-                program.attach(category, name).map_err(failed("attaching", name))?;
+                let loaded: &mut TracePoint = program_mut(ebpf, name)?;
+                loaded.load().map_err(failed("loading", name))?;
+                loaded.attach(category, tracepoint).map_err(failed("attaching", name))?;
             }
         }
     }

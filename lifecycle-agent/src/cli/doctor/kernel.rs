@@ -70,8 +70,9 @@ pub(crate) enum BtfRead {
     Empty,
     /// Not BTF, or the agent cannot find the struct members it needs in it (the error).
     Unusable(String),
-    /// Parsed, and every offset the programs need was found.
-    Usable { bytes: usize },
+    /// Parsed; the struct members some program reads that this kernel lacks (those programs'
+    /// features are off: the programs line says which).
+    Usable { bytes: usize, missing: Vec<String> },
 }
 
 /// The programs are CO-RE: their struct offsets come from this file, so it is mandatory.
@@ -81,9 +82,18 @@ pub(crate) fn check_btf(path: &Path, read: &BtfRead) -> Finding {
                        in a pod, mount the host's /sys/kernel/btf";
     let path = path.display();
     match read {
-        BtfRead::Usable { bytes } => {
+        BtfRead::Usable { bytes, missing } if missing.is_empty() => {
             Finding::ok(CHECK, format!("{path} readable ({} KiB), struct offsets found", bytes / 1024))
         }
+        BtfRead::Usable { bytes, missing } => Finding::ok(
+            CHECK,
+            format!(
+                "{path} readable ({} KiB), struct offsets found but {} (the programs reading them are off: see \
+                 the programs line)",
+                bytes / 1024,
+                missing.join(", ")
+            ),
+        ),
         BtfRead::Absent => Finding::missing(CHECK, format!("{path} does not exist"), FIX),
         BtfRead::Unreadable(why) => {
             Finding::missing(CHECK, format!("{path} cannot be read: {why}"), format!("make it readable; {FIX}"))

@@ -90,10 +90,10 @@ fn read_btf(path: &Path) -> (BtfRead, Option<KernelBtf>) {
     }
     let size = bytes.len();
     match KernelBtf::from_bytes(bytes) {
-        Ok(btf) => match btf.offsets() {
-            Ok(_) => (BtfRead::Usable { bytes: size }, Some(btf)),
-            Err(err) => (BtfRead::Unusable(ErrorChain(&err).to_string()), None),
-        },
+        Ok(btf) => {
+            let missing = btf.offsets().missing.iter().map(|(member, why)| format!("{} ({why})", member.field())).collect();
+            (BtfRead::Usable { bytes: size, missing }, Some(btf))
+        }
         Err(err) => (BtfRead::Unusable(ErrorChain(&err).to_string()), None),
     }
 }
