@@ -138,6 +138,8 @@ mod tests {
             killed(true),
             TerminationOutcome::KilledWithoutGrace { sender: sender.clone() },
             TerminationOutcome::StopSignalNotObserved { sender: sender.clone() },
+            TerminationOutcome::SigkilledAfterStopSignal { stop_to_kill_ns: 3, sender: sender.clone() },
+            TerminationOutcome::ExitedAfterStopSignal { duration_ns: 1 },
             TerminationOutcome::OomKilled,
             TerminationOutcome::ExitedWithoutStopSignal { exit_status: Some(1), signal: None },
         ];

@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 pub const SECOND: u64 = 1_000_000_000;
 /// One millisecond, in nanoseconds.
 pub const MILLISECOND: u64 = 1_000_000;
+/// Nanoseconds in a microsecond (systemd's unit of time).
+pub const MICROSECOND: u64 = 1_000;
 
 /// `ns` nanoseconds in seconds.
 pub fn seconds(ns: u64) -> f64 {

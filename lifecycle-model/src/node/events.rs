@@ -46,9 +46,9 @@ impl NodeTracker {
                 let same = event.cgroup_id == *target_cgroup_id;
                 // A process inside any container is never the runtime or the kubelet, whatever
                 // it calls itself: a pod can name a process `containerd-shim`.
-                let sender = match SignalSender::from_comm(sender_comm, same) {
+                let sender = match SignalSender::from_comm(sender_comm, same, event.tgid) {
                     sender if sender.is_kubelet_side() && self.is_container_cgroup(event.cgroup_id) => {
-                        SignalSender::OtherProcess { comm: sender_comm.clone() }
+                        SignalSender::other(sender_comm, event.tgid)
                     }
                     sender => sender,
                 };

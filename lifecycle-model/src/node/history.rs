@@ -20,8 +20,11 @@ use crate::{spec::StopCause, termination::TerminationReport, time::BootTime};
 pub const MAX_STOPS: usize = 4096;
 /// Estimated bytes of the stops kept.
 pub const MAX_BYTES: usize = 8 * 1024 * 1024;
-/// Stops kept per pod.
+/// Stops kept per pod (per cgroup for a plain host's units).
 pub const MAX_STOPS_PER_POD: usize = 64;
+/// Stops of a plain host's units kept on the node: a host that runs a short job every second
+/// (a timer, cron) cannot push the pods' stops out.
+pub const MAX_HOST_STOPS: usize = MAX_STOPS / 4;
 
 /// One judged stop of a container, as kept.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -55,6 +58,22 @@ impl PastStop {
     }
 }
 
+impl PastStop {
+    /// Whether it is a plain host's unit's (no pod).
+    fn is_host(&self) -> bool {
+        self.uid.is_empty()
+    }
+
+    /// What [`MAX_STOPS_PER_POD`] bounds: the pod, or a host unit's cgroup.
+    fn bucket(&self) -> String {
+        if self.is_host() {
+            format!("host:{}", self.container)
+        } else {
+            self.uid.clone()
+        }
+    }
+}
+
 /// The stops kept, oldest first.
 /// Cloned for a snapshot when a stop is kept after one was published (`shared.rs`): each stop
 /// is shared, so that copies pointers, not reports.
@@ -63,6 +82,8 @@ pub struct History {
     stops: VecDeque<Arc<PastStop>>,
     bytes: usize,
     per_pod: HashMap<String, usize>,
+    /// Stops of host units among `stops`.
+    host_stops: usize,
     next_seq: u64,
 }
 
@@ -71,15 +92,22 @@ impl History {
     pub(super) fn record(&mut self, mut stop: PastStop, dropped: &mut DroppedCounts) {
         stop.seq = self.next_seq;
         self.next_seq += 1;
-        let uid = stop.uid.clone();
-        if self.per_pod.get(&uid).is_some_and(|n| *n >= MAX_STOPS_PER_POD) {
-            if let Some(at) = self.stops.iter().position(|s| s.uid == uid) {
+        let bucket = stop.bucket();
+        if self.per_pod.get(&bucket).is_some_and(|n| *n >= MAX_STOPS_PER_POD) {
+            if let Some(at) = self.stops.iter().position(|s| s.bucket() == bucket) {
+                self.remove(at);
+                dropped.add(DroppedKind::History, 1);
+            }
+        }
+        if stop.is_host() && self.host_stops >= MAX_HOST_STOPS {
+            if let Some(at) = self.stops.iter().position(|s| s.is_host()) {
                 self.remove(at);
                 dropped.add(DroppedKind::History, 1);
             }
         }
         self.bytes += stop.estimated_bytes();
-        *self.per_pod.entry(uid).or_default() += 1;
+        *self.per_pod.entry(bucket).or_default() += 1;
+        self.host_stops += usize::from(stop.is_host());
         self.stops.push_back(Arc::new(stop));
         while self.stops.len() > MAX_STOPS || self.bytes > MAX_BYTES {
             self.remove(0);
@@ -90,10 +118,12 @@ impl History {
     fn remove(&mut self, at: usize) {
         let Some(stop) = self.stops.remove(at) else { return };
         self.bytes = self.bytes.saturating_sub(stop.estimated_bytes());
-        if let Some(n) = self.per_pod.get_mut(&stop.uid) {
+        self.host_stops -= usize::from(stop.is_host());
+        let bucket = stop.bucket();
+        if let Some(n) = self.per_pod.get_mut(&bucket) {
             *n -= 1;
             if *n == 0 {
-                self.per_pod.remove(&stop.uid);
+                self.per_pod.remove(&bucket);
             }
         }
     }
@@ -143,6 +173,11 @@ impl History {
             .collect()
     }
 
+    /// The stops of the plain host's unit whose cgroup is `path`, newest first.
+    pub fn of_host_unit(&self, path: &str) -> Vec<PastStop> {
+        self.stops.iter().rev().filter(|s| s.is_host() && s.container == path).map(|s| PastStop::clone(s)).collect()
+    }
+
     /// The last `limit` stops of the node, newest first.
     pub fn recent(&self, limit: usize) -> Vec<PastStop> {
         self.stops.iter().rev().take(limit).map(|s| PastStop::clone(s)).collect()
@@ -175,6 +210,11 @@ impl NodeSnapshot {
     /// The stops kept of pod `pod` in `namespace`, newest first (its containers may be gone).
     pub fn history_of_pod(&self, namespace: &str, pod: &str) -> Vec<PastStop> {
         self.history.of_pod(namespace, pod)
+    }
+
+    /// The stops kept of the plain host's unit whose cgroup is `path`, newest first.
+    pub fn history_of_host_unit(&self, path: &str) -> Vec<PastStop> {
+        self.history.of_host_unit(path)
     }
 
     /// The node's last `limit` stops kept, newest first.
@@ -230,6 +270,36 @@ mod tests {
         assert_eq!(count, MAX_STOPS);
         assert!(bytes <= MAX_BYTES);
         assert!(history.of_pod("ns", "quiet").is_empty(), "the oldest went first");
+    }
+
+    fn host_stop(path: &str, n: u64) -> PastStop {
+        PastStop {
+            namespace: "host".into(),
+            pod: String::new(),
+            uid: String::new(),
+            container: path.into(),
+            container_id: None,
+            ..stop("", n)
+        }
+    }
+
+    #[test]
+    fn host_units_are_kept_per_cgroup_and_cannot_push_the_pods_out() {
+        let mut history = History::default();
+        let mut dropped = DroppedCounts::default();
+        history.record(stop("pod", 0), &mut dropped);
+        history.record(host_stop("system.slice/quiet.service", 0), &mut dropped);
+        for n in 0..(MAX_HOST_STOPS as u64 * 2) {
+            history.record(host_stop(&format!("system.slice/job-{n}.service"), n), &mut dropped);
+        }
+        for n in 0..100 {
+            history.record(host_stop("system.slice/crashloop.service", n), &mut dropped);
+        }
+        assert_eq!(history.of_pod("ns", "pod").len(), 1, "a host flood leaves the pods' stops");
+        assert_eq!(history.of_host_unit("system.slice/crashloop.service").len(), MAX_STOPS_PER_POD);
+        assert!(history.of_host_unit("system.slice/quiet.service").is_empty(), "the oldest host stop went first");
+        assert_eq!(history.stops.iter().filter(|s| s.is_host()).count(), MAX_HOST_STOPS);
+        assert_eq!(history.host_stops, MAX_HOST_STOPS);
     }
 
     #[test]

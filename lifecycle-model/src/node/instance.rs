@@ -254,7 +254,22 @@ impl NodeTracker {
         }
         let mut fresh = Instance::new(InstanceKind::Host { path: path.clone() }, time);
         fresh.unit = instance.unit.clone();
+        let key = fresh.unit.clone();
         *instance = fresh;
+        if let Some(key) = key {
+            let settings = self.settings_for(&key, None);
+            if let Some(instance) = self.instances.get_mut(cgroup_id) {
+                instance.termination.set_settings(settings);
+            }
+            // Its settings may have changed since the last run (`daemon-reload`).
+            if let UnitKey::Host { path } = &key {
+                if let Some(unit) = crate::systemd::unit_of_path(path) {
+                    self.staged
+                        .notices
+                        .push(super::Notice::SystemdUnitWanted { path: path.clone(), unit: unit.to_owned() });
+                }
+            }
+        }
         if let Some(unit) = self.unit_of(cgroup_id) {
             unit.status.on_instance_created(BootTime::from_ns(time));
         }

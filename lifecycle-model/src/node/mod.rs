@@ -111,6 +111,9 @@ pub enum Notice {
     /// The OOM killer took `pid`: the kernel logged which limit fired, just before (see
     /// [`NodeTracker::apply_oom_log`]).
     OomLimitWanted { pid: u32 },
+    /// A host cgroup of systemd unit `unit` runs (again): ask systemd for its settings (see
+    /// [`NodeTracker::set_systemd_unit`]).
+    SystemdUnitWanted { path: String, unit: String },
 }
 
 /// Containers gone before the runtime named them, kept for the next metadata (a crash loop on a
@@ -299,6 +302,26 @@ impl NodeTracker {
             }
         }
         self.drop_departed();
+        self.outcome()
+    }
+
+    /// What systemd says of the unit whose cgroup is `path` (on a plain host): its stops are
+    /// judged by its `TimeoutStopSec=` and `KillSignal=`, its restarts by its `Restart=` and
+    /// `RestartSec=`. A run in progress takes the stop settings at once.
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn set_systemd_unit(&mut self, path: &str, facts: crate::systemd::SystemdUnit) -> Outcome {
+        let key = UnitKey::Host { path: path.to_owned() };
+        let settings = facts.termination_settings();
+        if let Some(unit) = self.units.get_mut(&key) {
+            match unit.systemd.as_deref_mut() {
+                // Settings can change (`daemon-reload`); the restarts seen so far stand.
+                Some(rules) => rules.unit = facts,
+                None => unit.systemd = Some(Box::new(unit::SystemdRules { unit: facts, restarts: Default::default() })),
+            }
+            if let Some(instance) = unit.cgroup_id.and_then(|id| self.instances.get_mut(id)).filter(|i| !i.finished) {
+                instance.termination.set_settings(settings);
+            }
+        }
         self.outcome()
     }
 

@@ -292,6 +292,15 @@ impl NodeTracker {
     /// How the container is stopped: the spec's grace (the deletion's, or a probe's for a probe
     /// kill), stop signal and preStop hook when the API told; the runtime's labels otherwise.
     pub(super) fn settings_for(&self, key: &UnitKey, meta: Option<&ContainerMeta>) -> TerminationSettings {
+        if let UnitKey::Host { .. } = key {
+            // systemd's rules once it told them; until then (or for a cgroup it does not
+            // manage) no grace was promised.
+            return self
+                .units
+                .get(key)
+                .and_then(|unit| unit.systemd.as_ref())
+                .map_or_else(TerminationSettings::unmanaged, |rules| rules.unit.termination_settings());
+        }
         let base = meta.map(termination_settings).unwrap_or_default();
         let Some((pod, container)) = self.spec_of(key) else { return base };
         let notice = self.kill_notices.get(&(pod.uid.clone(), container.name.clone())).copied();

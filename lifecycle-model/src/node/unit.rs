@@ -20,6 +20,7 @@ use crate::{
     container_state::{ContainerState, ContainerStatus, ContainerStatusSnapshot, RestartSpec, TerminatedReason},
     metadata::ContainerMeta,
     spec::{ContainerKind, StopCause},
+    systemd::{MainEnd, RestartTracker, SystemdUnit},
     termination::{
         OutcomeKind, PreStopHandler, SenderKind, SignalSender, TerminationOutcome, TerminationReport,
         TerminationSettings,
@@ -169,9 +170,19 @@ pub struct Unit {
     pub(super) status_check: StatusCheck,
     /// Warnings not taken yet (see `warning.rs`).
     pub(super) pending_warnings: Vec<(WarningReason, String)>,
+    /// A systemd unit's settings and its restarts, once systemd told them (host units only;
+    /// boxed: most units are containers).
+    pub(super) systemd: Option<Box<SystemdRules>>,
     /// Moves each time the tracker takes the unit to change it, and never comes back to an
     /// earlier value on this node (`shared.rs`): the same version is the same unit.
     pub(super) version: u64,
+}
+
+/// What judges a systemd unit: its settings as systemd reported them, and its restarts so far.
+#[derive(Clone, Debug)]
+pub(super) struct SystemdRules {
+    pub(super) unit: SystemdUnit,
+    pub(super) restarts: RestartTracker,
 }
 
 /// One judged termination, for the exporters' distributions (the model keeps no histograms).
@@ -330,6 +341,11 @@ impl NodeTracker {
                 }
             },
         };
+        if let UnitKey::Host { path } = &key {
+            if let Some(unit) = crate::systemd::unit_of_path(path) {
+                self.staged.notices.push(Notice::SystemdUnitWanted { path: path.clone(), unit: unit.to_owned() });
+            }
+        }
         let restart = self.restart_spec(&key, meta.as_ref());
         let settings = self.settings_for(&key, meta.as_ref());
         let sidecar_in_spec = self.spec_of(&key).map(|(_, c)| c.kind == ContainerKind::Sidecar);
@@ -358,6 +374,7 @@ impl NodeTracker {
             probe_declaration: None,
             status_check: StatusCheck::default(),
             pending_warnings: Vec::new(),
+            systemd: None,
             version: 0,
         });
         unit.labels = labels;
@@ -503,7 +520,18 @@ impl NodeTracker {
             }
             _ => {}
         }
-        if !unit.named_by_id && !host {
+        if let Some(rules) = unit.systemd.as_deref_mut() {
+            let end = match (exit.signal, exit.exit_status) {
+                (Some(signal), _) => MainEnd::Killed(signal),
+                (None, status) => MainEnd::Exited(status.unwrap_or(0)),
+            };
+            // `systemctl stop` (systemd's own stop signal, or its SIGKILL at the timeout)
+            // restarts nothing; a `kill` from anyone else is a death systemd may restart after.
+            let by_systemd = |sender: &SignalSender| matches!(sender, SignalSender::OtherProcess { comm, .. } if comm == SYSTEMD_COMM);
+            let stopped_by_systemd = report.stop_signal.as_ref().is_some_and(|stop| by_systemd(&stop.sender));
+            rules.restarts.on_ended(&rules.unit, BootTime::from_ns(exit.time), end, stopped_by_systemd);
+        }
+        if !unit.named_by_id {
             let stop = PastStop {
                 seq: 0,
                 namespace: unit.labels.namespace.clone(),
@@ -537,9 +565,30 @@ impl NodeTracker {
     }
 }
 
+/// systemd's process name as the kernel records it (PID 1 on a host it manages).
+const SYSTEMD_COMM: &str = "systemd";
+
 pub(super) fn start_unit(unit: &mut Unit, started_at: u64, spec_hash: Option<String>) {
     unit.started_at = Some(started_at);
     unit.status.on_init_started(BootTime::from_ns(started_at));
+    // A systemd unit's restarts are judged against its own Restart= and RestartSec=.
+    let systemd_restart =
+        unit.systemd.as_deref_mut().and_then(|rules| rules.restarts.on_started(BootTime::from_ns(started_at)));
+    if let Some(observation) = systemd_restart {
+        *unit.counters.backoff_verdicts.entry(observation.verdict).or_default() += 1;
+        if observation.verdict != Verdict::WithinTolerance {
+            unit.warn(
+                WarningReason::BackOffDeviation,
+                format!(
+                    "restart {} came {:.1}s after the exit; the unit's RestartSec= allows {:.1}s",
+                    observation.restart_number,
+                    seconds(observation.observed_delay_ns),
+                    seconds(observation.expected_delay_ns)
+                ),
+            );
+        }
+        unit.last_backoff = Some(observation);
+    }
     if let Some(observation) = unit.backoff.on_started(BootTime::from_ns(started_at), spec_hash) {
         *unit.counters.backoff_verdicts.entry(observation.verdict).or_default() += 1;
         if observation.verdict != Verdict::WithinTolerance {

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use crate::{oom::OomLimit, spec::SpecSource, time::BootTime};
 
 use super::{
-    report::OomVictim, PreStopHandler, PreStopSeen, ProcessAtStop, SignalSender, StopScene, StopSignalSeen,
+    report::OomVictim, PreStopHandler, PreStopSeen, ProcessAtStop, SignalSender, StopRules, StopScene, StopSignalSeen,
     TerminationOutcome, TerminationReport, TerminationSettings, MINIMUM_GRACE_NS, SECOND, SIGKILL,
 };
 
@@ -55,11 +55,17 @@ impl Retention {
     }
 }
 
-/// Signals to the instance's processes: the two judging needs, pinned, and the most recent.
+/// Signals to the instance's processes: what judging needs, pinned, and the most recent.
 #[derive(Clone, Debug, Default)]
 struct SignalLog {
-    /// The earliest non-KILL signal to the init from the runtime or the kubelet: the stop signal.
+    /// The earliest non-KILL signal to the init from the runtime or the kubelet: the stop signal
+    /// of a stop the kubelet made.
     first_stop: Option<SignalRecord>,
+    /// The earliest stop request ([`TerminationSettings::is_stop_request`]) to the init from
+    /// outside the container, whoever sent it (an operator's `kill`, systemd, a process of
+    /// another container sharing the process namespace): the stop signal when the kubelet sent
+    /// none.
+    first_outside_stop: Option<SignalRecord>,
     /// The earliest SIGKILL to the init not sent from inside the container (the kernel drops
     /// those: init is immune to signals from its own namespace).
     first_kill: Option<SignalRecord>,
@@ -67,10 +73,36 @@ struct SignalLog {
 }
 
 impl SignalLog {
-    fn record(&mut self, record: SignalRecord) -> Retention {
+    /// The stop signal so far: the kubelet's when it sent one (an operator's signal before a
+    /// deletion does not start the kubelet's grace), else the first from outside.
+    fn stop(&self) -> Option<&SignalRecord> {
+        self.first_stop.as_ref().or(self.first_outside_stop.as_ref())
+    }
+
+    /// The stop signal of a stop that ended at `exit_time` with `exit_signal`: as [`Self::stop`]
+    /// among the records before the exit; failing those, when the init died of a signal that
+    /// came from outside (a `kill -USR1`), that signal.
+    fn stop_before(&self, exit_time: u64, exit_signal: Option<u8>) -> Option<&SignalRecord> {
+        let before = |record: &&SignalRecord| record.time <= exit_time;
+        self.first_stop.as_ref().filter(before).or(self.first_outside_stop.as_ref().filter(before)).or_else(|| {
+            let fatal = exit_signal.filter(|&signal| signal != SIGKILL)?;
+            self.recent.iter().find(|r| {
+                r.to_init && r.signal == fatal && r.sender != SignalSender::SameContainer && r.time <= exit_time
+            })
+        })
+    }
+
+    fn record(&mut self, record: SignalRecord, settings: &TerminationSettings) -> Retention {
         let earlier = |kept: &Option<SignalRecord>| kept.as_ref().is_none_or(|k| record.time < k.time);
         if record.to_init && record.signal != SIGKILL && record.sender.is_kubelet_side() && earlier(&self.first_stop) {
             self.first_stop = Some(record.clone());
+        }
+        if record.to_init
+            && record.sender != SignalSender::SameContainer
+            && settings.is_stop_request(record.signal)
+            && earlier(&self.first_outside_stop)
+        {
+            self.first_outside_stop = Some(record.clone());
         }
         if record.to_init
             && record.signal == SIGKILL
@@ -184,7 +216,7 @@ impl TerminationTracker {
         if self.signals.first_kill.is_some() && !self.scene_taken.1 {
             return Some(SceneMoment::Kill);
         }
-        if self.signals.first_stop.is_some() && !self.scene_taken.0 {
+        if self.signals.stop().is_some() && !self.scene_taken.0 {
             return Some(SceneMoment::Stop);
         }
         None
@@ -208,7 +240,7 @@ impl TerminationTracker {
     /// `signal` went to process `pid` of this container: when it is the stop signal, that
     /// process got it (from the runtime, or passed on by another process).
     pub fn on_signal_to(&mut self, pid: u32, signal: u8) {
-        if self.signals.first_stop.as_ref().is_some_and(|stop| stop.signal == signal) {
+        if self.signals.stop().is_some_and(|stop| stop.signal == signal) {
             self.scene.got_stop_signal(pid);
         }
     }
@@ -230,15 +262,15 @@ impl TerminationTracker {
         self.settings = settings;
     }
 
-    /// A kubelet-side non-KILL signal to the init has been seen: a stop may be under way.
-    /// O(1): called for every listen, close and accept.
+    /// A stop signal to the init has been seen: a stop may be under way. O(1): called for every
+    /// listen, close and accept.
     fn stop_may_have_begun(&self) -> bool {
-        self.signals.first_stop.is_some()
+        self.signals.stop().is_some()
     }
 
     /// A signal to a process of this container; `to_init` when the target is its PID 1.
     pub fn on_signal(&mut self, time: u64, signal: u8, sender: SignalSender, to_init: bool) -> Retention {
-        self.signals.record(SignalRecord { time, signal, sender, to_init })
+        self.signals.record(SignalRecord { time, signal, sender, to_init }, &self.settings)
     }
 
     /// The OOM killer chose a victim in this container; `victim_is_init` when it was PID 1.
@@ -306,7 +338,7 @@ impl TerminationTracker {
     pub fn on_listener_accept(&mut self, time: u64) -> Retention {
         // Only accepts after the stop signal are judged; a busy server must not grow this list:
         // they are counted, and the first ones' times kept.
-        if self.signals.first_stop.as_ref().is_none_or(|stop| time <= stop.time) {
+        if self.signals.stop().is_none_or(|stop| time <= stop.time) {
             return Retention::Kept;
         }
         self.accepts_after_stop += 1;
@@ -338,6 +370,7 @@ impl TerminationTracker {
     pub fn records_held(&self) -> usize {
         self.signals.recent.len()
             + usize::from(self.signals.first_stop.is_some())
+            + usize::from(self.signals.first_outside_stop.is_some())
             + usize::from(self.signals.first_kill.is_some())
             + self.oom_kills.times.len()
             + self.exec_sessions.len()
@@ -352,7 +385,7 @@ impl TerminationTracker {
 
     fn judge(&self, exit_time: u64, exit_status: Option<u8>, exit_signal: Option<u8>) -> TerminationReport {
         let before_exit = |time: u64| time <= exit_time;
-        let stop = self.signals.first_stop.as_ref().filter(|s| before_exit(s.time)).map(|s| StopSignalSeen {
+        let stop = self.signals.stop_before(exit_time, exit_signal).map(|s| StopSignalSeen {
             time: BootTime::from_ns(s.time),
             signal: s.signal,
             sender: s.sender.clone(),
@@ -382,7 +415,9 @@ impl TerminationTracker {
                     let stop_to_kill_ns = kill_time.saturating_sub(stop.time.ns());
                     let sender = kill.map(|k| k.sender.clone());
                     let (accepts_after_stop, still_listening) = (self.accepts_after_stop, self.listening_at(kill_time));
-                    if stop_to_kill_ns.saturating_add(self.settings.kill_tolerance_ns) < expected_kill_after_ns {
+                    if self.settings.rules == StopRules::Unmanaged {
+                        TerminationOutcome::SigkilledAfterStopSignal { stop_to_kill_ns, sender }
+                    } else if stop_to_kill_ns.saturating_add(self.settings.kill_tolerance_ns) < expected_kill_after_ns {
                         TerminationOutcome::SigkilledEarly {
                             grace_ns,
                             stop_to_kill_ns,
@@ -418,9 +453,13 @@ impl TerminationTracker {
             }
         } else if let Some(stop) = &stop {
             let duration_ns = exit_time.saturating_sub(stop.time.ns());
-            TerminationOutcome::ExitedWithinGrace {
-                duration_ns,
-                grace_used_ratio: duration_ns as f64 / expected_kill_after_ns.max(1) as f64,
+            if self.settings.rules == StopRules::Unmanaged {
+                TerminationOutcome::ExitedAfterStopSignal { duration_ns }
+            } else {
+                TerminationOutcome::ExitedWithinGrace {
+                    duration_ns,
+                    grace_used_ratio: duration_ns as f64 / expected_kill_after_ns.max(1) as f64,
+                }
             }
         } else {
             TerminationOutcome::ExitedWithoutStopSignal { exit_status, signal: exit_signal }
@@ -437,6 +476,7 @@ impl TerminationTracker {
             exit_time: BootTime::from_ns(exit_time),
             exit_status,
             exit_signal,
+            rules: self.settings.rules,
             grace_ns,
             expected_kill_after_ns,
             expected_kill_exact,
@@ -492,6 +532,13 @@ impl TerminationTracker {
         stop_time: Option<u64>,
         pre_stop: Option<&PreStopSeen>,
     ) -> (u64, bool) {
+        match self.settings.rules {
+            // systemd kills once TimeoutStopSec= ran out, with no floor (ExecStop= commands run
+            // before the stop signal, on their own timeouts).
+            StopRules::Systemd => return (grace_ns, true),
+            StopRules::Unmanaged => return (0, false),
+            StopRules::Kubelet => {}
+        }
         let floor_only = (MINIMUM_GRACE_NS, false);
         if self.settings.is_sidecar {
             return floor_only;

@@ -28,8 +28,8 @@ pub use report::{
     TerminationOutcome, TerminationReport, MAX_SCENE_PROCESSES,
 };
 pub use settings::{
-    PreStopHandler, TerminationError, TerminationSettings, COMM_VISIBLE_LEN, DEFAULT_GRACE_NS, MINIMUM_GRACE_NS,
-    SIGKILL, SIGTERM,
+    PreStopHandler, StopRules, TerminationError, TerminationSettings, COMM_VISIBLE_LEN, DEFAULT_GRACE_NS,
+    MINIMUM_GRACE_NS, SIGKILL, SIGTERM,
 };
 pub use sidecar::{sidecar_order, SidecarOrder, SidecarVerdict};
 

@@ -9,6 +9,8 @@ use crate::{
     time::BootTime,
 };
 
+use super::StopRules;
+
 /// Who sent a signal to a container's process.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -19,14 +21,20 @@ pub enum SignalSender {
     Kubelet,
     /// A process in the same container cgroup: the application signalling itself.
     SameContainer,
-    /// Anything else (an operator's `kill`, another agent).
-    OtherProcess { comm: String },
+    /// Anything else (an operator's `kill`, systemd, another container sharing the process
+    /// namespace): named by its program and process id.
+    OtherProcess {
+        comm: String,
+        /// The sending process (host pid), when the record said.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<u32>,
+    },
 }
 
 impl SignalSender {
-    /// Names a sender from its `comm` and whether it ran in the target's container cgroup.
-    /// Membership wins: a process called `runc` inside the container is the application.
-    pub fn from_comm(comm: &str, same_container: bool) -> Self {
+    /// Names a sender from its `comm`, whether it ran in the target's container cgroup, and its
+    /// pid. Membership wins: a process called `runc` inside the container is the application.
+    pub fn from_comm(comm: &str, same_container: bool, pid: u32) -> Self {
         // Prefixes, because comm is cut at 15 bytes ("containerd-shim-runc-v2" -> "containerd-shim")
         // and runc renames its stages ("runc:[2:INIT]").
         const RUNTIME_PREFIXES: [&str; 9] =
@@ -38,8 +46,13 @@ impl SignalSender {
         } else if RUNTIME_PREFIXES.iter().any(|prefix| comm.starts_with(prefix)) {
             SignalSender::Runtime
         } else {
-            SignalSender::OtherProcess { comm: comm.to_owned() }
+            SignalSender::other(comm, pid)
         }
+    }
+
+    /// A sender that is neither the runtime, the kubelet nor the container itself.
+    pub fn other(comm: &str, pid: u32) -> Self {
+        SignalSender::OtherProcess { comm: comm.to_owned(), pid: Some(pid) }
     }
 
     /// Which kind of sender this is, without the details (a bounded set, for counting).
@@ -59,7 +72,8 @@ impl SignalSender {
             SignalSender::Runtime => "the container runtime".to_owned(),
             SignalSender::Kubelet => "the kubelet".to_owned(),
             SignalSender::SameContainer => "a process of the container itself".to_owned(),
-            SignalSender::OtherProcess { comm } => format!("`{}`", comm.escape_debug()),
+            SignalSender::OtherProcess { comm, pid: Some(pid) } => format!("`{}` (pid {pid})", comm.escape_debug()),
+            SignalSender::OtherProcess { comm, pid: None } => format!("`{}`", comm.escape_debug()),
         }
     }
 
@@ -172,6 +186,20 @@ pub enum TerminationOutcome {
         /// The SIGKILL's sender, when it was seen.
         sender: Option<SignalSender>,
     },
+    /// A cgroup no manager stops (no grace was promised): the stop signal came and the init
+    /// was SIGKILLed after it. Reported with the sender, judged by no rule.
+    SigkilledAfterStopSignal {
+        /// Stop signal to SIGKILL (to the exit when the SIGKILL itself was not seen).
+        stop_to_kill_ns: u64,
+        /// The SIGKILL's sender, when it was seen.
+        sender: Option<SignalSender>,
+    },
+    /// A cgroup no manager stops: the stop signal came and the init exited, of it or on its
+    /// own, with no SIGKILL.
+    ExitedAfterStopSignal {
+        /// Stop signal to exit.
+        duration_ns: u64,
+    },
     /// The kernel's OOM killer killed the init (from the OOM event, never from exit code 137).
     OomKilled,
     /// No stop signal: a crash or a normal completion.
@@ -192,6 +220,10 @@ pub enum OutcomeKind {
     KilledWithoutGrace,
     /// See [`TerminationOutcome::StopSignalNotObserved`].
     StopSignalNotObserved,
+    /// See [`TerminationOutcome::SigkilledAfterStopSignal`].
+    SigkilledAfterStopSignal,
+    /// See [`TerminationOutcome::ExitedAfterStopSignal`].
+    ExitedAfterStopSignal,
     /// See [`TerminationOutcome::OomKilled`].
     OomKilled,
     /// See [`TerminationOutcome::ExitedWithoutStopSignal`].
@@ -204,6 +236,8 @@ crate::spelling::spelling!(OutcomeKind {
     SigkilledEarly => "sigkilled_early",
     KilledWithoutGrace => "killed_without_grace",
     StopSignalNotObserved => "stop_signal_not_observed",
+    SigkilledAfterStopSignal => "sigkilled_after_stop_signal",
+    ExitedAfterStopSignal => "exited_after_stop_signal",
     OomKilled => "oom_killed",
     ExitedWithoutStopSignal => "exited_without_stop_signal",
 });
@@ -217,6 +251,8 @@ impl TerminationOutcome {
             TerminationOutcome::SigkilledEarly { .. } => OutcomeKind::SigkilledEarly,
             TerminationOutcome::KilledWithoutGrace { .. } => OutcomeKind::KilledWithoutGrace,
             TerminationOutcome::StopSignalNotObserved { .. } => OutcomeKind::StopSignalNotObserved,
+            TerminationOutcome::SigkilledAfterStopSignal { .. } => OutcomeKind::SigkilledAfterStopSignal,
+            TerminationOutcome::ExitedAfterStopSignal { .. } => OutcomeKind::ExitedAfterStopSignal,
             TerminationOutcome::OomKilled => OutcomeKind::OomKilled,
             TerminationOutcome::ExitedWithoutStopSignal { .. } => OutcomeKind::ExitedWithoutStopSignal,
         }
@@ -242,6 +278,10 @@ pub struct TerminationReport {
     pub exit_time: BootTime,
     pub exit_status: Option<u8>,
     pub exit_signal: Option<u8>,
+    /// Whose rules the stop was judged by (the grace below is theirs; none for a cgroup no
+    /// manager stops).
+    #[serde(default)]
+    pub rules: StopRules,
     /// The effective grace period.
     pub grace_ns: u64,
     /// Stop signal to SIGKILL as the kubelet computes it: max(grace - preStop whole seconds, 2 s).
@@ -366,6 +406,7 @@ impl TerminationReport {
             exit_time: crate::time::BootTime::from_ns(n * crate::time::SECOND),
             exit_status: Some(n as u8),
             exit_signal: None,
+            rules: StopRules::Kubelet,
             grace_ns: 30_000_000_000,
             expected_kill_after_ns: 30_000_000_000,
             expected_kill_exact: true,

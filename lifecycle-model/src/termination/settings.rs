@@ -118,9 +118,32 @@ pub enum TerminationError {
     PreStopNegativeSleep { seconds: i64 },
 }
 
+/// Whose rules a stop is judged by: who promised the unit a grace period, if anyone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StopRules {
+    /// The kubelet's `killContainer`: the pod's grace (or the deletion's), the preStop hook's
+    /// time subtracted, the 2 s floor.
+    #[default]
+    Kubelet,
+    /// systemd's stop of a unit: `KillSignal=`, then `FinalKillSignal=` once `TimeoutStopSec=`
+    /// ran out (the grace here), no floor.
+    Systemd,
+    /// Nothing manages the cgroup (a hand-made one), or what does is not known: no grace was
+    /// promised, so a SIGKILL after the stop signal is reported, not judged.
+    Unmanaged,
+}
+
+crate::spelling::spelling!(StopRules {
+    Kubelet => "kubelet",
+    Systemd => "systemd",
+    Unmanaged => "none",
+});
+
 /// What the container's metadata says about how it should be stopped.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TerminationSettings {
+    /// Whose rules apply (the grace fields below are that manager's).
+    pub rules: StopRules,
     /// The pod's terminationGracePeriodSeconds (`io.kubernetes.pod.terminationGracePeriod`).
     pub grace_period_ns: u64,
     /// The pod's deletionGracePeriodSeconds, which wins when set.
@@ -139,6 +162,7 @@ impl Default for TerminationSettings {
     /// The API defaults: 30 s grace, SIGTERM, no hook, not a sidecar; 500 ms kill tolerance.
     fn default() -> Self {
         Self {
+            rules: StopRules::Kubelet,
             grace_period_ns: DEFAULT_GRACE_NS,
             deletion_grace_ns: None,
             pre_stop: None,
@@ -153,5 +177,35 @@ impl TerminationSettings {
     /// The grace period the kubelet uses: the deletion's, else the pod's.
     pub fn effective_grace_ns(&self) -> u64 {
         self.deletion_grace_ns.unwrap_or(self.grace_period_ns)
+    }
+
+    /// A systemd unit's: `KillSignal=` first, SIGKILL once `TimeoutStopSec=` ran out; None
+    /// (`infinity`) means systemd never kills it, so no grace is judged.
+    pub fn systemd(kill_signal: u8, timeout_stop_ns: Option<u64>) -> Self {
+        match timeout_stop_ns {
+            Some(timeout) => Self {
+                rules: StopRules::Systemd,
+                grace_period_ns: timeout,
+                stop_signal: kill_signal,
+                ..Self::default()
+            },
+            None => Self { stop_signal: kill_signal, ..Self::unmanaged() },
+        }
+    }
+
+    /// A cgroup no manager stops: the usual stop signal, no grace.
+    pub fn unmanaged() -> Self {
+        Self { rules: StopRules::Unmanaged, grace_period_ns: 0, ..Self::default() }
+    }
+
+    /// Whether `signal` sent to the init from outside asks it to stop: the stop signal these
+    /// rules name, or one of the signals people and service managers stop programs with
+    /// (SIGTERM, SIGINT, SIGQUIT). SIGHUP and SIGUSR1/2 mostly ask a daemon to reload or reopen
+    /// its logs (logrotate does it nightly): a stop that they are not is judged from the next
+    /// real stop signal, or, when one of them kills the process, from that one.
+    pub fn is_stop_request(&self, signal: u8) -> bool {
+        const SIGINT: u8 = 2;
+        const SIGQUIT: u8 = 3;
+        signal != SIGKILL && (signal == self.stop_signal || matches!(signal, SIGTERM | SIGINT | SIGQUIT))
     }
 }

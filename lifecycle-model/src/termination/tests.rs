@@ -20,14 +20,17 @@ fn exec_pre_stop(command: &[&str]) -> Option<PreStopHandler> {
 
 #[test]
 fn senders_are_named_from_comm_and_cgroup() {
-    assert_eq!(SignalSender::from_comm("containerd-shim", false), SignalSender::Runtime);
-    assert_eq!(SignalSender::from_comm("runc", false), SignalSender::Runtime);
-    assert_eq!(SignalSender::from_comm("crun", false), SignalSender::Runtime);
-    assert_eq!(SignalSender::from_comm("conmon", false), SignalSender::Runtime);
-    assert_eq!(SignalSender::from_comm("containerd", false), SignalSender::Runtime);
-    assert_eq!(SignalSender::from_comm("kubelet", false), SignalSender::Kubelet);
-    assert_eq!(SignalSender::from_comm("runc", true), SignalSender::SameContainer);
-    assert_eq!(SignalSender::from_comm("bash", false), SignalSender::OtherProcess { comm: "bash".into() });
+    assert_eq!(SignalSender::from_comm("containerd-shim", false, 7), SignalSender::Runtime);
+    assert_eq!(SignalSender::from_comm("runc", false, 7), SignalSender::Runtime);
+    assert_eq!(SignalSender::from_comm("crun", false, 7), SignalSender::Runtime);
+    assert_eq!(SignalSender::from_comm("conmon", false, 7), SignalSender::Runtime);
+    assert_eq!(SignalSender::from_comm("containerd", false, 7), SignalSender::Runtime);
+    assert_eq!(SignalSender::from_comm("kubelet", false, 7), SignalSender::Kubelet);
+    assert_eq!(SignalSender::from_comm("runc", true, 7), SignalSender::SameContainer);
+    assert_eq!(
+        SignalSender::from_comm("bash", false, 7),
+        SignalSender::OtherProcess { comm: "bash".into(), pid: Some(7) }
+    );
 }
 
 #[test]
@@ -254,11 +257,11 @@ fn sigkill_without_stop_signal() {
     assert_eq!(report.outcome, TerminationOutcome::KilledWithoutGrace { sender: Some(SignalSender::Runtime) });
 
     let mut t = tracker_with(TerminationSettings::default());
-    t.on_signal(100 * S, SIGKILL, SignalSender::OtherProcess { comm: "kill".into() }, true);
+    t.on_signal(100 * S, SIGKILL, SignalSender::other("kill", 99), true);
     let report = t.on_init_exit(100 * S + MS, None, Some(SIGKILL));
     assert_eq!(
         report.outcome,
-        TerminationOutcome::KilledWithoutGrace { sender: Some(SignalSender::OtherProcess { comm: "kill".into() }) }
+        TerminationOutcome::KilledWithoutGrace { sender: Some(SignalSender::other("kill", 99)) }
     );
 }
 

@@ -7,7 +7,7 @@ use crate::{
     backoff::Verdict,
     container_state::{ContainerState, TerminatedReason},
     metadata::ContainerType,
-    termination::{SenderKind, TerminationOutcome},
+    termination::{SenderKind, SignalSender, TerminationOutcome},
 };
 
 const SECOND: u64 = crate::time::SECOND;
@@ -567,6 +567,7 @@ fn a_container_gone_before_its_metadata_arrived_is_still_judged() {
     assert_eq!(tracker.snapshot().containers(at(SECOND)).len(), 1);
 }
 
+mod host;
 mod restart_all;
 mod spec;
 
@@ -672,8 +673,15 @@ fn a_process_in_a_container_named_like_the_runtime_is_not_the_runtime() {
     tracker.apply(&exit(11 * SECOND, 100, victim, None, Some(9)));
     let view = tracker.snapshot().containers(at(12 * SECOND)).into_iter().find(|v| v.labels.container == "app");
     let termination = view.and_then(|v| v.last_termination).expect("judged");
-    assert!(termination.stop_signal.is_none(), "no stop signal from the runtime: {termination:?}");
-    assert!(matches!(termination.outcome, TerminationOutcome::KilledWithoutGrace { .. }), "{:?}", termination.outcome);
+    // Issue 41: a stop signal from another container is a stop signal, named for what it is.
+    let attacker_process = SignalSender::other("containerd-shim", 201);
+    let stop = termination.stop_signal.as_ref().expect("the attacker's SIGTERM is the stop signal");
+    assert_eq!(stop.sender, attacker_process, "never the runtime: {termination:?}");
+    assert!(
+        matches!(&termination.outcome, TerminationOutcome::SigkilledEarly { sender: Some(sender), .. } if *sender == attacker_process),
+        "killed early by the attacker, not an overrun the app or the runtime is blamed for: {:?}",
+        termination.outcome
+    );
 }
 
 #[test]
