@@ -32,7 +32,8 @@ pub(crate) struct StatusArgs {
 
 #[derive(Args)]
 pub(crate) struct ExplainArgs {
-    /// The pod: NAMESPACE/POD, or POD with --namespace.
+    /// The pod: NAMESPACE/POD, or POD with --namespace; a plain host's unit is `host/<its cgroup
+    /// path>` (`host/system.slice/nginx.service`, `host/t`).
     pod: String,
     /// The pod's namespace, when POD has none.
     #[arg(long, short, default_value = "default")]
@@ -125,38 +126,58 @@ fn reach(connection: &Connection) -> anyhow::Result<(Option<String>, lifecycle_a
 }
 
 pub(crate) async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
+    use lifecycle_model::{
+        explain,
+        wire::{ContainersResponse, HistoryResponse},
+    };
     let (namespace, pod) = match args.pod.split_once('/') {
         Some((namespace, pod)) => (namespace.to_owned(), pod.to_owned()),
         None => (args.namespace.clone(), args.pod.clone()),
     };
+    // A host unit: its cgroup path is the container, and it has no pod.
+    let host_path = (namespace == explain::HOST_NAMESPACE).then(|| format!("/{}", pod.trim_start_matches('/')));
+    let (pod, container) = match &host_path {
+        Some(path) => (String::new(), Some(path.clone())),
+        None => (pod, args.container.clone()),
+    };
     let (token, transport) = reach(&args.connection)?;
-    let query: String = url_query(&[("namespace", &namespace), ("pod", &pod)]);
+    let query: String = match &host_path {
+        Some(path) => url_query(&[("namespace", &namespace), ("container", path)]),
+        None => url_query(&[("namespace", &namespace), ("pod", &pod)]),
+    };
     let get = |path: String| {
         let (token, transport) = (token.clone(), transport.clone());
         async move {
-            let body =
-                lifecycle_agent::cli::status::fetch_path(args.connection.server, &path, token.as_deref(), &transport)
-                    .await?;
-            serde_json::from_str::<serde_json::Value>(&body).context("the agent's answer is not JSON")
+            lifecycle_agent::cli::status::fetch_path(args.connection.server, &path, token.as_deref(), &transport).await
         }
     };
-    use lifecycle_agent::export::explain;
     let mut stories = Vec::new();
+    let mut clock = None;
     if !args.all_instances {
-        let answer = get(format!("/api/v1/containers?{query}")).await?;
-        stories = explain::explain(&answer, &namespace, &pod, args.container.as_deref());
+        let body = get(format!("/api/v1/containers?{query}")).await?;
+        let answer: ContainersResponse = serde_json::from_str(&body).context("the agent's answer is not the API's")?;
+        clock = Some(answer.boot_to_unix_seconds);
+        stories = explain::explain(&answer.containers, &namespace, &pod, container.as_deref());
+        // A host unit between runs shows its last stop; one never stopped says so.
+        stories.retain(|story| !story.timeline.is_empty() || host_path.is_none());
     }
     if stories.is_empty() {
         // Every kept stop, or a pod whose containers are gone: from the node's history.
-        let answer = get(format!("/api/v1/history?{query}")).await?;
-        stories = explain::explain_history(&answer, args.container.as_deref());
+        let body = get(format!("/api/v1/history?{query}")).await?;
+        let answer: HistoryResponse = serde_json::from_str(&body).context("the agent's answer is not the API's")?;
+        clock = Some(answer.boot_to_unix_seconds);
+        stories = explain::explain_history(&answer.stops, container.as_deref());
     }
     if stories.is_empty() {
-        anyhow::bail!("the agent at {} knows no container or stop of pod {namespace}/{pod}", args.connection.server);
+        let subject = match &host_path {
+            Some(path) => format!("host unit {path}"),
+            None => format!("pod {namespace}/{pod}"),
+        };
+        anyhow::bail!("the agent at {} knows no container or stop of {subject}", args.connection.server);
     }
     match args.output {
         ExplainFormat::Json => println!("{}", serde_json::to_string_pretty(&stories)?),
-        ExplainFormat::Text => print!("{}", explain::render_text(&stories)),
+        ExplainFormat::Text => print!("{}", explain::render_text(&stories, clock)),
     }
     Ok(())
 }

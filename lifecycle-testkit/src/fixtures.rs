@@ -86,6 +86,7 @@ pub fn termination_report(outcome: TerminationOutcome, exit_time: BootTime) -> T
         exit_time,
         exit_status: None,
         exit_signal: None,
+        rules: lifecycle_agent::model::termination::StopRules::Kubelet,
         grace_ns: GRACE_NS,
         expected_kill_after_ns: GRACE_NS,
         expected_kill_exact: true,

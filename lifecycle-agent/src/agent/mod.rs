@@ -12,6 +12,7 @@ mod reader;
 mod routes;
 mod runtime;
 mod sources;
+mod systemd;
 mod tasks;
 pub(crate) mod tls;
 mod verdicts;
@@ -190,6 +191,8 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let node_probes = Arc::new(NodeProbes::new(Some(probe_metrics.clone())));
     let probe_feeds = Arc::new(ProbeFeeds::new(Some(probe_metrics.clone())));
     let metadata_wanted = Arc::new(Notify::new());
+    let systemd_counts = systemd::SystemdCounts::register(metrics.registry()).map_err(MetricsError::from)?;
+    let (systemd_requests, systemd_queue) = systemd::SystemdRequests::new(systemd_counts.clone());
     let routes = owner::Routes {
         units: units.clone(),
         metadata_wanted: metadata_wanted.clone(),
@@ -197,6 +200,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         repairs: repairs.clone(),
         kernel_log,
         probe_feeds: probe_feeds.clone(),
+        systemd: systemd_requests,
     };
     let (mut owner, model) =
         owner::own(tracker, snapshots, routes).map_err(|err| AgentError::Stream(StreamError::Register(err)))?;
@@ -255,6 +259,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
             loops.spawn(events::event_loop(source, model.clone(), probe_metrics, counts, shutdown.clone()));
         }
     }
+    loops.spawn(systemd::systemd_loop(systemd_queue, model.clone(), systemd_counts, None, shutdown.clone()));
     loops.spawn(expiry_loop(model.clone(), config.series_retention, shutdown.clone()));
     loops.spawn(verdicts::verdict_log_loop(model.snapshots(), shutdown.clone()));
     loops.spawn(tasks::resync_loop(model.clone(), maps.clone(), root.clone(), repairs.clone(), shutdown.clone()));

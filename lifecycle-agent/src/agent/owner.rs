@@ -19,6 +19,7 @@ use std::{
 use prometheus::IntCounterVec;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
+use super::systemd::SystemdRequests;
 use crate::{
     discovery::{cgroupfs::CgroupRoot, clock::boottime_ns},
     export::units::UnitMetrics,
@@ -123,6 +124,8 @@ pub(crate) struct Routes {
     pub(crate) kernel_log: bool,
     /// Where the facts of probed containers are published, as each change makes them.
     pub(crate) probe_feeds: Arc<ProbeFeeds>,
+    /// Where host units' settings are asked of systemd (never waited for here).
+    pub(crate) systemd: SystemdRequests,
 }
 
 /// The model and its owner's state; moved onto the ring reader's thread.
@@ -253,6 +256,7 @@ impl Owner {
                 Notice::UnknownCgroup(_) => rescan = true,
                 Notice::BadCgroupPath { path, error } => log::warn!("cgroup {path}: {error}"),
                 Notice::OomLimitWanted { pid } => oom_victims.push(pid),
+                Notice::SystemdUnitWanted { path, unit } => self.routes.systemd.ask(path, unit),
             }
         }
         // One read of the log's tail for the batch's kills, however many (it costs microseconds).

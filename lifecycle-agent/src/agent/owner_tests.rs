@@ -14,6 +14,7 @@ use crate::{
     },
 };
 
+use crate::agent::systemd::{SystemdCounts, SystemdRequests};
 use crate::model::time::SECOND;
 const CGROUP: u64 = 4242;
 const POD_UID: &str = "00000000-0000-0000-0000-000000000001";
@@ -52,6 +53,7 @@ fn owned() -> (Owner, ModelHandle, Arc<UnitMetrics>, Arc<Notify>) {
         repairs: IntCounterVec::new(prometheus::Opts::new("repairs", "test"), &["kind"]).expect("counter"),
         kernel_log: false,
         probe_feeds: Arc::default(),
+        systemd: SystemdRequests::new(SystemdCounts::register(&prometheus::Registry::new()).expect("counts")).0,
     };
     let (owner, handle) = own(tracker, snapshots, routes).expect("eventfd");
     (owner, handle, units, wanted)

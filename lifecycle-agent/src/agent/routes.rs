@@ -24,9 +24,11 @@ use serde::Serialize;
 use tokio::sync::{watch, Semaphore};
 
 use super::http::{ApiHandler, Build, Later};
+use lifecycle_model::explain;
+
 use crate::{
     discovery::clock::{boottime, wall_clock},
-    export::{explain, explain_html, families::AgentFamily, metrics::vec_of},
+    export::{explain_html, families::AgentFamily, metrics::vec_of},
     model::{
         node::{ContainerView, NodeSnapshot, PodView, Unit},
         time::BootTime,
@@ -356,57 +358,67 @@ impl Selection {
 }
 
 impl ContainersApi {
-    /// A JSON value as the API writes it (times as RFC 3339 with their `_boot_ns` beside):
-    /// `build` serializes with the wall clock set.
-    fn api_json(build: impl FnOnce() -> serde_json::Value) -> serde_json::Value {
-        wall_clock().writing(build)
-    }
-
     /// `GET /explain/<namespace>/<pod>`: the pod's stories as a page (each container's last stop,
-    /// or, for a pod whose containers are gone, every stop the node kept).
+    /// or, for a pod whose containers are gone, every stop the node kept). A plain host's unit is
+    /// `/explain/host/<its cgroup path>`.
     fn pod_page(&self, target: &str) -> (StatusCode, String) {
+        let now = boottime();
+        let clock = wall_clock();
+        if let Some(path) = target.strip_prefix("host/").map(host_unit_path) {
+            let snapshot = self.snapshot();
+            let current = snapshot.containers_where(now, |unit| {
+                let labels = unit.labels();
+                labels.namespace == explain::HOST_NAMESPACE && labels.pod.is_empty() && labels.container == path
+            });
+            let mut stories = explain::explain(&current, explain::HOST_NAMESPACE, "", Some(&path));
+            if stories.iter().all(|s| s.timeline.is_empty()) {
+                stories = explain::explain_history(&snapshot.history_of_host_unit(&path), None);
+            }
+            return (StatusCode::OK, explain_html::pod_page(explain::HOST_NAMESPACE, &path, &stories, clock));
+        }
         // Namespaces and pod names are DNS labels and subdomains: no encoding to undo.
         let Some((namespace, pod)) = target.split_once('/').filter(|(n, p)| !n.is_empty() && !p.contains('/')) else {
-            return (StatusCode::NOT_FOUND, explain_html::pod_page("?", "?", &[]));
+            return (StatusCode::NOT_FOUND, explain_html::pod_page("?", "?", &[], clock));
         };
-        let (namespace, pod) = (namespace.to_owned(), pod.to_owned());
-        let now = boottime();
-        let (containers, past) = {
-            let snapshot = self.snapshot();
-            let containers = snapshot.containers_where(now, |unit| {
-                let labels = unit.labels();
-                labels.namespace == namespace && labels.pod == pod
-            });
-            (containers, snapshot.history_of_pod(&namespace, &pod))
-        };
-        let current = Self::api_json(|| serde_json::json!({ "containers": containers }));
-        let mut stories = explain::explain(&current, &namespace, &pod, None);
+        let snapshot = self.snapshot();
+        let containers = snapshot.containers_where(now, |unit| {
+            let labels = unit.labels();
+            labels.namespace == namespace && labels.pod == pod
+        });
+        let mut stories = explain::explain(&containers, namespace, pod, None);
         if stories.is_empty() {
-            stories = explain::explain_history(&Self::api_json(|| serde_json::json!({ "stops": past })), None);
+            stories = explain::explain_history(&snapshot.history_of_pod(namespace, pod), None);
         }
-        (StatusCode::OK, explain_html::pod_page(&namespace, &pod, &stories))
+        (StatusCode::OK, explain_html::pod_page(namespace, pod, &stories, clock))
     }
 
     /// `GET /explain`: the node's recent stops, newest first.
     fn node_page(&self) -> (StatusCode, String) {
         let recent = self.snapshot().recent_stops(NODE_PAGE_STOPS);
-        let stories = explain::explain_history(&Self::api_json(|| serde_json::json!({ "stops": recent })), None);
-        (StatusCode::OK, explain_html::node_page(&self.node, &stories))
+        let stories = explain::explain_history(&recent, None);
+        (StatusCode::OK, explain_html::node_page(&self.node, &stories, wall_clock()))
     }
 
     /// `GET /api/v1/history?namespace=<ns>&pod=<name>`: every stop of the pod's containers the
-    /// node kept, for a pod deleted long ago too. Both parameters are needed (the history of a
-    /// whole node is what the verdict log is for).
+    /// node kept, for a pod deleted long ago too; a plain host's unit is `namespace=host&
+    /// container=<its cgroup path>`. Both parameters are needed (the history of a whole node is
+    /// what the verdict log is for).
     fn history(&self, query: Option<&str>) -> (StatusCode, String) {
         let bad = |reason: &str| (StatusCode::BAD_REQUEST, serde_json::json!({ "error": reason }).to_string());
         let selection = match Selection::parse(query) {
             Ok(selection) => selection,
             Err(reason) => return bad(&reason),
         };
-        let (Some(namespace), Some(pod), None) = (&selection.namespace, &selection.pod, &selection.container_id) else {
-            return bad("history needs namespace and pod (and no container_id)");
+        let stops = match (&selection.namespace, &selection.pod, &selection.container, &selection.container_id) {
+            (Some(namespace), Some(pod), _, None) => self.snapshot().history_of_pod(namespace, pod),
+            (Some(namespace), None, Some(path), None) if namespace == explain::HOST_NAMESPACE => {
+                self.snapshot().history_of_host_unit(&host_unit_path(path))
+            }
+            _ => {
+                return bad("history needs namespace and pod, or namespace=host and container=<cgroup path> (and no \
+                     container_id)")
+            }
         };
-        let stops = self.snapshot().history_of_pod(namespace, pod);
         let clock = wall_clock();
         answer(clock, &HistoryResponse { boot_to_unix_seconds: clock.offset_seconds(), stops })
     }
@@ -429,6 +441,13 @@ impl ContainersApi {
         let (code, body) = self.probes.answer_check(&target, &spec);
         (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body)
     }
+}
+
+/// A host unit's cgroup path as the model names it (one leading `/`), however a URL gave it
+/// (percent-encoded or not).
+fn host_unit_path(path: &str) -> String {
+    let decoded = crate::probe::query::decode(path).unwrap_or_else(|_| path.to_owned());
+    format!("/{}", decoded.trim_start_matches('/'))
 }
 
 fn forbidden((_, body): (u16, String)) -> (StatusCode, String) {

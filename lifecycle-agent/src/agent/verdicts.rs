@@ -10,9 +10,10 @@ use std::{io::Write as _, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 
+use lifecycle_model::explain;
+
 use crate::{
     discovery::clock::{boottime, wall_clock},
-    export::explain,
     model::node::NodeSnapshot,
 };
 
@@ -51,8 +52,8 @@ fn write_lines(stops: Vec<crate::model::node::PastStop>) {
     let clock = wall_clock();
     let mut out = std::io::stdout().lock();
     for stop in stops {
+        let verdict = explain::of_stop(&stop).verdict;
         let Ok(mut line) = clock.writing(|| serde_json::to_value(&stop)) else { continue };
-        let verdict = explain::story(&line).verdict;
         if let Some(fields) = line.as_object_mut() {
             fields.insert("msg".into(), "verdict".into());
             fields.insert("verdict".into(), verdict.into());

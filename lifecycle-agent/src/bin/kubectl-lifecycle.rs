@@ -9,7 +9,7 @@ use lifecycle_agent::{
         plugin::{self, AgentLocation},
         status,
     },
-    export::explain,
+    model::explain,
     ErrorChain,
 };
 
@@ -126,7 +126,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error + Send + Sy
             let stories = plugin::explain_pod(&client, &location, &request, &token).await?;
             match output {
                 Format::Json => println!("{}", serde_json::to_string_pretty(&stories)?),
-                Format::Text => print!("{}", explain::render_text(&stories)),
+                Format::Text => print!("{}", explain::render_text(&stories, None)),
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -18,10 +18,12 @@ use kube::{api::ListParams, Api, Client};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use crate::{
-    cli::status::{percent_encoded, Selection},
-    export::explain,
+use lifecycle_model::{
+    explain,
+    wire::{ContainersResponse, HistoryResponse},
 };
+
+use crate::cli::status::{percent_encoded, Selection};
 
 /// The header that carries the user's bearer token through the API server's proxy.
 pub(crate) const FORWARDED_AUTHORIZATION: &str = "x-lifecycle-authorization";
@@ -209,11 +211,13 @@ pub async fn explain_pod(
     let mut stories = Vec::new();
     if !all_instances {
         let answer = ask(client, location, &agent, &node, &format!("/api/v1/containers?{query}"), token).await?;
-        stories = explain::explain(&answer, namespace, pod, container);
+        let answer: ContainersResponse = typed(answer, &agent)?;
+        stories = explain::explain(&answer.containers, namespace, pod, container);
     }
     if stories.is_empty() {
         let answer = ask(client, location, &agent, &node, &format!("/api/v1/history?{query}"), token).await?;
-        stories = explain::explain_history(&answer, container);
+        let answer: HistoryResponse = typed(answer, &agent)?;
+        stories = explain::explain_history(&answer.stops, container);
     }
     if stories.is_empty() {
         return Err(PluginError::Unknown { namespace: namespace.to_owned(), pod: pod.to_owned() });
@@ -236,7 +240,10 @@ async fn explain_gone_pod(
     let mut stories = Vec::new();
     for NodeAnswer { node, answer } in answers {
         match answer {
-            Ok(answer) => stories.extend(explain::explain_history(&answer, request.container.as_deref())),
+            Ok(answer) => match typed::<HistoryResponse>(answer, &node) {
+                Ok(answer) => stories.extend(explain::explain_history(&answer.stops, request.container.as_deref())),
+                Err(err) => eprintln!("warning: node {node}: {}", crate::ErrorChain(&err)),
+            },
             Err(err) => eprintln!("warning: node {node}: {}", crate::ErrorChain(&err)),
         }
     }
@@ -244,6 +251,11 @@ async fn explain_gone_pod(
         return Err(PluginError::Unknown { namespace: request.namespace.clone(), pod: request.pod.clone() });
     }
     Ok(stories)
+}
+
+/// An agent's JSON answer read into the API's own types.
+fn typed<T: serde::de::DeserializeOwned>(answer: Value, agent: &str) -> Result<T, PluginError> {
+    serde_json::from_value(answer).map_err(|_| PluginError::NotJson { agent: agent.to_owned() })
 }
 
 /// How long each agent has to answer for a pod gone from the API.

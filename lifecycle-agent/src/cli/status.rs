@@ -331,7 +331,7 @@ fn row(c: &ContainerView, now: BootTime) -> [String; 8] {
     };
     let last_exit = match last {
         Some(ContainerState::Terminated { reason, exit_code, signal, finished_at, .. }) => {
-            let signal = signal.map(|n| format!(", {}", signal_name(n.into()))).unwrap_or_default();
+            let signal = signal.map(|n| format!(", {}", crate::model::signal::name(n.into()))).unwrap_or_default();
             let ago = age(now.since(*finished_at));
             format!("{} ({exit_code}{signal}) {ago} ago", reason.as_str())
         }
@@ -339,7 +339,23 @@ fn row(c: &ContainerView, now: BootTime) -> [String; 8] {
     };
     let termination = match &c.last_termination {
         Some(report) => {
+            let stop = report.stop_signal.as_ref();
+            let stop_name =
+                stop.map_or_else(|| "the stop signal".to_owned(), |s| crate::model::signal::name(s.signal.into()));
+            let from = stop.map(|s| format!(" from {}", s.sender.describe())).unwrap_or_default();
+            let killed_by_stop = stop.is_some_and(|s| report.exit_signal == Some(s.signal));
             let verdict = match &report.outcome {
+                TerminationOutcome::ExitedWithinGrace { .. } | TerminationOutcome::ExitedAfterStopSignal { .. }
+                    if killed_by_stop =>
+                {
+                    format!("killed by {stop_name}{from}")
+                }
+                TerminationOutcome::SigkilledAfterStopSignal { stop_to_kill_ns, .. } => {
+                    format!("SIGKILLED {} after {stop_name}{from} (no grace applies)", age(*stop_to_kill_ns))
+                }
+                TerminationOutcome::ExitedAfterStopSignal { duration_ns } => {
+                    format!("exited {} after {stop_name}{from}", age(*duration_ns))
+                }
                 TerminationOutcome::SigkilledAfterGrace { stop_to_kill_ns, .. } => {
                     format!("SIGKILLED after {} (grace violated)", age(*stop_to_kill_ns))
                 }
@@ -370,18 +386,6 @@ fn row(c: &ContainerView, now: BootTime) -> [String; 8] {
         last_exit,
         termination,
     ]
-}
-
-/// `SIGKILL` for 9: the names people read in `kill -l`.
-fn signal_name(signal: u64) -> String {
-    const NAMES: [&str; 16] = [
-        "", "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
-        "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM",
-    ];
-    match usize::try_from(signal).ok().and_then(|n| NAMES.get(n)).filter(|n| !n.is_empty()) {
-        Some(name) => (*name).to_owned(),
-        None => format!("signal {signal}"),
-    }
 }
 
 /// `kubectl`-style ages: 45s, 3m12s, 2h5m, 3d4h; sub-second as ms.
@@ -510,6 +514,30 @@ mod tests {
             "{table}"
         );
         assert_eq!(render_table("not json"), None);
+    }
+
+    #[test]
+    fn a_unit_killed_by_a_plain_kill_names_the_signal_and_its_sender_never_no_stop_signal() {
+        use crate::model::termination::{SignalSender, StopRules, StopSignalSeen};
+        let mut unit = container_view("host", "", "/t", terminated(143, Some(15), 99));
+        let killed = TerminationOutcome::ExitedAfterStopSignal { duration_ns: 1_000_000 };
+        unit.last_termination = Some(TerminationReport {
+            rules: StopRules::Unmanaged,
+            exit_signal: Some(15),
+            stop_signal: Some(StopSignalSeen {
+                time: BootTime::from_ns(99 * SECOND),
+                signal: 15,
+                sender: SignalSender::other("bash", 812),
+                matches_configured: true,
+            }),
+            ..termination_report(killed, BootTime::from_ns(99 * SECOND))
+        });
+        let table = render_table(&answer(100, vec![unit], vec![]).to_string()).expect("renders");
+        assert!(
+            table.contains("Error (143, SIGTERM) 1s ago") && table.contains("killed by SIGTERM from `bash` (pid 812)"),
+            "{table}"
+        );
+        assert!(!table.contains("without stop signal"), "{table}");
     }
 
     fn container(namespace: &str, pod: &str, name: &str) -> ContainerView {

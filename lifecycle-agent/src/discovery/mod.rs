@@ -9,6 +9,7 @@
 //! - [`netns`]: running a piece of work inside another network namespace.
 //! - [`clock`]: the boot-time clock the kernel stamps events with.
 //! - [`kmsg`]: the kernel log's account of OOM kills (which memory limit fired).
+//! - [`systemd`]: a systemd unit's stop and restart settings, over D-Bus.
 
 pub mod cgroupfs;
 pub mod clock;
@@ -18,3 +19,4 @@ pub mod kube;
 pub(crate) mod netns;
 pub mod proc;
 pub(crate) mod sockdiag;
+pub(crate) mod systemd;

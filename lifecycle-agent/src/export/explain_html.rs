@@ -1,4 +1,4 @@
-//! `explain` as a page: the same stories (`explain.rs`) drawn as an SVG timeline per stop, and a
+//! `explain` as a page: the same stories (`lifecycle_model::explain`) drawn as an SVG timeline per stop, and a
 //! node page listing the recent stops with their verdicts and causes. Served by the agent on
 //! `/explain/<namespace>/<pod>` and `/explain`, behind the same authorization as `/api/*`.
 //!
@@ -8,7 +8,11 @@
 
 use std::fmt::Write as _;
 
-use super::explain::{ContainerStory, Line};
+use lifecycle_model::{
+    explain::{ContainerStory, Line},
+    time::{BootTime, MILLISECOND},
+    wire::at::WallClock,
+};
 
 /// Escapes `text` for HTML element content and attribute values.
 fn escape(text: &str) -> String {
@@ -41,25 +45,37 @@ fn page(title: &str, body: &str) -> String {
     )
 }
 
-/// The page of one pod: a section per stop, newest first.
-pub(crate) fn pod_page(namespace: &str, pod: &str, stories: &[ContainerStory]) -> String {
-    let mut body = format!("<h1>Why {}/{} stopped</h1>", escape(namespace), escape(pod));
+/// The wall time of a line, from its story's origin and the agent's clock.
+fn wall_time(story: &ContainerStory, line: &Line, clock: WallClock) -> Option<String> {
+    let origin = story.origin?;
+    let offset_ns = (line.offset_ms? * MILLISECOND as f64) as i64;
+    clock.rfc3339(BootTime::from_ns(origin.ns().checked_add_signed(offset_ns)?))
+}
+
+/// The page of one pod (or one host unit, `namespace` `host`): a section per stop, newest first.
+pub(crate) fn pod_page(namespace: &str, pod: &str, stories: &[ContainerStory], clock: WallClock) -> String {
+    let host = namespace == lifecycle_model::explain::HOST_NAMESPACE;
+    let subject = if host { format!("host unit {pod}") } else { format!("{namespace}/{pod}") };
+    let mut body = format!("<h1>Why {} stopped</h1>", escape(&subject));
     if stories.is_empty() {
         body.push_str("<p>This node's agent knows no container or stop of this pod.</p>");
     }
     for (index, story) in stories.iter().enumerate() {
-        let _ = write!(body, "<section id=\"stop-{index}\"><h2>container {}</h2>", escape(&story.container));
+        let heading = if story.is_host_unit() { "unit".to_owned() } else { format!("container {}", story.container) };
+        let _ = write!(body, "<section id=\"stop-{index}\"><h2>{}</h2>", escape(&heading));
         let _ = write!(body, "<p class=\"verdict\">{}</p>", escape(&story.verdict));
         if let Some(cause) = &story.cause {
             let _ = write!(body, "<p class=\"cause\">cause: {}</p>", escape(cause));
         }
         body.push_str(&timeline_svg(&story.timeline));
-        body.push_str("<table><tr><th>time</th><th>source</th><th>what</th></tr>");
+        body.push_str("<table><tr><th>time</th><th>offset</th><th>source</th><th>what</th></tr>");
         for line in &story.timeline {
             let at = line.offset_ms.map(|ms| format!("{ms:+.1} ms")).unwrap_or_default();
+            let wall = wall_time(story, line, clock).unwrap_or_default();
             let _ = write!(
                 body,
-                "<tr><td class=\"t\">{}</td><td class=\"s\">{}</td><td>{}</td></tr>",
+                "<tr><td class=\"t\">{}</td><td class=\"t\">{}</td><td class=\"s\">{}</td><td>{}</td></tr>",
+                escape(&wall),
                 escape(&at),
                 line.source,
                 escape(&line.text)
@@ -67,25 +83,40 @@ pub(crate) fn pod_page(namespace: &str, pod: &str, stories: &[ContainerStory]) -
         }
         body.push_str("</table></section>");
     }
-    page(&format!("{namespace}/{pod}: lifecycle explain"), &body)
+    page(&format!("{subject}: lifecycle explain"), &body)
 }
 
-/// The node page: recent stops, newest first, each linking to its pod's page.
-pub(crate) fn node_page(node: &str, stories: &[ContainerStory]) -> String {
+/// Where a story's page is: its pod's, or its host unit's.
+fn page_of(story: &ContainerStory) -> String {
+    if story.is_host_unit() {
+        let path: Vec<String> = story.container.trim_start_matches('/').split('/').map(percent_encoded).collect();
+        format!("/explain/host/{}", path.join("/"))
+    } else {
+        format!("/explain/{}/{}", percent_encoded(&story.namespace), percent_encoded(&story.pod))
+    }
+}
+
+/// The node page: recent stops, newest first, each linking to its pod's (or host unit's) page.
+pub(crate) fn node_page(node: &str, stories: &[ContainerStory], clock: WallClock) -> String {
     let mut body = format!("<h1>Recent stops on {}</h1>", escape(node));
     if stories.is_empty() {
         body.push_str("<p>No stop judged yet.</p>");
     } else {
-        body.push_str("<table><tr><th>pod</th><th>container</th><th>cause</th><th>verdict</th></tr>");
+        body.push_str("<table><tr><th>when</th><th>pod</th><th>container</th><th>cause</th><th>verdict</th></tr>");
         for story in stories {
-            let href = format!("/explain/{}/{}", percent_encoded(&story.namespace), percent_encoded(&story.pod));
+            let when = story.origin.and_then(|origin| clock.rfc3339(origin)).unwrap_or_default();
+            let (owner, container) = if story.is_host_unit() {
+                ("host".to_owned(), story.container.clone())
+            } else {
+                (format!("{}/{}", story.namespace, story.pod), story.container.clone())
+            };
             let _ = write!(
                 body,
-                "<tr><td><a href=\"{}\">{}/{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                escape(&href),
-                escape(&story.namespace),
-                escape(&story.pod),
-                escape(&story.container),
+                "<tr><td class=\"t\">{}</td><td><a href=\"{}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&when),
+                escape(&page_of(story)),
+                escape(&owner),
+                escape(&container),
                 escape(story.cause.as_deref().unwrap_or("")),
                 escape(&story.verdict)
             );
@@ -185,16 +216,23 @@ mod tests {
                     text: "PID 1 killed by SIGKILL (exit code 137)".into(),
                 },
             ],
+            origin: Some(BootTime::from_ns(100 * lifecycle_model::time::SECOND)),
         }
+    }
+
+    /// Unix time 1,700,000,000 s at boot.
+    fn clock() -> WallClock {
+        WallClock::from_offset_seconds(1_700_000_000.0)
     }
 
     #[test]
     fn a_pod_page_draws_a_mark_per_timed_line_and_lists_every_line() {
-        let html = pod_page("shop", "web-1", &[story()]);
+        let html = pod_page("shop", "web-1", &[story()], clock());
         assert!(html.starts_with("<!DOCTYPE html>"));
         assert_eq!(html.matches("<g class=\"mark\">").count(), 3, "one mark per timed line");
         assert!(html.contains("+30001 ms  SIGKILL from the container runtime"), "{html}");
         assert_eq!(html.matches("<tr><td class=\"t\">").count(), 4, "every line in the table");
+        assert!(html.contains("2023-11-14T22:15:30.001Z"), "the SIGKILL's wall time: {html}");
         assert!(!html.contains("<script") && !html.contains("src=") && !html.contains("href=\"http"));
     }
 
@@ -203,15 +241,23 @@ mod tests {
         let mut hostile = story();
         hostile.timeline[1].text = "running: `<script>alert(1)</script>` \"quoted\"".into();
         hostile.container = "<img src=x>".into();
-        let html = pod_page("shop", "web-1", &[hostile.clone()]) + &node_page("node-a", &[hostile]);
+        let html = pod_page("shop", "web-1", &[hostile.clone()], clock()) + &node_page("node-a", &[hostile], clock());
         assert!(!html.contains("<script>") && !html.contains("<img"), "{html}");
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
     }
 
     #[test]
-    fn the_node_page_links_each_stop_to_its_pod() {
-        let html = node_page("node-a", &[story()]);
+    fn the_node_page_links_each_stop_to_its_pod_or_host_unit() {
+        let host = ContainerStory {
+            namespace: "host".into(),
+            pod: String::new(),
+            container: "/system.slice/web.service".into(),
+            ..story()
+        };
+        let html = node_page("node-a", &[story(), host], clock());
         assert!(html.contains("<a href=\"/explain/shop/web-1\">shop/web-1</a>"), "{html}");
+        assert!(html.contains("<a href=\"/explain/host/system.slice/web.service\">host</a>"), "{html}");
         assert!(html.contains("SIGKILLed 30.0s after SIGTERM"));
+        assert!(html.contains("2023-11-14T22:15:00Z"), "when: {html}");
     }
 }

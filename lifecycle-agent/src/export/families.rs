@@ -136,6 +136,7 @@ families! {
         RuntimeUp: "lifecycle_runtime_metadata_up", Gauge, [], "1 when the container runtime's CRI socket answered the last refresh, 0 while containers are named by id.";
         RuntimeFailures: "lifecycle_runtime_metadata_refresh_failures_total", Counter, [], "Refreshes of runtime metadata that failed.";
         RuntimeLastSuccess: "lifecycle_runtime_metadata_last_success_timestamp_seconds", Gauge, [], "Unix time of the last refresh the runtime answered (0: never).";
+        SystemdUnitReads: "lifecycle_systemd_unit_reads_total", Counter, ["result"], "Reads of a host unit's stop and restart settings from systemd over D-Bus, by result: read, failed (systemd refused, or the unit was gone), unreachable (no systemd answered: host units are judged by no grace), dropped (1,024 waited already; the unit's next run asks again).";
         KubernetesUp: "lifecycle_kubernetes_api_up", Gauge, [], "1 while the watch of this node's pods works, 0 while it retries.";
         KubernetesWatchErrors: "lifecycle_kubernetes_api_watch_errors_total", Counter, [], "Failures of the pod and event watches (each is retried).";
         KubernetesEvents: "lifecycle_kubernetes_events_total", Counter, ["result"], "Warnings about pods sent as Kubernetes Events, by result.";

@@ -3,7 +3,6 @@
 //! here, not in the model; label values are the model's enums' `as_str` (one spelling, which serde
 //! writes too).
 
-pub mod explain;
 pub(crate) mod explain_html;
 pub mod families;
 pub(crate) mod histogram;

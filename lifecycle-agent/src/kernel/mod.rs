@@ -30,11 +30,11 @@ use aya::{
 };
 use lifecycle_common::{names, CgroupCounters, KindStats, ProgramSettings, EVENT_KIND_COUNT};
 
+pub(crate) use self::ring::{EventStream, StreamError};
 use self::{
     layout::{KernelBtf, LayoutError},
     programs::{Attach, Program},
 };
-pub(crate) use self::ring::{EventStream, StreamError};
 
 /// The compiled kernel programs, embedded at build time.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifecycle"));

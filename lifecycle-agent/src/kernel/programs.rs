@@ -193,10 +193,18 @@ const ACCEPT: Program = Program {
 /// `cgroup_mkdir(struct cgroup *cgrp, const char *path)`, `cgroup_rmdir` alike.
 const CGROUP_MEMBERS: &[Member] = &[CgroupRoot, CgroupRootHierarchyId, CgroupKn, KernfsNodeId];
 const CGROUP_ARGS: &[(usize, Reads)] = &[(0, Reads::Struct("cgroup")), (1, Reads::Pointer)];
-const CGROUP_MKDIR: Program =
-    Program { name: names::PROG_CGROUP_MKDIR, attach: Attach::Btf("cgroup_mkdir"), args: CGROUP_ARGS, members: CGROUP_MEMBERS };
-const CGROUP_RMDIR: Program =
-    Program { name: names::PROG_CGROUP_RMDIR, attach: Attach::Btf("cgroup_rmdir"), args: CGROUP_ARGS, members: CGROUP_MEMBERS };
+const CGROUP_MKDIR: Program = Program {
+    name: names::PROG_CGROUP_MKDIR,
+    attach: Attach::Btf("cgroup_mkdir"),
+    args: CGROUP_ARGS,
+    members: CGROUP_MEMBERS,
+};
+const CGROUP_RMDIR: Program = Program {
+    name: names::PROG_CGROUP_RMDIR,
+    attach: Attach::Btf("cgroup_rmdir"),
+    args: CGROUP_ARGS,
+    members: CGROUP_MEMBERS,
+};
 
 /// A feature's program sets, preferred first: it runs the first whose needs the kernel meets.
 pub(crate) fn variants(feature: Feature) -> &'static [&'static [Program]] {
@@ -322,7 +330,10 @@ mod tests {
         btf.tracepoint("mark_victim", &[("comm", string)]);
         let btf = KernelBtf::from_bytes(btf.build()).expect("well-formed");
         let why = choose(Feature::OomKills, &btf, &all_members()).expect_err("neither form").to_string();
-        assert!(why.contains("mark_victim takes (pointer) where mark_victim reads argument 0 as struct task_struct *"), "{why}");
+        assert!(
+            why.contains("mark_victim takes (pointer) where mark_victim reads argument 0 as struct task_struct *"),
+            "{why}"
+        );
         assert!(why.contains("mark_victim_pid reads argument 0 as an integer"), "{why}");
         let why = choose(Feature::Signals, &btf, &all_members()).expect_err("no signal_generate").to_string();
         assert_eq!(why, "kernel has no tracepoint signal_generate");

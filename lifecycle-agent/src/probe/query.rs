@@ -39,7 +39,8 @@ impl Query {
     }
 }
 
-fn decode(text: &str) -> Result<String, ParseError> {
+/// `%XX` (and `+`, a space) decoded: a query value's, or a path segment's.
+pub(crate) fn decode(text: &str) -> Result<String, ParseError> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -91,7 +91,8 @@ fn read_btf(path: &Path) -> (BtfRead, Option<KernelBtf>) {
     let size = bytes.len();
     match KernelBtf::from_bytes(bytes) {
         Ok(btf) => {
-            let missing = btf.offsets().missing.iter().map(|(member, why)| format!("{} ({why})", member.field())).collect();
+            let missing =
+                btf.offsets().missing.iter().map(|(member, why)| format!("{} ({why})", member.field())).collect();
             (BtfRead::Usable { bytes: size, missing }, Some(btf))
         }
         Err(err) => (BtfRead::Unusable(ErrorChain(&err).to_string()), None),

@@ -33,7 +33,8 @@ fn btf_is_mandatory_and_an_empty_file_is_missing() {
     let path = Path::new("/sys/kernel/btf/vmlinux");
     assert_eq!(verdict(&check_btf(path, &BtfRead::Usable { bytes: 6 << 20, missing: Vec::new() })), Verdict::Ok);
     // 5.10: the socket's cgroup member is missing; only the TCP programs need it.
-    let partial = BtfRead::Usable { bytes: 6 << 20, missing: vec!["sock_cgroup (no member sk_cgrp_data.cgroup)".into()] };
+    let partial =
+        BtfRead::Usable { bytes: 6 << 20, missing: vec!["sock_cgroup (no member sk_cgrp_data.cgroup)".into()] };
     let finding = check_btf(path, &partial);
     assert_eq!(verdict(&finding), Verdict::Ok, "{finding:?}");
     assert!(finding.found.contains("sock_cgroup") && finding.found.contains("programs line"), "{finding:?}");
