@@ -75,6 +75,8 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
                 "faults",
                 "--test",
                 "doctor",
+                "--test",
+                "host_units",
             ])),
             Tier::Runtime => {
                 // The dashboards test runs its checker with the venv's Python when it exists, so
