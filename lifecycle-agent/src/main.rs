@@ -270,6 +270,12 @@ impl SensorArgs {
 }
 
 fn main() -> ExitCode {
+    // `doctor`'s proof children (`cli/doctor/proof.rs`): this binary doing one thing with nothing
+    // else started, not a command people type.
+    let mut args = std::env::args();
+    if args.nth(1).as_deref() == Some(lifecycle_agent::cli::doctor::proof::CHILD_COMMAND) {
+        return lifecycle_agent::cli::doctor::proof::child(&args.next().unwrap_or_default());
+    }
     let cli = Cli::parse();
     let json_logs = matches!(&cli.command, Command::Run(args) if args.log_format == LogFormat::Json);
     let mut logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));

@@ -15,11 +15,12 @@ use lifecycle_testkit::require_privileges;
 const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
 const BTF: &str = "/sys/kernel/btf/vmlinux";
 /// Every check the report has on any machine (health-listen only appears when given).
-const CHECKS: [&str; 13] = [
+const CHECKS: [&str; 14] = [
     "kernel",
     "btf",
     "tracepoints",
     "programs",
+    "features",
     "capabilities",
     "memlock",
     "cgroups",
@@ -80,6 +81,14 @@ fn doctor_prints_every_check_and_exits_zero_only_when_nothing_is_missing() {
     // Root on a BTF kernel (what require_privileges! checked): these hold on any such machine.
     for check in ["kernel", "btf", "capabilities"] {
         assert_eq!(line_of(&report, check).0, "ok", "{check}: {}", show(&output));
+    }
+    // Every feature attached here made its record when doctor made its event, OOM kills included.
+    let (result, _, found) = line_of(&report, "features");
+    assert_eq!(result, "ok", "{}", show(&output));
+    for feature in
+        ["process_exec", "process_exit", "signals", "oom_kills", "tcp_sockets", "tcp_accepts", "cgroup_events"]
+    {
+        assert!(found.contains(feature), "{feature} proven: {}", show(&output));
     }
 
     let json = Command::new(AGENT).args(["doctor", "-o", "json", "--no-load"]).output().expect("run doctor -o json");

@@ -11,6 +11,7 @@
 
 mod kernel;
 mod node;
+pub mod proof;
 mod services;
 #[cfg(test)]
 mod tests;

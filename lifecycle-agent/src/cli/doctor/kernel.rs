@@ -235,6 +235,51 @@ pub(crate) fn check_programs(load: &ProgramLoad) -> Finding {
     }
 }
 
+/// Whether each feature that attached made its record when `doctor` made the event
+/// (`proof.rs`): a feature that attaches and sees nothing would have the agent claim what it
+/// cannot do.
+pub(crate) fn check_features(load: &ProgramLoad, proofs: Option<&[(Feature, super::proof::Proof)]>) -> Finding {
+    use super::proof::Proof;
+    const CHECK: &str = "features";
+    let Some(proofs) = proofs else {
+        return match load {
+            ProgramLoad::Loaded(_) => {
+                Finding::warn(CHECK, "not proven: the event stream was taken", "run doctor again")
+            }
+            _ => Finding::skip(CHECK, "not proven: the programs were not loaded"),
+        };
+    };
+    let named = |wanted: fn(&Proof) -> bool| -> Vec<String> {
+        proofs
+            .iter()
+            .filter(|(_, proof)| wanted(proof))
+            .map(|(feature, proof)| match proof {
+                Proof::Seen => feature.name().to_owned(),
+                Proof::NotSeen(why) | Proof::NotMade(why) => format!("{} ({why})", feature.name()),
+            })
+            .collect()
+    };
+    let seen = named(|p| matches!(p, Proof::Seen));
+    let not_seen = named(|p| matches!(p, Proof::NotSeen(_)));
+    let not_made = named(|p| matches!(p, Proof::NotMade(_)));
+    if !not_seen.is_empty() {
+        return Finding::missing(
+            CHECK,
+            format!("attached but saw nothing: {}; proven: {}", not_seen.join(", "), seen.join(", ")),
+            "the agent would report these features on while their events cannot arrive: report the kernel \
+             version (`uname -r`) with this line",
+        );
+    }
+    if !not_made.is_empty() {
+        return Finding::warn(
+            CHECK,
+            format!("proven by their own records: {}; not proven here: {}", seen.join(", "), not_made.join(", ")),
+            "the proof needs to make the event (a cgroup, a memory limit): run doctor as the agent runs",
+        );
+    }
+    Finding::ok(CHECK, format!("proven by their own records: {}", seen.join(", ")))
+}
+
 // ---- capabilities ---------------------------------------------------------------------------
 
 /// Capability bit numbers (linux/capability.h).

@@ -15,18 +15,19 @@ use kube::api::{Api, PostParams};
 
 use super::{
     cap, cgroup_layout, check_btf, check_capabilities, check_cgroups, check_clock, check_clock_sync, check_cri,
-    check_kernel, check_kubernetes, check_memlock, check_port, check_programs, check_tracepoints, has_capability,
-    listening_inodes, parse_cap_eff, ApiReach, BtfRead, ClockSync, DoctorArgs, Finding, Holder, KernelVersion, Memlock,
-    PortRole, PortState, ProgramLoad, SocketOrigin, SocketProbe, SocketState, TracepointKind, TracepointSeen,
-    DISTRIBUTION_SOCKETS, PERMISSIONS, TRACEPOINTS,
+    check_features, check_kernel, check_kubernetes, check_memlock, check_port, check_programs, check_tracepoints,
+    has_capability, listening_inodes, parse_cap_eff, ApiReach, BtfRead, ClockSync, DoctorArgs, Finding, Holder,
+    KernelVersion, Memlock, PortRole, PortState, ProgramLoad, SocketOrigin, SocketProbe, SocketState, TracepointKind,
+    TracepointSeen, DISTRIBUTION_SOCKETS, PERMISSIONS, TRACEPOINTS,
 };
 use crate::{
+    cli::doctor::proof::{self, Proof},
     discovery::{
         clock::{boottime_ns, realtime_ns},
         cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
         kube::watch::{KubeError, KubeSource},
     },
-    kernel::{layout::KernelBtf, Sensor, SensorConfig},
+    kernel::{layout::KernelBtf, Feature, Sensor, SensorConfig},
     ErrorChain,
 };
 
@@ -46,13 +47,14 @@ pub(super) async fn examine(args: &DoctorArgs) -> Vec<Finding> {
     let tracepoints = tracepoints_seen(btf.as_ref(), &args.tracefs);
     // The parse is 5-6 MB: let it go before the sensor makes its own.
     drop(btf);
-    let load = load_programs(args, &btf_read, effective);
+    let (load, proofs) = load_programs(args, &btf_read, effective);
 
     let mut findings = vec![
         check_kernel(&release),
         check_btf(&args.btf, &btf_read),
         check_tracepoints(&tracepoints),
         check_programs(&load),
+        check_features(&load, proofs.as_deref()),
         check_capabilities(effective),
         check_memlock(kernel, memlock(), effective.is_some_and(|caps| has_capability(caps, cap::SYS_RESOURCE))),
         check_cgroups(&cgroup_layout(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())),
@@ -119,42 +121,58 @@ fn tracepoints_seen(btf: Option<&KernelBtf>, tracefs: &Path) -> Vec<TracepointSe
         .collect()
 }
 
-/// Loads and attaches the programs exactly as `run` does, then detaches them (the sensor is
-/// dropped): the only way to hear the verifier, lockdown and the LSMs.
-fn load_programs(args: &DoctorArgs, btf: &BtfRead, effective: Option<u64>) -> ProgramLoad {
+/// Loads and attaches the programs exactly as `run` does, proves each feature that attached
+/// with records of its own making (`proof.rs`), then detaches them (the sensor is dropped): the
+/// only way to hear the verifier, lockdown and the LSMs, and to know a feature that says it runs
+/// does.
+fn load_programs(
+    args: &DoctorArgs,
+    btf: &BtfRead,
+    effective: Option<u64>,
+) -> (ProgramLoad, Option<Vec<(Feature, Proof)>>) {
     if args.no_load {
-        return ProgramLoad::NotTried("--no-load".to_owned());
+        return (ProgramLoad::NotTried("--no-load".to_owned()), None);
     }
     if !matches!(btf, BtfRead::Usable { .. }) {
-        return ProgramLoad::NotTried("no usable BTF".to_owned());
+        return (ProgramLoad::NotTried("no usable BTF".to_owned()), None);
     }
     // The same test as the sensor's own: CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON.
     let privileged = effective.is_none_or(|caps| {
         has_capability(caps, cap::SYS_ADMIN) || (has_capability(caps, cap::BPF) && has_capability(caps, cap::PERFMON))
     });
     if !privileged {
-        return ProgramLoad::NotTried("needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN".to_owned());
+        return (ProgramLoad::NotTried("needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN".to_owned()), None);
     }
+    // Its own accepts are among the proofs: record them.
     let config = SensorConfig {
         btf_path: args.btf.clone(),
         tracefs_path: args.tracefs.clone(),
-        ignore_tgid: std::process::id(),
+        ignore_tgid: 0,
         ..SensorConfig::default()
     };
     match Sensor::load(&config) {
-        Ok(sensor) => ProgramLoad::Loaded(
-            sensor
-                .features()
-                .iter()
-                .map(|state| {
-                    let off = (!state.enabled).then(|| {
-                        state.reason.as_ref().map_or("off".to_owned(), |reason| ErrorChain(reason.as_ref()).to_string())
-                    });
-                    (state.feature.name(), off)
-                })
-                .collect(),
-        ),
-        Err(err) => ProgramLoad::Failed(ErrorChain(&err).to_string()),
+        Ok(mut sensor) => {
+            let load = ProgramLoad::Loaded(
+                sensor
+                    .features()
+                    .iter()
+                    .map(|state| {
+                        let off = (!state.enabled).then(|| {
+                            state
+                                .reason
+                                .as_ref()
+                                .map_or("off".to_owned(), |reason| ErrorChain(reason.as_ref()).to_string())
+                        });
+                        (state.feature.name(), off)
+                    })
+                    .collect(),
+            );
+            let enabled: Vec<Feature> = sensor.features().iter().filter(|s| s.enabled).map(|s| s.feature).collect();
+            let root = crate::discovery::cgroupfs::CgroupRoot::detect().ok();
+            let proofs = sensor.take_events().map(|mut stream| proof::prove(&mut stream, &enabled, root.as_ref()));
+            (load, proofs)
+        }
+        Err(err) => (ProgramLoad::Failed(ErrorChain(&err).to_string()), None),
     }
 }
 
