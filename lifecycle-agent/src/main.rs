@@ -226,6 +226,18 @@ struct SensorArgs {
     /// Kernel features not to attach. Repeatable.
     #[arg(long, value_enum)]
     disable: Vec<FeatureArg>,
+    /// Have the kernel account each program's runs and time (BPF_ENABLE_STATS, held by the
+    /// agent: lifecycle_kernel_program_run_seconds_total and _runs_total). While held, every BPF
+    /// program on the node is accounted: two clock reads per run (docs/metrics.md gives the cost).
+    #[arg(long, value_enum, default_value = "on")]
+    kernel_stats: Switch,
+}
+
+/// On or off.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Switch {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -259,6 +271,7 @@ impl SensorArgs {
             wakeup_bytes: self.wakeup_bytes,
             ignore_tgid: std::process::id(),
             disabled: self.disable.iter().map(|&f| f.into()).collect(),
+            kernel_stats: self.kernel_stats == Switch::On,
         }
     }
 

@@ -5,11 +5,14 @@
 //! What is here and why: `syslog(2)`'s read of the kernel log (rustix has no `klogctl`),
 //! glibc's allocator controls (`mallopt`, `malloc_trim`: glibc's, not the kernel's),
 //! `adjtimex(2)` in read-only mode, the `TCP_DEFER_ACCEPT` socket option (not among rustix's
-//! typed options) and the BPF map batch lookup (aya has no batch read).
+//! typed options), the BPF map batch lookup (aya has no batch read) and a program's run
+//! statistics by its fd (aya 0.14 reads them only through the `Ebpf` that owns the program, or
+//! by walking every program on the node: `loaded_programs`, three system calls per program at
+//! every scrape on a node whose CNI loads dozens).
 
 use std::{
     io,
-    os::fd::{AsFd, AsRawFd as _},
+    os::fd::{AsFd, AsRawFd as _, BorrowedFd},
 };
 
 /// A failed system call: which one, and the kernel's error.
@@ -145,4 +148,56 @@ pub(crate) unsafe fn bpf_map_lookup_batch<A>(attr: &mut A) -> Result<(), SysErro
         return Err(SysError::last("bpf(BPF_MAP_LOOKUP_BATCH)"));
     }
     Ok(())
+}
+
+/// What `bpf_prog_info` says of a program's cost since `BPF_ENABLE_STATS` was first held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ProgramRunStats {
+    /// Nanoseconds spent in the program, summed over every run.
+    pub(crate) run_time_ns: u64,
+    /// Runs counted.
+    pub(crate) run_count: u64,
+}
+
+/// `struct bpf_prog_info` up to `run_cnt`, the fields the statistics need (the kernel fills what
+/// fits the size given and zeroes nothing beyond it; layout from `include/uapi/linux/bpf.h`,
+/// unchanged since 5.1 for these offsets).
+#[repr(C)]
+struct ProgInfoHead {
+    before_run_time: [u8; 192],
+    run_time_ns: u64,
+    run_cnt: u64,
+}
+
+/// The `info` member of `union bpf_attr`.
+#[repr(C)]
+struct ObjInfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// `bpf(BPF_OBJ_GET_INFO_BY_FD)` for the run statistics of the program behind `program`.
+pub(crate) fn bpf_prog_run_stats(program: BorrowedFd<'_>) -> Result<ProgramRunStats, SysError> {
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    let mut info = ProgInfoHead { before_run_time: [0; 192], run_time_ns: 0, run_cnt: 0 };
+    let mut attr = ObjInfoAttr {
+        bpf_fd: program.as_raw_fd() as u32,
+        info_len: std::mem::size_of::<ProgInfoHead>() as u32,
+        info: std::ptr::addr_of_mut!(info) as u64,
+    };
+    // SAFETY: `attr` points at `info`, which lives for the call and is `info_len` bytes long;
+    // the kernel writes at most that many.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            std::ptr::addr_of_mut!(attr),
+            std::mem::size_of::<ObjInfoAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(SysError::last("bpf(BPF_OBJ_GET_INFO_BY_FD)"));
+    }
+    Ok(ProgramRunStats { run_time_ns: info.run_time_ns, run_count: info.run_cnt })
 }

@@ -69,6 +69,14 @@ impl KernelStats for SensorMaps {
     fn counter_entries(&self) -> usize {
         SensorMaps::counter_entries(self)
     }
+
+    fn program_costs(&self) -> Vec<crate::kernel::ProgramCost> {
+        SensorMaps::program_costs(self)
+    }
+
+    fn own_usage(&self) -> Option<(f64, u64)> {
+        crate::discovery::proc::own_usage()
+    }
 }
 
 /// Settings for a running agent.

@@ -28,6 +28,15 @@ use crate::model::time::SECOND;
 pub use crate::model::probe::{ProcessSample, ProcessState};
 
 /// The agent's own effective capability set (`CapEff`), if /proc can tell.
+/// This process's CPU time (seconds, user and system) and resident memory (bytes).
+pub(crate) fn own_usage() -> Option<(f64, u64)> {
+    let me = procfs::process::Process::myself().ok()?;
+    let stat = me.stat().ok()?;
+    let ticks = procfs::ticks_per_second() as f64;
+    let statm = me.statm().ok()?;
+    Some(((stat.utime + stat.stime) as f64 / ticks, statm.resident * procfs::page_size()))
+}
+
 pub(crate) fn effective_capabilities() -> Option<u64> {
     procfs::process::Process::myself().ok()?.status().ok().map(|status| status.capeff)
 }

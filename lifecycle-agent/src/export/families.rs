@@ -129,6 +129,10 @@ families! {
         KernelMapFull: "lifecycle_kernel_map_full_total", Counter, ["map", "kind"], "Updates a kernel map refused because it was full, by map and event kind.";
         EventDecodeErrors: "lifecycle_event_decode_errors_total", Counter, [], "Ring records the agent could not decode.";
         KernelMapEntries: "lifecycle_kernel_map_entries", Gauge, ["map"], "Entries in use in a kernel map.";
+        KernelProgramRunSeconds: "lifecycle_kernel_program_run_seconds_total", Counter, ["program"], "Time the kernel spent running each of the agent's programs, as the kernel accounts it (BPF_ENABLE_STATS, held by the agent unless --kernel-stats off).";
+        AgentCpu: "lifecycle_agent_cpu_seconds_total", Counter, [], "CPU time the agent's own process used, user and system (/proc/self/stat).";
+        AgentResidentMemory: "lifecycle_agent_resident_memory_bytes", Gauge, [], "Resident memory of the agent's own process (/proc/self/statm).";
+        KernelProgramRuns: "lifecycle_kernel_program_runs_total", Counter, ["program"], "Runs of each of the agent's programs, as the kernel accounts them (with lifecycle_kernel_program_run_seconds_total: the kernel's time per event).";
         KernelMapCapacity: "lifecycle_kernel_map_capacity", Gauge, ["map"], "Entries a kernel map can hold.";
         EventToState: "lifecycle_event_to_state_seconds", Histogram, [], "From the kernel seeing the exit of a container's main process (a host unit's last) to the container state reflecting it.";
         StateRepairs: "lifecycle_state_repairs_total", Counter, ["kind"], "State repaired from /proc and cgroupfs after ring records were lost, by kind: exit (a process found gone), cgroup_removed, cgroup_created.";

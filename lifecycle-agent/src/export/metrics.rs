@@ -14,7 +14,7 @@ use super::families::AgentFamily;
 use prometheus::{
     core::{Collector, Desc},
     proto::MetricFamily,
-    Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Metric name prefix.
@@ -36,6 +36,14 @@ pub(crate) trait KernelStats: Send + Sync {
     fn kind_stats(&self) -> [KindStats; EVENT_KIND_COUNT];
     /// Entries in use in the per-cgroup counter map.
     fn counter_entries(&self) -> usize;
+    /// Each program's runs and time, when the kernel accounts them.
+    fn program_costs(&self) -> Vec<crate::kernel::ProgramCost> {
+        Vec::new()
+    }
+    /// The agent's own CPU time (seconds, user and system) and resident memory (bytes).
+    fn own_usage(&self) -> Option<(f64, u64)> {
+        None
+    }
 }
 
 /// One kernel feature's state, for `lifecycle_feature_enabled`.
@@ -350,6 +358,10 @@ struct KernelStatsCollector {
     decode_errors: IntCounterVec,
     map_entries: IntGaugeVec,
     map_capacity: IntGaugeVec,
+    program_seconds: CounterVec,
+    program_runs: IntCounterVec,
+    own_cpu: prometheus::Counter,
+    own_rss: IntGauge,
     descs: Vec<Desc>,
 }
 
@@ -363,7 +375,15 @@ impl KernelStatsCollector {
         let map_entries = vec_of(AgentFamily::KernelMapEntries, IntGaugeVec::new)?;
         let map_capacity = vec_of(AgentFamily::KernelMapCapacity, IntGaugeVec::new)?;
         map_capacity.with_label_values(&["cgroup_counters"]).set(i64::from(capacity));
+        let program_seconds = vec_of(AgentFamily::KernelProgramRunSeconds, CounterVec::new)?;
+        let program_runs = vec_of(AgentFamily::KernelProgramRuns, IntCounterVec::new)?;
+        let own_cpu = prometheus::Counter::with_opts(AgentFamily::AgentCpu.family().opts())?;
+        let own_rss = IntGauge::with_opts(AgentFamily::AgentResidentMemory.family().opts())?;
         let descs = [
+            &program_seconds.desc(),
+            &program_runs.desc(),
+            &own_cpu.desc(),
+            &own_rss.desc(),
             &submitted.desc(),
             &lost.desc(),
             &rate_limited.desc(),
@@ -385,6 +405,10 @@ impl KernelStatsCollector {
             decode_errors,
             map_entries,
             map_capacity,
+            program_seconds,
+            program_runs,
+            own_cpu,
+            own_rss,
             descs,
         })
     }
@@ -413,7 +437,19 @@ impl Collector for KernelStatsCollector {
         );
         let entries = self.maps.counter_entries();
         self.map_entries.with_label_values(&["cgroup_counters"]).set(i64::try_from(entries).unwrap_or(i64::MAX));
-        let mut out = Vec::new();
+        for cost in self.maps.program_costs() {
+            let seconds = self.program_seconds.with_label_values(&[cost.program]);
+            seconds.inc_by((crate::model::time::seconds(cost.run_time_ns) - seconds.get()).max(0.0));
+            set_counter(&self.program_runs.with_label_values(&[cost.program]), cost.runs);
+        }
+        let mut out = self.program_seconds.collect();
+        out.extend(self.program_runs.collect());
+        if let Some((cpu_seconds, rss_bytes)) = self.maps.own_usage() {
+            self.own_cpu.inc_by((cpu_seconds - self.own_cpu.get()).max(0.0));
+            self.own_rss.set(i64::try_from(rss_bytes).unwrap_or(i64::MAX));
+            out.extend(self.own_cpu.collect());
+            out.extend(self.own_rss.collect());
+        }
         for c in [&self.submitted, &self.lost, &self.rate_limited, &self.map_full, &self.decode_errors] {
             out.extend(c.collect());
         }

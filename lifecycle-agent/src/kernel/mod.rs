@@ -17,7 +17,7 @@ use crate::ErrorChain;
 use std::{
     collections::HashSet,
     io,
-    os::fd::AsFd as _,
+    os::fd::{AsFd as _, OwnedFd},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -149,6 +149,9 @@ pub struct SensorConfig {
     pub ignore_tgid: u32,
     /// Features not to attach at all.
     pub disabled: Vec<Feature>,
+    /// Hold `BPF_ENABLE_STATS` so the kernel accounts each program's runs and time (every BPF
+    /// program on the node is accounted while it is held: two clock reads per run).
+    pub kernel_stats: bool,
 }
 
 impl Default for SensorConfig {
@@ -161,6 +164,7 @@ impl Default for SensorConfig {
             wakeup_bytes: ProgramSettings::default().wakeup_bytes,
             ignore_tgid: 0,
             disabled: Vec::new(),
+            kernel_stats: true,
         }
     }
 }
@@ -216,6 +220,32 @@ pub struct SensorMaps {
     /// The entry count of the last whole read, and when it was made (see
     /// [`SensorMaps::counter_entries`]).
     last_read: Mutex<Option<(Instant, usize)>>,
+    /// Each attached program, for its run statistics.
+    programs: Vec<(&'static str, aya::programs::ProgramFd)>,
+    /// `BPF_ENABLE_STATS` while held (closing it stops the kernel's accounting), or why not.
+    accounting: Result<OwnedFd, Arc<StatsError>>,
+}
+
+/// Why the kernel does not account the programs' runs.
+#[derive(Debug, thiserror::Error)]
+pub enum StatsError {
+    /// Turned off with `--kernel-stats off`.
+    #[error("turned off (--kernel-stats off)")]
+    Off,
+    /// The kernel refused (`BPF_ENABLE_STATS` is 5.8+).
+    #[error("BPF_ENABLE_STATS refused")]
+    Refused(#[source] io::Error),
+}
+
+/// One program's cost, as the kernel accounts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgramCost {
+    /// The program's name in the object (`sched_process_exit`).
+    pub program: &'static str,
+    /// Nanoseconds spent in it since the agent started holding `BPF_ENABLE_STATS`.
+    pub run_time_ns: u64,
+    /// Its runs since then.
+    pub runs: u64,
 }
 
 /// How recent a whole read of the counter map must be for its entry count to answer
@@ -267,6 +297,26 @@ impl SensorMaps {
                 entries
             }
         }
+    }
+
+    /// Each attached program's runs and time, when the kernel accounts them (see
+    /// [`SensorConfig::kernel_stats`]); empty otherwise.
+    pub fn program_costs(&self) -> Vec<ProgramCost> {
+        if self.accounting.is_err() {
+            return Vec::new();
+        }
+        self.programs
+            .iter()
+            .filter_map(|(program, fd)| {
+                let stats = crate::sys::bpf_prog_run_stats(fd.as_fd()).ok()?;
+                Some(ProgramCost { program, run_time_ns: stats.run_time_ns, runs: stats.run_count })
+            })
+            .collect()
+    }
+
+    /// Whether the kernel accounts the programs' runs, or why not.
+    pub fn kernel_stats(&self) -> Result<(), Arc<StatsError>> {
+        self.accounting.as_ref().map(|_| ()).map_err(Arc::clone)
     }
 
     /// Counters of one cgroup, if it has any.
@@ -370,6 +420,13 @@ impl Sensor {
         };
         release_load_memory();
 
+        // Before the first event: a program's costs count from its first run.
+        let accounting = match config.kernel_stats {
+            false => Err(Arc::new(StatsError::Off)),
+            true => aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                .map_err(|err| Arc::new(StatsError::Refused(io::Error::other(err)))),
+        };
+        let programs = attached_programs(&ebpf, &features);
         let counters = take_map(&mut ebpf, names::COUNTERS_MAP)?;
         let counters =
             BpfHashMap::try_from(counters).map_err(|source| SensorError::Map { name: names::COUNTERS_MAP, source })?;
@@ -387,6 +444,8 @@ impl Sensor {
                 batch_buffers: Default::default(),
                 stats,
                 last_read: Mutex::new(None),
+                programs,
+                accounting,
             }),
             events: Some(EventStream::new(ring)),
         })
@@ -419,6 +478,22 @@ impl Sensor {
     pub fn take_events(&mut self) -> Option<EventStream> {
         self.events.take()
     }
+}
+
+/// Each program of the attached features, with a copy of its fd (the `Ebpf` keeps its own).
+fn attached_programs(ebpf: &Ebpf, features: &[FeatureState]) -> Vec<(&'static str, aya::programs::ProgramFd)> {
+    let names: Vec<&'static str> = Feature::ALL
+        .iter()
+        .filter(|f| features.iter().any(|s| s.feature == **f && s.enabled))
+        .flat_map(|&f| programs::variants(f).iter().flat_map(|set| set.iter().map(|p| p.name)))
+        .collect();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let fd = ebpf.program(name)?.fd().ok()?.try_clone().ok()?;
+            Some((name, fd))
+        })
+        .collect()
 }
 
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, SensorError> {
