@@ -155,6 +155,57 @@ fn events_prints_json_lines_for_one_cgroup() {
     assert!(lines.iter().all(|l| l["cgroup_id"] == cg.id));
 }
 
+/// The sum of a family's samples whose labels contain `labels` in a `/metrics` body.
+fn sample_sum(body: &str, family: &str, labels: &str) -> f64 {
+    body.lines()
+        .filter(|line| line.starts_with(family) && line[family.len()..].starts_with('{') && line.contains(labels))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn the_kernel_accounts_each_programs_runs_and_the_agent_exports_them() {
+    require_privileges!();
+    let addr = format!("127.0.0.1:{}", lifecycle_testkit::agent::free_port());
+    let mut agent = KillOnDrop(Command::new(AGENT).args(["run", "--listen", &addr]).spawn().expect("start agent"));
+    wait_healthy(&addr, &mut agent.0);
+    let runs = |program: &str| {
+        let body = http_get(&addr, "/metrics").expect("metrics");
+        let label = format!("program=\"{program}\"");
+        (
+            sample_sum(&body, "lifecycle_kernel_program_runs_total", &label),
+            sample_sum(&body, "lifecycle_kernel_program_run_seconds_total", &label),
+        )
+    };
+    let (exits_before, seconds_before) = runs("sched_process_exit");
+    const EXITS: u32 = 300;
+    let mut cg = TestCgroup::new("program-runs");
+    for _ in 0..EXITS {
+        assert!(cg.spawn(&mut Command::new("/bin/true")).wait().expect("true").success());
+    }
+    // Counted by the kernel as each exit happens; a scrape reads the counts then.
+    let (exits, seconds) = runs("sched_process_exit");
+    assert!(exits - exits_before >= f64::from(EXITS), "{EXITS} exits, runs_total moved by {}", exits - exits_before);
+    assert!(seconds > seconds_before, "the time spent in them moved too");
+    let (execs, _) = runs("sched_process_exec");
+    assert!(execs >= f64::from(EXITS), "{execs} exec runs");
+    let body = http_get(&addr, "/metrics").expect("metrics");
+    let value = |name: &str| {
+        body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok()).unwrap_or_default()
+    };
+    assert!(value("lifecycle_agent_resident_memory_bytes") > 1e6, "the agent's own RSS: {body}");
+    assert!(value("lifecycle_agent_cpu_seconds_total") > 0.0, "the agent's own CPU: {body}");
+    drop(agent);
+
+    // Turned off, the kernel accounts nothing for the agent and no program series is served.
+    let mut agent = KillOnDrop(
+        Command::new(AGENT).args(["run", "--listen", &addr, "--kernel-stats", "off"]).spawn().expect("agent"),
+    );
+    wait_healthy(&addr, &mut agent.0);
+    let body = http_get(&addr, "/metrics").expect("metrics");
+    assert!(!body.contains("lifecycle_kernel_program_runs_total{"), "{body}");
+}
+
 fn one_sentence_failure(args: &[&str], expected: &str) {
     let output = Command::new(AGENT).args(args).output().expect("run agent");
     assert!(!output.status.success());

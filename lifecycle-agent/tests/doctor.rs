@@ -15,12 +15,13 @@ use lifecycle_testkit::require_privileges;
 const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
 const BTF: &str = "/sys/kernel/btf/vmlinux";
 /// Every check the report has on any machine (health-listen only appears when given).
-const CHECKS: [&str; 14] = [
+const CHECKS: [&str; 15] = [
     "kernel",
     "btf",
     "tracepoints",
     "programs",
     "features",
+    "kernel-cost",
     "capabilities",
     "memlock",
     "cgroups",

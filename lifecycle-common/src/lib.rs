@@ -461,8 +461,12 @@ pub mod names {
     /// The `.rodata` global holding [`super::ProgramSettings`].
     pub const SETTINGS_GLOBAL: &str = "PROGRAM_SETTINGS";
 
+    /// Reads the task directly (BTF-checked loads); `_probe` reads it with helpers, for a kernel
+    /// whose verifier refuses that.
     pub const PROG_EXEC: &str = "sched_process_exec";
+    pub const PROG_EXEC_PROBE: &str = "sched_process_exec_probe";
     pub const PROG_EXIT: &str = "sched_process_exit";
+    pub const PROG_EXIT_PROBE: &str = "sched_process_exit_probe";
     pub const PROG_SIGNAL: &str = "signal_generate";
     /// `mark_victim(struct task_struct *, uid_t)`, the prototype of 6.1.130 and later.
     pub const PROG_OOM: &str = "mark_victim";

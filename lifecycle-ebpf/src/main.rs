@@ -151,38 +151,95 @@ macro_rules! setting {
     };
 }
 
-/// Reads a `T` at `base + offset` in kernel memory.
-#[inline(always)]
-fn read<T>(base: *const u8, offset: usize) -> Result<T, i64> {
-    if base.is_null() {
-        return Err(-1);
+/// How a program reads kernel memory at `base + offset`.
+///
+/// [`Probe`] calls `bpf_probe_read_kernel` for each read: any pointer, a helper call each.
+/// [`Direct`] makes a plain load, which the verifier checks against the kernel's BTF when the
+/// pointer is BTF-typed (a `tp_btf` argument, or a pointer member loaded from one): the load
+/// becomes a fault-tolerant one that reads 0 instead of faulting, at the cost of a load. The exec
+/// and exit programs run on every process of the node, so they read directly; each also exists
+/// reading with helpers, which the agent loads where a kernel's verifier refuses the direct one.
+trait Memory {
+    fn get<T: Copy>(base: *const u8, offset: usize) -> Result<T, i64>;
+
+    #[inline(always)]
+    fn ptr(base: *const u8, offset: usize) -> Result<*const u8, i64> {
+        Self::get::<*const u8>(base, offset)
     }
-    // SAFETY: bpf_probe_read_kernel validates the address and fails instead of faulting.
-    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset) as *const T) }.map_err(|e| e as i64)
+}
+
+/// Reads with `bpf_probe_read_kernel` (see [`Memory`]).
+struct Probe;
+
+impl Memory for Probe {
+    #[inline(always)]
+    fn get<T: Copy>(base: *const u8, offset: usize) -> Result<T, i64> {
+        if base.is_null() {
+            return Err(-1);
+        }
+        // SAFETY: bpf_probe_read_kernel validates the address and fails instead of faulting.
+        unsafe { bpf_probe_read_kernel(base.wrapping_add(offset) as *const T) }.map_err(|e| e as i64)
+    }
+}
+
+/// Reads with plain loads from BTF-typed pointers (see [`Memory`]).
+struct Direct;
+
+impl Memory for Direct {
+    #[inline(always)]
+    fn get<T: Copy>(base: *const u8, offset: usize) -> Result<T, i64> {
+        if base.is_null() {
+            return Err(-1);
+        }
+        // SAFETY: `base` is BTF-typed, so the verifier checks the access against the kernel's
+        // BTF and makes it a load that cannot fault (see [`Memory`]).
+        Ok(unsafe { core::ptr::read_volatile(base.wrapping_add(offset) as *const T) })
+    }
+}
+
+/// Reads a `T` at `base + offset` in kernel memory with a helper call (any pointer).
+#[inline(always)]
+fn read<T: Copy>(base: *const u8, offset: usize) -> Result<T, i64> {
+    Probe::get(base, offset)
 }
 
 #[inline(always)]
 fn read_ptr(base: *const u8, offset: usize) -> Result<*const u8, i64> {
-    read::<*const u8>(base, offset)
+    Probe::ptr(base, offset)
 }
 
 /// cgroup v2 id of a task: `task->cgroups->dfl_cgrp->kn->id`.
 #[inline(always)]
 fn task_cgroup_id(task: *const u8) -> Result<u64, i64> {
-    let css_set = read_ptr(task, off!(task_cgroups))?;
-    let cgroup = read_ptr(css_set, off!(css_set_dfl_cgrp))?;
-    cgroup_id(cgroup)
+    task_cgroup_id_with::<Probe>(task)
+}
+
+#[inline(always)]
+fn task_cgroup_id_with<M: Memory>(task: *const u8) -> Result<u64, i64> {
+    let css_set = M::ptr(task, off!(task_cgroups))?;
+    let cgroup = M::ptr(css_set, off!(css_set_dfl_cgrp))?;
+    cgroup_id_with::<M>(cgroup)
 }
 
 #[inline(always)]
 fn cgroup_id(cgroup: *const u8) -> Result<u64, i64> {
-    let kn = read_ptr(cgroup, off!(cgroup_kn))?;
-    read::<u64>(kn, off!(kernfs_node_id))
+    cgroup_id_with::<Probe>(cgroup)
+}
+
+#[inline(always)]
+fn cgroup_id_with<M: Memory>(cgroup: *const u8) -> Result<u64, i64> {
+    let kn = M::ptr(cgroup, off!(cgroup_kn))?;
+    M::get::<u64>(kn, off!(kernfs_node_id))
 }
 
 #[inline(always)]
 fn task_comm(task: *const u8) -> [u8; TASK_COMM_LEN] {
-    read::<[u8; TASK_COMM_LEN]>(task, off!(task_comm)).unwrap_or([0; TASK_COMM_LEN])
+    task_comm_with::<Probe>(task)
+}
+
+#[inline(always)]
+fn task_comm_with<M: Memory>(task: *const u8) -> [u8; TASK_COMM_LEN] {
+    M::get::<[u8; TASK_COMM_LEN]>(task, off!(task_comm)).unwrap_or([0; TASK_COMM_LEN])
 }
 
 #[inline(always)]

@@ -3,28 +3,38 @@
 
 use super::*;
 
+/// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)`, reading
+/// the task directly (see [`Memory`]).
 #[btf_tracepoint(function = "sched_process_exec")]
-pub fn sched_process_exec(_ctx: BtfTracePointContext) -> i32 {
-    let _ = try_exec();
+pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
+    let _ = try_exec::<Direct>(&ctx);
     0
 }
 
-fn try_exec() -> Result<(), i64> {
+/// The same, reading with helpers.
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn sched_process_exec_probe(ctx: BtfTracePointContext) -> i32 {
+    let _ = try_exec::<Probe>(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_exec<M: Memory>(ctx: &BtfTracePointContext) -> Result<(), i64> {
     if is_agent() {
         return Ok(());
     }
     let header = current_header(EventKind::Exec);
     bump(header.cgroup_id, offset_of!(CgroupCounters, execs), EventKind::Exec);
-    // SAFETY: helper without preconditions; the task pointer is only read through probe_read.
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    let parent = read_ptr(task, off!(task_real_parent))?;
+    // The task that execs, as the tracepoint's typed argument: `current`.
+    let task = ctx.arg::<*const u8>(0);
+    let parent = M::ptr(task, off!(task_real_parent))?;
     let record = ExecEvent {
         header,
-        parent_tgid: read::<u32>(parent, off!(task_tgid))?,
-        flags: pid_namespace_flags(task),
-        start_time_ns: read::<u64>(task, off!(task_start_boottime))?,
-        parent_cgroup_id: task_cgroup_id(parent)?,
-        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+        parent_tgid: M::get::<u32>(parent, off!(task_tgid))?,
+        flags: pid_namespace_flags::<M>(task),
+        start_time_ns: M::get::<u64>(task, off!(task_start_boottime))?,
+        parent_cgroup_id: task_cgroup_id_with::<M>(parent)?,
+        comm: task_comm_with::<M>(task),
     };
     send(EventKind::Exec, header.cgroup_id, record);
     Ok(())
@@ -32,22 +42,31 @@ fn try_exec() -> Result<(), i64> {
 
 // ---- process exit -------------------------------------------------------------------------
 
+/// `sched_process_exit(struct task_struct *p, ...)`, reading the task directly (see [`Memory`]).
 #[btf_tracepoint(function = "sched_process_exit")]
-pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
-    let _ = try_exit();
+pub fn sched_process_exit(ctx: BtfTracePointContext) -> i32 {
+    let _ = try_exit::<Direct>(&ctx);
     0
 }
 
-fn try_exit() -> Result<(), i64> {
+/// The same, reading with helpers.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn sched_process_exit_probe(ctx: BtfTracePointContext) -> i32 {
+    let _ = try_exit::<Probe>(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_exit<M: Memory>(ctx: &BtfTracePointContext) -> Result<(), i64> {
     if is_agent() {
         return Ok(());
     }
     let header = current_header(EventKind::Exit);
-    // SAFETY: see try_exec.
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    let signal = read_ptr(task, off!(task_signal))?;
+    // The exiting task, as the tracepoint's typed argument: `current`.
+    let task = ctx.arg::<*const u8>(0);
+    let signal = M::ptr(task, off!(task_signal))?;
     // do_exit decrements signal->live before this tracepoint: 0 means the last thread is leaving.
-    let group_dead = read::<i32>(signal, off!(signal_live))? == 0;
+    let group_dead = M::get::<i32>(signal, off!(signal_live))? == 0;
     if group_dead {
         bump(header.cgroup_id, offset_of!(CgroupCounters, process_exits), EventKind::Exit);
     }
@@ -56,36 +75,37 @@ fn try_exit() -> Result<(), i64> {
     if !group_dead && header.pid != header.tgid {
         return Ok(());
     }
-    let mut cpu_time_ns = read::<u64>(task, off!(task_utime))? + read::<u64>(task, off!(task_stime))?;
+    let mut cpu_time_ns = M::get::<u64>(task, off!(task_utime))? + M::get::<u64>(task, off!(task_stime))?;
     if group_dead {
-        cpu_time_ns += read::<u64>(signal, off!(signal_utime))? + read::<u64>(signal, off!(signal_stime))?;
+        cpu_time_ns += M::get::<u64>(signal, off!(signal_utime))? + M::get::<u64>(signal, off!(signal_stime))?;
     }
-    let parent = read_ptr(task, off!(task_real_parent))?;
+    let parent = M::ptr(task, off!(task_real_parent))?;
     let record = ExitEvent {
         header,
-        exit_code: read::<u32>(task, off!(task_exit_code))?,
+        exit_code: M::get::<u32>(task, off!(task_exit_code))?,
         group_dead: group_dead as u32,
-        parent_tgid: read::<u32>(parent, off!(task_tgid))?,
+        parent_tgid: M::get::<u32>(parent, off!(task_tgid))?,
         _pad: 0,
-        start_time_ns: read::<u64>(task, off!(task_start_boottime))?,
+        start_time_ns: M::get::<u64>(task, off!(task_start_boottime))?,
         cpu_time_ns,
-        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+        comm: task_comm_with::<M>(task),
     };
     // A pid namespace's init exiting is a container ending, and a cgroup's last process exiting
     // ends a plain-host unit: the events worth an immediate wake-up (rare, and the state users
     // wait for). Everything else rides the next batch.
-    let urgent = group_dead && (is_namespace_init(task) || is_last_of_its_cgroups(task));
+    let urgent = group_dead && (is_namespace_init_with::<M>(task) || is_last_of_its_cgroups::<M>(task));
     send_waking(EventKind::Exit, header.cgroup_id, record, urgent);
     Ok(())
 }
 
 /// The task's place in the pid namespace tree: [`EXEC_FLAG_CHILD_PID_NAMESPACE`] when it lives
 /// below the host's namespace, plus [`EXEC_FLAG_NAMESPACE_INIT`] when it is PID 1 there
-/// (`task->thread_pid->numbers[level].nr == 1`).
+/// (`task->thread_pid->numbers[level].nr == 1`). The array is indexed by the level, a variable:
+/// that one read always goes through a helper (a direct load needs an offset the verifier knows).
 #[inline(always)]
-fn pid_namespace_flags(task: *const u8) -> u32 {
-    let Ok(pid) = read_ptr(task, off!(task_thread_pid)) else { return 0 };
-    let Ok(level) = read::<u32>(pid, off!(pid_level)) else { return 0 };
+fn pid_namespace_flags<M: Memory>(task: *const u8) -> u32 {
+    let Ok(pid) = M::ptr(task, off!(task_thread_pid)) else { return 0 };
+    let Ok(level) = M::get::<u32>(pid, off!(pid_level)) else { return 0 };
     // The kernel nests at most 32 pid namespaces.
     if level == 0 || level > 32 {
         return 0;
@@ -102,11 +122,16 @@ fn pid_namespace_flags(task: *const u8) -> u32 {
 /// one combination of cgroups across hierarchies, so on a host with v1 controllers mounted another
 /// set may still hold processes of the same v2 cgroup: the wake-up is then early, never missed.
 #[inline(always)]
-fn is_last_of_its_cgroups(task: *const u8) -> bool {
-    read_ptr(task, off!(task_cgroups)).and_then(|set| read::<i32>(set, off!(css_set_nr_tasks))).is_ok_and(|n| n == 1)
+fn is_last_of_its_cgroups<M: Memory>(task: *const u8) -> bool {
+    M::ptr(task, off!(task_cgroups)).and_then(|set| M::get::<i32>(set, off!(css_set_nr_tasks))).is_ok_and(|n| n == 1)
 }
 
 #[inline(always)]
 pub(crate) fn is_namespace_init(task: *const u8) -> bool {
-    pid_namespace_flags(task) & EXEC_FLAG_NAMESPACE_INIT != 0
+    is_namespace_init_with::<Probe>(task)
+}
+
+#[inline(always)]
+fn is_namespace_init_with<M: Memory>(task: *const u8) -> bool {
+    pid_namespace_flags::<M>(task) & EXEC_FLAG_NAMESPACE_INIT != 0
 }

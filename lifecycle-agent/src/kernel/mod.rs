@@ -380,8 +380,8 @@ impl Sensor {
             let offsets = kernel_btf.offsets();
             // Which programs each feature runs here; a feature whose needs this kernel does not
             // meet is off, named with why, before anything is loaded.
-            let chosen: Vec<(Feature, Result<&'static [Program], programs::NoVariant>)> =
-                Feature::ALL.iter().map(|&f| (f, programs::choose(f, &kernel_btf, &offsets))).collect();
+            let chosen: Vec<(Feature, Result<Vec<&'static [Program]>, programs::NoVariant>)> =
+                Feature::ALL.iter().map(|&f| (f, programs::eligible(f, &kernel_btf, &offsets))).collect();
             // `EbpfLoader::new` always parses /sys/kernel/btf/vmlinux itself: drop that copy
             // before making ours (from the bytes already read, and from `config.btf_path`), so
             // the two never coexist.
@@ -405,7 +405,9 @@ impl Sensor {
                 let attached = if config.disabled.contains(&feature) {
                     Err(AttachError::Disabled)
                 } else {
-                    programs.map_err(AttachError::from).and_then(|set| attach_all(&mut ebpf, set, &aya_btf, &tracefs))
+                    programs
+                        .map_err(AttachError::from)
+                        .and_then(|sets| attach_first(&mut ebpf, &sets, &aya_btf, &tracefs))
                 };
                 let state = match attached {
                     Ok(()) => FeatureState { feature, enabled: true, reason: None },
@@ -498,6 +500,48 @@ fn attached_programs(ebpf: &Ebpf, features: &[FeatureState]) -> Vec<(&'static st
 
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, SensorError> {
     ebpf.take_map(name).ok_or(SensorError::MissingMap(name))
+}
+
+/// Attaches the first of `sets` the kernel takes: a set the verifier refuses is unloaded and the
+/// next tried (the exec and exit programs read the task directly where the verifier allows it,
+/// with helpers elsewhere). The error is the first set's.
+fn attach_first(
+    ebpf: &mut Ebpf,
+    sets: &[&'static [Program]],
+    aya_btf: &Btf,
+    tracefs: &Result<(), Arc<TracefsError>>,
+) -> Result<(), AttachError> {
+    let mut first_error = None;
+    for (index, set) in sets.iter().enumerate() {
+        match attach_all(ebpf, set, aya_btf, tracefs) {
+            Ok(()) => {
+                if let Some(error) = &first_error {
+                    log::info!("loaded {} instead: {}", set[0].name, ErrorChain(error));
+                }
+                return Ok(());
+            }
+            Err(error) => {
+                unload_all(ebpf, set);
+                if index + 1 < sets.len() {
+                    log::debug!("{} refused, trying the next: {}", set[0].name, ErrorChain(&error));
+                }
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    Err(first_error.unwrap_or(AttachError::NoProgram("(no program set)")))
+}
+
+/// Detaches and unloads what a failed set loaded, so its programs neither run nor hold memory.
+fn unload_all(ebpf: &mut Ebpf, set: &[Program]) {
+    for program in set {
+        let Some(loaded) = ebpf.program_mut(program.name) else { continue };
+        let _ = match loaded {
+            aya::programs::Program::BtfTracePoint(p) => p.unload(),
+            aya::programs::Program::TracePoint(p) => p.unload(),
+            _ => Ok(()),
+        };
+    }
 }
 
 /// Loads and attaches every program of a feature's chosen set, or says why not.

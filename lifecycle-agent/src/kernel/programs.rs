@@ -113,23 +113,31 @@ macro_rules! members {
     }};
 }
 
+/// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)`: the
+/// task read directly (BTF-checked loads); `EXEC_PROBE` reads it with helpers, for a verifier
+/// that refuses the first (see `Sensor::load`).
 const EXEC: Program = Program {
     name: names::PROG_EXEC,
     attach: Attach::Btf("sched_process_exec"),
-    args: &[],
-    members: members!([TaskRealParent, TaskTgid, TaskStartBoottime], task_cgroup!(), pid_namespace!()),
+    args: &[(0, Reads::Struct("task_struct"))],
+    members: EXEC_MEMBERS,
 };
+const EXEC_PROBE: Program = Program { name: names::PROG_EXEC_PROBE, ..EXEC };
+const EXEC_MEMBERS: &[Member] =
+    members!([TaskRealParent, TaskTgid, TaskStartBoottime, TaskComm], task_cgroup!(), pid_namespace!());
 
+/// `sched_process_exit(struct task_struct *p, ...)`, as the exec program: direct, then helpers.
 const EXIT: Program = Program {
     name: names::PROG_EXIT,
     attach: Attach::Btf("sched_process_exit"),
-    args: &[],
+    args: &[(0, Reads::Struct("task_struct"))],
     members: members!(
-        [TaskSignal, SignalLive, TaskUtime, TaskStime, SignalUtime, SignalStime],
+        [TaskSignal, SignalLive, TaskUtime, TaskStime, SignalUtime, SignalStime, TaskComm],
         [TaskRealParent, TaskTgid, TaskExitCode, TaskStartBoottime, TaskCgroups, CssSetNrTasks],
         pid_namespace!(),
     ),
 };
+const EXIT_PROBE: Program = Program { name: names::PROG_EXIT_PROBE, ..EXIT };
 
 /// `signal_generate(int sig, struct kernel_siginfo *info, struct task_struct *task, int group,
 /// int result)`.
@@ -209,8 +217,8 @@ const CGROUP_RMDIR: Program = Program {
 /// A feature's program sets, preferred first: it runs the first whose needs the kernel meets.
 pub(crate) fn variants(feature: Feature) -> &'static [&'static [Program]] {
     match feature {
-        Feature::ProcessExec => &[&[EXEC]],
-        Feature::ProcessExit => &[&[EXIT]],
+        Feature::ProcessExec => &[&[EXEC], &[EXEC_PROBE]],
+        Feature::ProcessExit => &[&[EXIT], &[EXIT_PROBE]],
         Feature::Signals => &[&[SIGNAL]],
         Feature::OomKills => &[&[OOM_BY_TASK], &[OOM_BY_PID, OOM_KILL_SIGNAL]],
         Feature::TcpSockets => &[&[SOCK_STATE]],
@@ -264,16 +272,31 @@ impl fmt::Display for NoVariant {
 
 impl std::error::Error for NoVariant {}
 
-/// The program set `feature` runs on this kernel, or why it can run none.
+/// The program set `feature` runs on this kernel (the preferred one), or why it can run none.
+#[cfg(test)]
 pub(crate) fn choose(feature: Feature, btf: &KernelBtf, offsets: &Offsets) -> Result<&'static [Program], NoVariant> {
+    eligible(feature, btf, offsets).map(|sets| sets[0])
+}
+
+/// Every program set of `feature` whose needs this kernel meets, preferred first (never empty),
+/// or why there is none: the loader tries the next when the verifier refuses one.
+pub(crate) fn eligible(
+    feature: Feature,
+    btf: &KernelBtf,
+    offsets: &Offsets,
+) -> Result<Vec<&'static [Program]>, NoVariant> {
     let mut unmet = Vec::new();
+    let mut sets = Vec::new();
     for &set in variants(feature) {
         match set.iter().try_for_each(|program| check(program, btf, offsets)) {
-            Ok(()) => return Ok(set),
+            Ok(()) => sets.push(set),
             Err(why) => unmet.push(why),
         }
     }
-    Err(NoVariant(unmet))
+    if sets.is_empty() {
+        return Err(NoVariant(unmet));
+    }
+    Ok(sets)
 }
 
 /// The first need of `program` this kernel does not meet.

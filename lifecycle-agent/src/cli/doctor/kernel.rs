@@ -280,6 +280,44 @@ pub(crate) fn check_features(load: &ProgramLoad, proofs: Option<&[(Feature, supe
     Finding::ok(CHECK, format!("proven by their own records: {}", seen.join(", ")))
 }
 
+/// What the kernel accounted for the programs while `doctor` proved them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum KernelCost {
+    /// (program, runs, nanoseconds) of each program.
+    Accounted(Vec<(&'static str, u64, u64)>),
+    /// `BPF_ENABLE_STATS` refused (why).
+    NotAccounted(String),
+}
+
+/// The kernel's time per event of each program, over doctor's own events: what one event costs
+/// the node on this kernel. The agent exports the same live
+/// (`lifecycle_kernel_program_run_seconds_total`).
+pub(crate) fn check_kernel_cost(load: &ProgramLoad, cost: Option<&KernelCost>) -> Finding {
+    const CHECK: &str = "kernel-cost";
+    match cost {
+        None => match load {
+            ProgramLoad::Loaded(_) => Finding::skip(CHECK, "not measured"),
+            _ => Finding::skip(CHECK, "not measured: the programs were not loaded"),
+        },
+        Some(KernelCost::NotAccounted(why)) => Finding::warn(
+            CHECK,
+            format!("the kernel does not account the programs' runs: {why}"),
+            "lifecycle_kernel_program_run_seconds_total will be missing; BPF_ENABLE_STATS needs Linux 5.8",
+        ),
+        Some(KernelCost::Accounted(programs)) => {
+            let per_event: Vec<String> = programs
+                .iter()
+                .filter(|(_, runs, _)| *runs > 0)
+                .map(|(program, runs, ns)| format!("{program} {:.2} µs", *ns as f64 / *runs as f64 / 1000.0))
+                .collect();
+            if per_event.is_empty() {
+                return Finding::ok(CHECK, "accounted by the kernel; no program ran during the proofs");
+            }
+            Finding::ok(CHECK, format!("per event, over doctor's own events: {}", per_event.join(", ")))
+        }
+    }
+}
+
 // ---- capabilities ---------------------------------------------------------------------------
 
 /// Capability bit numbers (linux/capability.h).

@@ -15,10 +15,10 @@ use kube::api::{Api, PostParams};
 
 use super::{
     cap, cgroup_layout, check_btf, check_capabilities, check_cgroups, check_clock, check_clock_sync, check_cri,
-    check_features, check_kernel, check_kubernetes, check_memlock, check_port, check_programs, check_tracepoints,
-    has_capability, listening_inodes, parse_cap_eff, ApiReach, BtfRead, ClockSync, DoctorArgs, Finding, Holder,
-    KernelVersion, Memlock, PortRole, PortState, ProgramLoad, SocketOrigin, SocketProbe, SocketState, TracepointKind,
-    TracepointSeen, DISTRIBUTION_SOCKETS, PERMISSIONS, TRACEPOINTS,
+    check_features, check_kernel, check_kernel_cost, check_kubernetes, check_memlock, check_port, check_programs,
+    check_tracepoints, has_capability, listening_inodes, parse_cap_eff, ApiReach, BtfRead, ClockSync, DoctorArgs,
+    Finding, Holder, KernelCost, KernelVersion, Memlock, PortRole, PortState, ProgramLoad, SocketOrigin, SocketProbe,
+    SocketState, TracepointKind, TracepointSeen, DISTRIBUTION_SOCKETS, PERMISSIONS, TRACEPOINTS,
 };
 use crate::{
     cli::doctor::proof::{self, Proof},
@@ -47,7 +47,7 @@ pub(super) async fn examine(args: &DoctorArgs) -> Vec<Finding> {
     let tracepoints = tracepoints_seen(btf.as_ref(), &args.tracefs);
     // The parse is 5-6 MB: let it go before the sensor makes its own.
     drop(btf);
-    let (load, proofs) = load_programs(args, &btf_read, effective);
+    let (load, proofs, costs) = load_programs(args, &btf_read, effective);
 
     let mut findings = vec![
         check_kernel(&release),
@@ -55,6 +55,7 @@ pub(super) async fn examine(args: &DoctorArgs) -> Vec<Finding> {
         check_tracepoints(&tracepoints),
         check_programs(&load),
         check_features(&load, proofs.as_deref()),
+        check_kernel_cost(&load, costs.as_ref()),
         check_capabilities(effective),
         check_memlock(kernel, memlock(), effective.is_some_and(|caps| has_capability(caps, cap::SYS_RESOURCE))),
         check_cgroups(&cgroup_layout(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())),
@@ -125,23 +126,22 @@ fn tracepoints_seen(btf: Option<&KernelBtf>, tracefs: &Path) -> Vec<TracepointSe
 /// with records of its own making (`proof.rs`), then detaches them (the sensor is dropped): the
 /// only way to hear the verifier, lockdown and the LSMs, and to know a feature that says it runs
 /// does.
-fn load_programs(
-    args: &DoctorArgs,
-    btf: &BtfRead,
-    effective: Option<u64>,
-) -> (ProgramLoad, Option<Vec<(Feature, Proof)>>) {
+/// The programs' proofs and what the kernel accounted for them, when they loaded.
+type Proven = (ProgramLoad, Option<Vec<(Feature, Proof)>>, Option<KernelCost>);
+
+fn load_programs(args: &DoctorArgs, btf: &BtfRead, effective: Option<u64>) -> Proven {
     if args.no_load {
-        return (ProgramLoad::NotTried("--no-load".to_owned()), None);
+        return (ProgramLoad::NotTried("--no-load".to_owned()), None, None);
     }
     if !matches!(btf, BtfRead::Usable { .. }) {
-        return (ProgramLoad::NotTried("no usable BTF".to_owned()), None);
+        return (ProgramLoad::NotTried("no usable BTF".to_owned()), None, None);
     }
     // The same test as the sensor's own: CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON.
     let privileged = effective.is_none_or(|caps| {
         has_capability(caps, cap::SYS_ADMIN) || (has_capability(caps, cap::BPF) && has_capability(caps, cap::PERFMON))
     });
     if !privileged {
-        return (ProgramLoad::NotTried("needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN".to_owned()), None);
+        return (ProgramLoad::NotTried("needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN".to_owned()), None, None);
     }
     // Its own accepts are among the proofs: record them.
     let config = SensorConfig {
@@ -170,9 +170,17 @@ fn load_programs(
             let enabled: Vec<Feature> = sensor.features().iter().filter(|s| s.enabled).map(|s| s.feature).collect();
             let root = crate::discovery::cgroupfs::CgroupRoot::detect().ok();
             let proofs = sensor.take_events().map(|mut stream| proof::prove(&mut stream, &enabled, root.as_ref()));
-            (load, proofs)
+            // What the proofs' own events cost the kernel, program by program.
+            let maps = sensor.maps();
+            let cost = match maps.kernel_stats() {
+                Ok(()) => KernelCost::Accounted(
+                    maps.program_costs().into_iter().map(|c| (c.program, c.runs, c.run_time_ns)).collect(),
+                ),
+                Err(why) => KernelCost::NotAccounted(ErrorChain(why.as_ref()).to_string()),
+            };
+            (load, proofs, Some(cost))
         }
-        Err(err) => (ProgramLoad::Failed(ErrorChain(&err).to_string()), None),
+        Err(err) => (ProgramLoad::Failed(ErrorChain(&err).to_string()), None, None),
     }
 }
 
