@@ -113,9 +113,46 @@ impl Agents<'_> {
     }
 }
 
-fn start(condition: Condition, agents: &Agents<'_>, script: &Path) -> Result<Option<Tracer>> {
+/// A started condition: its tracer, and the agent's address when it is an agent.
+struct Started {
+    tracer: Option<Tracer>,
+    agent: Option<String>,
+}
+
+/// Each of the agent's programs' (runs, kernel ns) as its `/metrics` says, or nothing from an
+/// agent that does not export them (a baseline build before they existed).
+fn program_costs(addr: &str) -> Vec<(String, f64, f64)> {
+    let Ok(metrics) = super::memory::get(addr, "/metrics") else { return Vec::new() };
+    let mut costs: Vec<(String, f64, f64)> = Vec::new();
+    for line in metrics.lines() {
+        let (family, seconds) = if let Some(rest) = line.strip_prefix("lifecycle_kernel_program_runs_total{") {
+            (rest, false)
+        } else if let Some(rest) = line.strip_prefix("lifecycle_kernel_program_run_seconds_total{") {
+            (rest, true)
+        } else {
+            continue;
+        };
+        let Some(program) = family.strip_prefix("program=\"").and_then(|r| r.split('"').next()) else { continue };
+        let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else { continue };
+        let entry = match costs.iter_mut().find(|(p, _, _)| p == program) {
+            Some(entry) => entry,
+            None => {
+                costs.push((program.to_owned(), 0.0, 0.0));
+                costs.last_mut().expect("just pushed")
+            }
+        };
+        if seconds {
+            entry.2 = value * 1e9;
+        } else {
+            entry.1 = value;
+        }
+    }
+    costs
+}
+
+fn start(condition: Condition, agents: &Agents<'_>, script: &Path) -> Result<Started> {
     match condition {
-        Condition::Baseline => Ok(None),
+        Condition::Baseline => Ok(Started { tracer: None, agent: None }),
         Condition::Agent { poll_ms, baseline } => {
             let addr = format!("127.0.0.1:{}", free_port()?);
             let mut tracer = Tracer::spawn(
@@ -126,7 +163,7 @@ fn start(condition: Condition, agents: &Agents<'_>, script: &Path) -> Result<Opt
                     .stdout(Stdio::null()),
             )?;
             wait_http(&mut tracer, &addr)?;
-            Ok(Some(tracer))
+            Ok(Started { tracer: Some(tracer), agent: Some(addr) })
         }
         Condition::Bpftrace => {
             let mut tracer = Tracer::spawn("bpftrace", Command::new("bpftrace").arg(script).stdout(Stdio::piped()))?;
@@ -147,7 +184,7 @@ fn start(condition: Condition, agents: &Agents<'_>, script: &Path) -> Result<Opt
                     bail!("bpftrace did not attach within {START_TIMEOUT:?}; stderr:\n{}", tracer.stderr_tail());
                 }
             }
-            Ok(Some(tracer))
+            Ok(Started { tracer: Some(tracer), agent: None })
         }
     }
 }
@@ -210,6 +247,25 @@ struct Samples {
     cpu_s: Vec<f64>,
     /// Tracer CPU (utime + stime) spent while the workload ran, in ms (whole clock ticks).
     tracer_cpu_ms: Vec<f64>,
+    /// The agent's programs while the workload ran, as the kernel accounted them: (program,
+    /// runs, ns), summed over rounds.
+    programs: Vec<(String, f64, f64)>,
+}
+
+impl Samples {
+    fn add_programs(&mut self, before: &[(String, f64, f64)], after: &[(String, f64, f64)]) {
+        for (program, runs, ns) in after {
+            let Some((_, runs_before, ns_before)) = before.iter().find(|(p, _, _)| p == program) else { continue };
+            let (runs, ns) = (runs - runs_before, ns - ns_before);
+            match self.programs.iter_mut().find(|(p, _, _)| p == program) {
+                Some(entry) => {
+                    entry.1 += runs;
+                    entry.2 += ns;
+                }
+                None => self.programs.push((program.clone(), runs, ns)),
+            }
+        }
+    }
 }
 
 /// One condition: start its tracer, run every workload once, stop it. Also says whether no
@@ -222,15 +278,18 @@ fn run_condition(
     hz: f64,
 ) -> Result<(Vec<Samples>, bool)> {
     let mut run = vec![Samples::default(); workloads.len()];
-    let tracer = start(condition, agents, script)?;
+    let Started { tracer, agent } = start(condition, agents, script)?;
     std::thread::sleep(SETTLE);
     let own = tracer.as_ref().map(Tracer::pid);
     let mut clean = true;
     for (slot, workload) in run.iter_mut().zip(workloads) {
         clean &= foreign_tracers(own).is_empty();
+        let programs_before = agent.as_deref().map(program_costs).unwrap_or_default();
         let cpu_before = tracer.as_ref().map(Tracer::cpu_ticks).transpose()?;
         let (wall, cpu) = time(workload).with_context(|| format!("{} under {}", workload.name, condition.name()))?;
         let cpu_after = tracer.as_ref().map(Tracer::cpu_ticks).transpose()?;
+        let programs_after = agent.as_deref().map(program_costs).unwrap_or_default();
+        slot.add_programs(&programs_before, &programs_after);
         clean &= foreign_tracers(own).is_empty();
         slot.wall_s.push(wall);
         slot.cpu_s.push(cpu);
@@ -307,6 +366,15 @@ pub(super) fn overhead(
                 slot.wall_s.extend(sample.wall_s);
                 slot.cpu_s.extend(sample.cpu_s);
                 slot.tracer_cpu_ms.extend(sample.tracer_cpu_ms);
+                for (program, runs, ns) in sample.programs {
+                    match slot.programs.iter_mut().find(|(p, _, _)| *p == program) {
+                        Some(entry) => {
+                            entry.1 += runs;
+                            entry.2 += ns;
+                        }
+                        None => slot.programs.push((program, runs, ns)),
+                    }
+                }
             }
         }
         eprintln!(
@@ -361,6 +429,31 @@ pub(super) fn overhead(
                 ratio(cpu, base_cpu),
                 ratio(cpu + tracer_ms / 1000.0, base_cpu),
             );
+        }
+    }
+    // The kernel's own accounting of each program under the workloads (BPF_ENABLE_STATS, held by
+    // the agent): what each event costs in the kernel, per program.
+    let mut program_rows = Vec::new();
+    for (c, condition) in conditions.iter().enumerate() {
+        for (w, workload) in workloads.iter().enumerate() {
+            for (program, runs, ns) in &samples[c][w].programs {
+                if *runs >= 1.0 {
+                    program_rows.push(format!(
+                        "| {} | {} | {program} | {runs:.0} | {:.0} ns |",
+                        workload.name,
+                        condition.name(),
+                        ns / runs
+                    ));
+                }
+            }
+        }
+    }
+    if !program_rows.is_empty() {
+        println!();
+        println!("| workload | condition | program | runs (all rounds) | kernel time per run |");
+        println!("|---|---|---|---|---|");
+        for row in program_rows {
+            println!("{row}");
         }
     }
     if !latencies.is_empty() {
