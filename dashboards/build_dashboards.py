@@ -561,6 +561,25 @@ def overview() -> dict:
                            (f"histogram_quantile(0.99, sum by (le) (rate(lifecycle_event_to_state_seconds_bucket{{{N}}}[$__rate_interval])))", "p99")),
                    unit="s", w=8),
         table("Agent versions", "Agents by version.", f"count by (version) (lifecycle_build_info{{{N}}})", w=24, h=5),
+        row("What the agent costs this node"),
+        timeseries("Kernel time per event by program",
+                   "What one event costs in the kernel, per program of the agent, as the kernel itself accounts it "
+                   "(BPF_ENABLE_STATS, held by the agent unless --kernel-stats off): the exec and exit programs run on every "
+                   "process of the node.",
+                   targets((f"sum by (program) (rate(lifecycle_kernel_program_run_seconds_total{{{N}}}[$__rate_interval])) "
+                            f"/ sum by (program) (rate(lifecycle_kernel_program_runs_total{{{N}}}[$__rate_interval]))",
+                            "{{program}}")), unit="s", w=6),
+        timeseries("Agent CPU (process and kernel programs)",
+                   "CPU the agent takes from each node, in cores: its own process, and the time the kernel spent in its programs.",
+                   targets((f"sum by (node) (rate(lifecycle_agent_cpu_seconds_total{{{N}}}[$__rate_interval]))", "{{node}} process"),
+                           (f"sum by (node) (rate(lifecycle_kernel_program_run_seconds_total{{{N}}}[$__rate_interval]))",
+                            "{{node}} kernel programs")), unit="percentunit", w=6),
+        timeseries("Agent resident memory", "Resident memory of the agent's process on each node.",
+                   targets((f"max by (node) (lifecycle_agent_resident_memory_bytes{{{N}}})", "{{node}}")), unit="bytes", w=6),
+        timeseries("Ring loss / s", "Event records lost to a full ring buffer, per node (counters stay exact; "
+                   "states derived from the lost records are repaired from /proc and cgroupfs).",
+                   targets((f"sum by (node) (rate(lifecycle_events_lost_total{{{N}}}[$__rate_interval]))", "{{node}}")),
+                   unit="ops", w=6),
     ]
     return dashboard(OVERVIEW_UID, "Lifecycle / Node overview",
                      "Every container on the selected nodes as the kernel sees it, plus the health of the lifecycle agent itself.", panels)

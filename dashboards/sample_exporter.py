@@ -203,6 +203,19 @@ def render() -> str:
     e.sample("lifecycle_kernel_map_capacity", 16384, map="cgroup_counters")
     e.family("lifecycle_ring_buffer_bytes", "gauge", "Ring buffer size.")
     e.sample("lifecycle_ring_buffer_bytes", 4194304)
+    e.family("lifecycle_kernel_program_run_seconds_total", "counter", "Kernel time in each program.")
+    e.family("lifecycle_kernel_program_runs_total", "counter", "Runs of each program.")
+    for program, ns in (("sched_process_exec", 900), ("sched_process_exit", 800), ("signal_generate", 250),
+                        ("inet_sock_set_state", 75), ("sys_exit_accept4", 400)):
+        e.sample("lifecycle_kernel_program_run_seconds_total", tick * 100 * ns / 1e9, program=program)
+        e.sample("lifecycle_kernel_program_runs_total", tick * 100, program=program)
+    e.family("lifecycle_agent_cpu_seconds_total", "counter", "The agent's CPU time.")
+    e.sample("lifecycle_agent_cpu_seconds_total", tick * 0.002)
+    e.family("lifecycle_agent_resident_memory_bytes", "gauge", "The agent's resident memory.")
+    e.sample("lifecycle_agent_resident_memory_bytes", 24 << 20)
+    e.family("lifecycle_systemd_unit_reads_total", "counter", "Reads of host units' systemd settings.")
+    for result in ("read", "failed", "unreachable", "dropped"):
+        e.sample("lifecycle_systemd_unit_reads_total", tick if result == "read" else 0, result=result)
     e.family("lifecycle_build_info", "gauge", "Always 1.")
     e.sample("lifecycle_build_info", 1, version="0.1.0")
     e.family("lifecycle_event_to_state_seconds", "histogram", "Kernel event to visible state.")
