@@ -1,6 +1,7 @@
 //! Puts the kernel programs in OUT_DIR for `include_bytes_aligned!`: the checked-in object when
-//! its digest matches the sources (no nightly, no bpf-linker needed), otherwise a build from
-//! source with the pinned nightly and bpf-linker (both installed by `xtask bootstrap` in that case).
+//! its inputs' digest matches the sources (no nightly, no bpf-linker needed) and its own bytes are
+//! the recorded ones (else the build fails), otherwise a build from source with the pinned
+//! nightly and bpf-linker (both installed by `xtask bootstrap` in that case).
 
 use std::path::Path;
 
@@ -35,7 +36,7 @@ fn main() -> anyhow::Result<()> {
         println!("cargo:rerun-if-changed={}", root.join(input).display());
     }
     println!("cargo:rerun-if-changed={}", root.join(ebpf_object::OBJECT).display());
-    println!("cargo:rerun-if-changed={}", root.join(ebpf_object::DIGEST).display());
+    println!("cargo:rerun-if-changed={}", root.join(ebpf_object::DIGESTS).display());
     println!("cargo:rerun-if-env-changed={FROM_SOURCE}");
 
     let pins = std::fs::read_to_string(&pins_path).with_context(|| format!("reading {}", pins_path.display()))?;
@@ -44,14 +45,20 @@ fn main() -> anyhow::Result<()> {
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").context("CARGO_CFG_TARGET_ARCH not set")?;
     let from_source = std::env::var_os(FROM_SOURCE).is_some_and(|value| value == "1");
 
-    let digest = ebpf_object::digest(root, nightly, bpf_linker, &arch).context("hashing the eBPF object's inputs")?;
-    let recorded = std::fs::read_to_string(root.join(ebpf_object::DIGEST)).unwrap_or_default();
-    if !from_source && recorded.trim() == digest {
+    let digest = ebpf_object::digest(root, nightly, bpf_linker).context("hashing the eBPF object's inputs")?;
+    let recorded = std::fs::read_to_string(root.join(ebpf_object::DIGESTS)).ok().and_then(|t| ebpf_object::Digests::parse(&t));
+    let serves = ebpf_object::SERVES.contains(&arch.as_str());
+    if let Some(recorded) = recorded.filter(|r| !from_source && serves && r.inputs == digest) {
+        let object = std::fs::read(root.join(ebpf_object::OBJECT)).context("reading the checked-in eBPF object")?;
+        // The object's own bytes, not only its inputs': a changed object fails the build here.
+        if let Err(why) = ebpf_object::verify_object(&object, &recorded) {
+            bail!("{why}");
+        }
         let out = Path::new(&std::env::var("OUT_DIR").context("OUT_DIR not set")?).join("lifecycle");
-        std::fs::copy(root.join(ebpf_object::OBJECT), &out).context("copying the checked-in eBPF object")?;
+        std::fs::write(&out, &object).context("writing the eBPF object to OUT_DIR")?;
         return Ok(());
     }
-    if !from_source && arch == ebpf_object::ARCH {
+    if !from_source && serves {
         println!(
             "cargo:warning=lifecycle-ebpf/object is not current for these sources; building the programs \
              from source with {nightly} (`xtask/x.sh ebpf-object` brings the object up to date)"

@@ -15,26 +15,27 @@ use crate::{shell, toolchain, workspace_root};
 #[path = "../../lifecycle-agent/build/ebpf_object.rs"]
 mod inputs;
 
-/// The digest of the current sources for this machine's architecture.
+/// The digest of the current sources.
 fn current_digest() -> Result<String> {
-    inputs::digest(&workspace_root(), toolchain::EBPF_NIGHTLY, toolchain::BPF_LINKER_VERSION, std::env::consts::ARCH)
+    inputs::digest(&workspace_root(), toolchain::EBPF_NIGHTLY, toolchain::BPF_LINKER_VERSION)
         .context("hashing the eBPF object's inputs")
 }
 
-/// The digest recorded beside the object, if any.
-fn recorded_digest() -> Option<String> {
+/// The digests recorded beside the object, if both are there.
+fn recorded_digests() -> Option<inputs::Digests> {
     let root = workspace_root();
     if !root.join(inputs::OBJECT).is_file() {
         return None;
     }
-    Some(std::fs::read_to_string(root.join(inputs::DIGEST)).ok()?.trim().to_owned())
+    inputs::Digests::parse(&std::fs::read_to_string(root.join(inputs::DIGESTS)).ok()?)
 }
 
 /// Whether the agent's build script will embed the checked-in object here (so the build needs
 /// no nightly and no bpf-linker).
 pub fn is_current() -> bool {
     // An input that cannot be read makes the digest unknown: not current, so build from source.
-    recorded_digest().is_some_and(|recorded| current_digest().is_ok_and(|current| current == recorded))
+    recorded_digests().is_some_and(|recorded| current_digest().is_ok_and(|current| current == recorded.inputs))
+        && inputs::SERVES.contains(&std::env::consts::ARCH)
 }
 
 /// `--remap-path-prefix` flags: the workspace, the nightly's sysroot (whose `rust-src` build-std
@@ -62,11 +63,8 @@ fn remaps() -> Result<Vec<String>> {
 /// Builds the programs from source as the object is built, returning its bytes.
 fn build() -> Result<Vec<u8>> {
     toolchain::ensure()?;
-    let arch = std::env::consts::ARCH;
-    if arch != inputs::ARCH {
-        bail!("the checked-in object is for {}; this machine is {arch}", inputs::ARCH);
-    }
-    let mut flags = vec![format!("--cfg=bpf_target_arch=\"{arch}\"")];
+    // One object for every architecture served (see `inputs::ARCH`): the same flags on any machine.
+    let mut flags = vec![format!("--cfg=bpf_target_arch=\"{}\"", inputs::ARCH)];
     flags.extend(inputs::RUSTFLAGS.iter().map(|flag| (*flag).to_owned()));
     flags.extend(remaps()?);
     let target_dir = workspace_root().join("target/ebpf-object");
@@ -85,29 +83,37 @@ fn build() -> Result<Vec<u8>> {
     std::fs::read(&built).with_context(|| format!("reading {}", built.display()))
 }
 
-/// Rebuilds the object and records its inputs' digest.
+/// Rebuilds the object and records both digests.
 pub fn write() -> Result<()> {
     let object = build()?;
     let root = workspace_root();
     std::fs::create_dir_all(root.join(inputs::OBJECT).parent().context("object path has no parent")?)?;
     std::fs::write(root.join(inputs::OBJECT), &object).context("writing the object")?;
-    std::fs::write(root.join(inputs::DIGEST), format!("{}\n", current_digest()?)).context("writing the digest")?;
-    eprintln!("xtask: wrote {} ({} bytes) and {}", inputs::OBJECT, object.len(), inputs::DIGEST);
+    let digests = inputs::Digests { inputs: current_digest()?, object: inputs::object_digest(&object) };
+    std::fs::write(root.join(inputs::DIGESTS), digests.render()).context("writing the digests")?;
+    // The file the digests replaced.
+    let _ = std::fs::remove_file(root.join("lifecycle-ebpf/object/inputs.sha1"));
+    eprintln!("xtask: wrote {} ({} bytes) and {}", inputs::OBJECT, object.len(), inputs::DIGESTS);
     Ok(())
 }
 
-/// Fails unless the recorded digest matches the sources and a rebuild gives the same bytes.
+/// Fails unless the recorded digests match the sources and the object, and a rebuild gives the
+/// same bytes.
 pub fn check() -> Result<()> {
     let root = workspace_root();
-    if recorded_digest() != Some(current_digest()?) {
+    let Some(recorded) = recorded_digests() else {
+        bail!("{} is missing or unreadable: run `xtask/x.sh ebpf-object` and commit lifecycle-ebpf/object/", inputs::DIGESTS);
+    };
+    if recorded.inputs != current_digest()? {
         bail!(
             "{} is not current for the kernel programs' sources: run `xtask/x.sh ebpf-object` and commit \
              lifecycle-ebpf/object/",
-            inputs::DIGEST
+            inputs::DIGESTS
         );
     }
-    let rebuilt = build()?;
     let checked_in = std::fs::read(root.join(inputs::OBJECT)).context("reading the checked-in object")?;
+    inputs::verify_object(&checked_in, &recorded).map_err(anyhow::Error::msg)?;
+    let rebuilt = build()?;
     if rebuilt != checked_in {
         bail!(
             "a build from source ({} bytes) differs from the checked-in {} ({} bytes): the build is not \
@@ -117,7 +123,7 @@ pub fn check() -> Result<()> {
             checked_in.len()
         );
     }
-    eprintln!("xtask: {} is current and rebuilds byte for byte", inputs::OBJECT);
+    eprintln!("xtask: {} is current, is the recorded object and rebuilds byte for byte", inputs::OBJECT);
     Ok(())
 }
 
@@ -125,7 +131,7 @@ pub fn check() -> Result<()> {
 mod tests {
     use std::path::Path;
 
-    use super::inputs::digest;
+    use super::inputs::{digest, object_digest, verify_object, Digests};
 
     fn write(root: &Path, relative: &str, text: &str) {
         let path = root.join(relative);
@@ -148,18 +154,18 @@ mod tests {
         ] {
             write(&root, relative, text);
         }
-        let at = |nightly: &str, arch: &str| digest(&root, nightly, "0.13.0", arch).expect("digest");
+        let at = |nightly: &str, _arch: &str| digest(&root, nightly, "0.13.0").expect("digest");
         let first = at("nightly-2026-05-20", "x86_64");
-        assert_eq!(first.len(), 40, "hex SHA-1: {first}");
+        assert_eq!(first.len(), 64, "hex SHA-256: {first}");
 
         // Not inputs: the object itself, its digest, the agent, docs.
         write(&root, "lifecycle-ebpf/object/lifecycle", "\x7fELF");
-        write(&root, "lifecycle-ebpf/object/inputs.sha1", &first);
+        write(&root, "lifecycle-ebpf/object/digests", &first);
         write(&root, "lifecycle-agent/src/main.rs", "fn main() {}");
         write(&root, "README.md", "# lifecycle");
         assert_eq!(at("nightly-2026-05-20", "x86_64"), first);
 
-        // Every input counts: an edit, a new file, text moved between files, the pins, the arch.
+        // Every input counts: an edit, a new file, text moved between files, the pins.
         write(&root, "lifecycle-ebpf/src/tcp.rs", "fn accept() { }");
         assert_ne!(at("nightly-2026-05-20", "x86_64"), first);
         write(&root, "lifecycle-ebpf/src/tcp.rs", "fn accept() {}");
@@ -177,7 +183,33 @@ mod tests {
         write(&root, "Cargo.lock", "version = 4");
         assert_eq!(at("nightly-2026-05-20", "x86_64"), first);
         assert_ne!(at("nightly-2026-05-21", "x86_64"), first);
-        assert_ne!(at("nightly-2026-05-20", "aarch64"), first);
+        // One object for every architecture: the machine's does not count.
+        assert_eq!(at("nightly-2026-05-20", "aarch64"), first);
         std::fs::remove_dir_all(&root).expect("cleanup");
+    }
+
+    #[test]
+    fn an_object_changed_without_its_recorded_digest_is_refused() {
+        let object = b"\x7fELF the programs".to_vec();
+        let recorded = Digests { inputs: "0".repeat(64), object: object_digest(&object) };
+        assert_eq!(Digests::parse(&recorded.render()), Some(recorded.clone()), "the file reads back");
+        assert!(verify_object(&object, &recorded).is_ok());
+        let mut changed = object.clone();
+        changed[5] ^= 1;
+        let refused = verify_object(&changed, &recorded).expect_err("one bit changed");
+        assert!(refused.contains("is not the object") && refused.contains("xtask/x.sh ebpf-object"), "{refused}");
+    }
+
+    #[test]
+    fn the_programs_read_no_registers_so_one_object_serves_every_architecture() {
+        // aya-ebpf's `bpf_target_arch` changes only the `pt_regs` layout kprobes and uprobes read.
+        let sources = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../lifecycle-ebpf/src");
+        for entry in std::fs::read_dir(&sources).expect("lifecycle-ebpf/src") {
+            let path = entry.expect("entry").path();
+            let text = std::fs::read_to_string(&path).expect("source");
+            for register_reader in ["#[kprobe", "#[kretprobe", "#[uprobe", "#[uretprobe", "ProbeContext", "RetProbeContext", "pt_regs"] {
+                assert!(!text.contains(register_reader), "{} uses {register_reader}", path.display());
+            }
+        }
     }
 }
