@@ -46,7 +46,8 @@ fn main() -> anyhow::Result<()> {
     let from_source = std::env::var_os(FROM_SOURCE).is_some_and(|value| value == "1");
 
     let digest = ebpf_object::digest(root, nightly, bpf_linker).context("hashing the eBPF object's inputs")?;
-    let recorded = std::fs::read_to_string(root.join(ebpf_object::DIGESTS)).ok().and_then(|t| ebpf_object::Digests::parse(&t));
+    let recorded =
+        std::fs::read_to_string(root.join(ebpf_object::DIGESTS)).ok().and_then(|t| ebpf_object::Digests::parse(&t));
     let serves = ebpf_object::SERVES.contains(&arch.as_str());
     if let Some(recorded) = recorded.filter(|r| !from_source && serves && r.inputs == digest) {
         let object = std::fs::read(root.join(ebpf_object::OBJECT)).context("reading the checked-in eBPF object")?;

@@ -159,6 +159,7 @@ fn check_built(kind: EventKind, fields: &[u8]) {
                 target_cgroup_id: r.target_cgroup_id,
                 sender_comm: name(&r.sender_comm),
                 target_comm: name(&r.target_comm),
+                from_kernel: r.origin == lifecycle_common::SIGNAL_FROM_KERNEL,
             }
         }
         EventKind::OomVictim => {

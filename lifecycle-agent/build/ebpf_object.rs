@@ -69,7 +69,10 @@ impl Digests {
     }
 
     /// The file's text.
-    #[allow(dead_code, reason = "xtask writes the file; the build script, which includes this module too, only reads it")]
+    #[allow(
+        dead_code,
+        reason = "xtask writes the file; the build script, which includes this module too, only reads it"
+    )]
     pub fn render(&self) -> String {
         format!("inputs {}\nobject {}\n", self.inputs, self.object)
     }

@@ -136,6 +136,7 @@ fn node(n: u64) -> (NodeTracker, Vec<Judgement>) {
                 target_cgroup_id: cgroup,
                 sender_comm: "containerd-shim".into(),
                 target_comm: "app".into(),
+                from_kernel: false,
             };
             outcome.extend(tracker.apply(&event(t + second, 7, 7, signal)));
             if attempt == 0 {

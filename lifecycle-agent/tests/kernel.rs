@@ -118,6 +118,7 @@ fn killed_by(signal: i32, name: &str) {
             target_cgroup_id: cg.id,
             sender_comm,
             target_comm: "sleep".into(),
+            from_kernel: false,
         }
     );
     let counters = hub.maps.counters_of(cg.id).expect("counters");
@@ -207,10 +208,59 @@ fn signal_between_two_processes_of_one_cgroup_names_both() {
             target_cgroup_id: cg.id,
             sender_comm: "sh".into(),
             target_comm: "sleep".into(),
+            from_kernel: false,
         }
     );
     let (_, exit) = exec_and_exit(hub, &cg, sleeper);
     assert!(matches!(exit.detail, Detail::Exit { signal: Some(10), .. }), "{exit:?}");
+}
+
+/// A process that owns its stdout (a pipe) with O_ASYNC and F_SETSIG(SIGTERM), handled: each
+/// read by the process at the other end makes the kernel send it SIGTERM, in the reader's
+/// context. As a container's stdout is read by the runtime's shim.
+const ASYNC_STDOUT_OWNER: &str = r#"
+import fcntl, os, signal, sys
+signal.signal(signal.SIGTERM, lambda *a: None)
+F_SETSIG = 10
+fcntl.fcntl(1, fcntl.F_SETOWN, os.getpid())
+fcntl.fcntl(1, F_SETSIG, signal.SIGTERM)
+fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_ASYNC)
+os.write(1, b"ready\n")
+sys.stdin.read()
+"#;
+
+#[test]
+fn a_signal_the_kernel_generates_is_marked_so_whoever_ran() {
+    // Issue 37: with F_SETOWN + O_ASYNC + F_SETSIG(SIGTERM) on its stdout, a tenant made the
+    // runtime's shim (whose read woke the pipe) look like the sender of a SIGTERM to its PID 1.
+    require_privileges!();
+    let hub = Hub::get();
+    let mut owner_cg = TestCgroup::new("async-owner");
+    let mut owner = owner_cg
+        .spawn(Command::new(PYTHON).args(["-c", ASYNC_STDOUT_OWNER]).stdin(Stdio::piped()).stdout(Stdio::piped()));
+    let owner_pid = owner.id();
+    // This test's read of the owner's stdout is what makes the kernel signal it.
+    let mut line = String::new();
+    BufReader::new(owner.stdout.take().expect("stdout")).read_line(&mut line).expect("ready");
+    let events = hub.wait_for(
+        "the SIGTERM the kernel sent for the pipe",
+        |e| matches!(e.detail, Detail::Signal { signal: 15, target_tgid, .. } if target_tgid == owner_pid),
+        |m| !m.is_empty(),
+    );
+    let term = &events[0];
+    assert_eq!(term.tgid, std::process::id(), "current was this test, the reader");
+    assert!(matches!(term.detail, Detail::Signal { from_kernel: true, .. }), "{term:?}");
+    // A plain kill(2) is a process's own request.
+    let kill = Command::new("/bin/kill").args(["-TERM", &owner_pid.to_string()]).spawn().expect("kill");
+    let killer = kill.id();
+    assert!(kill.wait_with_output().expect("kill").status.success());
+    hub.wait_for(
+        "the SIGTERM kill sent",
+        |e| e.tgid == killer && matches!(e.detail, Detail::Signal { signal: 15, from_kernel: false, .. }),
+        |m| !m.is_empty(),
+    );
+    drop(owner.stdin.take());
+    assert!(owner.wait().expect("owner").success());
 }
 
 /// Signals recorded from `cg`, as (signal, target tgid).

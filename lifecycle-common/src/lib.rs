@@ -169,12 +169,28 @@ pub struct SignalEvent {
     pub target_cgroup_id: u64,
     /// 1 when the signal was sent to the whole thread group (kill) rather than one thread (tkill).
     pub group: u32,
-    /// Explicit padding; always 0.
-    pub _pad: u32,
+    /// [`SIGNAL_FROM_KERNEL`] when the kernel generated it (`SEND_SIG_PRIV`, or a positive
+    /// `si_code`: SIGIO/SIGURG for a file's owner, a fault, the OOM killer), whoever `current`
+    /// was; 0 when a process sent it (kill, tgkill, sigqueue, a parent's death signal).
+    pub origin: u32,
     /// `comm` of the sender.
     pub sender_comm: [u8; TASK_COMM_LEN],
     /// `comm` of the target.
     pub target_comm: [u8; TASK_COMM_LEN],
+}
+
+/// [`SignalEvent::origin`]: the kernel generated the signal; `current` did not ask for it.
+pub const SIGNAL_FROM_KERNEL: u32 = 1;
+
+/// The key of the signal-record budgets: the sending cgroup and the target's. A budget per
+/// pair, so that no cgroup spends another pair's: a tenant that makes the runtime's shim signal
+/// it (SIGIO on a pipe the shim reads) spends the (shim, tenant) budget, never the runtime's
+/// budget for other containers' stop signals. Kernel-generated signals use sender 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SignalBudgetKey {
+    pub sender_cgroup_id: u64,
+    pub target_cgroup_id: u64,
 }
 
 /// The OOM killer chose a victim. The header's task is whoever triggered the kill.
@@ -427,6 +443,10 @@ pub struct KernelOffsets {
     /// `sizeof(struct k_sigaction)`, the stride of `sighand->action[]`.
     pub k_sigaction_size: u32,
     pub css_set_nr_tasks: u32,
+    /// `kernel_siginfo.si_code`.
+    pub siginfo_code: u32,
+    /// Explicit padding; always 0.
+    pub _pad: u32,
 }
 
 /// Run-time settings for the kernel programs (a `.rodata` global set at load).
@@ -499,13 +519,16 @@ pub mod defaults {
     /// Entries in the listening-socket -> port map.
     pub const LISTENER_ENTRIES: u32 = 16 * 1024;
     /// Entries of that map one cgroup may hold: a pod listening on every port fills its own
-    /// quota, not the node's map (past it, its closes carry no port; others' are untouched).
-    pub const LISTENERS_PER_CGROUP: u64 = 1024;
-    /// Signal records one sending cgroup may cause per second, on average, and in a burst: a
-    /// container flooding signals costs the ring this much and is counted beyond it
-    /// (`rate_limited`); the runtime's and the kubelet's cgroups have budgets of their own, so
-    /// a flood never pushes out the stop signals verdicts need. A stop storm of a whole node
-    /// (TERM and KILL to every container from the runtime's cgroup) fits in the burst.
+    /// quota, not the node's map (past it, its closes carry no port and the agent's refresh
+    /// closes them; others' are untouched). Twice the ports the agent keeps per container
+    /// (`MAX_PORTS_PER_UNIT`); filling the node's map takes 256 cgroups doing so, more than a
+    /// node's pods (110 by default) have containers that listen.
+    pub const LISTENERS_PER_CGROUP: u64 = 64;
+    /// Signal records one sending cgroup may cause per second in one target cgroup, on average,
+    /// and in a burst: a container flooding signals costs the ring this much and is counted
+    /// beyond it (`rate_limited`); the budget is per (sender, target) pair, so a flood never
+    /// pushes out the stop signals verdicts need, even one the tenant makes the runtime send
+    /// (`SignalBudgetKey`).
     pub const SIGNAL_RECORDS_PER_SECOND: u64 = 200;
     pub const SIGNAL_RECORDS_BURST: u64 = 2048;
 }
@@ -521,7 +544,8 @@ const _: () = assert!(core::mem::size_of::<OomKillSignal>() == 8 + 8 + TASK_COMM
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + 8 + 8 + CGROUP_PATH_LEN);
 const _: () = assert!(core::mem::size_of::<CgroupCounters>() == 9 * 8 + SIGNAL_SLOTS * 8);
 const _: () = assert!(core::mem::size_of::<KindStats>() == 5 * 8);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 41 * 4);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 43 * 4);
+const _: () = assert!(core::mem::size_of::<SignalBudgetKey>() == 16);
 const _: () = assert!(core::mem::size_of::<ProgramSettings>() == 16);
 // Every record starts with the header, so the kind can be read before the type is known.
 const _: () = assert!(core::mem::offset_of!(ExecEvent, header) == 0);

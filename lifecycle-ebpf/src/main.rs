@@ -34,8 +34,8 @@ use aya_ebpf::{
 use lifecycle_common::{
     defaults, signal_always_recorded, signal_default_ends_or_stops, signals::SIGCHLD, CgroupCounters, CgroupEvent,
     EventHeader, EventKind, ExecEvent, ExitEvent, KernelOffsets, KindStats, OomKillSignal, OomVictimEvent,
-    ProgramSettings, SignalEvent, TcpEvent, EVENT_KIND_COUNT, EXEC_FLAG_CHILD_PID_NAMESPACE, EXEC_FLAG_NAMESPACE_INIT,
-    ROOT_CGROUP_ID, SIGNAL_SLOTS, TASK_COMM_LEN,
+    ProgramSettings, SignalBudgetKey, SignalEvent, TcpEvent, EVENT_KIND_COUNT, EXEC_FLAG_CHILD_PID_NAMESPACE,
+    EXEC_FLAG_NAMESPACE_INIT, ROOT_CGROUP_ID, SIGNAL_FROM_KERNEL, SIGNAL_SLOTS, TASK_COMM_LEN,
 };
 
 /// Struct member offsets; overwritten by the agent before load.
@@ -82,6 +82,8 @@ static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     sighand_action_handler: 0,
     k_sigaction_size: 0,
     css_set_nr_tasks: 0,
+    siginfo_code: 0,
+    _pad: 0,
 };
 
 /// Run-time settings; overwritten by the agent before load.
@@ -107,11 +109,11 @@ static KIND_STATS: PerCpuArray<KindStats> = PerCpuArray::with_max_entries(EVENT_
 #[map]
 static LISTENERS_PER_CGROUP: HashMap<u64, u64> = HashMap::with_max_entries(defaults::LISTENER_ENTRIES, 0);
 
-/// Per sending cgroup, the signal-record budget as a GCRA "theoretical arrival time" (boot ns):
-/// one u64, no division on the hot path. LRU: a cgroup idle long enough to be evicted has its
-/// whole burst again anyway.
+/// Per (sending cgroup, target cgroup), the signal-record budget as a GCRA "theoretical arrival
+/// time" (boot ns): one u64, no division on the hot path. LRU: a pair idle long enough to be
+/// evicted has its whole burst again anyway.
 #[map]
-static SIGNAL_BUDGET: LruHashMap<u64, u64> = LruHashMap::with_max_entries(defaults::COUNTER_ENTRIES, 0);
+static SIGNAL_BUDGET: LruHashMap<SignalBudgetKey, u64> = LruHashMap::with_max_entries(defaults::COUNTER_ENTRIES, 0);
 
 const ZERO_COUNTERS: CgroupCounters = CgroupCounters {
     execs: 0,
@@ -338,19 +340,19 @@ fn send_waking<T: 'static>(kind: EventKind, cgroup: u64, record: T, urgent: bool
     }
 }
 
-/// Whether `cgroup` may send one more record of its budget at `now` (GCRA: a record every
+/// Whether the pair `key` may send one more record of its budget at `now` (GCRA: a record every
 /// `1 s / SIGNAL_RECORDS_PER_SECOND` on average, `SIGNAL_RECORDS_BURST` at once). Two CPUs
-/// updating the same cgroup at once may each pass: the bound is approximate by a record or two.
+/// updating the same pair at once may each pass: the bound is approximate by a record or two.
 #[inline(always)]
-fn within_signal_budget(cgroup: u64, now: u64) -> bool {
+fn within_signal_budget(key: &SignalBudgetKey, now: u64) -> bool {
     const INTERVAL_NS: u64 = 1_000_000_000 / defaults::SIGNAL_RECORDS_PER_SECOND;
     const TOLERANCE_NS: u64 = INTERVAL_NS * (defaults::SIGNAL_RECORDS_BURST - 1);
     // SAFETY: the value is copied out at once.
-    let tat = unsafe { SIGNAL_BUDGET.get(&cgroup) }.copied().unwrap_or(0).max(now);
+    let tat = unsafe { SIGNAL_BUDGET.get(key) }.copied().unwrap_or(0).max(now);
     if tat - now > TOLERANCE_NS {
         return false;
     }
-    let _ = SIGNAL_BUDGET.insert(&cgroup, &(tat + INTERVAL_NS), 0);
+    let _ = SIGNAL_BUDGET.insert(key, &(tat + INTERVAL_NS), 0);
     true
 }
 

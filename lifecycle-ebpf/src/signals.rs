@@ -57,13 +57,17 @@ fn try_signal(ctx: &BtfTracePointContext) -> Result<(), i64> {
     if signal == SIGCHLD {
         return Ok(());
     }
+    let origin = signal_origin(ctx.arg::<u64>(1) as *const u8);
     // SAFETY: helper without preconditions.
     let time_ns = unsafe { bpf_ktime_get_boot_ns() };
-    // Each sending cgroup has a budget of records: a container flooding signals (at its own
-    // PID 1, at a neighbour in a shared pid namespace) is counted beyond it, not recorded, and
-    // cannot crowd out the runtime's or the kubelet's stop signals, which spend budgets of
-    // their own cgroups.
-    if !within_signal_budget(cgroup_id, time_ns) {
+    // Each (sender, target) pair has a budget of records: a container flooding signals (at its
+    // own PID 1, at a neighbour in a shared pid namespace) is counted beyond it, not recorded,
+    // and cannot crowd out the runtime's or the kubelet's stop signals to another container,
+    // which spend budgets of their own pairs. What the kernel generates (SIGIO for a file's
+    // owner, whoever's read woke it) is charged to the target alone.
+    let sender_cgroup_id = if origin == SIGNAL_FROM_KERNEL { 0 } else { cgroup_id };
+    let budget = SignalBudgetKey { sender_cgroup_id, target_cgroup_id };
+    if !within_signal_budget(&budget, time_ns) {
         stat(EventKind::Signal, offset_of!(KindStats, rate_limited));
         return Ok(());
     }
@@ -75,12 +79,29 @@ fn try_signal(ctx: &BtfTracePointContext) -> Result<(), i64> {
         target_tgid,
         target_cgroup_id,
         group: (ctx.arg::<u64>(3) as u32 != 0) as u32,
-        _pad: 0,
+        origin,
         sender_comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
         target_comm: task_comm(target),
     };
     send(EventKind::Signal, target_cgroup_id, record);
     Ok(())
+}
+
+/// `SEND_SIG_PRIV`: the `kernel_siginfo` pointer of a signal the kernel sends on its own behalf.
+const SEND_SIG_PRIV: *const u8 = 1 as *const u8;
+
+/// Who asked for the signal: [`SIGNAL_FROM_KERNEL`] when the kernel generated it
+/// (`SEND_SIG_PRIV`, or `si_code > 0`: `SI_FROMKERNEL`), else 0 (a process's kill, tgkill or
+/// sigqueue, or no info: `SEND_SIG_NOINFO`, which the kernel treats as `SI_USER` from current).
+#[inline(always)]
+fn signal_origin(info: *const u8) -> u32 {
+    if info == SEND_SIG_PRIV {
+        return SIGNAL_FROM_KERNEL;
+    }
+    match read::<i32>(info, off!(siginfo_code)) {
+        Ok(code) if code > 0 => SIGNAL_FROM_KERNEL,
+        _ => 0,
+    }
 }
 
 /// `lifecycle_common::signal_is_recorded` for a signal sent inside the target's cgroup, cheapest

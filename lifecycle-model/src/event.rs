@@ -58,6 +58,10 @@ pub enum Detail {
         target_cgroup_id: u64,
         sender_comm: String,
         target_comm: String,
+        /// The kernel generated it (SIGIO/SIGURG for a file's owner, a fault, the OOM killer):
+        /// `current`, the sender named, did not ask for it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        from_kernel: bool,
     },
     OomVictim {
         victim_pid: u32,

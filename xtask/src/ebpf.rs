@@ -102,7 +102,10 @@ pub fn write() -> Result<()> {
 pub fn check() -> Result<()> {
     let root = workspace_root();
     let Some(recorded) = recorded_digests() else {
-        bail!("{} is missing or unreadable: run `xtask/x.sh ebpf-object` and commit lifecycle-ebpf/object/", inputs::DIGESTS);
+        bail!(
+            "{} is missing or unreadable: run `xtask/x.sh ebpf-object` and commit lifecycle-ebpf/object/",
+            inputs::DIGESTS
+        );
     };
     if recorded.inputs != current_digest()? {
         bail!(
@@ -207,7 +210,9 @@ mod tests {
         for entry in std::fs::read_dir(&sources).expect("lifecycle-ebpf/src") {
             let path = entry.expect("entry").path();
             let text = std::fs::read_to_string(&path).expect("source");
-            for register_reader in ["#[kprobe", "#[kretprobe", "#[uprobe", "#[uretprobe", "ProbeContext", "RetProbeContext", "pt_regs"] {
+            for register_reader in
+                ["#[kprobe", "#[kretprobe", "#[uprobe", "#[uretprobe", "ProbeContext", "RetProbeContext", "pt_regs"]
+            {
                 assert!(!text.contains(register_reader), "{} uses {register_reader}", path.display());
             }
         }

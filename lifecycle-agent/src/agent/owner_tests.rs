@@ -108,6 +108,7 @@ fn judgements_reach_the_distributions_before_the_snapshot_that_shows_the_stop() 
         target_cgroup_id: CGROUP,
         sender_comm: "containerd-shim".into(),
         target_comm: "app".into(),
+        from_kernel: false,
     };
     owner.change(|tracker| tracker.apply(&event(3 * SECOND, 7, 7, term)));
     assert_eq!(duration_count(&units), None, "nothing judged yet");

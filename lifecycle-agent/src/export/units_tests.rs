@@ -58,6 +58,7 @@ fn signals_only_counted_in_the_kernel_join_the_recorded_ones_from_the_same_conta
             target_cgroup_id: cgroup,
             sender_comm: "app".into(),
             target_comm: "app".into(),
+            from_kernel: false,
         };
         tracker.apply(&event(3, sender, sender_cgroup, signal));
     }
@@ -337,6 +338,7 @@ fn a_thousand_units_beside_a_hostile_one_stay_under_four_megabytes() {
                 target_cgroup_id: hostile,
                 sender_comm: "x".into(),
                 target_comm: "hostile".into(),
+                from_kernel: false,
             };
             tracker.apply(&event(5, sender, sender_cgroup, detail));
         }

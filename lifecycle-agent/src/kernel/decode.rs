@@ -72,6 +72,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                     target_cgroup_id: r.target_cgroup_id,
                     sender_comm: c_string(&r.sender_comm),
                     target_comm: c_string(&r.target_comm),
+                    from_kernel: r.origin == lifecycle_common::SIGNAL_FROM_KERNEL,
                 },
             )
         }
@@ -267,7 +268,7 @@ mod tests {
             target_tgid: 20,
             target_cgroup_id: 8,
             group: 1,
-            _pad: 0,
+            origin: 0,
             sender_comm: comm("containerd-shim"),
             target_comm: comm("app"),
         };
@@ -278,5 +279,9 @@ mod tests {
         assert_eq!(json["sender_comm"], "containerd-shim");
         assert_eq!(json["target_cgroup_id"], 8);
         assert_eq!(json["cgroup_id"], 7);
+        assert!(json.get("from_kernel").is_none(), "only said when the kernel generated it");
+        let generated = SignalEvent { origin: lifecycle_common::SIGNAL_FROM_KERNEL, ..record };
+        let json = serde_json::to_value(decode(&encode(&generated)).expect("decodes")).expect("json");
+        assert_eq!(json["from_kernel"], true);
     }
 }

@@ -169,6 +169,8 @@ members! {
         Source::Sum(("sighand_struct", "action"), ("k_sigaction", "sa.sa_handler")),
     KSigactionSize => k_sigaction_size: Source::Size("k_sigaction"),
     CssSetNrTasks => css_set_nr_tasks: Source::Member("css_set", &["nr_tasks"]),
+    // Inside `kernel_siginfo`'s anonymous `__SIGINFO` struct.
+    SiginfoCode => siginfo_code: Source::Member("kernel_siginfo", &["si_code"]),
 }
 
 /// `struct btf_header` is 24 bytes in every BTF version so far; `hdr_len` may announce more.

@@ -380,7 +380,7 @@ impl Sensor {
             let offsets = kernel_btf.offsets();
             // Which programs each feature runs here; a feature whose needs this kernel does not
             // meet is off, named with why, before anything is loaded.
-            let chosen: Vec<(Feature, Result<Vec<&'static [Program]>, programs::NoVariant>)> =
+            let chosen: Vec<(Feature, Eligible)> =
                 Feature::ALL.iter().map(|&f| (f, programs::eligible(f, &kernel_btf, &offsets))).collect();
             // `EbpfLoader::new` always parses /sys/kernel/btf/vmlinux itself: drop that copy
             // before making ours (from the bytes already read, and from `config.btf_path`), so
@@ -501,6 +501,9 @@ fn attached_programs(ebpf: &Ebpf, features: &[FeatureState]) -> Vec<(&'static st
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, SensorError> {
     ebpf.take_map(name).ok_or(SensorError::MissingMap(name))
 }
+
+/// The program sets a feature may run here, preferred first, or why none.
+type Eligible = Result<Vec<&'static [Program]>, programs::NoVariant>;
 
 /// Attaches the first of `sets` the kernel takes: a set the verifier refuses is unloaded and the
 /// next tried (the exec and exit programs read the task directly where the verifier allows it,

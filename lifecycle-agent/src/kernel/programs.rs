@@ -144,9 +144,15 @@ const EXIT_PROBE: Program = Program { name: names::PROG_EXIT_PROBE, ..EXIT };
 const SIGNAL: Program = Program {
     name: names::PROG_SIGNAL,
     attach: Attach::Btf("signal_generate"),
-    args: &[(0, Reads::Int), (2, Reads::Struct("task_struct")), (3, Reads::Int), (4, Reads::Int)],
+    args: &[
+        (0, Reads::Int),
+        (1, Reads::Struct("kernel_siginfo")),
+        (2, Reads::Struct("task_struct")),
+        (3, Reads::Int),
+        (4, Reads::Int),
+    ],
     members: members!(
-        [TaskPid, TaskTgid, TaskComm, TaskGroupLeader, TaskSighand, SighandActionHandler, KSigactionSize],
+        [TaskPid, TaskTgid, TaskComm, TaskGroupLeader, TaskSighand, SighandActionHandler, KSigactionSize, SiginfoCode],
         task_cgroup!(),
         pid_namespace!(),
     ),

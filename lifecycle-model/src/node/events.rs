@@ -42,11 +42,14 @@ impl NodeTracker {
                     self.exit(event.tgid, event.cgroup_id, event.time_ns, *exit_status, *signal, *cpu_time_ns);
                 }
             }
-            Detail::Signal { signal, target_tgid, target_cgroup_id, sender_comm, .. } => {
+            Detail::Signal { signal, target_tgid, target_cgroup_id, sender_comm, from_kernel, .. } => {
                 let same = event.cgroup_id == *target_cgroup_id;
                 // A process inside any container is never the runtime or the kubelet, whatever
-                // it calls itself: a pod can name a process `containerd-shim`.
+                // it calls itself: a pod can name a process `containerd-shim`. A signal the kernel
+                // generated is no one's request, whoever ran (a tenant's F_SETOWN pipe makes the
+                // shim's read send it SIGIO, or SIGTERM with F_SETSIG).
                 let sender = match SignalSender::from_comm(sender_comm, same, event.tgid) {
+                    _ if *from_kernel => SignalSender::Kernel,
                     sender if sender.is_kubelet_side() && self.is_container_cgroup(event.cgroup_id) => {
                         SignalSender::other(sender_comm, event.tgid)
                     }

@@ -66,8 +66,9 @@ struct SignalLog {
     /// another container sharing the process namespace): the stop signal when the kubelet sent
     /// none.
     first_outside_stop: Option<SignalRecord>,
-    /// The earliest SIGKILL to the init not sent from inside the container (the kernel drops
-    /// those: init is immune to signals from its own namespace).
+    /// The earliest SIGKILL to the init a process outside the container sent (the kernel drops
+    /// those from inside: init is immune to signals from its own namespace; the kernel's own, the
+    /// OOM killer's, are told by the OOM event).
     first_kill: Option<SignalRecord>,
     recent: VecDeque<SignalRecord>,
 }
@@ -86,9 +87,9 @@ impl SignalLog {
         let before = |record: &&SignalRecord| record.time <= exit_time;
         self.first_stop.as_ref().filter(before).or(self.first_outside_stop.as_ref().filter(before)).or_else(|| {
             let fatal = exit_signal.filter(|&signal| signal != SIGKILL)?;
-            self.recent.iter().find(|r| {
-                r.to_init && r.signal == fatal && r.sender != SignalSender::SameContainer && r.time <= exit_time
-            })
+            self.recent
+                .iter()
+                .find(|r| r.to_init && r.signal == fatal && r.sender.is_from_outside() && r.time <= exit_time)
         })
     }
 
@@ -98,17 +99,13 @@ impl SignalLog {
             self.first_stop = Some(record.clone());
         }
         if record.to_init
-            && record.sender != SignalSender::SameContainer
+            && record.sender.is_from_outside()
             && settings.is_stop_request(record.signal)
             && earlier(&self.first_outside_stop)
         {
             self.first_outside_stop = Some(record.clone());
         }
-        if record.to_init
-            && record.signal == SIGKILL
-            && record.sender != SignalSender::SameContainer
-            && earlier(&self.first_kill)
-        {
+        if record.to_init && record.signal == SIGKILL && record.sender.is_from_outside() && earlier(&self.first_kill) {
             self.first_kill = Some(record.clone());
         }
         let full = self.recent.len() >= MAX_KEPT_RECORDS;

@@ -21,6 +21,9 @@ pub enum SignalSender {
     Kubelet,
     /// A process in the same container cgroup: the application signalling itself.
     SameContainer,
+    /// The kernel, for no process's asking: SIGIO or SIGURG for a file's owner (whoever's read
+    /// or write woke it), a fault, a timer, the OOM killer. Never a stop request.
+    Kernel,
     /// Anything else (an operator's `kill`, systemd, another container sharing the process
     /// namespace): named by its program and process id.
     OtherProcess {
@@ -61,6 +64,7 @@ impl SignalSender {
             SignalSender::Runtime => SenderKind::Runtime,
             SignalSender::Kubelet => SenderKind::Kubelet,
             SignalSender::SameContainer => SenderKind::SameContainer,
+            SignalSender::Kernel => SenderKind::Kernel,
             SignalSender::OtherProcess { .. } => SenderKind::OtherProcess,
         }
     }
@@ -72,6 +76,7 @@ impl SignalSender {
             SignalSender::Runtime => "the container runtime".to_owned(),
             SignalSender::Kubelet => "the kubelet".to_owned(),
             SignalSender::SameContainer => "a process of the container itself".to_owned(),
+            SignalSender::Kernel => "the kernel".to_owned(),
             SignalSender::OtherProcess { comm, pid: Some(pid) } => format!("`{}` (pid {pid})", comm.escape_debug()),
             SignalSender::OtherProcess { comm, pid: None } => format!("`{}`", comm.escape_debug()),
         }
@@ -80,6 +85,11 @@ impl SignalSender {
     /// The runtime or the kubelet, the only senders a kubelet-driven stop comes from.
     pub fn is_kubelet_side(&self) -> bool {
         matches!(self, SignalSender::Runtime | SignalSender::Kubelet)
+    }
+
+    /// A process outside the container asked for it: what a stop request or a kill comes from.
+    pub fn is_from_outside(&self) -> bool {
+        !matches!(self, SignalSender::SameContainer | SignalSender::Kernel)
     }
 }
 
@@ -92,6 +102,8 @@ pub enum SenderKind {
     Kubelet,
     /// A process of the same container.
     SameContainer,
+    /// The kernel, for no process's asking.
+    Kernel,
     /// Anything else.
     OtherProcess,
 }
@@ -100,6 +112,7 @@ crate::spelling::spelling!(SenderKind {
     Runtime => "runtime",
     Kubelet => "kubelet",
     SameContainer => "same_container",
+    Kernel => "kernel",
     OtherProcess => "other_process",
 });
 

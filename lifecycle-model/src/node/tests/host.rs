@@ -142,3 +142,22 @@ fn a_kubelet_stop_after_an_operators_signal_starts_the_grace_at_the_kubelets() {
     assert_eq!(report.stop_signal.as_ref().map(|s| s.time), Some(at(50 * SECOND)), "{report:?}");
     assert!(matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { .. }), "{:?}", report.outcome);
 }
+
+#[test]
+fn a_sigterm_the_kernel_generated_from_the_shims_read_is_no_stop_signal() {
+    // Issue 37: F_SETOWN + O_ASYNC + F_SETSIG(SIGTERM) on its stdout made every read of the
+    // runtime's shim a "SIGTERM to PID 1 from the container runtime".
+    let mut tracker = tracker_with_cri();
+    tracker.set_metadata(vec![meta(1, 30)]);
+    let app = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND, 100, app, SHIM_CGROUP, "app"));
+    let mut forged = signal(5 * SECOND, (300, SHIM_CGROUP, "containerd-shim"), (100, app), u32::from(SIGTERM));
+    if let Detail::Signal { from_kernel, .. } = &mut forged.detail {
+        *from_kernel = true;
+    }
+    tracker.apply(&forged);
+    tracker.apply(&exit(9 * SECOND, 100, app, Some(1), None));
+    let report = last_termination(&tracker, 10 * SECOND);
+    assert_eq!(report.stop_signal, None, "{report:?}");
+    assert!(matches!(report.outcome, TerminationOutcome::ExitedWithoutStopSignal { .. }), "{:?}", report.outcome);
+}

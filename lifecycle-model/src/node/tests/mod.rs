@@ -103,6 +103,7 @@ fn signal(time: u64, from: (u32, u64, &str), to: (u32, u64), sig: u32) -> Event 
         target_cgroup_id: to.1,
         sender_comm: from.2.into(),
         target_comm: "app".into(),
+        from_kernel: false,
     };
     event(time, from.0, from.1, detail)
 }
