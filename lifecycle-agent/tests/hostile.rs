@@ -151,6 +151,81 @@ fn a_pid_1_flooded_with_ignored_sighups_leaves_the_agent_small_healthy_and_right
     assert_eq!(done["last_termination"]["outcome"]["sender"]["kind"], "runtime");
 }
 
+/// A tenant's process in its container's cgroup: takes the container's stdout (the pipe the
+/// runtime's shim reads) with F_SETOWN and O_ASYNC, and writes to it without end, so that every
+/// read of the shim makes the kernel signal the tenant from the shim's context.
+const ASYNC_STDOUT_FLOOD: &str = r#"
+import fcntl, os, signal, sys
+signal.signal(signal.SIGIO, signal.SIG_IGN)
+out = os.open("/proc/%s/fd/1" % sys.argv[1], os.O_WRONLY)
+fcntl.fcntl(out, fcntl.F_SETOWN, os.getpid())
+fcntl.fcntl(out, fcntl.F_SETFL, fcntl.fcntl(out, fcntl.F_GETFL) | os.O_ASYNC)
+while True:
+    os.write(out, b"x\n")
+"#;
+
+#[test]
+fn an_async_stdout_flood_leaves_every_runtime_stop_signal_to_other_containers_recorded() {
+    // Issue 37: the tenant's SIGIOs (sent in the shim's context at each of its reads) spent the
+    // runtime's cgroup's signal budget: 4 of 5 stop signals to other containers went unrecorded.
+    let test = "an_async_stdout_flood_leaves_every_runtime_stop_signal_to_other_containers_recorded";
+    let Some(mut h) = start_or_skip(test) else { return };
+    let agent = Agent::start(AGENT, &h, &[]);
+    let tenant = h.new_pod("async-flood").expect("pod");
+    let flooder = h
+        .run_container(&tenant, "app", &["sh", "-c", "while true; do sleep 0.1; done"], &annotations(2), None)
+        .expect("container");
+    agent.wait(&tenant, "app", "running", |c| state(c) == "running");
+    const BYSTANDERS: usize = 5;
+    let graceful = "trap 'exit 0' TERM; while true; do sleep 0.1; done";
+    let bystanders: Vec<(Pod, String)> = (0..BYSTANDERS)
+        .map(|n| {
+            let pod = h.new_pod(&format!("bystander-{n}")).expect("pod");
+            let id = h.run_container(&pod, "app", &["sh", "-c", graceful], &annotations(30), None).expect("container");
+            (pod, id)
+        })
+        .collect();
+    for (pod, _) in &bystanders {
+        agent.wait(pod, "app", "running", |c| state(c) == "running");
+    }
+    let procs = CgroupRoot::detect().expect("cgroup v2").dir_of(&format!("{}/{flooder}", tenant.cgroup_parent));
+    let mut flood = Command::new("sh")
+        .args(["-c", r#"echo $$ > "$1/cgroup.procs" && exec /usr/bin/python3 -c "$2" "$3""#, "sh"])
+        .arg(&procs)
+        .arg(ASYNC_STDOUT_FLOOD)
+        .arg(init_pid(&tenant, &flooder).to_string())
+        .spawn()
+        .expect("the flood");
+    // The flood runs: the kernel's signals to the tenant pile up past any one budget's burst.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let from_kernel = sample(
+            &agent.metrics(),
+            "lifecycle_signals_received_total{",
+            &["pod=\"async-flood\"", "sender=\"kernel\""],
+        );
+        if from_kernel > 5_000.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the flood never got going: {from_kernel} signals from the kernel");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for (_, id) in &bystanders {
+        h.stop_container(id, 30).expect("stop");
+    }
+    for (pod, _) in &bystanders {
+        let done = agent.wait(pod, "app", "judged", |c| !c["last_termination"].is_null());
+        assert_eq!(outcome(&done), "exited_within_grace", "{done:#}");
+        assert_eq!(done["last_termination"]["stop_signal"]["sender"]["kind"], "runtime", "{done:#}");
+    }
+    let _ = flood.kill();
+    let _ = flood.wait();
+    h.stop_container(&flooder, 2).expect("stop");
+    // None of the kernel's signals is the tenant's stop signal.
+    let done = agent.wait(&tenant, "app", "judged", |c| !c["last_termination"].is_null());
+    assert_eq!(done["last_termination"]["stop_signal"]["sender"]["kind"], "runtime", "{done:#}");
+}
+
 #[test]
 fn a_container_listening_on_twenty_thousand_ports_keeps_its_series_bounded() {
     let test = "a_container_listening_on_twenty_thousand_ports_keeps_its_series_bounded";
