@@ -415,19 +415,24 @@ fn verdict(report: &TerminationReport, stop_signal: &str, words: &Words, missed:
         ),
         _ => String::new(),
     };
-    let stop_sender = report.stop_signal.as_ref().map(|s| sender(Some(&s.sender))).unwrap_or_default();
+    // Who sent the stop signal, said where it is not the kubelet's own stop (the timeline says
+    // "from the container runtime" for those).
+    let from = match report.stop_signal.as_ref() {
+        Some(stop) if !stop.sender.is_kubelet_side() => format!(" from {}", sender(Some(&stop.sender))),
+        _ => String::new(),
+    };
     // Killed by the stop signal itself (a plain `kill`): say so, and who sent it.
     let killed_by_stop = report.stop_signal.as_ref().is_some_and(|s| report.exit_signal == Some(s.signal));
     match &report.outcome {
         TerminationOutcome::SigkilledAfterGrace { stop_to_kill_ns, .. } => format!(
-            "SIGKILLed {} after {stop_signal} from {stop_sender}: it did not exit within its {} {}{shell}",
+            "SIGKILLed {} after {stop_signal}{from}: it did not exit within its {} {}{shell}",
             seconds(*stop_to_kill_ns),
             seconds(due),
             words.grace
         ),
         TerminationOutcome::SigkilledEarly { stop_to_kill_ns, sender: by, .. } => format!(
-            "SIGKILLed by {} {} after {stop_signal} from {stop_sender}, {} before its {} {} ran out: killed early, \
-             not the app's doing",
+            "SIGKILLed by {} {} after {stop_signal}{from}, {} before its {} {} ran out: killed early, not the \
+             app's doing",
             sender(by.as_ref()),
             seconds(*stop_to_kill_ns),
             seconds(due.saturating_sub(*stop_to_kill_ns)),
@@ -435,7 +440,7 @@ fn verdict(report: &TerminationReport, stop_signal: &str, words: &Words, missed:
             words.grace
         ),
         TerminationOutcome::SigkilledAfterStopSignal { stop_to_kill_ns, sender: by } => format!(
-            "SIGKILLed by {} {} after {stop_signal} from {stop_sender}; no grace period applies (nothing manages this \
+            "SIGKILLed by {} {} after {stop_signal}{from}; no grace period applies (nothing manages this \
              cgroup){shell}",
             sender(by.as_ref()),
             seconds(*stop_to_kill_ns)
@@ -443,16 +448,16 @@ fn verdict(report: &TerminationReport, stop_signal: &str, words: &Words, missed:
         TerminationOutcome::ExitedWithinGrace { .. } | TerminationOutcome::ExitedAfterStopSignal { .. }
             if killed_by_stop =>
         {
-            format!("killed by {stop_signal} from {stop_sender}")
+            format!("killed by {stop_signal}{from}")
         }
         TerminationOutcome::ExitedWithinGrace { duration_ns, .. } => format!(
-            "exited {} after {stop_signal} from {stop_sender}, within its {} {}",
+            "exited {} after {stop_signal}{from}, within its {} {}",
             seconds(*duration_ns),
             seconds(due),
             words.grace
         ),
         TerminationOutcome::ExitedAfterStopSignal { duration_ns } => {
-            format!("exited {} after {stop_signal} from {stop_sender}", seconds(*duration_ns))
+            format!("exited {} after {stop_signal}{from}", seconds(*duration_ns))
         }
         TerminationOutcome::KilledWithoutGrace { sender: by } => {
             format!("SIGKILLed with no stop signal first, by {}", sender(by.as_ref()))

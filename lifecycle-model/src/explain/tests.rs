@@ -59,8 +59,8 @@ fn a_shell_entrypoint_that_kept_term_from_java_is_said_in_the_verdict_and_the_ti
     let story = &stories[0];
     assert_eq!(
         story.verdict,
-        "SIGKILLed 30.0s after SIGTERM from the container runtime: it did not exit within its 30.0s grace; PID 1 \
-         `sh` got SIGTERM and did not pass it on: `java` (pid 4107) never got it"
+        "SIGKILLed 30.0s after SIGTERM: it did not exit within its 30.0s grace; PID 1 `sh` got SIGTERM and did \
+         not pass it on: `java` (pid 4107) never got it"
     );
     assert_eq!(story.cause.as_deref(), Some("deleted"));
     let kill = story.timeline.iter().find(|l| l.text.starts_with("SIGKILL")).expect("the SIGKILL line");
@@ -92,8 +92,8 @@ fn an_early_kill_is_the_killers_doing_and_says_who() {
     };
     assert_eq!(
         of_stop(&stop).verdict,
-        "SIGKILLed by `bash` (pid 812) 1.0s after SIGTERM from the container runtime, 2.0s before its 3.0s grace \
-         ran out: killed early, not the app's doing"
+        "SIGKILLed by `bash` (pid 812) 1.0s after SIGTERM, 2.0s before its 3.0s grace ran out: killed early, not \
+         the app's doing"
     );
 }
 
@@ -103,10 +103,7 @@ fn a_prestop_hooks_processes_are_not_the_apps_that_missed_the_signal() {
     let hook = ProcessAtStop { exec_session: true, ..proc(4200, false, "sleep", 99.0, false) };
     stop.last_termination.scene.running_at_stop = vec![proc(4100, true, "sh", 10.0, true), hook];
     let story = of_stop(&stop);
-    assert_eq!(
-        story.verdict,
-        "SIGKILLed 30.0s after SIGTERM from the container runtime: it did not exit within its 30.0s grace"
-    );
+    assert_eq!(story.verdict, "SIGKILLed 30.0s after SIGTERM: it did not exit within its 30.0s grace");
     let running = story.timeline.iter().find(|l| l.text.starts_with("running:")).expect("who ran");
     assert_eq!(running.text, "running: PID 1 `sh`, `sleep` (pid 4200, exec session); got SIGTERM: PID 1 `sh`");
 }
