@@ -5,38 +5,15 @@
 //!
 //! Run: `cargo test -p lifecycle-agent --test explain_page -- --test-threads=1`
 
-use std::{path::Path, process::Command};
+use std::path::Path;
 
 use lifecycle_testkit::{
     agent::{get, Agent},
+    browser::{chromium, screenshot, CHROMIUM},
     containerd::{start_or_skip, KubeletAnnotations},
 };
 
 const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
-const CHROMIUM: &str = "/usr/bin/chromium";
-
-/// Runs headless Chromium on `url` with `what` (`--dump-dom`, or `--screenshot=<file>`), in a
-/// profile directory of its own under `dir`; its stdout.
-fn chromium(dir: &Path, url: &str, what: &str) -> String {
-    let output = Command::new(CHROMIUM)
-        .args([
-            "--headless",
-            // Root in a test: Chromium's own sandbox refuses to run as root.
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--window-size=1000,700",
-            "--virtual-time-budget=2000",
-        ])
-        .arg(format!("--user-data-dir={}", dir.join("profile").display()))
-        .arg(what)
-        .arg(url)
-        .output()
-        .expect("run chromium");
-    assert!(output.status.success(), "chromium {what} {url}: {output:?}");
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 #[test]
 fn the_explain_pages_render_a_timeline_a_person_can_read() {
     let Some(mut h) = start_or_skip("the_explain_pages_render_a_timeline_a_person_can_read") else { return };
@@ -61,23 +38,16 @@ fn the_explain_pages_render_a_timeline_a_person_can_read() {
     assert!(dom.contains("<h1>Why default/stubborn stopped</h1>"), "{dom}");
     assert!(dom.contains("SIGKILLed 2.0s after SIGTERM: it did not exit within its 2.0s grace"), "{dom}");
     let marks = dom.matches("<g class=\"mark\">").count();
-    assert!(marks >= 3, "the stop signal, the SIGKILL and the exit are drawn ({marks} marks): {dom}");
+    assert_eq!(marks, 3, "the stop signal, the SIGKILL and the exit are drawn: {dom}");
+    assert!(dom.contains("<rect class=\"grace\""), "the grace window is shaded: {dom}");
     for label in
         ["SIGTERM to PID 1 from the container runtime", "SIGKILL from the container runtime", "PID 1 killed by SIGKILL"]
     {
         assert!(dom.contains(label), "{label:?} on the page: {dom}");
     }
 
-    // What a person sees: a screenshot of the page, a real picture (a PNG of some size).
-    let shot = dir.join("explain.png");
-    chromium(&dir, &url, &format!("--screenshot={}", shot.display()));
-    let png = std::fs::read(&shot).expect("screenshot written");
-    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG");
-    assert!(png.len() > 20_000, "a page with text and a drawing, not a blank one ({} bytes)", png.len());
-    // Kept for the README's picture when asked.
-    if let Some(keep) = std::env::var_os("LIFECYCLE_EXPLAIN_SCREENSHOT") {
-        std::fs::copy(&shot, keep).expect("keep the screenshot");
-    }
+    // What a person sees: a screenshot of the page, a real picture.
+    screenshot(&dir, &url);
 
     // The node page lists the stop and links to the pod's page.
     let node = chromium(&dir, &format!("http://{}/explain", agent.addr), "--dump-dom");

@@ -19,6 +19,7 @@ use lifecycle_testkit::{
         view::{grace_s, judged, outcome, running},
         Agent,
     },
+    browser,
     kube::{self, container_status, Kube, NodeVersion, MODERN_MAX_CONTAINER_RESTART_PERIOD},
 };
 use serde_json::Value;
@@ -295,6 +296,20 @@ fn explain_tells_a_shell_entrypoint_kept_sigterm_from_its_child() {
     assert!(lines.contains(&"SIGTERM to PID 1 from the container runtime"), "{lines:#?}");
     assert!(lines.iter().any(|l| l.starts_with("stopped because: deleted; grace 2.0s")), "{lines:#?}");
     assert!(text.contains(&format!("never got it: `exe` (pid {sleep_pid})")), "{text}");
+
+    // The page a person opens: the pod's stop on one axis, the grace window shaded and the
+    // SIGKILL at its end with who was alive, its cause from the API (the README's picture).
+    if std::path::Path::new(browser::CHROMIUM).exists() {
+        let dir = std::env::temp_dir().join(format!("lifecycle-explain-shell-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let url = format!("http://{}/explain/default/shell", agent.addr);
+        let dom = browser::chromium(&dir, &url, "--dump-dom");
+        assert!(dom.contains("<rect class=\"grace\""), "the grace window: {dom}");
+        assert!(dom.contains("cause: deleted"), "the cause the API told: {dom}");
+        assert!(dom.contains(&format!("(pid {sleep_pid})")), "who was alive at the SIGKILL: {dom}");
+        browser::screenshot(&dir, &url);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     // The Event on the pod says the same, and where the timeline is.
     let began = Instant::now();

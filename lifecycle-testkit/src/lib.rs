@@ -12,11 +12,13 @@
 //! - [`containerd`]: a private containerd with the CRI plugin.
 //! - [`agent`]: the `lifecycle-agent run` binary against a [`containerd::Containerd`].
 //! - [`bpf`]: the machine's loaded BPF programs (an agent's must go with it).
+//! - [`browser`]: headless Chromium on the agent's pages.
 //! - [`kube`]: a real single-node Kubernetes (etcd, kube-apiserver, containerd, CNI, kubelet)
 //!   driven with kubectl.
 
 pub mod agent;
 pub mod bpf;
+pub mod browser;
 pub mod cgroup;
 pub mod containerd;
 pub mod fixtures;

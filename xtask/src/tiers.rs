@@ -156,6 +156,8 @@ fn kubelet() -> Result<()> {
 /// runs the tests one at a time (each owns the node while it runs).
 fn modern() -> Result<()> {
     packages::ensure(packages::MODERN)?;
+    // The explain page of the shell-entrypoint case is rendered in a real browser there too.
+    packages::ensure(packages::PAGES)?;
     if which("kubectl").is_none() {
         packages::ensure(packages::KUBECTL)?;
     }

@@ -1,5 +1,7 @@
-//! `explain` as a page: the same stories (`lifecycle_model::explain`) drawn as an SVG timeline per stop, and a
-//! node page listing the recent stops with their verdicts and causes. Served by the agent on
+//! `explain` as a page: the same stories (`lifecycle_model::explain`) drawn as the pod's story on
+//! one time axis (a lane per container, the grace window shaded, the stop signal, the SIGKILL and
+//! the exit marked with who ran then), each stop's verdict and timeline as a table, and a node
+//! page listing the recent stops with their verdicts and causes. Served by the agent on
 //! `/explain/<namespace>/<pod>` and `/explain`, behind the same authorization as `/api/*`.
 //!
 //! One self-contained document: inline CSS, inline SVG, no script, no external asset (the agent
@@ -9,7 +11,7 @@
 use std::fmt::Write as _;
 
 use lifecycle_model::{
-    explain::{ContainerStory, Line},
+    explain::{ContainerStory, Line, StopAxis},
     time::{BootTime, MILLISECOND},
     wire::at::WallClock,
 };
@@ -45,11 +47,20 @@ fn page(title: &str, body: &str) -> String {
     )
 }
 
+/// A moment as wall time to the millisecond, UTC (`2026-11-29T04:04:29.438Z`).
+fn short_time(clock: WallClock, at: BootTime) -> String {
+    let full = clock.rfc3339(at).unwrap_or_default();
+    match (full.find('.'), full.ends_with('Z')) {
+        (Some(dot), true) => format!("{}Z", &full[..(dot + 4).min(full.len() - 1)]),
+        _ => full,
+    }
+}
+
 /// The wall time of a line, from its story's origin and the agent's clock.
 fn wall_time(story: &ContainerStory, line: &Line, clock: WallClock) -> Option<String> {
     let origin = story.origin?;
     let offset_ns = (line.offset_ms? * MILLISECOND as f64) as i64;
-    clock.rfc3339(BootTime::from_ns(origin.ns().checked_add_signed(offset_ns)?))
+    Some(short_time(clock, BootTime::from_ns(origin.ns().checked_add_signed(offset_ns)?)))
 }
 
 /// The page of one pod (or one host unit, `namespace` `host`): a section per stop, newest first.
@@ -60,6 +71,7 @@ pub(crate) fn pod_page(namespace: &str, pod: &str, stories: &[ContainerStory], c
     if stories.is_empty() {
         body.push_str("<p>This node's agent knows no container or stop of this pod.</p>");
     }
+    body.push_str(&pod_svg(stories, clock));
     for (index, story) in stories.iter().enumerate() {
         let heading = if story.is_host_unit() { "unit".to_owned() } else { format!("container {}", story.container) };
         let _ = write!(body, "<section id=\"stop-{index}\"><h2>{}</h2>", escape(&heading));
@@ -67,7 +79,6 @@ pub(crate) fn pod_page(namespace: &str, pod: &str, stories: &[ContainerStory], c
         if let Some(cause) = &story.cause {
             let _ = write!(body, "<p class=\"cause\">cause: {}</p>", escape(cause));
         }
-        body.push_str(&timeline_svg(&story.timeline));
         body.push_str("<table><tr><th>time</th><th>offset</th><th>source</th><th>what</th></tr>");
         for line in &story.timeline {
             let at = line.offset_ms.map(|ms| format!("{ms:+.1} ms")).unwrap_or_default();
@@ -137,46 +148,101 @@ pub fn percent_encoded(segment: &str) -> String {
         .collect()
 }
 
-/// The timed lines on an axis: a mark and a label per line, the first (the stop signal) at 0.
-fn timeline_svg(lines: &[Line]) -> String {
-    let timed: Vec<(f64, &Line)> = lines.iter().filter_map(|l| l.offset_ms.map(|ms| (ms, l))).collect();
-    if timed.is_empty() {
+/// Pixels of the pod drawing: its width, the lane labels' column, a lane's height.
+const WIDTH: f64 = 960.0;
+const LABELS: f64 = 150.0;
+const RIGHT: f64 = 30.0;
+const LANE: f64 = 64.0;
+/// A drawing spans at least this much time, so one moment is a point on an axis, not a line
+/// stretched across the page.
+const MIN_SPAN_NS: u64 = 2 * lifecycle_model::time::SECOND;
+
+/// The pod's stops on one time axis: a lane per container (sidecars first, then the others by
+/// name), the grace window shaded from the stop signal to its deadline, the stop signal, the
+/// SIGKILL and the exit marked, and who ran at each mark. Wall-clock times at both ends.
+fn pod_svg(stories: &[ContainerStory], clock: WallClock) -> String {
+    let mut lanes: Vec<(&ContainerStory, &StopAxis)> =
+        stories.iter().filter_map(|story| story.axis.as_ref().map(|axis| (story, axis))).collect();
+    if lanes.is_empty() {
         return String::new();
     }
-    const WIDTH: f64 = 900.0;
-    const LEFT: f64 = 40.0;
-    const RIGHT: f64 = 40.0;
-    const ROW: f64 = 20.0;
-    let start = timed.iter().map(|(ms, _)| *ms).fold(f64::INFINITY, f64::min).min(0.0);
-    let end = timed.iter().map(|(ms, _)| *ms).fold(f64::NEG_INFINITY, f64::max).max(start + 1.0);
-    let x = |ms: f64| LEFT + (ms - start) / (end - start) * (WIDTH - LEFT - RIGHT);
-    let height = 40.0 + ROW * timed.len() as f64;
+    lanes.sort_by(|(a, x), (b, y)| (!x.sidecar, &a.container, x.exit).cmp(&(!y.sidecar, &b.container, y.exit)));
+    let moments: Vec<u64> = lanes
+        .iter()
+        .flat_map(|(_, axis)| [axis.stop, axis.deadline, axis.kill, Some(axis.exit)])
+        .flatten()
+        .map(BootTime::ns)
+        .collect();
+    let (first, last) = (moments.iter().min().copied().unwrap_or(0), moments.iter().max().copied().unwrap_or(0));
+    let pad = (last - first).max(MIN_SPAN_NS) / 10;
+    let (start, end) = (first.saturating_sub(pad), last.max(first + MIN_SPAN_NS) + pad);
+    let x =
+        |t: BootTime| LABELS + (t.ns().saturating_sub(start)) as f64 / (end - start) as f64 * (WIDTH - LABELS - RIGHT);
+    let height = 40.0 + LANE * lanes.len() as f64;
+    let when = |ns: u64| short_time(clock, BootTime::from_ns(ns));
     let mut svg = format!(
-        "<svg class=\"timeline\" role=\"img\" aria-label=\"timeline\" width=\"{WIDTH}\" height=\"{height}\" \
-         viewBox=\"0 0 {WIDTH} {height}\" xmlns=\"http://www.w3.org/2000/svg\">\
-         <line x1=\"{LEFT}\" y1=\"20\" x2=\"{}\" y2=\"20\" stroke=\"#8a93a6\" stroke-width=\"2\"/>",
-        WIDTH - RIGHT
+        "<svg class=\"pod-timeline\" role=\"img\" aria-label=\"the pod's stops on one time axis\" width=\"{WIDTH}\" \
+         height=\"{height}\" viewBox=\"0 0 {WIDTH} {height}\" xmlns=\"http://www.w3.org/2000/svg\">\
+         <text x=\"{LABELS}\" y=\"14\" fill=\"#5a6275\">{}</text>\
+         <text x=\"{}\" y=\"14\" text-anchor=\"end\" fill=\"#5a6275\">{}</text>",
+        escape(&when(start)),
+        WIDTH - RIGHT,
+        escape(&when(end))
     );
-    for (row, (ms, line)) in timed.iter().enumerate() {
-        let color = if line.text.starts_with("SIGKILL") {
-            "#c62828"
-        } else if line.text.starts_with("PID 1") {
-            "#1d2330"
-        } else {
-            "#1565c0"
-        };
-        let (mark, y) = (x(*ms), 40.0 + ROW * row as f64);
-        // The label starts at its mark when there is room to the right, else ends at it.
-        let anchor = if mark > WIDTH * 0.6 { "end" } else { "start" };
-        let label = format!("{ms:+.0} ms  {}", line.text);
+    for (row, (story, axis)) in lanes.iter().enumerate() {
+        let y = 40.0 + LANE * row as f64;
+        let name = if story.is_host_unit() { "unit".to_owned() } else { story.container.clone() };
+        let role = if axis.sidecar { " (sidecar)" } else { "" };
         let _ = write!(
             svg,
-            "<g class=\"mark\"><circle cx=\"{mark:.1}\" cy=\"20\" r=\"6\" fill=\"{color}\"/>\
-             <line x1=\"{mark:.1}\" y1=\"26\" x2=\"{mark:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-dasharray=\"2,3\"/>\
-             <text x=\"{mark:.1}\" y=\"{y:.1}\" text-anchor=\"{anchor}\" fill=\"{color}\">{}</text></g>",
-            y - 12.0,
-            escape(&truncate(&label, 110))
+            "<g class=\"lane\"><text x=\"0\" y=\"{:.1}\" font-weight=\"600\">{}{role}</text>\
+             <line x1=\"{LABELS}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#c9ced9\" stroke-width=\"2\"/>",
+            y + 4.0,
+            escape(&truncate(&name, 20)),
+            WIDTH - RIGHT
         );
+        if let (Some(stop), Some(deadline)) = (axis.stop, axis.deadline) {
+            let (from, to) = (x(stop), x(deadline));
+            let _ = write!(
+                svg,
+                "<rect class=\"grace\" x=\"{from:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"16\" fill=\"#ffe7b3\">\
+                 <title>grace window: {} to {}</title></rect>\
+                 <line x1=\"{to:.1}\" y1=\"{:.1}\" x2=\"{to:.1}\" y2=\"{:.1}\" stroke=\"#b26a00\" stroke-dasharray=\"3,2\"/>",
+                y - 8.0,
+                (to - from).max(1.0),
+                escape(&when(stop.ns())),
+                escape(&when(deadline.ns())),
+                y - 12.0,
+                y + 12.0
+            );
+        }
+        // The exit first: the SIGKILL, usually at the same moment, is drawn over it.
+        let mut marks: Vec<(BootTime, &str, String, &[String])> = vec![(axis.exit, "#1d2330", "exit".to_owned(), &[])];
+        if let Some(stop) = axis.stop {
+            marks.push((stop, "#1565c0", "stop signal".to_owned(), &axis.running_at_stop));
+        }
+        if let Some(kill) = axis.kill {
+            marks.push((kill, "#c62828", "SIGKILL".to_owned(), &axis.alive_at_kill));
+        }
+        for (at, color, what, who) in marks {
+            let mark = x(at);
+            let anchor = if mark > WIDTH * 0.7 { "end" } else { "start" };
+            let who = if who.is_empty() { String::new() } else { format!(": {}", who.join(", ")) };
+            let label = truncate(&format!("{what}{who}"), 90);
+            let text_y = match what.as_str() {
+                "exit" => y + 26.0,
+                "SIGKILL" => y + 40.0,
+                _ => y - 14.0,
+            };
+            let _ = write!(
+                svg,
+                "<g class=\"mark\"><circle cx=\"{mark:.1}\" cy=\"{y:.1}\" r=\"6\" fill=\"{color}\"><title>{}</title></circle>\
+                 <text x=\"{mark:.1}\" y=\"{text_y:.1}\" text-anchor=\"{anchor}\" fill=\"{color}\">{}</text></g>",
+                escape(&when(at.ns())),
+                escape(&label)
+            );
+        }
+        svg.push_str("</g>");
     }
     svg.push_str("</svg>");
     svg
@@ -217,7 +283,20 @@ mod tests {
                 },
             ],
             origin: Some(BootTime::from_ns(100 * lifecycle_model::time::SECOND)),
+            axis: Some(StopAxis {
+                sidecar: false,
+                stop: Some(at(100.0)),
+                deadline: Some(at(130.0)),
+                kill: Some(at(130.001)),
+                exit: at(130.002),
+                running_at_stop: vec!["PID 1 `sh`".into(), "`java` (pid 4107)".into()],
+                alive_at_kill: vec!["PID 1 `sh`".into(), "2 processes named `java` (pids 4107, 4108)".into()],
+            }),
         }
+    }
+
+    fn at(s: f64) -> BootTime {
+        BootTime::from_ns((s * lifecycle_model::time::SECOND as f64) as u64)
     }
 
     /// Unix time 1,700,000,000 s at boot.
@@ -226,13 +305,25 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_page_draws_a_mark_per_timed_line_and_lists_every_line() {
-        let html = pod_page("shop", "web-1", &[story()], clock());
+    fn a_pod_page_draws_its_stops_on_one_axis_and_lists_every_line() {
+        let sidecar = ContainerStory {
+            container: "proxy".into(),
+            axis: Some(StopAxis { sidecar: true, kill: None, exit: at(131.0), ..story().axis.expect("axis") }),
+            ..story()
+        };
+        let html = pod_page("shop", "web-1", &[story(), sidecar], clock());
         assert!(html.starts_with("<!DOCTYPE html>"));
-        assert_eq!(html.matches("<g class=\"mark\">").count(), 3, "one mark per timed line");
-        assert!(html.contains("+30001 ms  SIGKILL from the container runtime"), "{html}");
-        assert_eq!(html.matches("<tr><td class=\"t\">").count(), 4, "every line in the table");
-        assert!(html.contains("2023-11-14T22:15:30.001Z"), "the SIGKILL's wall time: {html}");
+        assert_eq!(html.matches("<svg class=\"pod-timeline\"").count(), 1, "one axis for the pod");
+        assert_eq!(html.matches("<g class=\"lane\">").count(), 2, "a lane per container");
+        assert!(html.find("proxy (sidecar)") < html.find(">app<"), "the sidecar's lane comes first: {html}");
+        assert_eq!(html.matches("<rect class=\"grace\"").count(), 2, "each lane's grace window is shaded");
+        // app: stop, kill, exit; proxy: stop, exit.
+        assert_eq!(html.matches("<g class=\"mark\">").count(), 5, "{html}");
+        assert!(html.contains("SIGKILL: PID 1 `sh`, 2 processes named `java` (pids 4107, 4108)"), "{html}");
+        assert!(html.contains("SIGKILL from the container runtime"), "the timeline's lines in the table: {html}");
+        assert!(html.contains("2023-11-14T22:15:00Z"), "the stop signal's wall time: {html}");
+        assert_eq!(html.matches("<tr><td class=\"t\">").count(), 8, "every line of both stops in the tables");
+        assert!(html.contains("2023-11-14T22:15:30.001Z"), "the SIGKILL's wall time, to the millisecond: {html}");
         assert!(!html.contains("<script") && !html.contains("src=") && !html.contains("href=\"http"));
     }
 

@@ -36,6 +36,28 @@ pub struct ContainerStory {
     /// The moment the offsets count from (boot clock), for a page that shows wall time.
     #[serde(skip)]
     pub origin: Option<BootTime>,
+    /// The stop on a time axis, for drawings (the timeline says the same in words).
+    #[serde(skip)]
+    pub axis: Option<StopAxis>,
+}
+
+/// A stop's moments and who ran at them, for a drawing on one time axis.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StopAxis {
+    /// A native sidecar (an init container that keeps running): drawn before the main ones.
+    pub sidecar: bool,
+    /// The stop signal.
+    pub stop: Option<BootTime>,
+    /// When the SIGKILL was due after it (the end of the grace window), where a grace applies.
+    pub deadline: Option<BootTime>,
+    /// The SIGKILL, when one came.
+    pub kill: Option<BootTime>,
+    /// The main process's exit.
+    pub exit: BootTime,
+    /// The processes running at the stop signal, in words (`PID 1 \`sh\``).
+    pub running_at_stop: Vec<String>,
+    /// The processes still alive at the SIGKILL, in words.
+    pub alive_at_kill: Vec<String>,
 }
 
 impl ContainerStory {
@@ -102,6 +124,7 @@ struct Subject<'a> {
     disagreements: &'a [Disagreement],
     backoff: Option<&'a Observation>,
     back_off_remaining_ns: Option<u64>,
+    sidecar: bool,
 }
 
 /// The story of a container as it is now (its last stop, if any).
@@ -114,6 +137,7 @@ pub fn of_view(view: &ContainerView) -> ContainerStory {
         disagreements: &view.disagreements,
         backoff: view.last_backoff.as_ref(),
         back_off_remaining_ns: view.status.back_off_remaining_ns,
+        sidecar: view.sidecar,
     })
 }
 
@@ -132,6 +156,7 @@ pub fn of_stop(stop: &PastStop) -> ContainerStory {
         disagreements: &[],
         backoff: None,
         back_off_remaining_ns: None,
+        sidecar: stop.last_termination.is_sidecar,
     })
 }
 
@@ -191,6 +216,7 @@ fn story(subject: Subject<'_>) -> ContainerStory {
         cause: None,
         timeline: Vec::new(),
         origin: None,
+        axis: None,
     };
     let Some(report) = subject.report else {
         story.verdict = match subject.state {
@@ -299,10 +325,20 @@ fn story(subject: Subject<'_>) -> ContainerStory {
     }
     if report.exit_signal == Some(SIGKILL) && !matches!(outcome, TerminationOutcome::OomKilled) {
         let kill_time = stop.zip(stop_to_kill).map_or(report.exit_time, |(s, d)| s.time.after(d));
+        // A process that started after the stop signal is another than the one of the same name
+        // that got (or missed) it: said so, not left to the pids.
+        let stop_time = stop.map(|s| s.time);
         let alive = scene
             .alive_at_kill
             .iter()
-            .map(|p| format!("{}, up {}", process(p, words.main), seconds(kill_time.since(p.started_at))))
+            .map(|p| match stop_time.filter(|&t| p.started_at > t) {
+                Some(t) => format!(
+                    "{}, started {} after {stop_signal}",
+                    process(p, words.main),
+                    seconds(p.started_at.since(t))
+                ),
+                None => format!("{}, up {}", process(p, words.main), seconds(kill_time.since(p.started_at))),
+            })
             .collect::<Vec<_>>()
             .join(", ");
         let mut said = format!("SIGKILL from {}", sender(kill_sender));
@@ -383,7 +419,45 @@ fn story(subject: Subject<'_>) -> ContainerStory {
     }
     story.verdict = verdict(report, &stop_signal, &words, &missed);
     story.timeline = lines;
+    let kill = (report.exit_signal == Some(SIGKILL) && !matches!(outcome, TerminationOutcome::OomKilled))
+        .then(|| stop.zip(stop_to_kill).map_or(report.exit_time, |(s, d)| s.time.after(d)));
+    story.axis = Some(StopAxis {
+        sidecar: subject.sidecar,
+        stop: stop.map(|s| s.time),
+        deadline: stop.filter(|_| report.rules != StopRules::Unmanaged).map(|s| s.time.after(due)),
+        kill,
+        exit: report.exit_time,
+        running_at_stop: named_processes(&scene.running_at_stop, words.main, None),
+        alive_at_kill: named_processes(&scene.alive_at_kill, words.main, stop.map(|s| s.time)),
+    });
     story
+}
+
+/// Processes in words, one entry per name: two processes of one name are said plainly
+/// ("2 processes named `exe` (pids 10284, 10290)"), not as two lookalike entries; one that
+/// started after `since` (the stop signal) says so.
+fn named_processes(processes: &[ProcessAtStop], main: &str, since: Option<BootTime>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for p in processes {
+        if seen.contains(&p.comm.as_str()) {
+            continue;
+        }
+        seen.push(&p.comm);
+        let same: Vec<&ProcessAtStop> = processes.iter().filter(|q| q.comm == p.comm).collect();
+        if same.len() == 1 {
+            let late = since.is_some_and(|t| p.started_at > t);
+            out.push(if late {
+                format!("{} (started after the stop signal)", process(p, main))
+            } else {
+                process(p, main)
+            });
+        } else {
+            let pids: Vec<String> = same.iter().map(|q| q.pid.to_string()).collect();
+            out.push(format!("{} processes named `{}` (pids {})", same.len(), escaped(&p.comm), pids.join(", ")));
+        }
+    }
+    out
 }
 
 /// Which limit the OOM killer answered, in words.
