@@ -13,6 +13,7 @@
 //! - [`agent`]: the `lifecycle-agent run` binary against a [`containerd::Containerd`].
 //! - [`bpf`]: the machine's loaded BPF programs (an agent's must go with it).
 //! - [`browser`]: headless Chromium on the agent's pages.
+//! - [`docs`]: the commands the READMEs show, for tests that check the programs take them.
 //! - [`kube`]: a real single-node Kubernetes (etcd, kube-apiserver, containerd, CNI, kubelet)
 //!   driven with kubectl.
 
@@ -21,6 +22,7 @@ pub mod bpf;
 pub mod browser;
 pub mod cgroup;
 pub mod containerd;
+pub mod docs;
 pub mod fixtures;
 pub mod hub;
 pub mod kube;

@@ -162,3 +162,48 @@ fn main() -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{error::ErrorKind, Parser as _};
+
+    use super::{workspace_root, Cli};
+
+    /// Every `xtask/x.sh ...` in the README, the deploy guide and the docs is a task and flags
+    /// xtask takes: parsed with `--help` appended, clap shows help rather than an error.
+    #[test]
+    fn every_documented_task_is_one_xtask_takes() {
+        let root = workspace_root();
+        // BENCHMARKS.md is left out: its commands are a record of what ran then.
+        let mut paths = vec![root.join("README.md"), root.join("deploy/README.md")];
+        let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+            .expect("docs/")
+            .map(|entry| entry.expect("docs/ entry").path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+            .collect();
+        docs.sort();
+        paths.extend(docs);
+        let mut found = Vec::new();
+        for path in paths {
+            let name = path.strip_prefix(&root).unwrap_or(&path).display().to_string();
+            let text = std::fs::read_to_string(&path).expect("a document");
+            found.extend(lifecycle_testkit::docs::commands(&name, &text, &["x.sh"]));
+        }
+        for task in ["run", "test", "image", "bench"] {
+            assert!(found.iter().any(|c| c.args.first().is_some_and(|a| a == task)), "no documented `x.sh {task}`");
+        }
+        let refused: Vec<String> = found
+            .iter()
+            .filter_map(|command| {
+                let words = std::iter::once("xtask").chain(command.args.iter().map(String::as_str)).chain(["--help"]);
+                match Cli::try_parse_from(words) {
+                    // `run` passes everything after it on to the agent, `--help` included.
+                    Ok(_) => None,
+                    Err(err) if err.kind() == ErrorKind::DisplayHelp => None,
+                    Err(err) => Some(format!("{}: x.sh {}: {}", command.at, command.args.join(" "), err.kind())),
+                }
+            })
+            .collect();
+        assert!(refused.is_empty(), "documented tasks xtask refuses:\n{}", refused.join("\n"));
+    }
+}
