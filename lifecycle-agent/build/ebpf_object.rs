@@ -37,9 +37,9 @@ pub const DIGESTS: &str = "lifecycle-ebpf/object/digests";
 pub const ARCH: &str = "x86_64";
 /// The architectures the checked-in object serves.
 pub const SERVES: &[&str] = &["x86_64", "aarch64"];
-/// What the object is built from, relative to the workspace root; directories are walked. The
-/// whole manifest and lock file are over-inclusive (most of their changes leave the object
-/// unchanged) but safe: a change only asks for `xtask/x.sh ebpf-object` to be run again.
+/// What the object is built from, relative to the workspace root; directories are walked. Of the
+/// workspace's manifest and lock file only what the eBPF crate's build reads counts (see
+/// [`narrowed`]): a crate added to the agent leaves the object current.
 pub const INPUTS: &[&str] = &[
     "Cargo.toml",
     "Cargo.lock",
@@ -127,12 +127,115 @@ pub fn digest(root: &Path, nightly: &str, bpf_linker: &str) -> io::Result<String
         hasher.update(field.as_bytes());
         hasher.update(b"\0");
     }
+    let lock = std::fs::read_to_string(root.join("Cargo.lock"))?;
+    let closure = lock_closure(&lock, EBPF_PACKAGE);
     for relative in input_files(root)? {
         let bytes = std::fs::read(root.join(&relative))?;
+        let bytes = narrowed(&relative, bytes, &closure);
         hasher.update(relative.to_string_lossy().as_bytes());
         hasher.update(b"\0");
         hasher.update((bytes.len() as u64).to_le_bytes());
         hasher.update(&bytes);
     }
     Ok(hex(&hasher.finalize()))
+}
+
+/// The eBPF crate's package name: the root of what its build reads from the lock file.
+const EBPF_PACKAGE: &str = "lifecycle-ebpf";
+
+/// A package of the lock file: its `[[package]]` block and what it depends on.
+struct LockedPackage<'a> {
+    name: &'a str,
+    version: &'a str,
+    block: &'a str,
+    /// `name` or `name version` (or `name version (source)`), as the lock file writes them.
+    dependencies: Vec<&'a str>,
+}
+
+/// The lock file's packages, as written (a block per `[[package]]`).
+fn locked_packages(lock: &str) -> Vec<LockedPackage<'_>> {
+    lock.split("[[package]]")
+        .skip(1)
+        .map(|block| {
+            let field = |key: &str| {
+                block
+                    .lines()
+                    .find_map(|line| line.strip_prefix(key)?.trim_start().strip_prefix('=').map(str::trim))
+                    .map(|quoted| quoted.trim_matches('"'))
+                    .unwrap_or_default()
+            };
+            let dependencies = block
+                .split_once("dependencies = [")
+                .map(|(_, rest)| rest.split(']').next().unwrap_or_default())
+                .map(|list| {
+                    list.split(',')
+                        .map(|entry| entry.trim().trim_matches('"'))
+                        .filter(|entry| !entry.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default();
+            LockedPackage { name: field("name"), version: field("version"), block, dependencies }
+        })
+        .collect()
+}
+
+/// The lock file's blocks of `root` and everything it depends on, in the file's order, joined:
+/// what the eBPF crate's build resolves. (Dev-dependencies are in the lock's lists too: over-
+/// inclusive, never short.)
+pub fn lock_closure(lock: &str, root: &str) -> String {
+    let packages = locked_packages(lock);
+    let mut kept = vec![false; packages.len()];
+    let mut pending: Vec<&str> = vec![root];
+    while let Some(wanted) = pending.pop() {
+        let mut words = wanted.split_whitespace();
+        let name = words.next().unwrap_or_default();
+        let version = words.next();
+        for (index, package) in packages.iter().enumerate() {
+            if kept[index] || package.name != name || version.is_some_and(|v| v != package.version) {
+                continue;
+            }
+            kept[index] = true;
+            pending.extend(package.dependencies.iter().copied());
+        }
+    }
+    packages.iter().zip(kept).filter(|(_, kept)| *kept).map(|(package, _)| package.block).collect()
+}
+
+/// The workspace manifest's lines the eBPF build reads: the edition and other package
+/// defaults, every profile, patches, and the workspace dependencies named in `closure` (the
+/// lock blocks [`lock_closure`] kept).
+fn manifest_part(manifest: &str, closure: &str) -> String {
+    let in_closure = |name: &str| closure.contains(&format!("name = \"{name}\"\n"));
+    let mut section = String::new();
+    let mut kept = String::new();
+    for line in manifest.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            section = trimmed.trim_matches(|c| c == '[' || c == ']').to_owned();
+        }
+        let keep = match section.as_str() {
+            "workspace.package" => true,
+            "workspace.dependencies" => {
+                trimmed.starts_with('[') || trimmed.split('=').next().is_some_and(|key| in_closure(key.trim()))
+            }
+            other => other.starts_with("profile") || other.starts_with("patch"),
+        };
+        if keep {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    kept
+}
+
+/// What of an input file the digest covers: the workspace manifest's and lock file's parts the
+/// eBPF build reads, every other file whole.
+fn narrowed(relative: &Path, bytes: Vec<u8>, closure: &str) -> Vec<u8> {
+    if relative == Path::new("Cargo.lock") {
+        return closure.as_bytes().to_vec();
+    }
+    if relative == Path::new("Cargo.toml") {
+        return manifest_part(&String::from_utf8_lossy(&bytes), closure).into_bytes();
+    }
+    bytes
 }

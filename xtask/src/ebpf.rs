@@ -142,13 +142,23 @@ mod tests {
         std::fs::write(path, text).expect("write");
     }
 
+    const MANIFEST: &str = "[workspace]\nmembers = [\"a\"]\n\n[workspace.package]\nedition = \"2021\"\n\n\
+                            [workspace.dependencies]\naya-ebpf = \"=0.2.1\"\nzbus = \"5\"\n\n\
+                            [profile.release.package.lifecycle-ebpf]\nlto = true\n";
+    const LOCK: &str = "version = 4\n\n[[package]]\nname = \"aya-ebpf\"\nversion = \"0.2.1\"\n\
+                        dependencies = [\n \"aya-ebpf-macros\",\n]\n\n\
+                        [[package]]\nname = \"aya-ebpf-macros\"\nversion = \"0.1.1\"\n\n\
+                        [[package]]\nname = \"lifecycle-agent\"\nversion = \"0.1.0\"\ndependencies = [\n \"zbus\",\n]\n\n\
+                        [[package]]\nname = \"lifecycle-ebpf\"\nversion = \"0.1.0\"\ndependencies = [\n \"aya-ebpf\",\n]\n\n\
+                        [[package]]\nname = \"zbus\"\nversion = \"5.1.0\"\n";
+
     #[test]
     fn the_digest_follows_every_input_and_nothing_else() {
         let root = std::env::temp_dir().join(format!("xtask-ebpf-digest-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         for (relative, text) in [
-            ("Cargo.toml", "[workspace]"),
-            ("Cargo.lock", "version = 4"),
+            ("Cargo.toml", MANIFEST),
+            ("Cargo.lock", LOCK),
             ("lifecycle-common/Cargo.toml", "[package]"),
             ("lifecycle-common/src/lib.rs", "pub struct Record;"),
             ("lifecycle-ebpf/Cargo.toml", "[package]"),
@@ -181,9 +191,23 @@ mod tests {
         assert_ne!(at("nightly-2026-05-20", "x86_64"), first);
         write(&root, "lifecycle-ebpf/src/main.rs", "mod tcp;");
         write(&root, "lifecycle-ebpf/src/tcp.rs", "fn accept() {}");
-        write(&root, "Cargo.lock", "version = 3");
-        assert_ne!(at("nightly-2026-05-20", "x86_64"), first);
-        write(&root, "Cargo.lock", "version = 4");
+        // Of the lock file and the workspace manifest, what the eBPF crate's build reads.
+        write(
+            &root,
+            "Cargo.lock",
+            &LOCK.replace("aya-ebpf-macros\"\nversion = \"0.1.1", "aya-ebpf-macros\"\nversion = \"0.1.2"),
+        );
+        assert_ne!(at("nightly-2026-05-20", "x86_64"), first, "a dependency of a dependency");
+        write(&root, "Cargo.lock", &LOCK.replace("zbus\"\nversion = \"5.1.0", "zbus\"\nversion = \"5.2.0"));
+        assert_eq!(at("nightly-2026-05-20", "x86_64"), first, "an agent-only crate");
+        write(&root, "Cargo.lock", LOCK);
+        write(&root, "Cargo.toml", &MANIFEST.replace("zbus = \"5\"", "zbus = \"5\"\nclap = \"4\""));
+        assert_eq!(at("nightly-2026-05-20", "x86_64"), first, "a workspace dependency the eBPF crate does not use");
+        write(&root, "Cargo.toml", &MANIFEST.replace("aya-ebpf = \"=0.2.1\"", "aya-ebpf = \"=0.2.2\""));
+        assert_ne!(at("nightly-2026-05-20", "x86_64"), first, "the eBPF crate's own dependency");
+        write(&root, "Cargo.toml", &MANIFEST.replace("lto = true", "lto = false"));
+        assert_ne!(at("nightly-2026-05-20", "x86_64"), first, "a profile");
+        write(&root, "Cargo.toml", MANIFEST);
         assert_eq!(at("nightly-2026-05-20", "x86_64"), first);
         assert_ne!(at("nightly-2026-05-21", "x86_64"), first);
         // One object for every architecture: the machine's does not count.
