@@ -95,8 +95,9 @@ struct RunArgs {
     /// The container runtime's CRI socket (default: containerd's, then CRI-O's).
     #[arg(long)]
     cri_socket: Option<PathBuf>,
-    /// Kubeconfig for the Kubernetes API, when not running in a pod (default: KUBECONFIG). With
-    /// the API, verdicts use each pod's spec and status; without it, the runtime's labels.
+    /// Kubeconfig for the Kubernetes API (default: in a pod, its service account; else
+    /// KUBECONFIG). A file that cannot be read or used stops the start. With the API, verdicts
+    /// use each pod's spec and status; without it, the runtime's labels.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// This node's name, for the watch of its pods (default: NODE_NAME, else the hostname).
@@ -291,22 +292,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let json_logs = matches!(&cli.command, Command::Run(args) if args.log_format == LogFormat::Json);
-    let mut logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
-    if json_logs {
-        // One JSON object per line, for log pipelines; the verdict lines on stdout are JSON
-        // whatever the format.
-        logger.format(|out, record| {
-            use std::io::Write as _;
-            let line = serde_json::json!({
-                "time": jiff::Timestamp::now().to_string(),
-                "level": record.level().as_str(),
-                "target": record.target(),
-                "msg": record.args().to_string(),
-            });
-            writeln!(out, "{line}")
-        });
-    }
-    logger.init();
+    lifecycle_agent::agent::logging::install(json_logs);
     // Before any thread starts, so none is given a heap of its own.
     lifecycle_agent::limit_malloc_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {

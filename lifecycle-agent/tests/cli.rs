@@ -158,7 +158,10 @@ fn events_prints_json_lines_for_one_cgroup() {
 /// The sum of a family's samples whose labels contain `labels` in a `/metrics` body.
 fn sample_sum(body: &str, family: &str, labels: &str) -> f64 {
     body.lines()
-        .filter(|line| line.starts_with(family) && line[family.len()..].starts_with('{') && line.contains(labels))
+        .filter(|line| {
+            line.strip_prefix(family).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                && line.contains(labels)
+        })
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -319,4 +322,145 @@ fn status_reads_an_agent_serving_tls_and_trusts_only_its_ca() {
     assert!(http_get(addr, "/metrics").is_some_and(|answer| answer.contains(" 200 OK")));
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A kubeconfig whose cluster is `server`, in `dir`.
+fn kubeconfig_for(dir: &std::path::Path, server: &str) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"{server}\"}}\nusers:\n- name: u\n  \
+         user: {{token: not-a-secret}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+    );
+    std::fs::write(&path, text).expect("write the kubeconfig");
+    path
+}
+
+/// The agent with `--kubeconfig kubeconfig`, its log (RUST_LOG=info) in `log`.
+fn agent_with_kubeconfig(kubeconfig: &std::path::Path, log: &std::path::Path) -> (KillOnDrop, String) {
+    let addr = format!("127.0.0.1:{}", lifecycle_testkit::agent::free_port());
+    let stderr = std::fs::File::create(log).expect("the log file");
+    let mut agent = KillOnDrop(
+        Command::new(AGENT)
+            .args(["run", "--listen", &addr, "--kubeconfig"])
+            .arg(kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start agent"),
+    );
+    wait_healthy(&addr, &mut agent.0);
+    (agent, addr)
+}
+
+#[test]
+fn a_kubeconfig_named_on_the_command_line_that_cannot_be_read_stops_the_start() {
+    // Before this was an error, the agent started and ran without the API for ever: the child is
+    // given a deadline rather than waited on.
+    let mut agent = KillOnDrop(
+        Command::new(AGENT)
+            .args(["run", "--kubeconfig", "/nonexistent/kubeconfig", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start agent"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = agent.0.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the agent started with a kubeconfig that does not exist");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let mut stderr = String::new();
+    agent.0.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("read stderr");
+    assert!(stderr.contains("error: --kubeconfig: cannot use kubeconfig /nonexistent/kubeconfig"), "{stderr}");
+}
+
+#[test]
+fn an_unreachable_api_server_is_retried_without_flooding_the_log() {
+    require_privileges!();
+    let dir = tempfile_dir("unreachable-api");
+    // A port nothing listens on: every retry of every watch is refused at once.
+    let port = lifecycle_testkit::agent::free_port();
+    let kubeconfig = kubeconfig_for(&dir, &format!("http://127.0.0.1:{port}"));
+    let log = dir.join("agent.log");
+    let (_agent, addr) = agent_with_kubeconfig(&kubeconfig, &log);
+    // The kube client's retries go on (about three a second); wait until the agent has held
+    // back a few of them.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = http_get(&addr, "/metrics").expect("metrics");
+        if sample_sum(&body, "lifecycle_log_lines_suppressed_total", "") >= 5.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no retries held back in 30 s:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = std::fs::read_to_string(&log).expect("the log");
+    let client_lines = text.lines().filter(|line| line.contains(" kube_client")).count();
+    assert!(client_lines <= 2, "the client's retries are one line per window:\n{text}");
+    assert!(text.contains("the Kubernetes API does not answer yet"), "the agent says so itself:\n{text}");
+    // No runtime's socket at its default place: a plain host, which `doctor` calls fine and the
+    // log does not warn about. (Where one exists, the agent uses it and there is nothing to say.)
+    let default_sockets = ["/run/containerd/containerd.sock", "/var/run/crio/crio.sock"];
+    if default_sockets.iter().all(|socket| !std::path::Path::new(socket).exists()) {
+        assert!(
+            !text.lines().any(|line| line.contains("WARN") && line.contains("container runtime")),
+            "a host without a container runtime is not warned about:\n{text}"
+        );
+        assert!(text.contains("units are named by cgroup path"), "{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_server_that_is_not_the_api_is_named_in_one_line() {
+    require_privileges!();
+    let dir = tempfile_dir("html-api");
+    // A web server answering every request with an HTML error page, as a proxy or a wrong port
+    // does.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let server_addr = server.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for stream in server.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let page = "<!DOCTYPE HTML>\n<html>\n  <head><title>Not Found</title></head>\n  <body>\n    \
+                        <h1>Not Found</h1>\n  </body>\n</html>\n";
+            let _ = write!(
+                stream,
+                "HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                page.len()
+            );
+        }
+    });
+    let kubeconfig = kubeconfig_for(&dir, &format!("http://{server_addr}"));
+    let log = dir.join("agent.log");
+    let (_agent, _addr) = agent_with_kubeconfig(&kubeconfig, &log);
+    // The first contact is made before the agent serves /healthz: its line is written.
+    let text = std::fs::read_to_string(&log).expect("the log");
+    let line = text
+        .lines()
+        .find(|line| line.contains("the Kubernetes API does not answer yet"))
+        .unwrap_or_else(|| panic!("no line about the API:\n{text}"));
+    assert!(line.contains("HTTP 404 with an HTML page that is not the Kubernetes API's"), "{line}");
+    assert!(!line.contains("Status {"), "no Debug text: {line}");
+    assert!(!text.lines().any(|l| l.trim_start().starts_with('<')), "the page's markup is not in the log:\n{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A fresh directory for one test's files.
+fn tempfile_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("lifecycle-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    dir
 }

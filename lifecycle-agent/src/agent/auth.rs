@@ -71,7 +71,7 @@ impl Reviewer for ApiServerReviewer {
         Box::pin(async move {
             crate::discovery::kube::review::review(&self.client, token, &self.audiences, request)
                 .await
-                .map_err(|err| crate::ErrorChain(&err).to_string())
+                .map_err(|err| crate::discovery::kube::words::ApiWords(&err).to_string())
         })
     }
 }

@@ -15,10 +15,9 @@ use prometheus::{IntCounterVec, Registry};
 use tokio::sync::watch;
 
 use crate::{
-    discovery::kube::watch::KubeSource,
+    discovery::kube::{watch::KubeSource, words::ApiWords},
     model::node::{Outcome, PodWarning, WarningReason},
     probe::metrics::ProbeMetrics,
-    ErrorChain,
 };
 
 /// How often warnings are taken from the tracker.
@@ -91,7 +90,7 @@ pub(super) async fn event_loop(
                 Ok(()) => counts.with_label_values(&["published"]).inc(),
                 Err(err) => {
                     counts.with_label_values(&["failed"]).inc();
-                    log::debug!("event for {}/{} not published: {}", warning.namespace, warning.pod, ErrorChain(&err));
+                    log::debug!("event for {}/{} not published: {}", warning.namespace, warning.pod, ApiWords(&err));
                 }
             }
         }

@@ -16,29 +16,37 @@ use crate::{
     discovery::kube::{
         convert::pod_facts,
         watch::{KubeError, KubeSource, PodChange},
+        words::ApiWords,
     },
     model::{node::Outcome, spec::KillNotice},
-    ErrorChain,
 };
 
-/// A source when credentials exist; None (after one clear line) when the agent runs without it
-/// or they cannot be read. An API that does not answer at start is no reason to go without it
-/// for the agent's life: the watches retry with back-off, and verdicts are marked
-/// `api_unreachable` (and `lifecycle_kubernetes_api_up` is 0) until the first list arrives.
-pub(super) async fn connect(kubeconfig: Option<PathBuf>, node_name: Option<String>) -> Option<KubeSource> {
+/// A source when credentials exist; None (after one clear line) when the agent runs without
+/// them. A `--kubeconfig` that cannot be read or used is an error: the operator named it, and an
+/// agent that quietly ran without the API would judge every stop without the pod's spec. A
+/// `KUBECONFIG` that cannot be used is a warning (the environment may be inherited). An API
+/// that does not answer at start is no reason to go without it for the agent's life: the
+/// watches retry with back-off, and verdicts are marked `api_unreachable` (and
+/// `lifecycle_kubernetes_api_up` is 0) until the first list arrives.
+pub(super) async fn connect(
+    kubeconfig: Option<PathBuf>,
+    node_name: Option<String>,
+) -> Result<Option<KubeSource>, super::AgentError> {
     let node = KubeSource::node_name(node_name);
+    let explicit = kubeconfig.is_some();
     let source = match KubeSource::configure(kubeconfig, node.clone()).await {
         Ok(source) => source,
         Err(KubeError::NotConfigured) => {
             log::info!("no Kubernetes API configured: verdicts use the runtime's labels (CRI) and cgroups");
-            return None;
+            return Ok(None);
         }
+        Err(err) if explicit => return Err(super::AgentError::Kubeconfig(ApiWords(&err).to_string())),
         Err(err) => {
             log::warn!(
                 "the Kubernetes API is not usable ({}): verdicts use the runtime's labels (CRI) and cgroups",
-                ErrorChain(&err)
+                ApiWords(&err)
             );
-            return None;
+            return Ok(None);
         }
     };
     match source.check().await {
@@ -46,10 +54,10 @@ pub(super) async fn connect(kubeconfig: Option<PathBuf>, node_name: Option<Strin
         Err(err) => log::warn!(
             "the Kubernetes API does not answer yet ({}); retrying in the background, verdicts meanwhile are \
              marked api_unreachable",
-            ErrorChain(&err)
+            ApiWords(&err)
         ),
     }
-    Some(source)
+    Ok(Some(source))
 }
 
 /// `lifecycle_kubernetes_api_up` and `lifecycle_kubernetes_api_watch_errors_total`.

@@ -7,6 +7,7 @@ mod events;
 pub(crate) mod health;
 pub mod http;
 mod kube;
+pub mod logging;
 pub(crate) mod owner;
 mod reader;
 mod routes;
@@ -144,6 +145,10 @@ pub enum AgentError {
     /// Reading the event ring failed.
     #[error(transparent)]
     Stream(#[from] StreamError),
+    /// `--kubeconfig` names a file that cannot be read or used: an operator's explicit choice,
+    /// so the agent does not start without the API it was told to use.
+    #[error("--kubeconfig: {0}")]
+    Kubeconfig(String),
     /// The sensor's event stream was already taken (a programming error).
     #[error("the sensor's event stream is already in use")]
     StreamTaken,
@@ -151,6 +156,8 @@ pub enum AgentError {
 
 /// Runs until `shutdown` turns true, then detaches everything.
 pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result<(), AgentError> {
+    // First: a kubeconfig named on the command line that cannot be used ends the start here.
+    let kube = kube::connect(config.kubeconfig.clone(), config.node_name.clone()).await?;
     let mut sensor = Sensor::load(&config.sensor)?;
     sensor.log_features();
     let root = CgroupRoot::detect()?;
@@ -160,7 +167,6 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let mut tracker = NodeTracker::new(tracker_config);
     // Routed below, once the routes exist (the runtime is asked before the first batch anyway).
     let seeded = seed(&mut tracker, &root);
-    let kube = kube::connect(config.kubeconfig.clone(), config.node_name.clone()).await;
     if kube.is_some() {
         tracker.set_api_configured();
     }

@@ -59,6 +59,8 @@ impl Answer {
 /// The runtime connection and its state.
 pub(super) struct RuntimeLink {
     candidates: Vec<PathBuf>,
+    /// Whether `--cri-socket` named the socket (then its absence is a warning, not a plain host).
+    configured: bool,
     client: Option<CriClient>,
     metrics: RuntimeMetrics,
     /// Whether the last attempt reached the runtime (logs only transitions).
@@ -68,11 +70,12 @@ pub(super) struct RuntimeLink {
 impl RuntimeLink {
     /// The configured socket, else containerd's and CRI-O's default paths, tried in order.
     pub(super) fn new(configured: Option<PathBuf>, metrics: RuntimeMetrics) -> Self {
+        let is_configured = configured.is_some();
         let candidates = match configured {
             Some(path) => vec![path],
             None => vec![PathBuf::from(CONTAINERD_SOCKET), PathBuf::from(CRIO_SOCKET)],
         };
-        Self { candidates, client: None, metrics, answered: None }
+        Self { candidates, configured: is_configured, client: None, metrics, answered: None }
     }
 
     /// One attempt: connect if needed, list every container.
@@ -82,6 +85,18 @@ impl RuntimeLink {
                 Ok(client) => {
                     log::info!("container runtime metadata from {}", client.socket().display());
                     self.client = Some(client);
+                }
+                Err(errors) if self.is_plain_host() => {
+                    // As `doctor` says: nothing wrong, there are no containers to name.
+                    self.metrics.failed();
+                    if self.answered.is_none() {
+                        log::info!(
+                            "no container runtime socket ({}): units are named by cgroup path, as on a plain host",
+                            errors.join("; ")
+                        );
+                    }
+                    self.answered = Some(false);
+                    return Answer::Unreachable;
                 }
                 Err(errors) => {
                     return self.failed(|| {
@@ -109,6 +124,12 @@ impl RuntimeLink {
                 self.failed(|| format!("listing containers from {socket} failed: {}", ErrorChain(&err)))
             }
         }
+    }
+
+    /// No socket named and none of the default ones exists: a host without a container runtime
+    /// (yet).
+    fn is_plain_host(&self) -> bool {
+        !self.configured && self.candidates.iter().all(|path| !path.exists())
     }
 
     fn failed(&mut self, why: impl FnOnce() -> String) -> Answer {

@@ -132,6 +132,7 @@ families! {
         KernelProgramRunSeconds: "lifecycle_kernel_program_run_seconds_total", Counter, ["program"], "Time the kernel spent running each of the agent's programs, as the kernel accounts it (BPF_ENABLE_STATS, held by the agent unless --kernel-stats off).";
         AgentCpu: "lifecycle_agent_cpu_seconds_total", Counter, [], "CPU time the agent's own process used, user and system (/proc/self/stat).";
         AgentResidentMemory: "lifecycle_agent_resident_memory_bytes", Gauge, [], "Resident memory of the agent's own process (/proc/self/statm).";
+        LogLinesSuppressed: "lifecycle_log_lines_suppressed_total", Counter, [], "Log lines of the crates under the agent (the Kubernetes client's retries) held back: one per target and level is written every 30 s, saying how many it stands for.";
         KernelProgramRuns: "lifecycle_kernel_program_runs_total", Counter, ["program"], "Runs of each of the agent's programs, as the kernel accounts them (with lifecycle_kernel_program_run_seconds_total: the kernel's time per event).";
         KernelMapCapacity: "lifecycle_kernel_map_capacity", Gauge, ["map"], "Entries a kernel map can hold.";
         EventToState: "lifecycle_event_to_state_seconds", Histogram, [], "From the kernel seeing the exit of a container's main process (a host unit's last) to the container state reflecting it.";

@@ -362,6 +362,7 @@ struct KernelStatsCollector {
     program_runs: IntCounterVec,
     own_cpu: prometheus::Counter,
     own_rss: IntGauge,
+    log_suppressed: IntCounter,
     descs: Vec<Desc>,
 }
 
@@ -379,7 +380,9 @@ impl KernelStatsCollector {
         let program_runs = vec_of(AgentFamily::KernelProgramRuns, IntCounterVec::new)?;
         let own_cpu = prometheus::Counter::with_opts(AgentFamily::AgentCpu.family().opts())?;
         let own_rss = IntGauge::with_opts(AgentFamily::AgentResidentMemory.family().opts())?;
+        let log_suppressed = IntCounter::with_opts(AgentFamily::LogLinesSuppressed.family().opts())?;
         let descs = [
+            &log_suppressed.desc(),
             &program_seconds.desc(),
             &program_runs.desc(),
             &own_cpu.desc(),
@@ -409,6 +412,7 @@ impl KernelStatsCollector {
             program_runs,
             own_cpu,
             own_rss,
+            log_suppressed,
             descs,
         })
     }
@@ -450,6 +454,8 @@ impl Collector for KernelStatsCollector {
             out.extend(self.own_cpu.collect());
             out.extend(self.own_rss.collect());
         }
+        set_counter(&self.log_suppressed, crate::agent::logging::suppressed_lines());
+        out.extend(self.log_suppressed.collect());
         for c in [&self.submitted, &self.lost, &self.rate_limited, &self.map_full, &self.decode_errors] {
             out.extend(c.collect());
         }

@@ -25,7 +25,10 @@ use crate::{
     discovery::{
         clock::{boottime_ns, realtime_ns},
         cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
-        kube::watch::{KubeError, KubeSource},
+        kube::{
+            watch::{KubeError, KubeSource},
+            words::ApiWords,
+        },
     },
     kernel::{layout::KernelBtf, Feature, Sensor, SensorConfig},
     ErrorChain,
@@ -231,7 +234,7 @@ async fn reach_api(args: &DoctorArgs) -> ApiReach {
     let source = match KubeSource::connect(args.kubeconfig.clone(), node.clone()).await {
         Ok(source) => source,
         Err(KubeError::NotConfigured) => return ApiReach::NotConfigured,
-        Err(err) => return ApiReach::Failed { node, why: ErrorChain(&err).to_string() },
+        Err(err) => return ApiReach::Failed { node, why: ApiWords(&err).to_string() },
     };
     let reviews: Api<SelfSubjectAccessReview> = Api::all(source.client());
     let mut answers = Vec::with_capacity(PERMISSIONS.len());
@@ -250,7 +253,7 @@ async fn reach_api(args: &DoctorArgs) -> ApiReach {
         };
         let answer = match tokio::time::timeout(CALL_TIMEOUT, reviews.create(&PostParams::default(), &review)).await {
             Ok(Ok(review)) => Ok(review.status.is_some_and(|status| status.allowed)),
-            Ok(Err(err)) => Err(ErrorChain(&err).to_string()),
+            Ok(Err(err)) => Err(ApiWords(&err).to_string()),
             Err(_) => Err(format!("no answer within {CALL_TIMEOUT:?}")),
         };
         answers.push((permission, answer));

@@ -88,20 +88,19 @@ impl KubeSource {
         Ok(source)
     }
 
-    /// A client from in-cluster credentials, else the kubeconfig given or in `KUBECONFIG`,
-    /// without asking the API anything: the watches retry with back-off until it answers.
+    /// A client from the kubeconfig given, else in-cluster credentials, else the kubeconfig in
+    /// `KUBECONFIG` (kubectl's order: a file named on the command line wins), without asking the
+    /// API anything: the watches retry with back-off until it answers.
     pub(crate) async fn configure(kubeconfig: Option<PathBuf>, node: String) -> Result<Self, KubeError> {
-        let kubeconfig = kubeconfig.or_else(|| std::env::var_os("KUBECONFIG").map(PathBuf::from));
-        let config = match (Config::incluster(), kubeconfig) {
-            (Ok(config), _) => config,
-            (Err(_), Some(path)) => {
-                let file = Kubeconfig::read_from(&path)
-                    .map_err(|source| KubeError::Kubeconfig { path: path.clone(), source })?;
-                Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-                    .await
-                    .map_err(|source| KubeError::Kubeconfig { path, source })?
-            }
-            (Err(_), None) => return Err(KubeError::NotConfigured),
+        let config = match kubeconfig {
+            Some(path) => from_kubeconfig(path).await?,
+            None => match Config::incluster() {
+                Ok(config) => config,
+                Err(_) => match std::env::var_os("KUBECONFIG").filter(|path| !path.is_empty()) {
+                    Some(path) => from_kubeconfig(PathBuf::from(path)).await?,
+                    None => return Err(KubeError::NotConfigured),
+                },
+            },
         };
         let client = Client::try_from(config).map_err(KubeError::Client)?;
         Ok(Self { client, node })
@@ -143,7 +142,7 @@ impl KubeSource {
             Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)) => PodChange::Pod(Box::new(pod)),
             Ok(watcher::Event::InitDone) => PodChange::Listed,
             Ok(watcher::Event::Delete(pod)) => PodChange::Gone(Box::new(pod)),
-            Err(err) => PodChange::Unreachable(crate::ErrorChain(&err).to_string()),
+            Err(err) => PodChange::Unreachable(super::words::ApiWords(&err).to_string()),
         })
     }
 
@@ -157,7 +156,7 @@ impl KubeSource {
         watcher(api, config).default_backoff().applied_objects().filter_map(move |event| {
             let notice = match event {
                 Ok(event) => kill_notice(&event, &node).map(Ok),
-                Err(err) => Some(Err(crate::ErrorChain(&err).to_string())),
+                Err(err) => Some(Err(super::words::ApiWords(&err).to_string())),
             };
             async move { notice }
         })
@@ -175,11 +174,19 @@ impl KubeSource {
         watcher(api, config).default_backoff().applied_objects().filter_map(move |event| {
             let notice = match event {
                 Ok(event) => eviction_notice(&event, &node).map(Ok),
-                Err(err) => Some(Err(crate::ErrorChain(&err).to_string())),
+                Err(err) => Some(Err(super::words::ApiWords(&err).to_string())),
             };
             async move { notice }
         })
     }
+}
+
+/// A client configuration from a kubeconfig file (its current context).
+async fn from_kubeconfig(path: PathBuf) -> Result<Config, KubeError> {
+    let file = Kubeconfig::read_from(&path).map_err(|source| KubeError::Kubeconfig { path: path.clone(), source })?;
+    Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+        .await
+        .map_err(|source| KubeError::Kubeconfig { path, source })
 }
 
 /// The uid of the pod in an `Evicted` event, if this node's kubelet reported it.
