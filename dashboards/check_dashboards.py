@@ -250,6 +250,18 @@ def check_structure(report: Report, path: Path, data: dict, round_trip, document
             problems.append(f"panel {panel.get('id')} has duplicate refIds")
     report.check(f"{name}: every target has an expr", problems)
 
+    # A table of what happened in the time range lists only what did: a row per container that
+    # had none is noise an operator scrolls past (its first column is the one the rows are of).
+    problems = []
+    for panel in panels:
+        if panel.get("type") != "table":
+            continue
+        first = (panel.get("targets") or [{}])[0]
+        expr = str(first.get("expr", ""))
+        if "increase(" in expr and not re.search(r">\s*0\s*$", expr):
+            problems.append(f"panel {panel.get('id')} '{panel.get('title')}' lists rows whose count is 0 (end its query with > 0)")
+    report.check(f"{name}: time-range tables list only what happened", problems)
+
     used = {v for v in variables_used({"panels": data.get("panels"), "templating": data.get("templating"), "links": data.get("links")}) if not is_builtin(v)}
     undefined = sorted(used - set(variables))
     report.check(f"{name}: every variable used is defined", [f"undefined: {', '.join(undefined)}"] if undefined else [],
