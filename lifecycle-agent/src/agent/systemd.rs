@@ -20,11 +20,7 @@ use prometheus::{IntCounterVec, Registry};
 use tokio::sync::{mpsc, watch};
 
 use super::owner::ModelHandle;
-use crate::{
-    discovery::systemd::{SystemdClient, SystemdError},
-    export::families::AgentFamily,
-    ErrorChain,
-};
+use crate::{discovery::systemd::SystemdClient, export::families::AgentFamily, ErrorChain};
 
 /// Requests waiting to be asked; a node starting a thousand units at once asks for each in turn.
 pub(crate) const QUEUED: usize = 1024;
@@ -75,7 +71,8 @@ impl SystemdRequests {
     }
 }
 
-/// Answers requests until shutdown.
+/// Answers requests until shutdown. The D-Bus calls block, so each batch runs on a blocking
+/// thread with the client, which comes back with it.
 pub(crate) async fn systemd_loop(
     mut requests: mpsc::Receiver<Request>,
     model: ModelHandle,
@@ -100,41 +97,63 @@ pub(crate) async fn systemd_loop(
         batch.retain(|(path, _)| seen.insert(path.clone()));
         if client.is_none() && last_attempt.is_none_or(|at| at.elapsed() >= RETRY) {
             last_attempt = Some(Instant::now());
-            match SystemdClient::connect(root.as_ref()).await {
-                Ok(connected) => {
+            let root = root.clone();
+            match tokio::task::spawn_blocking(move || SystemdClient::connect(root.as_deref())).await {
+                Ok(Ok(connected)) => {
                     log::info!("reading host units' stop and restart settings from systemd");
                     said_unreachable = false;
                     client = Some(connected);
                 }
-                Err(err) if !said_unreachable => {
+                Ok(Err(err)) if !said_unreachable => {
                     log::info!("host units are judged without a grace period: {}", ErrorChain(&err));
                     said_unreachable = true;
                 }
-                Err(_) => {}
+                Ok(Err(_)) => {}
+                Err(err) => log::warn!("connecting to systemd: {err}"),
             }
         }
-        let Some(connected) = &client else {
+        let Some(connected) = client.take() else {
             batch.iter().for_each(|_| counts.count("unreachable"));
             continue;
         };
-        for (path, unit) in batch {
-            match connected.unit(&unit).await {
+        let asked = tokio::task::spawn_blocking(move || {
+            let mut answers = Vec::with_capacity(batch.len());
+            let mut broken = false;
+            for (path, unit) in batch {
+                if broken {
+                    answers.push((path, Err(None)));
+                    continue;
+                }
+                let answer = connected.unit(&unit);
+                if let Err(err) = &answer {
+                    log::debug!("{}", ErrorChain(err));
+                    broken = !err.keeps_connection();
+                }
+                answers.push((path, answer.map_err(Some)));
+            }
+            (answers, (!broken).then_some(connected))
+        })
+        .await;
+        let Ok((answers, kept)) = asked else {
+            log::warn!("asking systemd for unit settings stopped");
+            continue;
+        };
+        client = kept;
+        for (path, answer) in answers {
+            match answer {
                 Ok(facts) => {
                     counts.count("read");
                     model.update(move |tracker| tracker.set_systemd_unit(&path, facts)).await;
                 }
-                Err(err @ SystemdError::Call { .. }) => {
-                    counts.count("failed");
-                    log::debug!("{}", ErrorChain(&err));
-                }
-                Err(err) => {
-                    // The connection broke (systemd re-executed, or stalls): connect again.
-                    counts.count("failed");
-                    log::debug!("{}", ErrorChain(&err));
-                    client = None;
-                    break;
-                }
+                Err(Some(_)) => counts.count("failed"),
+                // Not asked: the connection broke on an earlier unit of the batch.
+                Err(None) => counts.count("unreachable"),
             }
+        }
+        if client.is_none() {
+            // A broken connection is tried again at the next request, not after RETRY: systemd
+            // re-executing (`daemon-reexec`) drops every client.
+            last_attempt = None;
         }
     }
 }
