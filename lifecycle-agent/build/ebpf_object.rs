@@ -198,7 +198,11 @@ pub fn lock_closure(lock: &str, root: &str) -> String {
             pending.extend(package.dependencies.iter().copied());
         }
     }
-    packages.iter().zip(kept).filter(|(_, kept)| *kept).map(|(package, _)| package.block).collect()
+    // Trimmed: the last block of the file ends at the end of the file, the others before the
+    // next block's blank line; which one is last must not count.
+    let blocks: Vec<&str> =
+        packages.iter().zip(kept).filter(|(_, kept)| *kept).map(|(package, _)| package.block.trim()).collect();
+    blocks.join("\n")
 }
 
 /// The workspace manifest's lines the eBPF build reads: the edition and other package

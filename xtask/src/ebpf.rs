@@ -200,6 +200,9 @@ mod tests {
         assert_ne!(at("nightly-2026-05-20", "x86_64"), first, "a dependency of a dependency");
         write(&root, "Cargo.lock", &LOCK.replace("zbus\"\nversion = \"5.1.0", "zbus\"\nversion = \"5.2.0"));
         assert_eq!(at("nightly-2026-05-20", "x86_64"), first, "an agent-only crate");
+        // A package after the last of the closure's, gone: its block's trailing text changes.
+        write(&root, "Cargo.lock", &LOCK.replace("\n\n[[package]]\nname = \"zbus\"\nversion = \"5.1.0\"\n", "\n"));
+        assert_eq!(at("nightly-2026-05-20", "x86_64"), first, "the lock's end moved");
         write(&root, "Cargo.lock", LOCK);
         write(&root, "Cargo.toml", &MANIFEST.replace("zbus = \"5\"", "zbus = \"5\"\nclap = \"4\""));
         assert_eq!(at("nightly-2026-05-20", "x86_64"), first, "a workspace dependency the eBPF crate does not use");
