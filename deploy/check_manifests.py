@@ -45,6 +45,9 @@ NOT_MANIFESTS = {"alerts.rules.yaml", "alerts.test.yaml", "kustomization.yaml"}
 # The agent's whole API access: nothing else, nothing cluster-wide beyond it.
 EXPECTED_RULES = {
     ("", "pods"): {"get", "list", "watch"},
+    # The Node object, read alone: the kubelet's release. Not nodes/proxy (the kubelet's API,
+    # which runs commands in pods); not list/watch (every node's).
+    ("", "nodes"): {"get"},
     ("", "events"): {"get", "list", "watch", "create", "patch"},
     ("events.k8s.io", "events"): {"get", "list", "watch", "create", "patch"},
     ("authentication.k8s.io", "tokenreviews"): {"create"},
@@ -353,7 +356,7 @@ def main() -> int:
             report.check(f"{path.name}[{index}] DaemonSet agent requirements", daemonset_problems(doc))
 
     roles = [doc for _, _, doc in docs if doc.get("kind") == "ClusterRole"]
-    report.check("rbac.yaml: the agent's ClusterRole grants exactly pods get/list/watch, events get/list/watch/create/patch, "
+    report.check("rbac.yaml: the agent's ClusterRole grants exactly pods get/list/watch, nodes get, events get/list/watch/create/patch, "
                  "token and access reviews, and its own API; the reader role only the API",
                  rbac_problems(roles))
     kubectl = shutil.which("kubectl")

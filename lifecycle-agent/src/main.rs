@@ -12,6 +12,7 @@ use lifecycle_agent::{
     model::backoff::BackoffPolicy,
     model::container_state::RestartPolicy,
     model::event::Event,
+    model::kubelet::KubeletOverrides,
     model::node::TrackerConfig,
     probe::source::AllowFrom,
 };
@@ -137,10 +138,14 @@ struct RunArgs {
     /// How long a departed container's status and series are kept (e.g. 10m, 90s).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     series_retention: Duration,
-    /// Model the kubelet's ReduceDefaultCrashLoopBackOffDecay gate (back-off 1 s .. 60 s).
-    #[arg(long)]
-    reduced_backoff_decay: bool,
-    /// Model kubelet crashLoopBackOff.maxContainerRestartPeriod (1s .. 300s).
+    /// Override the kubelet's ReduceDefaultCrashLoopBackOffDecay gate (back-off 1 s .. 60 s) as
+    /// the agent reads it from the node (`--reduced-backoff-decay` alone: on; `=false`: off).
+    /// Not needed where the agent can read the kubelet (hostPID): see docs/kubelet-behaviour.md.
+    /// With either back-off flag, what the node does not tell is taken at the kubelet's defaults.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    reduced_backoff_decay: Option<bool>,
+    /// Override the kubelet's crashLoopBackOff.maxContainerRestartPeriod (1s .. 300s, with its
+    /// KubeletCrashLoopBackOffMax gate on) as the agent reads it from the node.
     #[arg(long, value_parser = parse_duration)]
     max_container_restart_period: Option<Duration>,
     /// Port of the probe listener the agent opens inside each pod's network namespace (0: none;
@@ -338,12 +343,17 @@ fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let shutdown = shutdown_signal()?;
-    let mut backoff =
-        if args.reduced_backoff_decay { BackoffPolicy::reduced_decay() } else { BackoffPolicy::default() };
-    if let Some(max) = args.max_container_restart_period {
-        let max_ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
-        backoff = backoff.with_max_restart_period(max_ns).context("--max-container-restart-period")?;
-    }
+    let max_container_restart_period_ns = match args.max_container_restart_period {
+        Some(max) => {
+            let max_ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+            // Refused here as the kubelet refuses it, rather than judged by later.
+            BackoffPolicy::default().with_max_restart_period(max_ns).context("--max-container-restart-period")?;
+            Some(max_ns)
+        }
+        None => None,
+    };
+    let kubelet_overrides =
+        KubeletOverrides { reduced_decay: args.reduced_backoff_decay, max_container_restart_period_ns };
     let restart_policy = match args.restart_policy {
         RestartPolicyArg::Always => RestartPolicy::Always,
         RestartPolicyArg::OnFailure => RestartPolicy::OnFailure,
@@ -379,7 +389,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         series_retention: args.series_retention,
         pod_probe_port: (args.pod_probe_port != 0).then_some(args.pod_probe_port),
         probe_allow_from: args.probe_allow_from,
-        tracker: TrackerConfig { backoff, restart_policy, ..TrackerConfig::default() },
+        tracker: TrackerConfig { restart_policy, ..TrackerConfig::default() },
+        kubelet_overrides,
     };
     agent::run(config, shutdown).await?;
     Ok(())

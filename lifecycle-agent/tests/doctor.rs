@@ -15,7 +15,7 @@ use lifecycle_testkit::require_privileges;
 const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
 const BTF: &str = "/sys/kernel/btf/vmlinux";
 /// Every check the report has on any machine (health-listen only appears when given).
-const CHECKS: [&str; 15] = [
+const CHECKS: [&str; 16] = [
     "kernel",
     "btf",
     "tracepoints",
@@ -27,6 +27,7 @@ const CHECKS: [&str; 15] = [
     "cgroups",
     "cri",
     "kubernetes",
+    "kubelet",
     "listen",
     "pod-probe-port",
     "clock",

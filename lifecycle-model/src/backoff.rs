@@ -8,6 +8,11 @@
 //! an entry expires when FinishedAt - lastUpdate exceeds the reset period (lastUpdate = the
 //! last restart). The key includes the container spec's hash, so a spec change starts fresh.
 //!
+//! The policy may be unknown (the agent could not tell the node's kubelet's back-off:
+//! `kubelet::policy`): the entry is still replayed (a first restart, or one after the entry
+//! expired, is immediate under every policy and is judged), and every other restart is
+//! [`Verdict::NotJudged`], with no expected delay.
+//!
 //! Pure: times in (`CLOCK_BOOTTIME` ns), observations out; no clock is read.
 
 use serde::{Deserialize, Serialize};
@@ -128,12 +133,22 @@ pub enum Verdict {
     TooEarly,
     /// Restarted later than the back-off plus the kubelet's usual scheduling slack.
     TooLate,
+    /// The node's back-off is not known (see the module header): neither early nor late.
+    NotJudged,
+}
+
+impl Verdict {
+    /// Early or late: what the kubelet does not do (a warning, an alert). Not judged is not one.
+    pub fn is_deviation(self) -> bool {
+        matches!(self, Verdict::TooEarly | Verdict::TooLate)
+    }
 }
 
 crate::spelling::spelling!(Verdict {
     WithinTolerance => "within_tolerance",
     TooEarly => "too_early",
     TooLate => "too_late",
+    NotJudged => "not_judged",
 });
 
 /// One observed restart, judged.
@@ -148,8 +163,10 @@ pub struct Observation {
     #[serde(flatten, with = "crate::wire::at::started_at")]
     pub started_at: BootTime,
     pub observed_delay_ns: u64,
-    /// The delay the kubelet's back-off required.
-    pub expected_delay_ns: u64,
+    /// The delay the kubelet's back-off required; absent when the back-off is not known
+    /// (verdict `not_judged`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_delay_ns: Option<u64>,
     /// The back-off entry had expired (or the spec changed), so the restart was due at once.
     pub entry_reset: bool,
     /// The kubelet restarted while the container waited: the new kubelet has no back-off entry
@@ -171,7 +188,8 @@ struct BackoffEntry {
 /// starts in order.
 #[derive(Clone, Debug)]
 pub struct BackoffTracker {
-    policy: BackoffPolicy,
+    /// None: the node's back-off is not known.
+    policy: Option<BackoffPolicy>,
     tolerance: Tolerance,
     entry: Option<BackoffEntry>,
     /// FinishedAt of the latest instance, while it waits to be restarted.
@@ -183,7 +201,7 @@ pub struct BackoffTracker {
 }
 
 impl BackoffTracker {
-    pub fn new(policy: BackoffPolicy, tolerance: Tolerance) -> Self {
+    pub fn new(policy: Option<BackoffPolicy>, tolerance: Tolerance) -> Self {
         Self {
             policy,
             tolerance,
@@ -195,8 +213,19 @@ impl BackoffTracker {
         }
     }
 
-    pub fn policy(&self) -> &BackoffPolicy {
-        &self.policy
+    /// The policy restarts are judged by; None when it is not known.
+    pub fn policy(&self) -> Option<BackoffPolicy> {
+        self.policy
+    }
+
+    /// The node's kubelet is known to back off by `policy` (None: not known) from now on, as
+    /// read again at a kubelet start. The entry stays: its doublings count under the new cap
+    /// (a restarted kubelet has none anyway: [`Self::on_kubelet_restart`]).
+    pub fn set_policy(&mut self, policy: Option<BackoffPolicy>) {
+        self.policy = policy;
+        if let (Some(policy), Some(entry)) = (policy, self.entry.as_mut()) {
+            entry.backoff_ns = entry.backoff_ns.min(policy.max_ns);
+        }
     }
 
     /// Restarts observed so far.
@@ -242,12 +271,20 @@ impl BackoffTracker {
         let after_kubelet_restart =
             self.kubelet_restarted_at.take().is_some_and(|at| (finished_at..=started_at).contains(&at));
         let live_entry = self.live_entry(finished_at);
-        let expected_delay_ns = live_entry.map_or(0, |entry| entry.backoff_ns);
+        // No entry: at once, whatever the policy. A live one holds its delay, which only a known
+        // policy tells.
+        let expected_delay_ns = match (live_entry, self.policy) {
+            (None, _) => Some(0),
+            (Some(entry), Some(_)) => Some(entry.backoff_ns),
+            (Some(_), None) => None,
+        };
         // flowcontrol Backoff.Next: a missing or expired entry restarts at `initial`, a live one
-        // doubles up to the cap; either way lastUpdate becomes now (this restart).
+        // doubles up to the cap; either way lastUpdate becomes now (this restart). Without a
+        // policy the entry is kept for its existence and age alone.
+        let (initial_ns, max_ns) = self.policy.map_or((0, 0), |p| (p.initial_ns, p.max_ns));
         let backoff_ns = match live_entry {
-            None => self.policy.initial_ns,
-            Some(entry) => entry.backoff_ns.saturating_mul(2).min(self.policy.max_ns),
+            None => initial_ns,
+            Some(entry) => entry.backoff_ns.saturating_mul(2).min(max_ns),
         };
         self.entry = Some(BackoffEntry { backoff_ns, last_update: started_at });
         self.restarts = self.restarts.saturating_add(1);
@@ -260,23 +297,38 @@ impl BackoffTracker {
             expected_delay_ns,
             entry_reset: live_entry.is_none(),
             after_kubelet_restart,
-            verdict: if after_kubelet_restart {
-                Verdict::WithinTolerance
-            } else {
-                self.tolerance.verdict(observed_delay_ns, expected_delay_ns)
+            verdict: match expected_delay_ns {
+                _ if after_kubelet_restart => Verdict::WithinTolerance,
+                Some(expected) => self.tolerance.verdict(observed_delay_ns, expected),
+                None => Verdict::NotJudged,
             },
         })
     }
 
     /// The delay the pending restart needs after its FinishedAt (0 = immediate), if an instance
-    /// is waiting to be restarted.
+    /// is waiting to be restarted and the delay is known.
     pub fn pending_delay_ns(&self) -> Option<u64> {
         let finished_at = self.pending_finish?;
-        Some(self.live_entry(finished_at).map_or(0, |entry| entry.backoff_ns))
+        match self.live_entry(finished_at) {
+            None => Some(0),
+            Some(entry) => self.policy.map(|_| entry.backoff_ns),
+        }
+    }
+
+    /// The pending restart is held by a back-off (a live entry): the kubelet shows
+    /// CrashLoopBackOff until it ends. The delay is [`Self::pending_delay_ns`], when known.
+    pub fn pending_held(&self) -> bool {
+        let Some(finished_at) = self.pending_finish else { return false };
+        match self.live_entry(finished_at) {
+            None => false,
+            // Under a known policy an entry holds for its delay; every policy's is at least 1 s.
+            Some(entry) => self.policy.is_none() || entry.backoff_ns > 0,
+        }
     }
 
     /// How much of the pending restart's back-off is left at `now`; Some(0) once it has elapsed
-    /// (the kubelet restarts at its next sync). None while no instance waits to be restarted.
+    /// (the kubelet restarts at its next sync). None while no instance waits to be restarted, or
+    /// when the back-off is not known.
     pub fn expected_wait_remaining(&self, now: BootTime) -> Option<u64> {
         let finished_at = self.pending_finish?;
         let delay = self.pending_delay_ns()?;
@@ -285,7 +337,9 @@ impl BackoffTracker {
 
     /// The entry as `IsInBackOffSince(key, finished_at)` sees it: absent when expired.
     fn live_entry(&self, finished_at: BootTime) -> Option<BackoffEntry> {
-        self.entry.filter(|entry| finished_at.since(entry.last_update) <= self.policy.reset_after_ns)
+        // The reset is 10 min under every gate setting: known even when the policy is not.
+        let reset_after_ns = self.policy.map_or(BackoffPolicy::default().reset_after_ns, |p| p.reset_after_ns);
+        self.entry.filter(|entry| finished_at.since(entry.last_update) <= reset_after_ns)
     }
 }
 
@@ -300,7 +354,7 @@ mod tests {
     }
 
     fn tracker() -> BackoffTracker {
-        BackoffTracker::new(BackoffPolicy::default(), Tolerance::default())
+        BackoffTracker::new(Some(BackoffPolicy::default()), Tolerance::default())
     }
 
     /// Runs a crash loop where every instance lives `run_ns` and every restart comes exactly
@@ -315,7 +369,7 @@ mod tests {
             let delay = tracker.pending_delay_ns().expect("pending");
             now += delay;
             let observation = tracker.on_started(at(now), None).expect("a restart");
-            assert_eq!(observation.expected_delay_ns, delay);
+            assert_eq!(observation.expected_delay_ns, Some(delay));
             assert_eq!(observation.verdict, Verdict::WithinTolerance);
             delays.push(delay / S);
         }
@@ -357,7 +411,7 @@ mod tests {
         assert_eq!(t.pending_delay_ns(), Some(0));
         let observation = t.on_started(at(34 * S + 602 * S), None).expect("restart");
         assert!(observation.entry_reset);
-        assert_eq!(observation.expected_delay_ns, 0);
+        assert_eq!(observation.expected_delay_ns, Some(0));
         // The entry restarts at initial: the next crash waits 10 s.
         t.on_finished(at(34 * S + 603 * S));
         assert_eq!(t.pending_delay_ns(), Some(10 * S));
@@ -372,7 +426,7 @@ mod tests {
 
     #[test]
     fn reduced_decay_gate() {
-        let mut t = BackoffTracker::new(BackoffPolicy::reduced_decay(), Tolerance::default());
+        let mut t = BackoffTracker::new(Some(BackoffPolicy::reduced_decay()), Tolerance::default());
         assert_eq!(crash_loop(&mut t, 9, S), [0, 1, 2, 4, 8, 16, 32, 60, 60]);
         assert_eq!(BackoffPolicy::reduced_decay().reset_after_ns, 600 * S);
     }
@@ -381,13 +435,13 @@ mod tests {
     fn max_restart_period_gate() {
         let policy = BackoffPolicy::default().with_max_restart_period(45 * S).expect("valid");
         assert_eq!(policy, BackoffPolicy { initial_ns: 10 * S, max_ns: 45 * S, reset_after_ns: 600 * S });
-        let mut t = BackoffTracker::new(policy, Tolerance::default());
+        let mut t = BackoffTracker::new(Some(policy), Tolerance::default());
         assert_eq!(crash_loop(&mut t, 5, S), [0, 10, 20, 40, 45]);
 
         // Below the initial delay, initial = max: every back-off is the max.
         let low = BackoffPolicy::default().with_max_restart_period(3 * S).expect("valid");
         assert_eq!(low.initial_ns, 3 * S);
-        let mut t = BackoffTracker::new(low, Tolerance::default());
+        let mut t = BackoffTracker::new(Some(low), Tolerance::default());
         assert_eq!(crash_loop(&mut t, 4, S), [0, 3, 3, 3]);
 
         // Both gates: the operator's max applies on top of the reduced decay.
@@ -415,7 +469,7 @@ mod tests {
         t.on_started(at(2 * S), None); // immediate first restart; entry 10 s
         t.on_finished(at(3 * S));
         let early = t.on_started(at(3 * S + 9 * S), None).expect("restart");
-        assert_eq!((early.expected_delay_ns, early.observed_delay_ns), (10 * S, 9 * S));
+        assert_eq!((early.expected_delay_ns, early.observed_delay_ns), (Some(10 * S), 9 * S));
         assert_eq!(early.verdict, Verdict::TooEarly);
 
         t.on_finished(at(20 * S)); // entry 20 s: allowance 3 s + 10 s
@@ -444,14 +498,14 @@ mod tests {
         t.on_finished(at(140 * S));
         assert_eq!(t.pending_delay_ns(), Some(40 * S));
         let observation = t.on_started(at(141 * S), Some("h2".into())).expect("restart");
-        assert_eq!(observation.expected_delay_ns, 0);
+        assert_eq!(observation.expected_delay_ns, Some(0));
         assert!(observation.entry_reset);
         assert_eq!(observation.verdict, Verdict::WithinTolerance);
         t.on_finished(at(142 * S));
         assert_eq!(t.pending_delay_ns(), Some(10 * S));
         // An unknown hash is not a change.
         let next = t.on_started(at(152 * S), None).expect("restart");
-        assert_eq!(next.expected_delay_ns, 10 * S);
+        assert_eq!(next.expected_delay_ns, Some(10 * S));
     }
 
     fn crash_loop_steps(t: &mut BackoffTracker, restarts: usize, hash: Option<&str>) {
@@ -478,6 +532,42 @@ mod tests {
         assert_eq!(t.expected_wait_remaining(at(20 * S)), Some(0));
         t.on_started(at(15 * S), None);
         assert_eq!(t.expected_wait_remaining(at(16 * S)), None);
+    }
+
+    #[test]
+    fn an_unknown_policy_judges_the_immediate_restarts_and_no_other() {
+        let mut t = BackoffTracker::new(None, Tolerance::default());
+        t.on_started(at(0), None);
+        t.on_finished(at(S));
+        assert_eq!(t.pending_delay_ns(), Some(0), "no entry: at once under every policy");
+        let first = t.on_started(at(2 * S), None).expect("restart");
+        assert_eq!((first.expected_delay_ns, first.verdict), (Some(0), Verdict::WithinTolerance));
+        t.on_finished(at(3 * S));
+        assert_eq!(t.pending_delay_ns(), None, "an entry's delay is the policy's");
+        assert_eq!(t.expected_wait_remaining(at(3 * S)), None);
+        // However soon or late.
+        for start in [3 * S + S / 10, 500 * S] {
+            let mut u = t.clone();
+            let second = u.on_started(at(start), None).expect("restart");
+            assert_eq!((second.expected_delay_ns, second.verdict), (None, Verdict::NotJudged));
+            assert_eq!(serde_json::to_value(&second).expect("json").get("expected_delay_ns"), None);
+        }
+        // An entry that expired (10 min under every policy) is immediate again.
+        t.on_started(at(4 * S), None);
+        t.on_finished(at(4 * S + 601 * S));
+        let reset = t.on_started(at(4 * S + 602 * S), None).expect("restart");
+        assert_eq!((reset.expected_delay_ns, reset.verdict), (Some(0), Verdict::WithinTolerance));
+    }
+
+    #[test]
+    fn a_new_policy_applies_to_the_next_restart() {
+        let mut t = tracker();
+        crash_loop(&mut t, 4, S); // the entry is 80 s now, last updated at 1,074 s
+        t.set_policy(Some(BackoffPolicy::default().with_max_restart_period(20 * S).expect("valid")));
+        t.on_finished(at(1_100 * S));
+        assert_eq!(t.pending_delay_ns(), Some(20 * S), "the entry is held to the new cap");
+        t.set_policy(None);
+        assert_eq!(t.pending_delay_ns(), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod duration;
 pub mod event;
 pub mod explain;
 pub mod identity;
+pub mod kubelet;
 pub mod metadata;
 pub mod node;
 pub mod oom;

@@ -59,6 +59,7 @@ mod tests {
     use crate::{
         backoff::Verdict,
         container_state::{TerminatedReason, WaitingReason},
+        kubelet::{Gate, KubeletSource},
         node::{DisagreementKind, DroppedKind, PodPhase},
         spec::StopCause,
         termination::{OutcomeKind, SenderKind, SignalSender, TerminationOutcome},
@@ -92,6 +93,8 @@ mod tests {
         one_spelling_each(Verdict::ALL);
         one_spelling_each(PodPhase::ALL);
         one_spelling_each(DroppedKind::ALL);
+        one_spelling_each(Gate::ALL);
+        one_spelling_each(KubeletSource::ALL);
         let refused = serde_json::from_value::<StopCause>(serde_json::json!("Deleted")).expect_err("not a spelling");
         assert!(refused.to_string().contains("deleted"), "the error lists the words: {refused}");
     }

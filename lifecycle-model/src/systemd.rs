@@ -196,7 +196,7 @@ impl RestartTracker {
             finished_at,
             started_at: at,
             observed_delay_ns,
-            expected_delay_ns,
+            expected_delay_ns: Some(expected_delay_ns),
             entry_reset: false,
             after_kubelet_restart: false,
             verdict: RESTART_TOLERANCE.verdict(observed_delay_ns, expected_delay_ns),
@@ -281,7 +281,7 @@ mod tests {
         let seen = tracker.on_started(t(12)).expect("due");
         assert_eq!(
             (seen.restart_number, seen.expected_delay_ns, seen.verdict),
-            (1, 2 * SECOND, Verdict::WithinTolerance)
+            (1, Some(2 * SECOND), Verdict::WithinTolerance)
         );
         tracker.on_ended(&u, t(20), MainEnd::Exited(1), false);
         assert_eq!(tracker.on_started(t(20)).expect("due").verdict, Verdict::TooEarly);

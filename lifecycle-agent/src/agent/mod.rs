@@ -7,6 +7,7 @@ mod events;
 pub(crate) mod health;
 pub mod http;
 mod kube;
+pub(crate) mod kubelet;
 pub mod logging;
 pub(crate) mod owner;
 mod reader;
@@ -37,7 +38,10 @@ use crate::{
         units::{KernelCounters, LiveCounters, UnitMetrics},
     },
     kernel::{Sensor, SensorConfig, SensorError, SensorMaps, StreamError},
-    model::node::{NodeTracker, TrackerConfig},
+    model::{
+        kubelet::KubeletOverrides,
+        node::{NodeTracker, TrackerConfig},
+    },
     probe::{
         feeds::ProbeFeeds,
         metrics::ProbeMetrics,
@@ -107,6 +111,9 @@ pub struct AgentConfig {
     /// Who may connect to the per-pod probe listeners (`--probe-allow-from`).
     pub probe_allow_from: Vec<AllowFrom>,
     pub tracker: TrackerConfig,
+    /// The agent's flags over what it reads of the node's kubelet (`--reduced-backoff-decay`,
+    /// `--max-container-restart-period`).
+    pub kubelet_overrides: KubeletOverrides,
     /// Kubeconfig for the Kubernetes API when not running in a pod (else `KUBECONFIG`).
     pub kubeconfig: Option<PathBuf>,
     /// This node's name for the pod watch (else `NODE_NAME`, else the hostname).
@@ -166,7 +173,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let tracker_config = TrackerConfig { cri_available: true, ..config.tracker.clone() };
     let mut tracker = NodeTracker::new(tracker_config);
     // Routed below, once the routes exist (the runtime is asked before the first batch anyway).
-    let seeded = seed(&mut tracker, &root);
+    let mut seeded = seed(&mut tracker, &root);
     if kube.is_some() {
         tracker.set_api_configured();
     }
@@ -207,6 +214,14 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let metadata_wanted = Arc::new(Notify::new());
     let systemd_counts = systemd::SystemdCounts::register(metrics.registry()).map_err(MetricsError::from)?;
     let (systemd_requests, systemd_queue) = systemd::SystemdRequests::new(systemd_counts.clone());
+    // The node's kubelet, before the first event is judged: its back-off, release and gates.
+    let kubelet_metrics = kubelet::KubeletMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
+    let node_name = crate::discovery::kube::watch::KubeSource::node_name(config.node_name.clone());
+    let mut kubelet_link =
+        kubelet::KubeletLink::new(node_name, kube.clone(), config.kubelet_overrides, Some(kubelet_metrics));
+    let kubelet_policy = kubelet_link.read().await;
+    seeded.extend(tracker.set_kubelet(kubelet_policy));
+    let (kubelet_starts, kubelet_queue) = kubelet::KubeletStarts::new();
     let routes = owner::Routes {
         units: units.clone(),
         metadata_wanted: metadata_wanted.clone(),
@@ -215,6 +230,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         kernel_log,
         probe_feeds: probe_feeds.clone(),
         systemd: systemd_requests,
+        kubelet: kubelet_starts,
     };
     let (mut owner, model) =
         owner::own(tracker, snapshots, routes).map_err(|err| AgentError::Stream(StreamError::Register(err)))?;
@@ -274,6 +290,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         }
     }
     loops.spawn(systemd::systemd_loop(systemd_queue, model.clone(), systemd_counts, None, shutdown.clone()));
+    loops.spawn(kubelet::kubelet_loop(kubelet_link, model.clone(), kubelet_queue, shutdown.clone()));
     loops.spawn(expiry_loop(model.clone(), config.series_retention, shutdown.clone()));
     loops.spawn(verdicts::verdict_log_loop(model.snapshots(), shutdown.clone()));
     loops.spawn(tasks::resync_loop(model.clone(), maps.clone(), root.clone(), repairs.clone(), shutdown.clone()));

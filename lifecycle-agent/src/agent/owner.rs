@@ -19,7 +19,7 @@ use std::{
 use prometheus::IntCounterVec;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use super::systemd::SystemdRequests;
+use super::{kubelet::KubeletStarts, systemd::SystemdRequests};
 use crate::{
     discovery::{cgroupfs::CgroupRoot, clock::boottime_ns},
     export::units::UnitMetrics,
@@ -126,6 +126,9 @@ pub(crate) struct Routes {
     pub(crate) probe_feeds: Arc<ProbeFeeds>,
     /// Where host units' settings are asked of systemd (never waited for here).
     pub(crate) systemd: SystemdRequests,
+    /// Where a kubelet's start is told, for its configuration to be read again (never waited
+    /// for here).
+    pub(crate) kubelet: KubeletStarts,
 }
 
 /// The model and its owner's state; moved onto the ring reader's thread.
@@ -257,6 +260,7 @@ impl Owner {
                 Notice::BadCgroupPath { path, error } => log::warn!("cgroup {path}: {error}"),
                 Notice::OomLimitWanted { pid } => oom_victims.push(pid),
                 Notice::SystemdUnitWanted { path, unit } => self.routes.systemd.ask(path, unit),
+                Notice::KubeletStarted { pid } => self.routes.kubelet.started(pid),
             }
         }
         // One read of the log's tail for the batch's kills, however many (it costs microseconds).

@@ -14,7 +14,10 @@ use crate::{
     },
 };
 
-use crate::agent::systemd::{SystemdCounts, SystemdRequests};
+use crate::agent::{
+    kubelet::KubeletStarts,
+    systemd::{SystemdCounts, SystemdRequests},
+};
 use crate::model::time::SECOND;
 const CGROUP: u64 = 4242;
 const POD_UID: &str = "00000000-0000-0000-0000-000000000001";
@@ -54,6 +57,7 @@ fn owned() -> (Owner, ModelHandle, Arc<UnitMetrics>, Arc<Notify>) {
         kernel_log: false,
         probe_feeds: Arc::default(),
         systemd: SystemdRequests::new(SystemdCounts::register(&prometheus::Registry::new()).expect("counts")).0,
+        kubelet: KubeletStarts::new().0,
     };
     let (owner, handle) = own(tracker, snapshots, routes).expect("eventfd");
     (owner, handle, units, wanted)

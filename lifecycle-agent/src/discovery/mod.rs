@@ -4,6 +4,7 @@
 //! - [`cgroupfs`]: the cgroup v2 mount, paths and ids.
 //! - [`cri`]: the container runtime's CRI socket (names, pods, spec annotations).
 //! - [`kube`]: the Kubernetes API: this node's pods (spec and reported status) and their events.
+//! - [`kubelet`]: the kubelet's process: its command line and configuration files.
 //! - [`proc`]: /proc: processes at start, and what the probes sample of a process.
 //! - [`sockdiag`]: listeners and backlogs of a network namespace over NETLINK_SOCK_DIAG.
 //! - [`netns`]: running a piece of work inside another network namespace.
@@ -16,6 +17,7 @@ pub mod clock;
 pub mod cri;
 pub(crate) mod kmsg;
 pub mod kube;
+pub(crate) mod kubelet;
 pub(crate) mod netns;
 pub mod proc;
 pub(crate) mod sockdiag;

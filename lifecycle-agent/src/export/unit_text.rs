@@ -35,7 +35,8 @@ pub(super) struct UnitView<'a> {
     last_stop_seconds: Option<f64>,
     last_grace_ratio: Option<f64>,
     /// Observed and expected delay of the last restart.
-    last_backoff_seconds: Option<(f64, f64)>,
+    /// (observed, expected): expected absent when the node's back-off is not known.
+    last_backoff_seconds: Option<(f64, Option<f64>)>,
     /// The kernel's counters of the unit's departed instances plus its live one.
     kernel: CgroupCounters,
     tcp: &'a BTreeMap<u16, PortStats>,
@@ -44,11 +45,11 @@ pub(super) struct UnitView<'a> {
 impl UnitView<'_> {
     /// The view of `unit`. Nothing in it depends on the time of the scrape: a unit waiting on
     /// its back-off shows Waiting/CrashLoopBackOff from its exit to its restart, a fact of the
-    /// unit ([`Unit::pending_back_off_ns`]), which is what lets `units.rs` keep a text until the
+    /// unit ([`Unit::held_by_back_off`]), which is what lets `units.rs` keep a text until the
     /// unit changes.
     pub(super) fn of<'a>(unit: &'a Unit, boot_to_unix: f64, live: Option<&CgroupCounters>) -> UnitView<'a> {
         let (state, waiting_reason) = match unit.state() {
-            ContainerState::Terminated { .. } if unit.pending_back_off_ns().is_some() => {
+            ContainerState::Terminated { .. } if unit.held_by_back_off() => {
                 ("waiting", Some(WaitingReason::CrashLoopBackOff.as_str()))
             }
             ContainerState::Waiting { reason, .. } => ("waiting", Some(reason.as_str())),
@@ -88,7 +89,7 @@ impl UnitView<'_> {
             }),
             last_backoff_seconds: unit
                 .last_backoff()
-                .map(|b| (seconds(b.observed_delay_ns), seconds(b.expected_delay_ns))),
+                .map(|b| (seconds(b.observed_delay_ns), b.expected_delay_ns.map(seconds))),
             kernel,
             tcp: unit.tcp(),
         }
@@ -271,7 +272,9 @@ pub(super) fn write_unit(f: &mut Families, view: &UnitView<'_>) {
     }
     if let Some((observed, expected)) = view.last_backoff_seconds {
         f.sample(F::Observed, "", &with_uid, &[], observed);
-        f.sample(F::Expected, "", &with_uid, &[], expected);
+        if let Some(expected) = expected {
+            f.sample(F::Expected, "", &with_uid, &[], expected);
+        }
     }
     for (verdict, n) in &c.backoff_verdicts {
         f.sample(F::Verdicts, "", &with_uid, &[("verdict", verdict.as_str())], *n as f64);

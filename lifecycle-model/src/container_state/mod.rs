@@ -295,17 +295,20 @@ impl ContainerStatus {
     /// takes, which is why a reader may keep what it derived from it until the unit changes
     /// (the scrape's cache, `export/units.rs` in the agent).
     pub fn pending_back_off_ns(&self, restart: &RestartSpec, backoff: &BackoffTracker) -> Option<u64> {
+        self.held_by_back_off(restart, backoff).then(|| backoff.pending_delay_ns()).flatten()
+    }
+
+    /// Whether this terminated container waits on a back-off before its restart (the status
+    /// shows Waiting/CrashLoopBackOff), whether or not the delay is known
+    /// ([`Self::pending_back_off_ns`]). A fact of the unit, as that is.
+    pub fn held_by_back_off(&self, restart: &RestartSpec, backoff: &BackoffTracker) -> bool {
         let ContainerState::Terminated { exit_code, finished_at, .. } = self.state else {
-            return None;
+            return false;
         };
-        if !restart.should_restart(exit_code) {
-            return None;
-        }
         // Only trust the tracker when it is waiting on this very exit.
-        if backoff.pending_finished_at() != Some(finished_at) {
-            return None;
-        }
-        backoff.pending_delay_ns().filter(|delay| *delay > 0)
+        restart.should_restart(exit_code)
+            && backoff.pending_finished_at() == Some(finished_at)
+            && backoff.pending_held()
     }
 
     /// The status at `now`. A terminated container that will be restarted shows
@@ -328,20 +331,20 @@ impl ContainerStatus {
             return snapshot;
         };
         snapshot.restart_expected = restart.should_restart(exit_code);
-        let Some(delay) = self.pending_back_off_ns(restart, backoff) else {
+        if !self.held_by_back_off(restart, backoff) {
             return snapshot;
-        };
+        }
         snapshot.back_off_remaining_ns = backoff.expected_wait_remaining(now);
         snapshot.last_state = Some(self.state.clone());
+        // The kubelet's wording ("back-off %s restarting failed container=%s pod=%s"), without
+        // the delay when the node's back-off is not known; the pod is named by uid because the
+        // name is not known here.
+        let delay = backoff.pending_delay_ns().map(|delay| format!(" {}", go_duration(delay))).unwrap_or_default();
         snapshot.state = ContainerState::Waiting {
             reason: WaitingReason::CrashLoopBackOff,
-            // The kubelet's wording ("back-off %s restarting failed container=%s pod=%s"); the
-            // pod is named by uid because the name is not known here.
             message: format!(
-                "back-off {} restarting failed container={} pod={}",
-                go_duration(delay),
-                self.container_name,
-                self.pod_uid
+                "back-off{delay} restarting failed container={} pod={}",
+                self.container_name, self.pod_uid
             ),
         };
         snapshot

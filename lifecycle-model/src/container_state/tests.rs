@@ -15,7 +15,7 @@ fn status() -> ContainerStatus {
 }
 
 fn backoff() -> BackoffTracker {
-    BackoffTracker::new(BackoffPolicy::default(), Tolerance::default())
+    BackoffTracker::new(Some(BackoffPolicy::default()), Tolerance::default())
 }
 
 fn always() -> RestartSpec {

@@ -400,13 +400,21 @@ fn story(subject: Subject<'_>) -> ContainerStory {
         lines.push(Line {
             offset_ms: None,
             source: "agent",
-            text: format!(
-                "restart {} came {} after the exit; {rule} {} ({})",
-                backoff.restart_number,
-                seconds(backoff.observed_delay_ns),
-                seconds(backoff.expected_delay_ns),
-                backoff.verdict.as_str()
-            ),
+            text: match backoff.expected_delay_ns {
+                Some(expected) => format!(
+                    "restart {} came {} after the exit; {rule} {} ({})",
+                    backoff.restart_number,
+                    seconds(backoff.observed_delay_ns),
+                    seconds(expected),
+                    backoff.verdict.as_str()
+                ),
+                None => format!(
+                    "restart {} came {} after the exit; the node's back-off is not known here ({})",
+                    backoff.restart_number,
+                    seconds(backoff.observed_delay_ns),
+                    backoff.verdict.as_str()
+                ),
+            },
         });
     }
     // In CrashLoopBackOff now: when the kubelet's back-off lets it start again.

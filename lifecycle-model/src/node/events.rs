@@ -23,6 +23,7 @@ impl NodeTracker {
             Detail::Exec { parent_tgid, parent_cgroup_id, start_time_ns, comm, child_pid_namespace, .. } => {
                 if comm == KUBELET_COMM && !self.is_container_cgroup(event.cgroup_id) {
                     self.on_kubelet_started(event.time_ns);
+                    self.staged.notices.push(Notice::KubeletStarted { pid: event.tgid });
                 }
                 if self.known_cgroup(event.cgroup_id) {
                     let exec = ExecFacts {

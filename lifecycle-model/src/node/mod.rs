@@ -50,10 +50,11 @@ use std::collections::{BTreeMap, HashMap};
 use lifecycle_common::CgroupCounters;
 
 use crate::{
-    backoff::{BackoffPolicy, Tolerance},
+    backoff::Tolerance,
     container_state::RestartPolicy,
     event::{Detail, Event},
     identity::{classify, CgroupIdentity},
+    kubelet::KubeletPolicy,
     metadata::ContainerMeta,
     spec::StopCause,
     termination::{ProcessAtStop, Retention, SignalSender},
@@ -79,7 +80,9 @@ pub use warning::{PodWarning, WarningReason};
 /// Settings for the model; defaults are the kubelet's.
 #[derive(Clone, Debug)]
 pub struct TrackerConfig {
-    pub backoff: BackoffPolicy,
+    /// What the node's kubelet is expected to do (its back-off, its gates), until
+    /// [`NodeTracker::set_kubelet`] says otherwise.
+    pub kubelet: KubeletPolicy,
     pub tolerance: Tolerance,
     /// The pod restartPolicy assumed (the CRI does not carry it): Always, the API default.
     pub restart_policy: RestartPolicy,
@@ -91,7 +94,7 @@ pub struct TrackerConfig {
 impl Default for TrackerConfig {
     fn default() -> Self {
         Self {
-            backoff: BackoffPolicy::default(),
+            kubelet: KubeletPolicy::default(),
             tolerance: Tolerance::default(),
             restart_policy: RestartPolicy::Always,
             cri_available: false,
@@ -114,6 +117,10 @@ pub enum Notice {
     /// A host cgroup of systemd unit `unit` runs (again): ask systemd for its settings (see
     /// [`NodeTracker::set_systemd_unit`]).
     SystemdUnitWanted { path: String, unit: String },
+    /// A kubelet process started (its exec, outside any container): read its configuration and
+    /// release again (see [`NodeTracker::set_kubelet`]); a restarted kubelet may run with
+    /// another.
+    KubeletStarted { pid: u32 },
 }
 
 /// Containers gone before the runtime named them, kept for the next metadata (a crash loop on a
@@ -425,6 +432,27 @@ impl NodeTracker {
             self.dropped.add(DroppedKind::DepartedUnit, excess as u64);
         }
         self.outcome()
+    }
+
+    /// What the node's kubelet is expected to do from now on: every container's restarts are
+    /// judged by its back-off (none, when it is not known), and its release and gates decide the
+    /// rules that changed between releases.
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn set_kubelet(&mut self, policy: KubeletPolicy) -> Outcome {
+        let backoff = policy.backoff.policy();
+        for unit in self
+            .units
+            .changing(|unit| matches!(unit.key, UnitKey::Container { .. }) && unit.backoff.policy() != backoff)
+        {
+            unit.backoff.set_policy(backoff);
+        }
+        self.config.kubelet = policy;
+        self.outcome()
+    }
+
+    /// What the node's kubelet is expected to do (see [`Self::set_kubelet`]).
+    pub fn kubelet(&self) -> &KubeletPolicy {
+        &self.config.kubelet
     }
 
     /// What was dropped to stay within the bounds, by kind (see `bounds.rs`).

@@ -280,6 +280,12 @@ impl Unit {
         self.status.pending_back_off_ns(&self.restart, &self.backoff)
     }
 
+    /// Whether the unit waits on a back-off (Waiting/CrashLoopBackOff), its delay known or not;
+    /// a fact of the unit, as [`Self::pending_back_off_ns`] is.
+    pub fn held_by_back_off(&self) -> bool {
+        self.status.held_by_back_off(&self.restart, &self.backoff)
+    }
+
     pub fn restart_count(&self) -> u32 {
         self.status.restart_count()
     }
@@ -349,7 +355,7 @@ impl NodeTracker {
         let restart = self.restart_spec(&key, meta.as_ref());
         let settings = self.settings_for(&key, meta.as_ref());
         let sidecar_in_spec = self.spec_of(&key).map(|(_, c)| c.kind == ContainerKind::Sidecar);
-        let (backoff_policy, tolerance) = (self.config.backoff, self.config.tolerance);
+        let (backoff_policy, tolerance) = (self.config.kubelet.backoff.policy(), self.config.tolerance);
         let unit = self.units.get_or_insert_with(&key, || Unit {
             key: key.clone(),
             labels: labels.clone(),
@@ -548,7 +554,7 @@ impl NodeTracker {
         unit.last_change_ns = exit.time;
         if host {
             // Host units have no kubelet: a new process is a new run, not a restart to judge.
-            unit.backoff = BackoffTracker::new(*unit.backoff.policy(), tolerance);
+            unit.backoff = BackoffTracker::new(unit.backoff.policy(), tolerance);
         }
         // A unit named by id has no namespace yet; it is judged again once named (see naming.rs).
         if !unit.named_by_id {
@@ -576,14 +582,14 @@ pub(super) fn start_unit(unit: &mut Unit, started_at: u64, spec_hash: Option<Str
         unit.systemd.as_deref_mut().and_then(|rules| rules.restarts.on_started(BootTime::from_ns(started_at)));
     if let Some(observation) = systemd_restart {
         *unit.counters.backoff_verdicts.entry(observation.verdict).or_default() += 1;
-        if observation.verdict != Verdict::WithinTolerance {
+        if let (true, Some(expected)) = (observation.verdict.is_deviation(), observation.expected_delay_ns) {
             unit.warn(
                 WarningReason::BackOffDeviation,
                 format!(
                     "restart {} came {:.1}s after the exit; the unit's RestartSec= allows {:.1}s",
                     observation.restart_number,
                     seconds(observation.observed_delay_ns),
-                    seconds(observation.expected_delay_ns)
+                    seconds(expected)
                 ),
             );
         }
@@ -591,14 +597,14 @@ pub(super) fn start_unit(unit: &mut Unit, started_at: u64, spec_hash: Option<Str
     }
     if let Some(observation) = unit.backoff.on_started(BootTime::from_ns(started_at), spec_hash) {
         *unit.counters.backoff_verdicts.entry(observation.verdict).or_default() += 1;
-        if observation.verdict != Verdict::WithinTolerance {
+        if let (true, Some(expected)) = (observation.verdict.is_deviation(), observation.expected_delay_ns) {
             unit.warn(
                 WarningReason::BackOffDeviation,
                 format!(
                     "restart {} came {:.1}s after the exit; the kubelet's back-off allows {:.1}s",
                     observation.restart_number,
                     seconds(observation.observed_delay_ns),
-                    seconds(observation.expected_delay_ns)
+                    seconds(expected)
                 ),
             );
         }

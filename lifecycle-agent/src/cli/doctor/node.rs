@@ -15,12 +15,13 @@ use kube::api::{Api, PostParams};
 
 use super::{
     cap, cgroup_layout, check_btf, check_capabilities, check_cgroups, check_clock, check_clock_sync, check_cri,
-    check_features, check_kernel, check_kernel_cost, check_kubernetes, check_memlock, check_port, check_programs,
-    check_tracepoints, has_capability, listening_inodes, parse_cap_eff, ApiReach, BtfRead, ClockSync, DoctorArgs,
-    Finding, Holder, KernelCost, KernelVersion, Memlock, PortRole, PortState, ProgramLoad, SocketOrigin, SocketProbe,
-    SocketState, TracepointKind, TracepointSeen, DISTRIBUTION_SOCKETS, PERMISSIONS, TRACEPOINTS,
+    check_features, check_kernel, check_kernel_cost, check_kubelet, check_kubernetes, check_memlock, check_port,
+    check_programs, check_tracepoints, has_capability, listening_inodes, parse_cap_eff, ApiReach, BtfRead, ClockSync,
+    DoctorArgs, Finding, Holder, KernelCost, KernelVersion, Memlock, PortRole, PortState, ProgramLoad, SocketOrigin,
+    SocketProbe, SocketState, TracepointKind, TracepointSeen, DISTRIBUTION_SOCKETS, PERMISSIONS, TRACEPOINTS,
 };
 use crate::{
+    agent::kubelet::KubeletLink,
     cli::doctor::proof::{self, Proof},
     discovery::{
         clock::{boottime_ns, realtime_ns},
@@ -31,6 +32,7 @@ use crate::{
         },
     },
     kernel::{layout::KernelBtf, Feature, Sensor, SensorConfig},
+    model::kubelet::KubeletOverrides,
     ErrorChain,
 };
 
@@ -64,6 +66,7 @@ pub(super) async fn examine(args: &DoctorArgs) -> Vec<Finding> {
         check_cgroups(&cgroup_layout(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())),
         check_cri(&probe_sockets(args.cri_socket.as_deref()).await),
         check_kubernetes(&reach_api(args).await),
+        read_kubelet(args).await,
     ];
     findings.push(check_port(PortRole::Listen, args.listen, &port_state(args.listen)));
     match args.health_listen.parse::<SocketAddr>() {
@@ -259,6 +262,16 @@ async fn reach_api(args: &DoctorArgs) -> ApiReach {
         answers.push((permission, answer));
     }
     ApiReach::Reached { node, answers }
+}
+
+/// Reads the kubelet as `run` does (its process through /proc, its release from the Node
+/// object) and says what the agent would judge it by.
+async fn read_kubelet(args: &DoctorArgs) -> Finding {
+    let node = KubeSource::node_name(args.node_name.clone());
+    let kube = KubeSource::configure(args.kubeconfig.clone(), node.clone()).await.ok();
+    let api_configured = kube.is_some();
+    let mut link = KubeletLink::new(node, kube, KubeletOverrides::default(), None).quiet();
+    check_kubelet(&link.read().await, api_configured)
 }
 
 /// Binds and releases the address; when it is taken, looks for the holder.

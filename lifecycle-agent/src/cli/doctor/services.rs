@@ -5,7 +5,10 @@
 use std::{fmt::Write as _, net::SocketAddr, path::PathBuf};
 
 use super::Finding;
-use crate::model::time::SECOND;
+use crate::model::{
+    kubelet::{BackoffChoice, GateBasis, GateState, KubeletPolicy, KubeletSource},
+    time::SECOND,
+};
 
 // ---- CRI socket -----------------------------------------------------------------------------
 
@@ -125,12 +128,13 @@ impl Permission {
     }
 }
 
-/// What deploy/rbac.yaml grants and the agent uses: its node's pods (list, watch), tokens and
-/// access checks for `--api-auth kubernetes`, events (events.k8s.io, kube's recorder) for
-/// `--events`.
-pub(crate) const PERMISSIONS: [Permission; 7] = [
+/// What deploy/rbac.yaml grants and the agent uses: its node's pods (list, watch), its Node
+/// (get: the kubelet's release), tokens and access checks for `--api-auth kubernetes`, events
+/// (events.k8s.io, kube's recorder) for `--events`.
+pub(crate) const PERMISSIONS: [Permission; 8] = [
     Permission { verb: "list", group: "", resource: "pods" },
     Permission { verb: "watch", group: "", resource: "pods" },
+    Permission { verb: "get", group: "", resource: "nodes" },
     // The kubelet's Killing and Evicted events: the cause of a probe kill, a resize, an eviction.
     Permission { verb: "list", group: "", resource: "events" },
     Permission { verb: "watch", group: "", resource: "events" },
@@ -189,6 +193,85 @@ pub(crate) fn check_kubernetes(reach: &ApiReach) -> Finding {
             }
             Finding::missing(CHECK, found, "grant the agent's account the ClusterRole of deploy/rbac.yaml")
         }
+    }
+}
+
+// ---- kubelet --------------------------------------------------------------------------------
+
+/// What the agent would judge this node's kubelet by: its release, its restart back-off and the
+/// gates that change the rules, and where each came from. Without a kubelet and without the API
+/// (a plain host) there is nothing to judge by.
+pub(crate) fn check_kubelet(policy: &KubeletPolicy, api_configured: bool) -> Finding {
+    const CHECK: &str = "kubelet";
+    let facts = &policy.facts;
+    if facts.source == KubeletSource::NotFound && !api_configured {
+        return Finding::skip(CHECK, "no kubelet process and no Kubernetes API: a plain host");
+    }
+    let mut found = match policy.version() {
+        Some(version) => format!("{version} (Node object)"),
+        None => "release unknown".to_owned(),
+    };
+    match &policy.backoff {
+        BackoffChoice::Known { policy: backoff } => {
+            let cap = facts.config.as_ref().and_then(|c| c.max_container_restart_period_ns);
+            let _ = write!(
+                found,
+                "; back-off {}s doubling to {}s (crashLoopBackOff.maxContainerRestartPeriod {})",
+                backoff.initial_ns as f64 / SECOND as f64,
+                backoff.max_ns as f64 / SECOND as f64,
+                cap.map_or_else(|| "not set".to_owned(), |ns| format!("{}s", ns as f64 / SECOND as f64)),
+            );
+        }
+        BackoffChoice::Unknown { why } => {
+            let _ = write!(found, "; back-off not known, restarts after a container's first not judged: {why}");
+        }
+    }
+    let gate = |state: &GateState| {
+        let value = match state.enabled {
+            Some(true) => "on",
+            Some(false) => "off",
+            None => "?",
+        };
+        let basis = match state.basis {
+            GateBasis::Configured => "configured",
+            GateBasis::AgentFlag => "agent flag",
+            GateBasis::ReleaseDefault => "release default",
+            GateBasis::NotInRelease => "not in release",
+            GateBasis::OnSinceKnownRelease => "on since a known release",
+            GateBasis::SameInEveryKnownRelease => "every release",
+            GateBasis::ConfigurationUnread => "configuration unread",
+            GateBasis::Unknown => "unknown",
+        };
+        format!("{}={value} ({basis})", state.gate.as_str())
+    };
+    let _ = write!(found, "; gates {}", policy.gates.iter().map(gate).collect::<Vec<_>>().join(", "));
+    let _ = write!(found, "; read from {} ({})", facts.source.as_str(), facts.origin);
+    match (&policy.backoff, policy.version(), facts.source) {
+        (BackoffChoice::Unknown { .. }, _, KubeletSource::NotFound) => Finding::warn(
+            CHECK,
+            found,
+            "run the agent in the host's PID namespace (hostPID, as deploy/daemonset.yaml does), or state the \
+             back-off with --max-container-restart-period / --reduced-backoff-decay",
+        ),
+        (BackoffChoice::Unknown { .. }, None, _) => Finding::warn(
+            CHECK,
+            found,
+            "grant the agent `get nodes` (deploy/rbac.yaml) so it knows the kubelet's release, or state the \
+             back-off with --max-container-restart-period / --reduced-backoff-decay",
+        ),
+        (BackoffChoice::Unknown { .. }, Some(_), _) => Finding::warn(
+            CHECK,
+            found,
+            "let the agent read the kubelet's configuration files (CAP_SYS_PTRACE reads /proc/<pid>/root), or \
+             state the back-off with --max-container-restart-period / --reduced-backoff-decay",
+        ),
+        (BackoffChoice::Known { .. }, None, _) if api_configured => Finding::warn(
+            CHECK,
+            found,
+            "grant the agent `get nodes` (deploy/rbac.yaml): rules that changed between releases are judged only \
+             where every release agrees",
+        ),
+        _ => Finding::ok(CHECK, found),
     }
 }
 

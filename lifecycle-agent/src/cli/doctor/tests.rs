@@ -6,6 +6,7 @@ use std::{net::SocketAddr, path::Path};
 use lifecycle_common::names;
 
 use super::*;
+use crate::model::kubelet::{KubeletPolicy, KubeletSource};
 
 fn verdict(finding: &Finding) -> Verdict {
     finding.result
@@ -357,4 +358,58 @@ fn the_report_is_ready_unless_something_is_missing() {
     assert_eq!(json["ready"], false);
     assert_eq!(json["checks"][0]["result"], "missing");
     assert_eq!(json["checks"][0]["check"], "btf");
+}
+
+/// A kubelet as `doctor` would read it: release `v1.<minor>.2` (None: the Node object was not
+/// read), its configuration capping the back-off at `cap` (None: the files were not readable).
+fn kubelet_policy(minor: Option<u32>, cap: Option<Option<&str>>, source: KubeletSource) -> KubeletPolicy {
+    use crate::model::kubelet::{config, CommandLine, KubeletFacts, KubeletOverrides, KubeletVersion};
+    let config = cap.map(|cap| {
+        let line =
+            CommandLine { feature_gates: [("ContainerStopSignals".to_owned(), true)].into(), ..CommandLine::default() };
+        let mut effective = config::effective(None, &[], &line).expect("valid");
+        effective.max_container_restart_period_ns = cap.map(|c| config::go_duration_ns(c).expect("duration"));
+        effective
+    });
+    let facts = KubeletFacts {
+        source,
+        pid: Some(812),
+        version: minor.map(|minor| KubeletVersion::new(1, minor, 2)),
+        config,
+        origin: "pid 812: /var/lib/kubelet/config.yaml + flags".into(),
+    };
+    KubeletPolicy::derive(facts, KubeletOverrides::default())
+}
+
+#[test]
+fn the_kubelet_line_says_release_cap_gates_and_source() {
+    let read = check_kubelet(&kubelet_policy(Some(37), Some(Some("20s")), KubeletSource::Node), true);
+    assert_eq!(verdict(&read), Verdict::Ok, "{read:?}");
+    for said in [
+        "v1.37.2 (Node object)",
+        "back-off 10s doubling to 20s (crashLoopBackOff.maxContainerRestartPeriod 20s)",
+        "KubeletCrashLoopBackOffMax=on (release default)",
+        "ContainerStopSignals=on (configured)",
+        "ReduceDefaultCrashLoopBackOffDecay=off (release default)",
+        "read from node (pid 812: /var/lib/kubelet/config.yaml + flags)",
+    ] {
+        assert!(read.found.contains(said), "{said:?} not in {:?}", read.found);
+    }
+    // The release unknown (no `get nodes`): a cap cannot be judged by.
+    let blind = check_kubelet(&kubelet_policy(None, Some(Some("20s")), KubeletSource::Node), true);
+    assert_eq!(verdict(&blind), Verdict::Warn);
+    assert!(blind.found.contains("release unknown") && blind.found.contains("not judged"), "{blind:?}");
+    assert!(blind.fix.as_deref().is_some_and(|fix| fix.contains("get nodes")), "{blind:?}");
+    // Without a cap every release agrees: judged, but the release is still worth having.
+    let uncapped = check_kubelet(&kubelet_policy(None, Some(None), KubeletSource::Node), true);
+    assert_eq!(verdict(&uncapped), Verdict::Warn);
+    assert!(uncapped
+        .found
+        .contains("back-off 10s doubling to 300s (crashLoopBackOff.maxContainerRestartPeriod not set)"));
+    // No kubelet process visible: hostPID.
+    let hidden = check_kubelet(&kubelet_policy(Some(37), None, KubeletSource::NotFound), true);
+    assert_eq!(verdict(&hidden), Verdict::Warn);
+    assert!(hidden.fix.as_deref().is_some_and(|fix| fix.contains("hostPID")), "{hidden:?}");
+    // A plain host.
+    assert_eq!(verdict(&check_kubelet(&kubelet_policy(None, None, KubeletSource::NotFound), false)), Verdict::Skip);
 }

@@ -8,7 +8,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use futures::{Stream, StreamExt as _};
-use k8s_openapi::api::core::v1::{Event as ApiEvent, Pod};
+use k8s_openapi::api::core::v1::{Event as ApiEvent, Node, Pod};
 use kube::{
     api::{Api, ListParams},
     config::{KubeConfigOptions, Kubeconfig},
@@ -47,6 +47,13 @@ pub(crate) enum KubeError {
     /// The first list took longer than allowed.
     #[error("the Kubernetes API did not answer within {0:?}")]
     Timeout(Duration),
+    /// The Node object could not be read (`get nodes`, deploy/rbac.yaml).
+    #[error("cannot read node {node} from the Kubernetes API")]
+    Node {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// A connected API client for one node.
@@ -125,6 +132,19 @@ impl KubeSource {
     /// The node this source watches.
     pub(crate) fn node(&self) -> &str {
         &self.node
+    }
+
+    /// The kubelet's release as its Node object reports it (`status.nodeInfo.kubeletVersion`);
+    /// None when the node has not reported one yet. Needs `get nodes`.
+    pub(crate) async fn kubelet_version(&self) -> Result<Option<String>, KubeError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let answer = tokio::time::timeout(CONNECT_TIMEOUT, nodes.get(&self.node)).await;
+        let node = match answer {
+            Ok(Ok(node)) => node,
+            Ok(Err(source)) => return Err(KubeError::Node { node: self.node.clone(), source }),
+            Err(_) => return Err(KubeError::Timeout(CONNECT_TIMEOUT)),
+        };
+        Ok(node.status.and_then(|s| s.node_info).map(|info| info.kubelet_version).filter(|v| !v.is_empty()))
     }
 
     fn node_selector(&self) -> String {

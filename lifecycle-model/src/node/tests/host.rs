@@ -114,7 +114,7 @@ fn a_crash_looping_service_is_judged_against_its_restart_sec() {
     tracker.apply(&exec(12 * SECOND, 101, 42, 1, "web"));
     let view = only_view(&tracker, 13 * SECOND);
     let judged = view.last_backoff.expect("a restart systemd was due to make");
-    assert_eq!((judged.expected_delay_ns, judged.verdict), (2 * SECOND, Verdict::WithinTolerance));
+    assert_eq!((judged.expected_delay_ns, judged.verdict), (Some(2 * SECOND), Verdict::WithinTolerance));
     // Restarted at once instead of after RestartSec=2s: not what systemd does.
     tracker.apply(&exit(20 * SECOND, 101, 42, Some(1), None));
     tracker.apply(&exec(20 * SECOND + 1000, 102, 42, 1, "web"));

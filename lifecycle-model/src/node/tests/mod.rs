@@ -301,7 +301,7 @@ fn a_crash_loop_is_compared_with_the_kubelet_back_off() {
     assert_eq!(unit.counters().backoff_verdicts.get(&Verdict::WithinTolerance), Some(&2));
     assert_eq!(unit.counters().backoff_verdicts.get(&Verdict::TooEarly), Some(&1));
     let last = unit.last_backoff.clone().expect("observation");
-    assert_eq!((last.expected_delay_ns, last.verdict), (20 * SECOND, Verdict::TooEarly));
+    assert_eq!((last.expected_delay_ns, last.verdict), (Some(20 * SECOND), Verdict::TooEarly));
     // Right after the fourth exit the kubelet would hold the restart for 40 s.
     let view = only_view(&tracker, 20 * SECOND);
     assert!(matches!(view.status.state, ContainerState::Waiting { .. }), "{:?}", view.status.state);
@@ -539,10 +539,10 @@ fn a_kubelet_restart_resets_the_back_off() {
         observation
     };
     let after_restart = run(true).expect("judged");
-    assert_eq!((after_restart.expected_delay_ns, after_restart.verdict), (0, Verdict::WithinTolerance));
+    assert_eq!((after_restart.expected_delay_ns, after_restart.verdict), (Some(0), Verdict::WithinTolerance));
     assert!(after_restart.entry_reset && after_restart.after_kubelet_restart);
     let without = run(false).expect("judged");
-    assert_eq!((without.expected_delay_ns, without.verdict), (10 * SECOND, Verdict::TooEarly));
+    assert_eq!((without.expected_delay_ns, without.verdict), (Some(10 * SECOND), Verdict::TooEarly));
 }
 
 #[test]
@@ -569,6 +569,7 @@ fn a_container_gone_before_its_metadata_arrived_is_still_judged() {
 }
 
 mod host;
+mod kubelet;
 mod restart_all;
 mod spec;
 

@@ -1,0 +1,120 @@
+//! The tracker judging restarts by the node's kubelet as it was read: its cap, an unknown
+//! back-off, and a kubelet that starts again with another configuration.
+
+use super::*;
+use crate::kubelet::{
+    config::{effective, go_duration_ns, CommandLine},
+    KubeletFacts, KubeletOverrides, KubeletPolicy, KubeletSource, KubeletVersion,
+};
+
+/// What the agent derives for a kubelet `v1.<minor>.0` whose configuration sets `cap` (None:
+/// nothing), or whose configuration could not be read (`readable` false).
+fn kubelet(minor: u32, cap: Option<&str>, readable: bool) -> KubeletPolicy {
+    let mut config = effective(None, &[], &CommandLine::default()).expect("valid");
+    config.max_container_restart_period_ns = cap.map(|c| go_duration_ns(c).expect("duration"));
+    let facts = KubeletFacts {
+        source: if readable { KubeletSource::Node } else { KubeletSource::Unreadable },
+        pid: Some(4242),
+        version: Some(KubeletVersion::new(1, minor, 2)),
+        config: readable.then_some(config),
+        origin: "/var/lib/kubelet/config.yaml".into(),
+    };
+    KubeletPolicy::derive(facts, KubeletOverrides::default())
+}
+
+/// Runs instance `n` of the crash loop: created and started at `start` s, exited 0.5 s later.
+fn crash(tracker: &mut NodeTracker, n: u64, start: f64) {
+    let at = |s: f64| (s * SECOND as f64) as u64;
+    let cg = container_cgroup(tracker, at(start), n);
+    tracker.apply(&exec(at(start) + 1, 100 + n as u32, cg, SHIM_CGROUP, "app"));
+    tracker.apply(&exit(at(start + 0.5), 100 + n as u32, cg, Some(3), None));
+}
+
+fn container_unit(tracker: &NodeTracker) -> &Unit {
+    tracker.units().find(|u| matches!(u.key(), UnitKey::Container { .. })).expect("the container's unit")
+}
+
+/// Five runs whose restarts come when a kubelet capped at 20 s makes them: at once, then 10 s,
+/// 20 s and 20 s after each exit (plus 1 s of the kubelet's own latency).
+fn capped_loop(tracker: &mut NodeTracker) {
+    tracker.set_metadata((1..=5).map(|n| meta(n, 30)).collect());
+    let mut start = 0.0;
+    for (n, delay) in [0.0, 1.0, 11.0, 21.0, 21.0].iter().enumerate() {
+        start += delay;
+        crash(tracker, n as u64 + 1, start);
+        start += 0.5;
+    }
+}
+
+#[test]
+fn a_crash_loop_under_the_nodes_cap_is_within_tolerance_at_every_restart() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_kubelet(kubelet(37, Some("20s"), true));
+    capped_loop(&mut tracker);
+    let unit = container_unit(&tracker);
+    assert_eq!(unit.restart_count(), 4);
+    assert_eq!(unit.counters().backoff_verdicts, BTreeMap::from([(Verdict::WithinTolerance, 4)]));
+    let last = unit.last_backoff().expect("judged");
+    assert_eq!(last.expected_delay_ns, Some(20 * SECOND), "the node's cap, not 40 s");
+    assert!(tracker.take_warnings().is_empty(), "no deviation to tell");
+
+    // The same loop judged by the default back-off: the fourth restart is "too early".
+    let mut default = tracker_with_cri();
+    capped_loop(&mut default);
+    let unit = container_unit(&default);
+    assert_eq!(unit.counters().backoff_verdicts.get(&Verdict::TooEarly), Some(&1));
+}
+
+#[test]
+fn an_unknown_back_off_judges_the_first_restart_and_claims_nothing_after() {
+    let mut tracker = tracker_with_cri();
+    // A 1.37 kubelet whose configuration could not be read: its cap could be anything.
+    let policy = kubelet(37, None, false);
+    assert_eq!(policy.backoff.policy(), None, "{:?}", policy.backoff);
+    tracker.set_kubelet(policy);
+    capped_loop(&mut tracker);
+    let unit = container_unit(&tracker);
+    assert_eq!(
+        unit.counters().backoff_verdicts,
+        BTreeMap::from([(Verdict::WithinTolerance, 1), (Verdict::NotJudged, 3)])
+    );
+    assert_eq!(unit.last_backoff().and_then(|b| b.expected_delay_ns), None);
+    assert!(tracker.take_warnings().is_empty(), "not judged is no deviation");
+    // The back-off's remaining time is not known either; the container still waits.
+    let view = only_view(&tracker, 76 * SECOND);
+    assert!(matches!(view.status.state, ContainerState::Waiting { .. }), "{:?}", view.status.state);
+    assert_eq!(view.status.back_off_remaining_ns, None);
+}
+
+#[test]
+fn a_kubelet_that_starts_again_is_asked_about_and_its_new_back_off_applies() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_kubelet(kubelet(37, Some("20s"), true));
+    tracker.set_metadata((1..=6).map(|n| meta(n, 30)).collect());
+    tracker.apply(&mkdir(0, 300, "/system.slice/kubelet.service"));
+    let mut start = 0.0;
+    for (n, delay) in [0.0, 1.0, 11.0].iter().enumerate() {
+        start += delay;
+        crash(&mut tracker, n as u64 + 1, start);
+        start += 0.5;
+    }
+    // The kubelet starts again (with another configuration): the model asks for it.
+    let mut exec_kubelet = exec(40 * SECOND, 4343, 300, 300, "kubelet");
+    if let Detail::Exec { child_pid_namespace, namespace_init, .. } = &mut exec_kubelet.detail {
+        (*child_pid_namespace, *namespace_init) = (false, false);
+    }
+    let outcome = tracker.apply(&exec_kubelet);
+    assert!(outcome.notices.contains(&Notice::KubeletStarted { pid: 4343 }), "{:?}", outcome.notices);
+    tracker.set_kubelet(kubelet(37, None, true));
+    assert_eq!(tracker.kubelet().backoff.policy(), Some(crate::backoff::BackoffPolicy::default()));
+    // The new kubelet restarts at once (its back-off is in memory), then 10 s, then 20 s.
+    for (n, delay) in [(4, 40.5), (5, 11.0), (6, 21.0)] {
+        start += delay;
+        crash(&mut tracker, n, start);
+        start += 0.5;
+    }
+    let unit = container_unit(&tracker);
+    assert_eq!(unit.counters().backoff_verdicts, BTreeMap::from([(Verdict::WithinTolerance, 5)]));
+    // Due next: 40 s, the default doubling the 20 s cap would have stopped.
+    assert_eq!(unit.backoff.pending_delay_ns(), Some(40 * SECOND));
+}
