@@ -2,13 +2,17 @@
 //!
 //! Owns the kubelet's cgroup naming: both cgroup drivers (cgroupfs `/kubepods/<qos>/pod<uid>/<id>`
 //! and systemd `/kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid_>.slice/<scope>`),
-//! any prefix before the kubepods root (kind's `/kubelet.slice/kubelet-kubepods.slice/...`,
-//! cgroupfs `--cgroup-root`s), and the runtimes' container scopes (containerd, CRI-O and its
-//! conmon helper, Docker). Pure: a path in, a [`CgroupIdentity`] out.
+//! the system partition of KEP-5894 under either (`/kubepods/system/<qos>/pod<uid>`,
+//! `/kubepods.slice/kubepods-system.slice/kubepods-system-<qos>.slice/...`), any prefix before the
+//! kubepods root (kind's `/kubelet.slice/kubelet-kubepods.slice/...`, cgroupfs `--cgroup-root`s),
+//! and the runtimes' container scopes (containerd, CRI-O and its conmon helper, Docker). Pure: a
+//! path in, a [`CgroupIdentity`] out.
 //!
 //! Paths outside kubepods are host units named by their path (the plain-host mode). Paths inside
-//! kubepods that do not follow the layout are errors naming what was wrong: a wrong guess here
-//! would attribute one container's events to another.
+//! kubepods that do not follow a layout are errors naming what was wrong: a wrong guess here
+//! would attribute one container's events to another. The node model keeps such a cgroup as a
+//! unit named by its path, as a host unit is, and counts it (`DroppedKind::CgroupLayout`): its
+//! processes are still watched, only the pod and container names are not guessed.
 
 use serde::Serialize;
 
@@ -133,6 +137,11 @@ fn kubepods_root(segment: &str) -> Option<Driver<'_>> {
     (stem == "kubepods" || stem.ends_with("-kubepods")).then_some(Driver::Systemd { stem })
 }
 
+/// The partition of KEP-5894 that keeps system pods apart from the others: `system` under the
+/// kubepods root (`kubepods-system.slice` under the systemd driver), with the same QoS tiers and
+/// pods below it as the root itself.
+const SYSTEM_PARTITION: &str = "system";
+
 /// Walks the segments below a kubepods root, carrying the full path for error messages.
 struct LayoutParser<'a> {
     path: &'a str,
@@ -143,6 +152,17 @@ impl LayoutParser<'_> {
         let Some((first, rest)) = below.split_first() else {
             return Ok(CgroupIdentity::KubepodsAncestor { qos_tier: None });
         };
+        // The system partition holds the same layout as the root; nothing under it is named
+        // `system` again, so it is entered once.
+        if *first == SYSTEM_PARTITION {
+            return match rest.first() {
+                Some(next) if *next == SYSTEM_PARTITION => {
+                    Err(self.unexpected(next, "a QoS tier or a pod<uid> directory"))
+                }
+                Some(_) => self.cgroupfs(rest),
+                None => Ok(CgroupIdentity::KubepodsAncestor { qos_tier: None }),
+            };
+        }
         if let Some(qos) = QosClass::TIERED.into_iter().find(|q| q.tier_word() == Some(*first)) {
             let Some((pod_segment, rest)) = rest.split_first() else {
                 return Ok(CgroupIdentity::KubepodsAncestor { qos_tier: Some(qos) });
@@ -164,6 +184,11 @@ impl LayoutParser<'_> {
         let Some((first, rest)) = below.split_first() else {
             return Ok(CgroupIdentity::KubepodsAncestor { qos_tier: None });
         };
+        // `kubepods-system.slice`: the system partition, whose slices are named after it.
+        let system_stem = format!("{stem}-{SYSTEM_PARTITION}");
+        if *first == format!("{system_stem}.slice") && !stem.ends_with(&format!("-{SYSTEM_PARTITION}")) {
+            return self.systemd(&system_stem, rest);
+        }
         for qos in QosClass::TIERED {
             let Some(word) = qos.tier_word() else { continue };
             let tier_stem = format!("{stem}-{word}");
@@ -379,6 +404,37 @@ mod tests {
             ok(&format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{STATIC_UID}.slice")),
             CgroupIdentity::Pod { pod_uid: STATIC_UID.into(), qos: QosClass::Burstable }
         );
+    }
+
+    #[test]
+    fn the_system_partition_of_kep_5894_is_named_under_both_drivers() {
+        for (tier, qos) in
+            [("burstable/", QosClass::Burstable), ("besteffort/", QosClass::BestEffort), ("", QosClass::Guaranteed)]
+        {
+            let path = format!("/kubepods/system/{tier}pod{UID}/{ID}");
+            assert_eq!(ok(&path), container(qos, Runtime::Unnamed), "{path}");
+            assert_eq!(
+                ok(&format!("/kubepods/system/{tier}pod{UID}")),
+                CgroupIdentity::Pod { pod_uid: UID.into(), qos },
+                "{path}"
+            );
+        }
+        let systemd = format!(
+            "/kubepods.slice/kubepods-system.slice/kubepods-system-burstable.slice/\
+             kubepods-system-burstable-pod{UID_}.slice/cri-containerd-{ID}.scope"
+        );
+        assert_eq!(ok(&systemd), container(QosClass::Burstable, Runtime::Containerd));
+        let guaranteed =
+            format!("/kubepods.slice/kubepods-system.slice/kubepods-system-pod{UID_}.slice/crio-{ID}.scope");
+        assert_eq!(ok(&guaranteed), container(QosClass::Guaranteed, Runtime::CriO));
+        assert_eq!(ok("/kubepods/system"), CgroupIdentity::KubepodsAncestor { qos_tier: None });
+        assert_eq!(
+            ok("/kubepods.slice/kubepods-system.slice/kubepods-system-besteffort.slice"),
+            CgroupIdentity::KubepodsAncestor { qos_tier: Some(QosClass::BestEffort) }
+        );
+        // Entered once: a partition inside the partition is no layout.
+        assert!(matches!(err("/kubepods/system/system/burstable"), IdentityError::UnexpectedSegment { .. }));
+        assert!(classify("/kubepods.slice/kubepods-system.slice/kubepods-system-system.slice").is_err());
     }
 
     #[test]

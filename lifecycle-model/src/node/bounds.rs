@@ -39,6 +39,9 @@ pub enum DroppedKind {
     /// A probed container past the cap on probed containers (`probed.rs`): its checks fail
     /// "not observed yet".
     ProbeWatch,
+    /// The pod and container names of a cgroup under kubepods whose path follows no layout the
+    /// kubelet makes (`identity.rs`): it is kept as a unit named by its path, as a host unit is.
+    CgroupLayout,
 }
 
 crate::spelling::spelling!(DroppedKind {
@@ -55,6 +58,7 @@ crate::spelling::spelling!(DroppedKind {
     History => "history",
     OomLog => "oom_log",
     ProbeWatch => "probe_watch",
+    CgroupLayout => "cgroup_layout",
 });
 
 /// Counts of what was dropped, by kind, since the agent started.

@@ -162,7 +162,10 @@ impl NodeTracker {
             }
             // Host cgroups become units when a process runs in them; the rest hold no container.
             Ok(_) => {}
+            // Named by its path when a process runs in it, as a host cgroup is (`exec`): its
+            // processes are watched, its pod and container are not guessed.
             Err(error) => {
+                self.dropped.add(DroppedKind::CgroupLayout, 1);
                 self.staged.notices.push(Notice::BadCgroupPath { path: path.to_owned(), error: error.to_string() })
             }
         }

@@ -129,9 +129,10 @@ impl NodeTracker {
             return;
         }
         if !self.instances.contains(cgroup_id) {
-            // A plain-host cgroup becomes a unit when something runs in it.
+            // A plain-host cgroup becomes a unit when something runs in it; so does a cgroup
+            // under kubepods in a layout the agent does not know (counted when it appeared).
             let Some(path) = self.cgroups.get(&cgroup_id).cloned() else { return };
-            if !matches!(classify(&path), Ok(CgroupIdentity::HostUnit { .. })) {
+            if !matches!(classify(&path), Ok(CgroupIdentity::HostUnit { .. }) | Err(_)) {
                 return;
             }
             self.instances.insert(cgroup_id, Instance::new(InstanceKind::Host { path }, time));

@@ -109,7 +109,8 @@ pub enum Notice {
     UnknownCgroup(u64),
     /// A container cgroup appeared whose runtime metadata is not known yet: refresh from the CRI.
     MetadataNeeded { container_id: String },
-    /// A cgroup path under kubepods did not parse.
+    /// A cgroup path under kubepods follows no layout the agent knows: it is a unit named by
+    /// its path, as a host cgroup is (counted as `DroppedKind::CgroupLayout`).
     BadCgroupPath { path: String, error: String },
     /// The OOM killer took `pid`: the kernel logged which limit fired, just before (see
     /// [`NodeTracker::apply_oom_log`]).

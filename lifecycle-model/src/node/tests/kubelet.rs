@@ -1,5 +1,6 @@
-//! The tracker judging restarts by the node's kubelet as it was read: its cap, an unknown
-//! back-off, and a kubelet that starts again with another configuration.
+//! The tracker and what the node's kubelet makes: restarts judged by its back-off as it was read
+//! (its cap, an unknown back-off, a kubelet that starts again with another configuration), and the
+//! cgroup layouts it lays pods out in.
 
 use super::*;
 use crate::kubelet::{
@@ -117,4 +118,41 @@ fn a_kubelet_that_starts_again_is_asked_about_and_its_new_back_off_applies() {
     assert_eq!(unit.counters().backoff_verdicts, BTreeMap::from([(Verdict::WithinTolerance, 5)]));
     // Due next: 40 s, the default doubling the 20 s cap would have stopped.
     assert_eq!(unit.backoff.pending_delay_ns(), Some(40 * SECOND));
+}
+
+#[test]
+fn a_pod_in_the_system_partition_is_named() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_metadata(vec![meta(1, 30)]);
+    tracker.apply(&mkdir(0, 600, &format!("/kubepods/system/burstable/pod{POD_UID}")));
+    let cg = 1001;
+    tracker.apply(&mkdir(SECOND, cg, &format!("/kubepods/system/burstable/pod{POD_UID}/{}", container_id(1))));
+    tracker.apply(&exec(2 * SECOND, 100, cg, SHIM_CGROUP, "app"));
+    let view = only_view(&tracker, 3 * SECOND);
+    assert_eq!(
+        (view.labels.namespace.as_str(), view.labels.pod.as_str(), view.labels.container.as_str()),
+        ("shop", "web-1", "app")
+    );
+    assert!(matches!(view.status.state, ContainerState::Running { .. }), "{:?}", view.status.state);
+    assert_eq!(tracker.dropped().get(DroppedKind::CgroupLayout), 0);
+}
+
+#[test]
+fn a_cgroup_in_an_unknown_layout_under_kubepods_is_a_unit_named_by_its_path_and_counted() {
+    let mut tracker = tracker_with_cri();
+    let path = format!("/kubepods/realtime/pod{POD_UID}/{}", container_id(9));
+    let created = tracker.apply(&mkdir(0, 900, &path));
+    assert!(
+        created.notices.iter().any(|n| matches!(n, Notice::BadCgroupPath { path: p, .. } if *p == path)),
+        "{:?}",
+        created.notices
+    );
+    assert_eq!(tracker.dropped().get(DroppedKind::CgroupLayout), 1);
+    // Its processes are watched: a run and its exit, under its path.
+    tracker.apply(&exec(SECOND, 300, 900, SHIM_CGROUP, "app"));
+    tracker.apply(&exit(2 * SECOND, 300, 900, Some(1), None));
+    let unit = tracker.units().find(|u| *u.key() == UnitKey::Host { path: path.clone() }).expect("named by its path");
+    assert_eq!(unit.labels().container, path);
+    assert!(matches!(unit.state(), ContainerState::Terminated { exit_code: 1, .. }), "{:?}", unit.state());
+    assert!(unit.last_termination().is_some(), "its end is judged");
 }
