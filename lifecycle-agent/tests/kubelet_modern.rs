@@ -2,9 +2,10 @@
 //! (etcd 3.5, kube-apiserver and kubelet v1.37 with ContainerRestartRules,
 //! KubeletCrashLoopBackOffMax, RestartAllContainersOnContainerExits and ContainerStopSignals on,
 //! `crashLoopBackOff.maxContainerRestartPeriod: 20s`; containerd 2.x and runc 1.3; the CNI
-//! bridge) runs pods created with kubectl, and the agent beside it — told the node's 20 s
-//! maximum, watching the node's pods through the API — must judge each stop, exit and restart the
-//! way this kubelet did it. The runtime's own record (containerd's `/tasks/exit` events, with
+//! bridge) runs pods created with kubectl, and the agent beside it — started with the chart's
+//! arguments (no back-off flags: it reads the kubelet's configuration and release itself),
+//! watching the node's pods through the API — must judge each stop, exit and restart the way this
+//! kubelet did it. The runtime's own record (containerd's `/tasks/exit` events, with
 //! nanosecond exit times) is the ground truth where order matters.
 //!
 //! Each test owns a node of its own and checks at the end that the machine is as it was.
@@ -20,7 +21,7 @@ use lifecycle_testkit::{
         Agent,
     },
     browser,
-    kube::{self, container_status, Kube, NodeVersion, MODERN_MAX_CONTAINER_RESTART_PERIOD},
+    kube::{self, container_status, Kube, NodeVersion},
 };
 use serde_json::Value;
 
@@ -50,9 +51,7 @@ fn start(test: &str) -> Option<(Kube, Agent)> {
             &kubeconfig,
             "--node-name",
             kube.node_name(),
-            // The node's kubelet config; the DaemonSet's flag on such a node.
-            "--max-container-restart-period",
-            MODERN_MAX_CONTAINER_RESTART_PERIOD,
+            // No back-off flag: the agent reads the kubelet's crashLoopBackOff cap and gates.
             // Warnings as Events on the pods, as the DaemonSet runs it.
             "--events",
         ],
@@ -119,9 +118,99 @@ fn a_pod_runs_and_kubectl_delete_removes_it_judged_within_grace() {
     stop_and_check_machine(kube, agent);
 }
 
+/// The value of the one sample of `family` whose labels contain every one of `labels` in
+/// the agent's `/metrics`, if there is one.
+fn sample(metrics: &str, family: &str, labels: &[&str]) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(&format!("{family}{{")) || line.starts_with(&format!("{family} ")))
+        .find(|line| labels.iter().all(|label| line.contains(label)))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
+/// Waits (at most `within`) until the agent's `/metrics` has `family` with `labels`, and returns
+/// its value.
+fn wait_sample(agent: &Agent, family: &str, labels: &[&str], within: Duration) -> f64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let metrics = agent.metrics();
+        if let Some(value) = sample(&metrics, family, labels) {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {family} with {labels:?} within {within:?}:\n{}",
+            metrics.lines().filter(|l| l.starts_with("lifecycle_kubelet")).collect::<Vec<_>>().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits for the crash loop's restarts `from..=to` (numbered as the agent counts them) and
+/// returns each one's judged back-off.
+fn restarts(agent: &Agent, from: u64, to: u64, began: Instant) -> Vec<Value> {
+    (from..=to)
+        .map(|restart| {
+            let c = agent.wait_named(
+                "crasher",
+                "app",
+                &format!("restart {restart} judged"),
+                Duration::from_secs(90),
+                |c| c["last_backoff"]["restart_number"].as_u64().is_some_and(|n| n >= restart),
+            );
+            let backoff = c["last_backoff"].clone();
+            eprintln!("restart {restart} at {:.1?}: {backoff}", began.elapsed());
+            assert_eq!(backoff["restart_number"], restart, "each restart is judged: {c:#}");
+            backoff
+        })
+        .collect()
+}
+
+fn expected_seconds(verdicts: &[Value]) -> Vec<f64> {
+    verdicts.iter().map(|b| b["expected_delay_ns"].as_f64().unwrap_or(-1.0) / SECOND).collect()
+}
+
+/// Issue 40: the agent, started as the chart starts it, reads the kubelet's cap (20 s) and
+/// judges a crash loop by it; the kubelet then restarts with no cap (an operator's edit), the
+/// agent reads it again at the kubelet's start, and judges the loop's next restarts by the
+/// default back-off. `doctor` prints the release, cap and gates it read.
 #[test]
 fn a_crash_loop_backs_off_to_the_nodes_20s_maximum() {
-    let Some((kube, agent)) = start("a_crash_loop_backs_off_to_the_nodes_20s_maximum") else { return };
+    let Some((mut kube, agent)) = start("a_crash_loop_backs_off_to_the_nodes_20s_maximum") else { return };
+    // What the agent believes about its kubelet, before any pod.
+    let info = ["version=\"v1.37.2\"", "cgroup_driver=\"cgroupfs\"", "source=\"node\"", "backoff=\"known\""];
+    assert_eq!(wait_sample(&agent, "lifecycle_kubelet_info", &info, Duration::from_secs(30)), 1.0);
+    let metrics = agent.metrics();
+    assert_eq!(sample(&metrics, "lifecycle_kubelet_backoff_seconds", &["bound=\"initial\""]), Some(10.0));
+    assert_eq!(sample(&metrics, "lifecycle_kubelet_backoff_seconds", &["bound=\"max\""]), Some(20.0));
+    for gate in kube::MODERN_FEATURE_GATES {
+        let label = format!("gate=\"{gate}\"");
+        assert_eq!(sample(&metrics, "lifecycle_kubelet_feature_gate_enabled", &[&label]), Some(1.0), "{gate}");
+    }
+    let decay = ["gate=\"ReduceDefaultCrashLoopBackOffDecay\""];
+    assert_eq!(sample(&metrics, "lifecycle_kubelet_feature_gate_enabled", &decay), Some(0.0));
+    let kubeconfig = kube.kubeconfig().to_string_lossy().into_owned();
+    let doctor = std::process::Command::new(AGENT)
+        .args(["doctor", "--no-load", "--kubeconfig", &kubeconfig, "--node-name", kube.node_name()])
+        .output()
+        .expect("run doctor");
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    let line = report.lines().find(|l| l.split_whitespace().nth(1) == Some("kubelet")).unwrap_or_default();
+    eprintln!("doctor: {line}");
+    assert!(line.starts_with("ok"), "{report}");
+    for said in [
+        "v1.37.2 (Node object)",
+        "back-off 10s doubling to 20s (crashLoopBackOff.maxContainerRestartPeriod 20s)",
+        "KubeletCrashLoopBackOffMax=on (configured)",
+        "ContainerStopSignals=on (configured)",
+        "ReduceDefaultCrashLoopBackOffDecay=off (release default)",
+        "read from node",
+    ] {
+        assert!(line.contains(said), "{said:?} not in {line}");
+    }
+    assert!(line.contains(&kube.kubelet_config_path().to_string_lossy().into_owned()), "{line}");
+
     apply(&kube, "crasher", "sleep 0.5; exit 3", |_| {});
     let applied = Instant::now();
     // The kubelet's own record of the back-off: its BackOff event. (The API's container state
@@ -159,27 +248,40 @@ fn a_crash_loop_backs_off_to_the_nodes_20s_maximum() {
     });
 
     // Restarts: at once, then 10 s, then 20 s, then 20 s again (the node's cap; the default cap
-    // would make it 40 s). The fourth restart's verdict tells the agent modelled the node's cap.
-    let mut verdicts = Vec::new();
-    for restart in 1..=4u64 {
-        let c =
-            agent.wait_named("crasher", "app", &format!("restart {restart} judged"), Duration::from_secs(60), |c| {
-                c["last_backoff"]["restart_number"].as_u64().is_some_and(|n| n >= restart)
-            });
-        let backoff = c["last_backoff"].clone();
-        eprintln!("restart {restart} at {:.1?}: {backoff}", applied.elapsed());
-        assert_eq!(backoff["restart_number"], restart, "each restart is judged: {c:#}");
-        verdicts.push(backoff);
-    }
-    let expected: Vec<f64> =
-        verdicts.iter().map(|b| b["expected_delay_ns"].as_f64().unwrap_or(-1.0) / SECOND).collect();
-    assert_eq!(expected, [0.0, 10.0, 20.0, 20.0], "the node's 20 s cap: {verdicts:#?}");
+    // would make it 40 s). The fourth restart's verdict tells the agent read the node's cap.
+    let verdicts = restarts(&agent, 1, 4, applied);
+    assert_eq!(expected_seconds(&verdicts), [0.0, 10.0, 20.0, 20.0], "the node's 20 s cap: {verdicts:#?}");
     for backoff in &verdicts {
         assert_eq!(backoff["verdict"], "within_tolerance", "{backoff:#}");
     }
     let pod = kube.pod("default", "crasher").expect("get").expect("exists");
     let reported = container_status(&pod, "app").expect("status")["restartCount"].as_u64().expect("count");
     assert!(reported >= 4, "the kubelet counts its restarts too ({reported})");
+
+    // The operator drops the cap and restarts the kubelet (as an upgrade would): the kubelet
+    // backs off by the default again, 10 s doubling to 300 s, from a fresh entry.
+    kube.edit_kubelet_config(|config| {
+        config.as_object_mut().map(|c| c.remove("crashLoopBackOff"));
+    })
+    .expect("edit the kubelet's configuration");
+    let restarted = kube.restart_kubelet().expect("the kubelet restarts");
+    eprintln!("kubelet restarted without a cap; Ready again in {restarted:.1?}");
+    assert_eq!(
+        wait_sample(&agent, "lifecycle_kubelet_backoff_seconds", &["bound=\"max\""], Duration::from_secs(30)),
+        300.0,
+        "the agent read the restarted kubelet's configuration"
+    );
+    let reads = sample(&agent.metrics(), "lifecycle_kubelet_config_reads_total", &["result=\"read\""]);
+    assert!(reads.is_some_and(|n| n >= 2.0), "read at the agent's start and at the kubelet's: {reads:?}");
+    // The new kubelet has no back-off entry: the next restart comes at its first sync, then
+    // 10 s, 20 s and 40 s after each exit: the fourth is where a 20 s cap would have judged it
+    // too late.
+    let after = restarts(&agent, 5, 8, applied);
+    assert_eq!(after[0]["entry_reset"], true, "the kubelet's entry went with it: {:#}", after[0]);
+    assert_eq!(expected_seconds(&after), [0.0, 10.0, 20.0, 40.0], "the default back-off: {after:#?}");
+    for backoff in &after {
+        assert_eq!(backoff["verdict"], "within_tolerance", "{backoff:#}");
+    }
 
     stop_and_check_machine(kube, agent);
 }

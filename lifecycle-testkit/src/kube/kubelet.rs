@@ -21,6 +21,11 @@ use anyhow::{Context, Result};
 use super::{process::Daemon, NodeVersion, MODERN_MAX_CONTAINER_RESTART_PERIOD};
 use crate::{agent::free_port, containerd::IMAGE};
 
+/// The kubelet's `--config` file in the run directory `run`.
+pub(super) fn config_path(run: &Path) -> PathBuf {
+    run.join("kubelet-config.json")
+}
+
 /// What the kubelet needs from the rest of the node.
 pub(super) struct KubeletSetup<'a> {
     pub(super) version: NodeVersion,
@@ -39,12 +44,12 @@ impl KubeletSetup<'_> {
         self.run.join("kubelet")
     }
 
-    /// Writes the configuration (once per run: a restarted kubelet reads the same file) and
-    /// spawns the kubelet.
+    /// Writes the configuration (once per run: a restarted kubelet reads the same file, or what
+    /// a test changed in it) and spawns the kubelet.
     pub(super) fn spawn(&self) -> Result<Daemon> {
         let root = self.root_dir();
         fs::create_dir_all(&root).context("create the kubelet root dir")?;
-        let config = self.run.join("kubelet-config.json");
+        let config = config_path(self.run);
         if !config.exists() {
             fs::write(&config, serde_json::to_vec_pretty(&self.configuration(&root)).context("encode")?)
                 .context("write the kubelet config")?;

@@ -422,6 +422,23 @@ impl Kube {
         Ok(began.elapsed())
     }
 
+    /// Changes the kubelet's configuration file with `edit` (the JSON the node wrote), as an
+    /// operator edits it before restarting the kubelet; [`Self::restart_kubelet`] then runs the
+    /// kubelet with it. The file stays in the run directory and goes with it.
+    pub fn edit_kubelet_config(&self, edit: impl FnOnce(&mut serde_json::Value)) -> Result<()> {
+        let path = self.kubelet_config_path();
+        let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        let mut config: serde_json::Value = serde_json::from_str(&text).context("the kubelet config is JSON")?;
+        edit(&mut config);
+        std::fs::write(&path, serde_json::to_vec_pretty(&config).context("encode")?)
+            .with_context(|| format!("write {}", path.display()))
+    }
+
+    /// The kubelet's `--config` file.
+    pub fn kubelet_config_path(&self) -> PathBuf {
+        kubelet::config_path(&self.run.path)
+    }
+
     /// Which node this is.
     pub fn version(&self) -> NodeVersion {
         self.version
