@@ -92,6 +92,7 @@ pub fn termination_report(outcome: TerminationOutcome, exit_time: BootTime) -> T
         expected_kill_exact: true,
         oom_kills: 0,
         is_sidecar: false,
+        sidecar_turn: None,
         outcome,
         oom_victim: None,
         oom_limit: None,

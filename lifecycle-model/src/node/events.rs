@@ -69,8 +69,15 @@ impl NodeTracker {
                             instance.termination.on_scene(moment, processes);
                         }
                     }
+                    let stop_now = to_init && *signal != u32::from(crate::termination::SIGKILL);
+                    let mut turn_wanted = false;
                     if let Some(instance) = self.instances.get_mut(*target_cgroup_id) {
                         instance.termination.on_signal_to(*target_tgid, *signal as u8);
+                        turn_wanted = stop_now && instance.termination.kubelet_stop_time() == Some(event.time_ns);
+                    }
+                    // A sidecar's stop signal: how long the kubelet held it for its turn.
+                    if turn_wanted {
+                        self.note_sidecar_turn(*target_cgroup_id, event.time_ns);
                     }
                 }
                 if let Some((counters, _)) = self.counters_of(*target_cgroup_id) {

@@ -12,8 +12,9 @@ use std::collections::VecDeque;
 use crate::{oom::OomLimit, spec::SpecSource, time::BootTime};
 
 use super::{
-    report::OomVictim, PreStopHandler, PreStopSeen, ProcessAtStop, SignalSender, StopRules, StopScene, StopSignalSeen,
-    TerminationOutcome, TerminationReport, TerminationSettings, MINIMUM_GRACE_NS, SECOND, SIGKILL,
+    report::OomVictim, report::SidecarTurn, PreStopHandler, PreStopSeen, ProcessAtStop, SignalSender, StopRules,
+    StopScene, StopSignalSeen, TerminationOutcome, TerminationReport, TerminationSettings, MINIMUM_GRACE_NS, SECOND,
+    SIGKILL,
 };
 
 #[derive(Clone, Debug)]
@@ -172,6 +173,9 @@ pub struct TerminationTracker {
     /// processes: see [`Self::scene_wanted`]).
     scene: StopScene,
     scene_taken: (bool, bool),
+    /// A sidecar's wait for its turn, as the node measured it at its stop signal (see
+    /// [`Self::on_sidecar_turn`]).
+    sidecar_turn: Option<SidecarTurn>,
     report: Option<TerminationReport>,
 }
 
@@ -199,8 +203,23 @@ impl TerminationTracker {
             watched_since: None,
             scene: StopScene::default(),
             scene_taken: (false, false),
+            sidecar_turn: None,
             report: None,
         }
+    }
+
+    /// The time of the kubelet's stop signal to the init so far (the runtime's or the
+    /// kubelet's), if one came.
+    pub fn kubelet_stop_time(&self) -> Option<u64> {
+        self.signals.first_stop.as_ref().map(|stop| stop.time)
+    }
+
+    /// A sidecar got its stop signal `turn.waited_ns` after the kubelet began stopping its pod
+    /// (the pod's main containers' stop signal): the kubelet held it that long for its turn
+    /// (`waitForTurn`, `kuberuntime_termination_order.go`), at most the pod's grace, and gave it
+    /// what was left in whole seconds, 2 s at least (`killContainer`). Judged by that grace.
+    pub fn on_sidecar_turn(&mut self, turn: SidecarTurn) {
+        self.sidecar_turn.get_or_insert(turn);
     }
 
     /// After a signal: the moment whose processes the node should now list with
@@ -388,7 +407,12 @@ impl TerminationTracker {
             sender: s.sender.clone(),
             matches_configured: s.signal == self.settings.stop_signal,
         });
-        let grace_ns = self.settings.effective_grace_ns();
+        let sidecar_turn = self.sidecar_turn.filter(|_| self.settings.is_sidecar && self.settings.pre_stop.is_none());
+        // A sidecar's grace is what was left of the pod's after its wait, as the kubelet gave it.
+        let grace_ns = match sidecar_turn {
+            Some(turn) => turn.remaining_grace_ns(),
+            None => self.settings.effective_grace_ns(),
+        };
         let stop_time = stop.as_ref().map(|s| s.time.ns());
         let pre_stop = self.pre_stop_seen(stop_time, exit_time);
         let (expected_kill_after_ns, expected_kill_exact) =
@@ -479,6 +503,7 @@ impl TerminationTracker {
             expected_kill_exact,
             oom_kills: oom_kills_before_exit,
             is_sidecar: self.settings.is_sidecar,
+            sidecar_turn,
             outcome,
             oom_victim,
             oom_limit: self.oom_limit.clone().filter(|_| oom_kills_before_exit > 0),
@@ -538,7 +563,11 @@ impl TerminationTracker {
         }
         let floor_only = (MINIMUM_GRACE_NS, false);
         if self.settings.is_sidecar {
-            return floor_only;
+            // Its wait measured (and no hook of its own): `grace_ns` is already the kubelet's.
+            return match self.sidecar_turn {
+                Some(_) if self.settings.pre_stop.is_none() => (grace_ns.max(MINIMUM_GRACE_NS), true),
+                _ => floor_only,
+            };
         }
         // The kubelet runs the hook only when there is a grace period to run it in.
         let hook = self.settings.pre_stop.as_ref().filter(|_| grace_ns > 0);

@@ -5,7 +5,8 @@
 //! (deletion grace, else the pod's terminationGracePeriodSeconds), the preStop hook run first and
 //! its elapsed whole seconds subtracted, the 2 s floor, then the stop signal to PID 1 and SIGKILL
 //! when the remaining time runs out. Also the sidecar rule: sidecars get their stop signal only
-//! after every main container exited, in reverse order of definition.
+//! after every main container exited, in reverse order of definition, or when the pod's grace ran
+//! out waiting for them (then with what was left of it, 2 s at least).
 //!
 //! Pure: a [`TerminationTracker`] per container cgroup takes signals, OOM kills, exec sessions,
 //! listener activity and the init's exit, and produces a [`TerminationReport`].
@@ -24,8 +25,8 @@ mod tests;
 
 pub use judge::{Retention, SceneMoment, TerminationTracker, MAX_KEPT_RECORDS};
 pub use report::{
-    OomVictim, OutcomeKind, PreStopSeen, ProcessAtStop, SenderKind, SignalSender, StopScene, StopSignalSeen,
-    TerminationOutcome, TerminationReport, MAX_SCENE_PROCESSES,
+    OomVictim, OutcomeKind, PreStopSeen, ProcessAtStop, SenderKind, SidecarTurn, SignalSender, StopScene,
+    StopSignalSeen, TerminationOutcome, TerminationReport, MAX_SCENE_PROCESSES,
 };
 pub use settings::{
     PreStopHandler, StopRules, TerminationError, TerminationSettings, COMM_VISIBLE_LEN, DEFAULT_GRACE_NS,

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     oom::OomLimit,
     spec::{SpecSource, StopCause},
-    time::BootTime,
+    time::{BootTime, SECOND},
 };
 
 use super::StopRules;
@@ -305,6 +305,10 @@ pub struct TerminationReport {
     /// OOM kills in the container before the exit (any victim).
     pub oom_kills: u32,
     pub is_sidecar: bool,
+    /// A sidecar's wait for its turn and the pod's grace it waited within, when the node saw the
+    /// pod's stop begin: `grace_ns` is then what the kubelet left it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sidecar_turn: Option<SidecarTurn>,
     pub outcome: TerminationOutcome,
     /// Which process the OOM killer chose before the exit, when it struck: the container's init,
     /// or a child (the runtime reports neither when the init survives a child's kill).
@@ -324,6 +328,32 @@ pub struct TerminationReport {
     pub watched_since: Option<BootTime>,
     /// The container's processes when the stop signal came and when the SIGKILL came.
     pub scene: StopScene,
+}
+
+/// How long a sidecar waited for its turn in its pod's termination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SidecarTurn {
+    /// From the pod's main containers' stop signal (the kubelet began stopping the pod) to the
+    /// sidecar's.
+    pub waited_ns: u64,
+    /// The pod's grace (the deletion's, else the spec's): the most the kubelet waits.
+    pub pod_grace_ns: u64,
+}
+
+impl SidecarTurn {
+    /// What the kubelet gave the sidecar: the pod's grace less the whole seconds it waited
+    /// (`waitForTurn` returns seconds, truncated), 2 s at least.
+    pub fn remaining_grace_ns(&self) -> u64 {
+        let waited_whole_seconds_ns = self.waited_ns.min(self.pod_grace_ns) / SECOND * SECOND;
+        self.pod_grace_ns.saturating_sub(waited_whole_seconds_ns).max(super::MINIMUM_GRACE_NS)
+    }
+
+    /// The pod's grace had run out when the sidecar got its stop signal: the kubelet stops it
+    /// then whether or not the main containers exited (`waitForTurn`'s timer). Within
+    /// `tolerance` of the deadline, as the two timers start a few milliseconds apart.
+    pub fn at_deadline(&self, tolerance_ns: u64) -> bool {
+        self.waited_ns.saturating_add(tolerance_ns) >= self.pod_grace_ns
+    }
 }
 
 /// Processes of a container listed at one moment of its stop, at most this many (the init
@@ -425,6 +455,7 @@ impl TerminationReport {
             expected_kill_exact: true,
             oom_kills: 0,
             is_sidecar: false,
+            sidecar_turn: None,
             outcome: TerminationOutcome::ExitedWithoutStopSignal { exit_status: Some(n as u8), signal: None },
             oom_victim: None,
             oom_limit: None,

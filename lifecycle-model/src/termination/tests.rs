@@ -383,6 +383,38 @@ fn sidecar_signalled_with_the_mains_is_a_violation() {
     assert_eq!(order[0].verdict, SidecarVerdict::SignalledBeforeMainExited { main_container: "app".into() });
 }
 
+/// Issue 40: the pod's grace (10 s) runs out while `app` ignores TERM. The kubelet stops the
+/// sidecar at the deadline with the 2 s floor; its TERM lands 5 ms before `app`'s SIGKILL exit.
+#[test]
+fn a_sidecar_stopped_when_the_pods_grace_ran_out_is_the_kubelets_rule_with_its_two_seconds() {
+    let turn = SidecarTurn { waited_ns: 10 * S - 5_000_000, pod_grace_ns: 10 * S };
+    assert_eq!(turn.remaining_grace_ns(), 2 * S, "10 s less 9 whole seconds waited, raised to the 2 s floor");
+    let mut t = tracker_with(TerminationSettings { is_sidecar: true, grace_period_ns: 10 * S, ..Default::default() });
+    t.on_signal(110 * S - 5_000_000, SIGTERM, runtime(), true);
+    t.on_sidecar_turn(turn);
+    // It ignores TERM too: the runtime kills it 2 s later, as the kubelet asked.
+    t.on_signal(112 * S - 5_000_000, SIGKILL, runtime(), true);
+    let proxy = t.on_init_exit(112 * S - 4_000_000, None, Some(SIGKILL)).clone();
+    assert_eq!((proxy.grace_ns, proxy.expected_kill_after_ns, proxy.expected_kill_exact), (2 * S, 2 * S, true));
+    assert!(matches!(proxy.outcome, TerminationOutcome::SigkilledAfterGrace { grace_ns, .. } if grace_ns == 2 * S));
+    let mut a = tracker_with(TerminationSettings { grace_period_ns: 10 * S, ..Default::default() });
+    a.on_signal(100 * S, SIGTERM, runtime(), true);
+    a.on_signal(110 * S, SIGKILL, runtime(), true);
+    let app = a.on_init_exit(110 * S, None, Some(SIGKILL)).clone();
+    let order = sidecar_order([("proxy", &proxy), ("app", &app)]);
+    assert_eq!(order[0].verdict, SidecarVerdict::AtGraceDeadline { main_container: "app".into() });
+
+    // The same early TERM half-way through the grace is still a violation.
+    let early = SidecarTurn { waited_ns: 5 * S, pod_grace_ns: 10 * S };
+    let mut t = tracker_with(TerminationSettings { is_sidecar: true, grace_period_ns: 10 * S, ..Default::default() });
+    t.on_signal(105 * S, SIGTERM, runtime(), true);
+    t.on_sidecar_turn(early);
+    let proxy = t.on_init_exit(105 * S + S / 10, None, Some(SIGTERM)).clone();
+    assert_eq!(proxy.grace_ns, 5 * S, "10 s less the 5 whole seconds it waited");
+    let order = sidecar_order([("proxy", &proxy), ("app", &app)]);
+    assert_eq!(order[0].verdict, SidecarVerdict::SignalledBeforeMainExited { main_container: "app".into() });
+}
+
 #[test]
 fn sidecars_out_of_reverse_order_are_flagged() {
     let first = report_of(true, Some(110 * S), 111 * S);

@@ -155,6 +155,41 @@ fn a_sidecar_signalled_before_the_main_container_exited_is_flagged() {
     assert_eq!(tracker.snapshot().pods_where(at(13 * SECOND), |uid| uid == POD_UID).len(), 1);
 }
 
+/// Issue 40: `app` ignores TERM; the pod's 10 s run out. The kubelet stops the sidecar at the
+/// deadline with the 2 s floor, 5 ms before `app`'s SIGKILL exit: the kubelet's rule, and the
+/// sidecar's grace (and any Warning about it) is the 2 s it was given.
+#[test]
+fn a_sidecar_stopped_as_the_pods_grace_runs_out_is_in_the_kubelets_rule_with_two_seconds() {
+    let mut tracker = tracker_with_cri();
+    let mut sidecar = meta(1, 10);
+    (sidecar.container_name, sidecar.kubelet.container_type) = ("proxy".into(), Some(ContainerType::Init));
+    tracker.set_metadata(vec![sidecar, meta(2, 10)]);
+    let proxy = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND, 100, proxy, SHIM_CGROUP, "proxy"));
+    let app = container_cgroup(&mut tracker, 2 * SECOND, 2);
+    tracker.apply(&exec(3 * SECOND, 200, app, SHIM_CGROUP, "app"));
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (200, app), 15));
+    tracker.apply(&signal(20 * SECOND - 5_000_000, shim, (100, proxy), 15));
+    tracker.apply(&signal(20 * SECOND, shim, (200, app), 9));
+    tracker.apply(&exit(20 * SECOND + 1_000_000, 200, app, None, Some(9)));
+    // The sidecar ignores TERM as well: the runtime kills it at its 2 s.
+    tracker.apply(&signal(22 * SECOND - 5_000_000, shim, (100, proxy), 9));
+    tracker.apply(&exit(22 * SECOND - 4_000_000, 100, proxy, None, Some(9)));
+    let views = tracker.snapshot().containers(at(23 * SECOND));
+    let proxy = views.iter().find(|v| v.labels.container == "proxy").expect("proxy");
+    let order = proxy.sidecar_order.clone().expect("judged");
+    assert_eq!(order.verdict, crate::termination::SidecarVerdict::AtGraceDeadline { main_container: "app".into() });
+    let report = proxy.last_termination.clone().expect("judged");
+    assert_eq!((report.grace_ns, report.expected_kill_after_ns), (2 * SECOND, 2 * SECOND), "{report:#?}");
+    let turn = report.sidecar_turn.expect("its wait was measured");
+    assert_eq!((turn.waited_ns, turn.pod_grace_ns), (10 * SECOND - 5_000_000, 10 * SECOND));
+    assert!(matches!(report.outcome, TerminationOutcome::SigkilledAfterGrace { .. }), "{:?}", report.outcome);
+    let warnings = tracker.take_warnings();
+    let proxy_warning = warnings.iter().find(|w| w.container == "proxy").expect("a Warning for its SIGKILL");
+    assert!(proxy_warning.note.contains("its 2s grace period"), "{proxy_warning:?}");
+}
+
 #[test]
 fn a_container_runs_and_completes_with_kubelet_names() {
     let (mut tracker, cg) = running_app();
