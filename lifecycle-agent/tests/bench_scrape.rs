@@ -97,6 +97,8 @@ fn node(n: u64) -> (NodeTracker, Vec<Judgement>) {
                 created_ns: 0,
                 started_ns: None,
                 finished_ns: None,
+                image_ref: String::new(),
+                image_stop_signal: None,
             });
         }
     }

@@ -123,6 +123,13 @@ pub struct ContainerMeta {
     pub started_ns: Option<i64>,
     /// Finish time, ns since the epoch; status calls only.
     pub finished_ns: Option<i64>,
+    /// The image the container runs (the runtime's `image_ref`: its id or digest).
+    pub image_ref: String,
+    /// The stop signal the image's configuration names (`STOPSIGNAL`), as the runtime reports
+    /// it in the image's status; None when it names none or the runtime did not say. The
+    /// runtime sends it unless the pod names its own (`lifecycle.stopSignal`), whether or not
+    /// the kubelet reports it in the Pod's status (1.20 and containerd 1.6 do not).
+    pub image_stop_signal: Option<u8>,
 }
 
 impl ContainerMeta {

@@ -38,6 +38,8 @@ pub fn running_container(
         created_ns: 0,
         started_ns: None,
         finished_ns: None,
+        image_ref: String::new(),
+        image_stop_signal: None,
     }
 }
 

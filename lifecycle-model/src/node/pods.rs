@@ -310,7 +310,13 @@ impl NodeTracker {
             // grace_used_ns already chose the deletion's grace when there is one.
             deletion_grace_ns: None,
             pre_stop: container.pre_stop.clone().or(base.pre_stop),
-            stop_signal: container.stop_signal.or(reported_signal).unwrap_or(SIGTERM),
+            // The pod's own, else what the kubelet reported the runtime uses, else the image's
+            // (a runtime that does not report it, or a kubelet before 1.33, still sends it).
+            stop_signal: container
+                .stop_signal
+                .or(reported_signal)
+                .or(meta.and_then(|m| m.image_stop_signal))
+                .unwrap_or(SIGTERM),
             is_sidecar: container.kind == ContainerKind::Sidecar,
             ..base
         }

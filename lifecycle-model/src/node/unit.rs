@@ -619,6 +619,8 @@ pub(super) fn termination_settings(meta: &ContainerMeta) -> TerminationSettings 
         grace_period_ns: meta.kubelet.termination_grace_period_ns.unwrap_or(defaults.grace_period_ns),
         deletion_grace_ns: meta.kubelet.deletion_grace_period_ns,
         pre_stop: meta.kubelet.pre_stop_handler.as_deref().and_then(|json| PreStopHandler::from_annotation(json).ok()),
+        // The runtime sends the image's STOPSIGNAL when the pod names none.
+        stop_signal: meta.image_stop_signal.unwrap_or(defaults.stop_signal),
         ..defaults
     }
 }

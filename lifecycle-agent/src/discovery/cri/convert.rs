@@ -2,6 +2,8 @@
 //! through [`KubeletAnnotations`] and [`PodIdentity`], the runtime's state and outcome fields are
 //! mapped here.
 
+use std::collections::HashMap;
+
 use k8s_cri::v1 as proto;
 
 use crate::model::metadata::{AnnotationProblem, ContainerMeta, ContainerState, KubeletAnnotations, PodIdentity};
@@ -48,6 +50,8 @@ pub(crate) fn meta_from_list_entry(container: &proto::Container) -> (ContainerMe
         created_ns: container.created_at,
         started_ns: None,
         finished_ns: None,
+        image_ref: container.image_ref.clone(),
+        image_stop_signal: None,
     };
     (meta, problems)
 }
@@ -81,8 +85,25 @@ pub(crate) fn meta_from_status(
         created_ns: status.created_at,
         started_ns: nonzero(status.started_at),
         finished_ns: nonzero(status.finished_at),
+        image_ref: status.image_ref.clone(),
+        image_stop_signal: None,
     };
     (meta, problems)
+}
+
+/// The stop signal an image's configuration names (`STOPSIGNAL`: `SIGINT`, `INT`, `2`), from
+/// a verbose `ImageStatus`'s `info`: containerd and CRI-O put the OCI image there as JSON,
+/// `{"imageSpec": {"config": {"StopSignal": ...}}}`. None when it names none, or says
+/// something that is no signal.
+pub(crate) fn image_stop_signal(info: &HashMap<String, String>) -> Option<u8> {
+    let info: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
+    let text = info.pointer("/imageSpec/config/StopSignal")?.as_str()?.trim();
+    if let Ok(number) = text.parse::<u8>() {
+        return (1..=64).contains(&number).then_some(number);
+    }
+    let upper = text.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+    crate::discovery::kube::convert::signal_number(&name)
 }
 
 pub(super) fn log_problems(container_id: &str, problems: &[AnnotationProblem]) {
@@ -93,6 +114,26 @@ pub(super) fn log_problems(container_id: &str, problems: &[AnnotationProblem]) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_images_stop_signal_is_read_from_its_verbose_status() {
+        let info = |stop: &str| {
+            let config = serde_json::json!({"chainID": "sha256:1", "imageSpec": {"config": {"StopSignal": stop, "Cmd": ["sh"]}}});
+            HashMap::from([("info".to_owned(), config.to_string())])
+        };
+        assert_eq!(super::image_stop_signal(&info("SIGINT")), Some(2));
+        assert_eq!(super::image_stop_signal(&info("USR2")), Some(12));
+        assert_eq!(super::image_stop_signal(&info("sigquit")), Some(3));
+        assert_eq!(super::image_stop_signal(&info("10")), Some(10));
+        assert_eq!(super::image_stop_signal(&info("SIGRTMIN+3")), Some(37));
+        for nothing in ["", "SIGNOPE", "0", "99"] {
+            assert_eq!(super::image_stop_signal(&info(nothing)), None, "{nothing:?}");
+        }
+        let no_signal = serde_json::json!({"imageSpec": {"config": {"Cmd": ["sh"]}}}).to_string();
+        assert_eq!(super::image_stop_signal(&HashMap::from([("info".to_owned(), no_signal)])), None);
+        assert_eq!(super::image_stop_signal(&HashMap::new()), None, "not verbose, or another runtime");
+        assert_eq!(super::image_stop_signal(&HashMap::from([("info".to_owned(), "{".to_owned())])), None);
+    }
+
     use super::*;
     use crate::model::metadata::{keys, ContainerType};
     use std::collections::HashMap;

@@ -2,7 +2,9 @@
 //! `k8s-cri` crate) with tonic over the runtime's unix socket; containerd 1.6+ and CRI-O serve it.
 //! One `ListContainers` call returns labels and annotations for every container, which is all
 //! identity needs; `ContainerStatus` is only needed for the outcome of a single container (exit
-//! code, reason, start/finish). Decoding into the model's types is in `convert`.
+//! code, reason, start/finish). The `ImageService`'s `ImageStatus` (verbose) tells each image's
+//! configured stop signal, once per image (cached, bounded). Decoding into the model's types is
+//! in `convert`.
 
 mod convert;
 
@@ -17,14 +19,14 @@ use std::{
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1 as proto;
-use proto::runtime_service_client::RuntimeServiceClient;
+use proto::{image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient};
 use tokio::net::UnixStream;
 use tonic::{
     transport::{Channel, Endpoint, Uri},
     Code,
 };
 
-use convert::log_problems;
+use convert::{image_stop_signal, log_problems};
 pub(crate) use convert::{meta_from_list_entry, meta_from_status};
 
 use crate::model::metadata::{probe_declaration, ContainerMeta};
@@ -43,6 +45,11 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// declarations and grace periods. 32 MiB is thousands of fat pods; the kubelet's own CRI client
 /// allows 16 MiB.
 pub(crate) const MAX_CRI_MESSAGE_BYTES: usize = 32 << 20;
+/// Images whose stop signal is kept; past this the cache starts over (a node runs far fewer).
+const MAX_IMAGES: usize = 1024;
+/// Images asked about in one listing: a node starting many pods at once names the rest at the
+/// next refresh.
+const IMAGES_PER_LISTING: usize = 64;
 
 /// Failures talking to the runtime's CRI socket.
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +140,10 @@ pub async fn connect_channel(path: impl AsRef<Path>) -> Result<Channel, CriError
 pub struct CriClient {
     socket: PathBuf,
     runtime: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
+    /// Image ref -> the stop signal its configuration names (None: none), as `ImageStatus`
+    /// said; an image's configuration never changes under its ref.
+    image_stop_signals: Arc<std::sync::Mutex<HashMap<String, Option<u8>>>>,
     version: RuntimeVersion,
     /// The probe declarations of the last `ListPodSandbox` that answered: used when one fails,
     /// so a sandbox listing that breaks does not take the containers' names with it.
@@ -143,8 +154,9 @@ impl CriClient {
     /// Connects and proves the peer is a CRI v1 runtime with a `Version` call.
     pub async fn connect(path: impl AsRef<Path>) -> Result<Self, CriError> {
         let socket = path.as_ref().to_owned();
-        let mut runtime =
-            RuntimeServiceClient::new(connect_channel(&socket).await?).max_decoding_message_size(MAX_CRI_MESSAGE_BYTES);
+        let channel = connect_channel(&socket).await?;
+        let images = ImageServiceClient::new(channel.clone()).max_decoding_message_size(MAX_CRI_MESSAGE_BYTES);
+        let mut runtime = RuntimeServiceClient::new(channel).max_decoding_message_size(MAX_CRI_MESSAGE_BYTES);
         let request = proto::VersionRequest { version: "v1".to_owned() };
         let answer = match tokio::time::timeout(CONNECT_TIMEOUT, runtime.version(request)).await {
             Ok(Ok(answer)) => answer.into_inner(),
@@ -156,7 +168,14 @@ impl CriClient {
             runtime_version: answer.runtime_version,
             runtime_api_version: answer.runtime_api_version,
         };
-        Ok(Self { socket, runtime, version, last_declarations: Arc::default() })
+        Ok(Self {
+            socket,
+            runtime,
+            images,
+            image_stop_signals: Arc::default(),
+            version,
+            last_declarations: Arc::default(),
+        })
     }
 
     /// The socket this client talks to.
@@ -210,7 +229,7 @@ impl CriClient {
                 self.last_declarations.lock().unwrap_or_else(|poison| poison.into_inner()).clone()
             }
         };
-        Ok(containers
+        let mut metas: Vec<ContainerMeta> = containers
             .iter()
             .map(|container| {
                 let (mut meta, problems) = meta_from_list_entry(container);
@@ -218,7 +237,43 @@ impl CriClient {
                 meta.probe_declaration = declarations.get(&meta.pod_sandbox_id).cloned();
                 meta
             })
-            .collect())
+            .collect();
+        let signals = self.image_stop_signals(metas.iter().map(|m| m.image_ref.as_str())).await;
+        for meta in &mut metas {
+            meta.image_stop_signal = signals.get(&meta.image_ref).copied().flatten();
+        }
+        Ok(metas)
+    }
+
+    /// The configured stop signal of each of `images` the runtime told (asked once per image;
+    /// an image it could not tell about is asked again at the next listing).
+    async fn image_stop_signals<'a>(&self, images: impl Iterator<Item = &'a str>) -> HashMap<String, Option<u8>> {
+        let unknown: Vec<String> = {
+            let known = self.image_stop_signals.lock().unwrap_or_else(|poison| poison.into_inner());
+            let mut unknown: Vec<String> =
+                images.filter(|image| !image.is_empty() && !known.contains_key(*image)).map(str::to_owned).collect();
+            unknown.sort();
+            unknown.dedup();
+            unknown.truncate(IMAGES_PER_LISTING);
+            unknown
+        };
+        for image in unknown {
+            let mut client = self.images.clone();
+            let spec = proto::ImageSpec { image: image.clone(), ..Default::default() };
+            let request = proto::ImageStatusRequest { image: Some(spec), verbose: true };
+            match self.call("ImageStatus", client.image_status(request)).await {
+                Ok(answer) => {
+                    let signal = image_stop_signal(&answer.info);
+                    let mut known = self.image_stop_signals.lock().unwrap_or_else(|poison| poison.into_inner());
+                    if known.len() >= MAX_IMAGES {
+                        known.clear();
+                    }
+                    known.insert(image, signal);
+                }
+                Err(err) => log::debug!("{}", crate::ErrorChain(&err)),
+            }
+        }
+        self.image_stop_signals.lock().unwrap_or_else(|poison| poison.into_inner()).clone()
     }
 
     /// Sandbox id -> the pod's probe declaration, for the ready pods that have one (pod

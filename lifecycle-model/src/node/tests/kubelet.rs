@@ -156,3 +156,20 @@ fn a_cgroup_in_an_unknown_layout_under_kubepods_is_a_unit_named_by_its_path_and_
     assert!(matches!(unit.state(), ContainerState::Terminated { exit_code: 1, .. }), "{:?}", unit.state());
     assert!(unit.last_termination().is_some(), "its end is judged");
 }
+
+/// Issue 40: on a node whose kubelet reports no stop signal (1.20 with containerd 1.6), the
+/// runtime sends the image's `STOPSIGNAL`; the agent reads it from the image's status and
+/// calls that signal the configured one.
+#[test]
+fn an_image_only_stop_signal_is_the_configured_one_where_the_kubelet_reports_none() {
+    let mut tracker = tracker_with_cri();
+    tracker.set_metadata(vec![ContainerMeta { image_stop_signal: Some(2), ..meta(1, 30) }]);
+    let cg = container_cgroup(&mut tracker, 0, 1);
+    tracker.apply(&exec(SECOND, 100, cg, SHIM_CGROUP, "app"));
+    tracker.apply(&signal(5 * SECOND, (50, SHIM_CGROUP, "containerd-shim"), (100, cg), 2));
+    tracker.apply(&exit(5 * SECOND + SECOND / 10, 100, cg, Some(0), None));
+    let report = only_view(&tracker, 6 * SECOND).last_termination.expect("judged");
+    let stop = report.stop_signal.clone().expect("the stop signal");
+    assert_eq!((stop.signal, stop.matches_configured), (2, true), "{report:#?}");
+    assert!(matches!(report.outcome, TerminationOutcome::ExitedWithinGrace { .. }), "{:?}", report.outcome);
+}

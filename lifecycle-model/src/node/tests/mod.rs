@@ -50,6 +50,8 @@ fn meta(n: u64, grace_s: u64) -> ContainerMeta {
         created_ns: 0,
         started_ns: None,
         finished_ns: None,
+        image_ref: String::new(),
+        image_stop_signal: None,
     }
 }
 
