@@ -494,3 +494,40 @@ fn with_an_audience_the_agent_refuses_tokens_issued_for_the_api_server() {
     assert_eq!(containers(&token(None)), Some(401), "a token for the API server");
     assert_eq!(containers(&token(Some("another"))), Some(401), "a token for another audience");
 }
+
+/// Issue 40, on the 1.20 node: the agent reads this kubelet too (its release from the Node
+/// object, its file and flags from its process: no cap, no back-off gates in 1.20, so the
+/// default back-off), and an image whose configuration says `STOPSIGNAL SIGINT` is stopped with
+/// SIGINT by containerd 1.6, which the kubelet does not report (the field came in 1.33): the
+/// agent reads the image's stop signal from the runtime and calls it the configured one.
+#[test]
+fn an_image_only_stop_signal_is_the_configured_one_and_the_1_20_kubelet_is_read() {
+    let Some((kube, agent)) = start("an_image_only_stop_signal_is_the_configured_one_and_the_1_20_kubelet_is_read")
+    else {
+        return;
+    };
+    let metrics = agent.metrics();
+    let info = metrics.lines().find(|l| l.starts_with("lifecycle_kubelet_info{")).unwrap_or_default().to_owned();
+    for label in ["version=\"v1.20.2\"", "cgroup_driver=\"cgroupfs\"", "source=\"node\"", "backoff=\"known\""] {
+        assert!(info.contains(label), "{label} in {info:?}");
+    }
+    assert_eq!(metric(&metrics, "lifecycle_kubelet_backoff_seconds{bound=\"max\"}"), 300.0);
+    // The node's image under another tag, whose configuration says STOPSIGNAL SIGINT.
+    let repository = kube::IMAGE.rsplit_once(':').map_or(kube::IMAGE, |(repository, _)| repository);
+    let int_image = format!("{repository}:stopsignal-int");
+    kube.containerd().import_image_with_stop_signal(&int_image, "SIGINT").expect("import the SIGINT image");
+    apply(&kube, "intstop", "trap 'exit 0' INT; trap '' TERM; while true; do sleep 0.2; done", |p| {
+        p["spec"]["terminationGracePeriodSeconds"] = 10.into();
+        p["spec"]["containers"][0]["image"] = int_image.clone().into();
+    });
+    wait_agent(&agent, "intstop", "running", Duration::from_secs(60), running);
+    kube.wait_pod_phase("default", "intstop", "Running", Duration::from_secs(60)).expect("Running");
+    let pod = kube.pod("default", "intstop").expect("get").expect("exists");
+    let reported = container_status(&pod, "app").map(|s| s["stopSignal"].clone()).unwrap_or_default();
+    assert!(reported.is_null(), "1.20 reports no stop signal: {reported}");
+    kube.kubectl(&["delete", "pod", "intstop", "--wait=false"]).expect("delete");
+    let judged = wait_agent(&agent, "intstop", "judged", kube::POD_STOPPED, judged);
+    let stop = &judged["last_termination"]["stop_signal"];
+    assert_eq!((&stop["signal"], &stop["matches_configured"]), (&2.into(), &true.into()), "{judged:#}");
+    assert_eq!(outcome(&judged), "exited_within_grace", "{judged:#}");
+}

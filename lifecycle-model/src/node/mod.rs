@@ -448,6 +448,11 @@ impl NodeTracker {
             unit.backoff.set_policy(backoff);
         }
         self.config.kubelet = policy;
+        // What the pods' specs mean depends on the kubelet's gates: read them again.
+        let pods: Vec<String> = self.pods.keys().cloned().collect();
+        for pod_uid in pods {
+            self.apply_spec(&pod_uid);
+        }
         self.outcome()
     }
 

@@ -6,7 +6,8 @@
 use super::bounds::DroppedKind;
 use super::{unit::termination_settings, InstanceKind, NodeTracker, Unit, UnitKey};
 use crate::{
-    container_state::{ContainerState, RestartSpec},
+    container_state::{ContainerState, RestartRuleAction, RestartSpec},
+    kubelet::Gate,
     metadata::{ContainerMeta, ContainerType},
     spec::{
         grace_used_ns, pod_level_cause, ContainerFacts, ContainerKind, Disruption, KillNotice, PodFacts, SpecSource,
@@ -277,7 +278,7 @@ impl NodeTracker {
             let main_done = container.kind == ContainerKind::Sidecar && self.main_containers_done(pod);
             return RestartSpec {
                 pod_terminating: pod.deletion_grace_ns.is_some() || main_done,
-                ..container.restart.clone()
+                ..self.restart_as_applied(container)
             };
         }
         RestartSpec {
@@ -287,6 +288,31 @@ impl NodeTracker {
             is_init_container: meta.is_some_and(|m| m.kubelet.container_type == Some(ContainerType::Init)),
             pod_terminating: false,
         }
+    }
+
+    /// Whether this node's kubelet applies what `gate` guards: not when the gate is known to be
+    /// off (its configuration says so, or its release predates or does not enable it). When the
+    /// agent cannot tell, the spec is followed: the API server took the field, which a kubelet of
+    /// another release is the rare skew.
+    pub(super) fn kubelet_applies(&self, gate: Gate) -> bool {
+        self.config.kubelet.gate(gate).is_none_or(|state| state.enabled != Some(false))
+    }
+
+    /// The restart rules of `container` as this node's kubelet applies them: without
+    /// ContainerRestartRules it ignores a regular container's own `restartPolicy` and its
+    /// `restartPolicyRules` (the pod's policy holds); without RestartAllContainersOnContainerExits
+    /// it ignores the RestartAllContainers action (`pkg/api/v1/pod/util.go`
+    /// `ContainerShouldRestart` checks both gates).
+    pub(super) fn restart_as_applied(&self, container: &ContainerFacts) -> RestartSpec {
+        let mut restart = container.restart.clone();
+        if container.kind != ContainerKind::Sidecar && !self.kubelet_applies(Gate::ContainerRestartRules) {
+            restart.container_restart_policy = None;
+            restart.restart_policy_rules.clear();
+        }
+        if !self.kubelet_applies(Gate::RestartAllContainersOnContainerExits) {
+            restart.restart_policy_rules.retain(|rule| rule.action != RestartRuleAction::RestartAllContainers);
+        }
+        restart
     }
 
     /// How the container is stopped: the spec's grace (the deletion's, or a probe's for a probe
@@ -312,8 +338,10 @@ impl NodeTracker {
             pre_stop: container.pre_stop.clone().or(base.pre_stop),
             // The pod's own, else what the kubelet reported the runtime uses, else the image's
             // (a runtime that does not report it, or a kubelet before 1.33, still sends it).
+            // A kubelet without ContainerStopSignals passes the pod's signal to no runtime.
             stop_signal: container
                 .stop_signal
+                .filter(|_| self.kubelet_applies(Gate::ContainerStopSignals))
                 .or(reported_signal)
                 .or(meta.and_then(|m| m.image_stop_signal))
                 .unwrap_or(SIGTERM),
@@ -412,7 +440,7 @@ impl NodeTracker {
                 && exit
                     .exit_status
                     .zip(pod.container(container))
-                    .is_some_and(|(code, spec)| spec.restart.restarts_all_containers(i32::from(code)))
+                    .is_some_and(|(code, spec)| self.restart_as_applied(spec).restarts_all_containers(i32::from(code)))
         })
     }
 
@@ -422,7 +450,8 @@ impl NodeTracker {
     /// rule's.
     pub(super) fn name_stops_of_a_restart_all(&mut self, key: &UnitKey, exit_status: Option<u8>, exit_time: BootTime) {
         let Some((pod, spec)) = self.spec_of(key) else { return };
-        let fired = exit_status.is_some_and(|code| spec.restart.restarts_all_containers(i32::from(code)));
+        let fired =
+            exit_status.is_some_and(|code| self.restart_as_applied(spec).restarts_all_containers(i32::from(code)));
         if !fired {
             return;
         }

@@ -173,3 +173,48 @@ fn an_image_only_stop_signal_is_the_configured_one_where_the_kubelet_reports_non
     assert_eq!((stop.signal, stop.matches_configured), (2, true), "{report:#?}");
     assert!(matches!(report.outcome, TerminationOutcome::ExitedWithinGrace { .. }), "{:?}", report.outcome);
 }
+
+/// Issue 40: the rules that changed between releases follow the kubelet's gates. A kubelet
+/// without ContainerStopSignals sends no pod stop signal (the image's, else SIGTERM), and one
+/// without ContainerRestartRules keeps the pod's `restartPolicy` over a container's own.
+#[test]
+fn a_spec_field_the_kubelets_release_does_not_apply_is_not_expected() {
+    use crate::{
+        container_state::{ExitCodeOperator, RestartPolicy, RestartRule, RestartRuleAction},
+        kubelet::{KubeletFacts, KubeletOverrides},
+    };
+    let mut pod = super::spec::pod_facts(30, RestartPolicy::Never);
+    pod.containers[0].stop_signal = Some(10);
+    pod.containers[0].restart.container_restart_policy = Some(RestartPolicy::Never);
+    pod.containers[0].restart.restart_policy_rules =
+        vec![RestartRule { action: RestartRuleAction::Restart, operator: ExitCodeOperator::In, values: vec![42] }];
+    let on_release = |minor: u32, gates: &[(&str, bool)]| {
+        let mut config = effective(None, &[], &CommandLine::default()).expect("valid");
+        config.feature_gates = gates.iter().map(|(g, on)| ((*g).to_owned(), *on)).collect();
+        let facts = KubeletFacts {
+            source: KubeletSource::Node,
+            pid: Some(1),
+            version: Some(KubeletVersion::new(1, minor, 0)),
+            config: Some(config),
+            origin: "test".into(),
+        };
+        let (mut tracker, cg) = super::spec::tracker_with_pod(pod.clone());
+        tracker.set_kubelet(KubeletPolicy::derive(facts, KubeletOverrides::default()));
+        let shim = (50, SHIM_CGROUP, "containerd-shim");
+        tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+        tracker.apply(&exit(10 * SECOND + SECOND / 10, 100, cg, Some(42), None));
+        only_view(&tracker, 11 * SECOND)
+    };
+    // 1.34: both gates alpha and off. The runtime's SIGTERM is what was configured, and exit 42
+    // restarts nothing under the pod's Never.
+    let old = on_release(34, &[]);
+    let stop = old.last_termination.as_ref().and_then(|r| r.stop_signal.clone()).expect("stop signal");
+    assert_eq!((stop.signal, stop.matches_configured), (15, true), "{old:#?}");
+    assert!(!old.status.restart_expected, "the pod's Never: {:?}", old.status);
+    // 1.37 with ContainerStopSignals named on (ContainerRestartRules is beta, on): the pod's
+    // SIGUSR1 was due, and exit 42 restarts.
+    let new = on_release(37, &[("ContainerStopSignals", true)]);
+    let stop = new.last_termination.as_ref().and_then(|r| r.stop_signal.clone()).expect("stop signal");
+    assert_eq!((stop.signal, stop.matches_configured), (15, false), "{new:#?}");
+    assert!(new.status.restart_expected, "the container's rule: {:?}", new.status);
+}

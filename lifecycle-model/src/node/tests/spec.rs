@@ -3,7 +3,10 @@
 
 use super::*;
 
-pub(super) fn pod_facts(grace_s: u64, restart_policy: crate::container_state::RestartPolicy) -> crate::spec::PodFacts {
+pub(in crate::node) fn pod_facts(
+    grace_s: u64,
+    restart_policy: crate::container_state::RestartPolicy,
+) -> crate::spec::PodFacts {
     use crate::spec::{ContainerFacts, ContainerKind, PodFacts};
     PodFacts {
         uid: POD_UID.into(),
@@ -31,7 +34,7 @@ pub(super) fn pod_facts(grace_s: u64, restart_policy: crate::container_state::Re
 }
 
 /// A running container of the pod above, with the API as its spec source.
-fn tracker_with_pod(pod: crate::spec::PodFacts) -> (NodeTracker, u64) {
+pub(super) fn tracker_with_pod(pod: crate::spec::PodFacts) -> (NodeTracker, u64) {
     let mut tracker = tracker_with_cri();
     tracker.set_api_configured();
     tracker.set_api_reachable(true);
