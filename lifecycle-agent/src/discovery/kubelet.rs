@@ -36,6 +36,9 @@ pub(crate) const MAX_FILE_BYTES: usize = 1024 * 1024;
 pub(crate) const MAX_DROP_INS: usize = 64;
 /// How deep `--config-dir` is walked (the kubelet walks all of it).
 pub(crate) const MAX_DEPTH: usize = 4;
+/// How much later than the kubelet's start a file may have been written and still be what it
+/// read at its start.
+const CHANGED_SLACK: Duration = Duration::from_secs(2);
 /// The longest command line read.
 const MAX_CMDLINE_BYTES: usize = 256 * 1024;
 
@@ -178,7 +181,9 @@ pub(crate) fn read(pid: u32) -> Result<KubeletRead, KubeletReadError> {
         let root = pin_root(pid).map_err(|source| KubeletReadError::File { pid, path: "/".into(), source })?;
         let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_else(|_| PathBuf::from("/"));
         let mut note = |path: &str, modified: SystemTime| {
-            if started.is_some_and(|started| modified > started) {
+            // The start is known to a clock tick and read a moment apart from the wall clock; a
+            // file written as the kubelet was spawned is not a later edit.
+            if started.is_some_and(|started| modified > started + CHANGED_SLACK) {
                 changed_since_start.push(path.to_owned());
             }
         };
