@@ -501,6 +501,13 @@ fn daemonset_runs_on(test: &str, version: NodeVersion) {
         let line = format!("lifecycle_feature_enabled{{feature=\"{feature}\"}} 1");
         assert!(metrics.contains(&line), "{line} in the pod's metrics:\n{metrics}");
     }
+    // Issue 40: the template's hostPID and SYS_PTRACE let the agent read the kubelet's command
+    // line and its configuration inside the kubelet's root; the back-off is the node's.
+    let info = metrics.lines().find(|l| l.starts_with("lifecycle_kubelet_info{")).unwrap_or_default();
+    assert!(info.contains("source=\"node\"") && info.contains("backoff=\"known\""), "{info:?}");
+    let max = if version == NodeVersion::V1_37 { "20" } else { "300" };
+    let cap = format!("lifecycle_kubelet_backoff_seconds{{bound=\"max\"}} {max}");
+    assert!(metrics.contains(&cap), "{cap} in the pod's metrics");
 
     api_access_is_decided_by_the_api_server(&kube, &manifest_objects(&kube, RBAC), &addr);
     credentials_from_off_the_host_go_over_the_certificate_the_agent_made(&kube, ports.listen);

@@ -173,6 +173,12 @@ fn helm_install_runs_the_agent_and_uninstall_leaves_nothing() {
         let line = format!("lifecycle_feature_enabled{{feature=\"{feature}\"}} 1");
         assert!(metrics.contains(&line), "{line} in the pod's metrics:\n{metrics}");
     }
+    // Issue 40: in its pod (hostPID) the agent reads the kubelet's command line and files, and,
+    // with the chart's ClusterRole (`get nodes`), its release.
+    let info = metrics.lines().find(|l| l.starts_with("lifecycle_kubelet_info{")).unwrap_or_default();
+    for label in ["version=\"v1.20.2\"", "source=\"node\"", "backoff=\"known\""] {
+        assert!(info.contains(label), "{label} in {info:?}");
+    }
     let made = release_objects(&kube, NAMESPACED_KINDS, Some(NAMESPACE));
     for object in ["daemonset.apps/lifecycle-agent", "serviceaccount/lifecycle-agent", &format!("pod/{POD}")] {
         assert!(made.iter().any(|m| m == object), "{object} in {made:?}");

@@ -94,7 +94,7 @@ impl Gate {
                 const { &[stage(29, false, Alpha), stage(30, true, Beta), stage(34, true, Ga)] }
             }
             Gate::GracefulNodeShutdown => const { &[stage(20, false, Alpha), stage(21, true, Beta)] },
-            Gate::MemoryQoS => const { &[stage(22, false, Alpha)] },
+            Gate::MemoryQoS => const { &[stage(22, false, Alpha), stage(37, true, Beta)] },
             Gate::InPlacePodVerticalScaling => {
                 const { &[stage(27, false, Alpha), stage(33, true, Beta), stage(35, true, Ga)] }
             }
@@ -204,6 +204,9 @@ mod tests {
         assert_eq!(state(Gate::SidecarContainers, 28).enabled, Some(false));
         assert_eq!(state(Gate::SidecarContainers, 29).enabled, Some(true));
         assert_eq!(state(Gate::GracefulNodeShutdown, 20).enabled, Some(false));
+        // MemoryQoS: alpha from 1.22, beta and on from 1.37 (`memory.high` set).
+        assert_eq!(state(Gate::MemoryQoS, 36).enabled, Some(false));
+        assert_eq!(state(Gate::MemoryQoS, 37).enabled, Some(true));
         assert_eq!(Gate::SidecarContainers.default_in(33), Some((true, Maturity::Ga)));
         assert_eq!(Gate::ContainerStopSignals.default_in(32), None);
     }
