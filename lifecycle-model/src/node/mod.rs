@@ -447,11 +447,15 @@ impl NodeTracker {
         {
             unit.backoff.set_policy(backoff);
         }
+        let gates_changed = policy.gates != self.config.kubelet.gates;
         self.config.kubelet = policy;
-        // What the pods' specs mean depends on the kubelet's gates: read them again.
-        let pods: Vec<String> = self.pods.keys().cloned().collect();
-        for pod_uid in pods {
-            self.apply_spec(&pod_uid);
+        // What the pods' specs mean depends on the kubelet's gates: read them again when those
+        // changed (a read that found the same kubelet copies no unit).
+        if gates_changed {
+            let pods: Vec<String> = self.pods.keys().cloned().collect();
+            for pod_uid in pods {
+                self.apply_spec(&pod_uid);
+            }
         }
         self.outcome()
     }
