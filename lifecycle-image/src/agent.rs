@@ -95,7 +95,7 @@ pub fn labels(revision: &str) -> BTreeMap<String, String> {
 pub fn build(image: &AgentImage<'_>, work: &Path, archive: &Path) -> Result<Packed, BuildError> {
     let architecture = elf_arch(image.binary)?;
     let rootfs = work.join("rootfs");
-    rootfs::for_binary(&rootfs, image.binary, AGENT_PATH)?;
+    rootfs::for_binary(&rootfs, image.binary, architecture, AGENT_PATH)?;
     let config = ImageConfig {
         architecture,
         entrypoint: vec![AGENT_PATH.to_owned()],

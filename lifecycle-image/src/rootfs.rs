@@ -1,14 +1,29 @@
 //! A minimal root filesystem for one dynamically linked program: the binary, the shared
-//! libraries and the dynamic loader `ldd` names for it (at the same paths, so the loader finds
-//! them without a cache), root's passwd and group entries, and the usual mount points. No shell
-//! and no tools: nothing else runs in the agent's container.
+//! libraries it needs and its dynamic loader, root's passwd and group entries, and the usual
+//! mount points. No shell and no tools: nothing else runs in the agent's container.
+//!
+//! The libraries are found by reading the ELF files themselves (the loader from `PT_INTERP`, the
+//! libraries from each file's `DT_NEEDED`, recursively), not by running `ldd`: `ldd` runs this
+//! machine's loader, so it can list only this machine's architecture's binaries, and an arm64
+//! image built on an amd64 machine needs its libraries from a cross sysroot (Debian's
+//! `/usr/aarch64-linux-gnu`, from `libc6-dev-arm64-cross`). They land where the target's loader
+//! looks without a cache: its multiarch directory (`/lib/aarch64-linux-gnu`), and the loader at
+//! the path the binary names.
 
 use std::{
+    collections::BTreeMap,
     fs,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    process::Command,
 };
+
+use object::{
+    elf,
+    read::elf::{ElfFile64, ProgramHeader as _},
+    Endianness,
+};
+
+use crate::layout::Arch;
 
 /// Failures building a root filesystem.
 #[derive(Debug, thiserror::Error)]
@@ -21,18 +36,15 @@ pub enum RootfsError {
         #[source]
         source: std::io::Error,
     },
-    /// `ldd` could not be started.
-    #[error("cannot run ldd")]
-    Spawn(#[source] std::io::Error),
-    /// `ldd` refused the binary (not dynamic, or built for another architecture).
-    #[error("ldd {}: {stderr}", binary.display())]
-    Ldd { binary: PathBuf, stderr: String },
-    /// `ldd` found no file for a library the binary needs.
-    #[error("{} needs {library}, which ldd does not find on this machine", binary.display())]
-    Missing { binary: PathBuf, library: String },
-    /// `ldd` listed no library at all: the loader is always listed for a dynamic binary.
-    #[error("ldd lists no libraries for {} (a static binary needs none, but this packer expects the loader)", binary.display())]
-    NoLibraries { binary: PathBuf },
+    /// A file is not a 64-bit little-endian ELF file this packer can read.
+    #[error("{} is not an ELF file this packer reads: {why}", path.display())]
+    Elf { path: PathBuf, why: String },
+    /// The binary names no loader: a static binary, which this packer does not expect.
+    #[error("{} names no dynamic loader (PT_INTERP): this packer expects a dynamically linked binary", path.display())]
+    NoLoader { path: PathBuf },
+    /// A library a file needs is in none of the places searched.
+    #[error("{} needs {library}, which is in none of {}", needed_by.display(), searched.join(", "))]
+    Missing { needed_by: PathBuf, library: String, searched: Vec<String> },
 }
 
 type Result<T> = std::result::Result<T, RootfsError>;
@@ -45,9 +57,10 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 const DIRECTORIES: &[(&str, u32)] =
     &[("dev", 0o755), ("etc", 0o755), ("proc", 0o555), ("run", 0o755), ("sys", 0o555), ("tmp", 0o1777)];
 
-/// Builds in `rootfs` (emptied first) a tree holding `binary` at `at` (absolute) and its shared
-/// libraries. Returns the libraries copied, as `ldd` named them.
-pub fn for_binary(rootfs: &Path, binary: &Path, at: &str) -> Result<Vec<PathBuf>> {
+/// Builds in `rootfs` (emptied first) a tree holding `binary` (of architecture `arch`) at `at`
+/// (absolute) and its shared libraries. Returns the libraries copied: where each came from and
+/// where it is in the tree.
+pub fn for_binary(rootfs: &Path, binary: &Path, arch: Arch, at: &str) -> Result<Vec<Library>> {
     if rootfs.exists() {
         fs::remove_dir_all(rootfs).map_err(io("remove", rootfs))?;
     }
@@ -63,10 +76,10 @@ pub fn for_binary(rootfs: &Path, binary: &Path, at: &str) -> Result<Vec<PathBuf>
         set_mode(&path, 0o644)?;
     }
     install(binary, &rootfs.join(at.trim_start_matches('/')), 0o755)?;
-    let libraries = shared_libraries(binary)?;
+    let libraries = shared_libraries(binary, arch)?;
     for library in &libraries {
         // fs::copy follows symlinks: the file lands under the name the loader asks for.
-        install(library, &rootfs.join(library.strip_prefix("/").unwrap_or(library)), 0o755)?;
+        install(&library.from, &rootfs.join(library.at.strip_prefix("/").unwrap_or(&library.at)), 0o755)?;
     }
     Ok(libraries)
 }
@@ -84,55 +97,157 @@ fn set_mode(path: &Path, mode: u32) -> Result<()> {
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io("chmod", path))
 }
 
-/// The absolute paths `ldd` prints for `binary`: each `name => /path (addr)` and the loader's
-/// `/path (addr)` line (the vDSO has no path). `ldd` runs the host's loader, so this works for
-/// binaries of the host's architecture only.
-pub fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
-    let output = Command::new("ldd").arg(binary).env("LC_ALL", "C").output().map_err(RootfsError::Spawn)?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
-        return Err(RootfsError::Ldd { binary: binary.to_owned(), stderr });
-    }
-    let text = String::from_utf8_lossy(&output.stdout);
-    if let Some(line) = text.lines().find(|l| l.contains("=> not found")) {
-        let library = line.split("=>").next().unwrap_or_default().trim().to_owned();
-        return Err(RootfsError::Missing { binary: binary.to_owned(), library });
-    }
-    let libraries = parse_ldd(&text);
-    if libraries.is_empty() {
-        return Err(RootfsError::NoLibraries { binary: binary.to_owned() });
-    }
-    Ok(libraries)
+/// A file the binary needs at run time: the loader or a shared library.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Library {
+    /// Where it is on this machine.
+    pub from: PathBuf,
+    /// Where it goes in the image (absolute).
+    pub at: PathBuf,
 }
 
-fn parse_ldd(text: &str) -> Vec<PathBuf> {
-    let mut libraries: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|line| {
-            let path = line.split_once("=>").map_or(line, |(_, path)| path).split_whitespace().next()?;
-            path.starts_with('/').then(|| PathBuf::from(path))
-        })
-        .collect();
-    libraries.sort();
-    libraries.dedup();
-    libraries
+/// Where `arch`'s libraries are on this machine, in search order, and the image directory they
+/// go to: this machine's own for its architecture (at the same paths), a cross sysroot's for
+/// another, placed in the target's multiarch directory.
+fn library_dirs(arch: Arch) -> (Vec<PathBuf>, Option<PathBuf>) {
+    let triplet = format!("{}-linux-gnu", arch.rust_name());
+    if Arch::host() == Some(arch) {
+        let dirs = [
+            format!("/lib/{triplet}"),
+            format!("/usr/lib/{triplet}"),
+            "/lib64".into(),
+            "/lib".into(),
+            "/usr/lib".into(),
+        ];
+        (dirs.into_iter().map(PathBuf::from).collect(), None)
+    } else {
+        // Debian's cross C library (libc6-<arch>-cross), or the architecture's own packages
+        // installed multiarch (libc6:<arch>).
+        let dirs = [format!("/usr/{triplet}/lib"), format!("/usr/lib/{triplet}"), format!("/lib/{triplet}")];
+        (dirs.into_iter().map(PathBuf::from).collect(), Some(PathBuf::from(format!("/lib/{triplet}"))))
+    }
+}
+
+/// What an ELF file says it needs: its loader (`PT_INTERP`, executables only) and the sonames in
+/// its `DT_NEEDED` entries.
+fn needs(path: &Path) -> Result<(Option<String>, Vec<String>)> {
+    let elf_error = |why: String| RootfsError::Elf { path: path.to_owned(), why };
+    let data = fs::read(path).map_err(io("read", path))?;
+    let file = ElfFile64::<Endianness>::parse(&*data).map_err(|err| elf_error(err.to_string()))?;
+    let endian = file.endian();
+    let mut loader = None;
+    for header in file.elf_program_headers() {
+        if let Some(interp) = header.interpreter(endian, &*data).map_err(|err| elf_error(err.to_string()))? {
+            loader = Some(String::from_utf8_lossy(interp).into_owned());
+        }
+    }
+    let table = file.elf_dynamic_table().map_err(|err| elf_error(err.to_string()))?;
+    let mut needed = Vec::new();
+    for entry in &table {
+        if entry.tag == i64::from(elf::DT_NEEDED) {
+            let name = table.string(entry).map_err(|err| elf_error(err.to_string()))?;
+            needed.push(String::from_utf8_lossy(name).into_owned());
+        }
+    }
+    Ok((loader, needed))
+}
+
+/// The loader and every shared library `binary` (of architecture `arch`) needs, recursively,
+/// sorted by their place in the image.
+pub fn shared_libraries(binary: &Path, arch: Arch) -> Result<Vec<Library>> {
+    let (dirs, image_dir) = library_dirs(arch);
+    let (loader, mut pending) = needs(binary)?;
+    let loader = loader.ok_or_else(|| RootfsError::NoLoader { path: binary.to_owned() })?;
+    let loader_name = Path::new(&loader).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut found: BTreeMap<PathBuf, PathBuf> = BTreeMap::new();
+    // The loader: at the path the binary names; on this machine there, or in a sysroot's
+    // directories for another architecture.
+    let loader_from = if image_dir.is_none() {
+        PathBuf::from(&loader)
+    } else {
+        dirs.iter()
+            .map(|dir| dir.join(&loader_name))
+            .find(|path| path.exists())
+            .unwrap_or_else(|| PathBuf::from(&loader))
+    };
+    if !loader_from.exists() {
+        return Err(RootfsError::Missing {
+            needed_by: binary.to_owned(),
+            library: loader,
+            searched: dirs.iter().map(|d| d.display().to_string()).collect(),
+        });
+    }
+    found.insert(PathBuf::from(&loader), loader_from);
+    let mut needed_by: Vec<PathBuf> = vec![binary.to_owned(); pending.len()];
+    let mut seen: Vec<String> = Vec::new();
+    while let Some(name) = pending.pop() {
+        let parent = needed_by.pop().unwrap_or_else(|| binary.to_owned());
+        // The loader satisfies its own soname (libc names it); it is already in place.
+        if name == loader_name || seen.contains(&name) {
+            continue;
+        }
+        seen.push(name.clone());
+        let Some((dir, from)) = dirs.iter().map(|dir| (dir, dir.join(&name))).find(|(_, path)| path.exists()) else {
+            return Err(RootfsError::Missing {
+                needed_by: parent,
+                library: name,
+                searched: dirs.iter().map(|d| d.display().to_string()).collect(),
+            });
+        };
+        let at = image_dir.as_deref().unwrap_or(dir).join(&name);
+        let (_, more) = needs(&from)?;
+        needed_by.extend(std::iter::repeat_n(from.clone(), more.len()));
+        pending.extend(more);
+        found.insert(at, from);
+    }
+    Ok(found.into_iter().map(|(at, from)| Library { from, at }).collect())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::process::Command;
+
     use super::*;
 
+    /// The absolute paths `ldd` prints for `binary` (the loader's own line included).
+    fn ldd(binary: &Path) -> Vec<PathBuf> {
+        let output = Command::new("ldd").arg(binary).env("LC_ALL", "C").output().expect("ldd");
+        let mut paths: Vec<PathBuf> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| {
+                let path = line.split_once("=>").map_or(line, |(_, path)| path).split_whitespace().next()?;
+                path.starts_with('/').then(|| PathBuf::from(path))
+            })
+            .collect();
+        paths.sort();
+        paths
+    }
+
     #[test]
-    fn ldd_lines_give_library_and_loader_paths() {
-        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\
-                    \tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x00007f1)\n\
-                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f2)\n\
-                    \t/lib64/ld-linux-x86-64.so.2 (0x00007f3)\n\
-                    \tlibmissing.so => not found\n";
-        assert_eq!(
-            parse_ldd(text),
-            ["/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libgcc_s.so.1", "/lib64/ld-linux-x86-64.so.2"]
-                .map(PathBuf::from)
-        );
+    fn a_binarys_libraries_read_from_its_elf_are_the_ones_its_loader_loads() {
+        let me = std::env::current_exe().expect("current exe");
+        let arch = Arch::host().expect("an image architecture");
+        let libraries = shared_libraries(&me, arch).expect("libraries");
+        let mut placed: Vec<PathBuf> = libraries.iter().map(|l| l.at.clone()).collect();
+        placed.sort();
+        // ldd (this machine's loader) resolves the same files at the same paths.
+        let resolved: Vec<PathBuf> = ldd(&me).into_iter().map(|p| fs::canonicalize(&p).unwrap_or(p)).collect();
+        let ours: Vec<PathBuf> = libraries.iter().map(|l| fs::canonicalize(&l.from).expect("exists")).collect();
+        let (mut resolved, mut ours) = (resolved, ours);
+        resolved.sort();
+        ours.sort();
+        assert_eq!(ours, resolved);
+        assert_eq!(placed, ldd(&me), "each at the path the loader looks");
+    }
+
+    #[test]
+    fn a_file_that_is_not_elf_is_named() {
+        let dir = std::env::temp_dir().join(format!("lifecycle-image-elf-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("mkdir");
+        let script = dir.join("script");
+        fs::write(&script, "#!/bin/sh\n").expect("write");
+        let arch = Arch::host().expect("an image architecture");
+        assert!(matches!(shared_libraries(&script, arch), Err(RootfsError::Elf { .. })));
+        let _ = fs::remove_dir_all(&dir);
     }
 }
