@@ -144,7 +144,7 @@ fn needs(path: &Path) -> Result<(Option<String>, Vec<String>)> {
     let table = file.elf_dynamic_table().map_err(|err| elf_error(err.to_string()))?;
     let mut needed = Vec::new();
     for entry in &table {
-        if entry.tag == i64::from(elf::DT_NEEDED) {
+        if entry.tag == elf::DT_NEEDED {
             let name = table.string(entry).map_err(|err| elf_error(err.to_string()))?;
             needed.push(String::from_utf8_lossy(name).into_owned());
         }

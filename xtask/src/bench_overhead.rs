@@ -3,6 +3,7 @@
 //! poll interval.
 
 use std::{
+    os::fd::{FromRawFd as _, OwnedFd},
     path::Path,
     process::{Command, Stdio},
     sync::mpsc,
@@ -113,46 +114,72 @@ impl Agents<'_> {
     }
 }
 
-/// A started condition: its tracer, and the agent's address when it is an agent.
+/// A started condition: its tracer (none for the untraced baseline).
 struct Started {
     tracer: Option<Tracer>,
-    agent: Option<String>,
 }
 
-/// Each of the agent's programs' (runs, kernel ns) as its `/metrics` says, or nothing from an
-/// agent that does not export them (a baseline build before they existed).
-fn program_costs(addr: &str) -> Vec<(String, f64, f64)> {
-    let Ok(metrics) = super::memory::get(addr, "/metrics") else { return Vec::new() };
-    let mut costs: Vec<(String, f64, f64)> = Vec::new();
-    for line in metrics.lines() {
-        let (family, seconds) = if let Some(rest) = line.strip_prefix("lifecycle_kernel_program_runs_total{") {
-            (rest, false)
-        } else if let Some(rest) = line.strip_prefix("lifecycle_kernel_program_run_seconds_total{") {
-            (rest, true)
-        } else {
-            continue;
+/// Keeps the kernel's run-time accounting of BPF programs on while alive (`BPF_ENABLE_STATS`):
+/// every agent the run compares is accounted alike, a baseline built before the agent held it
+/// itself included. Hand-written: a single bpf(2) command that no crate in xtask's tree wraps
+/// (aya does, but building aya into xtask would add it to every `x.sh` first build).
+struct KernelAccounting(#[allow(dead_code, reason = "held, not read: closing it ends the accounting")] OwnedFd);
+
+impl KernelAccounting {
+    fn enable() -> Result<Self> {
+        /// `union bpf_attr`'s `enable_stats` member: `__u32 type`.
+        #[repr(C)]
+        struct EnableStats {
+            kind: u32,
+        }
+        const BPF_ENABLE_STATS: libc::c_long = 32;
+        const BPF_STATS_RUN_TIME: u32 = 0;
+        let attr = EnableStats { kind: BPF_STATS_RUN_TIME };
+        // SAFETY: `attr` is a valid `bpf_attr` prefix of the size passed; the kernel zero-fills
+        // the rest and returns a new fd or -1.
+        let fd = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_ENABLE_STATS, &raw const attr, std::mem::size_of::<EnableStats>())
         };
-        let Some(program) = family.strip_prefix("program=\"").and_then(|r| r.split('"').next()) else { continue };
-        let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else { continue };
-        let entry = match costs.iter_mut().find(|(p, _, _)| p == program) {
-            Some(entry) => entry,
-            None => {
-                costs.push((program.to_owned(), 0.0, 0.0));
-                costs.last_mut().expect("just pushed")
-            }
-        };
-        if seconds {
-            entry.2 = value * 1e9;
-        } else {
-            entry.1 = value;
+        if fd < 0 {
+            bail!("BPF_ENABLE_STATS: {}", std::io::Error::last_os_error());
+        }
+        let fd = i32::try_from(fd).context("bpf(2) returned an fd out of range")?;
+        // SAFETY: a new fd this process owns and nothing else closes.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+}
+
+/// Each of the programs process `pid` holds: (name, runs, kernel ns), as the kernel accounts
+/// them (bpftool reads `run_cnt` and `run_time_ns`; the ids come from the process's fdinfo).
+fn kernel_costs(pid: u32) -> Result<Vec<(String, f64, f64)>> {
+    let mut ids = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).with_context(|| format!("fdinfo of {pid}"))? {
+        let Ok(info) = std::fs::read_to_string(entry?.path()) else { continue };
+        if let Some(id) =
+            info.lines().find_map(|l| l.strip_prefix("prog_id:")).and_then(|id| id.trim().parse::<u64>().ok())
+        {
+            ids.insert(id);
         }
     }
-    costs
+    let listing = shell::capture(Command::new("bpftool").args(["-j", "prog", "show"]))?;
+    let programs: serde_json::Value = serde_json::from_str(&listing).context("bpftool's JSON")?;
+    let mut costs = Vec::new();
+    for program in programs.as_array().into_iter().flatten() {
+        if !program["id"].as_u64().is_some_and(|id| ids.contains(&id)) {
+            continue;
+        }
+        let name = program["name"].as_str().unwrap_or("?").to_owned();
+        // bpftool leaves both out while a program has not run.
+        let runs = program["run_cnt"].as_f64().unwrap_or(0.0);
+        let ns = program["run_time_ns"].as_f64().unwrap_or(0.0);
+        costs.push((name, runs, ns));
+    }
+    Ok(costs)
 }
 
 fn start(condition: Condition, agents: &Agents<'_>, script: &Path) -> Result<Started> {
     match condition {
-        Condition::Baseline => Ok(Started { tracer: None, agent: None }),
+        Condition::Baseline => Ok(Started { tracer: None }),
         Condition::Agent { poll_ms, baseline } => {
             let addr = format!("127.0.0.1:{}", free_port()?);
             let mut tracer = Tracer::spawn(
@@ -163,7 +190,7 @@ fn start(condition: Condition, agents: &Agents<'_>, script: &Path) -> Result<Sta
                     .stdout(Stdio::null()),
             )?;
             wait_http(&mut tracer, &addr)?;
-            Ok(Started { tracer: Some(tracer), agent: Some(addr) })
+            Ok(Started { tracer: Some(tracer) })
         }
         Condition::Bpftrace => {
             let mut tracer = Tracer::spawn("bpftrace", Command::new("bpftrace").arg(script).stdout(Stdio::piped()))?;
@@ -184,7 +211,7 @@ fn start(condition: Condition, agents: &Agents<'_>, script: &Path) -> Result<Sta
                     bail!("bpftrace did not attach within {START_TIMEOUT:?}; stderr:\n{}", tracer.stderr_tail());
                 }
             }
-            Ok(Started { tracer: Some(tracer), agent: None })
+            Ok(Started { tracer: Some(tracer) })
         }
     }
 }
@@ -278,17 +305,17 @@ fn run_condition(
     hz: f64,
 ) -> Result<(Vec<Samples>, bool)> {
     let mut run = vec![Samples::default(); workloads.len()];
-    let Started { tracer, agent } = start(condition, agents, script)?;
+    let Started { tracer } = start(condition, agents, script)?;
     std::thread::sleep(SETTLE);
     let own = tracer.as_ref().map(Tracer::pid);
     let mut clean = true;
     for (slot, workload) in run.iter_mut().zip(workloads) {
         clean &= foreign_tracers(own).is_empty();
-        let programs_before = agent.as_deref().map(program_costs).unwrap_or_default();
+        let programs_before = own.map(kernel_costs).transpose()?.unwrap_or_default();
         let cpu_before = tracer.as_ref().map(Tracer::cpu_ticks).transpose()?;
         let (wall, cpu) = time(workload).with_context(|| format!("{} under {}", workload.name, condition.name()))?;
         let cpu_after = tracer.as_ref().map(Tracer::cpu_ticks).transpose()?;
-        let programs_after = agent.as_deref().map(program_costs).unwrap_or_default();
+        let programs_after = own.map(kernel_costs).transpose()?.unwrap_or_default();
         slot.add_programs(&programs_before, &programs_after);
         clean &= foreign_tracers(own).is_empty();
         slot.wall_s.push(wall);
@@ -318,6 +345,8 @@ pub(super) fn overhead(
     let script = TempFile(std::env::temp_dir().join(format!("lifecycle-bench-{}.bt", std::process::id())));
     std::fs::write(&script.0, BPFTRACE_SCRIPT)?;
     let hz = clock_ticks_per_second();
+    // For the whole run, so the first condition is accounted as the last.
+    let _accounting = KernelAccounting::enable().context("turning on the kernel's BPF accounting")?;
 
     let mut conditions = vec![Condition::Baseline];
     for &poll_ms in poll_ms {
@@ -432,7 +461,7 @@ pub(super) fn overhead(
         }
     }
     // The kernel's own accounting of each program under the workloads (BPF_ENABLE_STATS, held by
-    // the agent): what each event costs in the kernel, per program.
+    // this run): what each event costs in the kernel, per program, for both builds.
     let mut program_rows = Vec::new();
     for (c, condition) in conditions.iter().enumerate() {
         for (w, workload) in workloads.iter().enumerate() {

@@ -33,7 +33,7 @@ pub const KUBERNETES_MODERN_BUILD: &[&str] = &["gcc", "libc6-dev", "libseccomp-d
 pub const KUBECTL: &[&str] = &["kubernetes-client"];
 /// Peers and tools the benchmarks compare against.
 pub const BENCH: &[&str] =
-    &["bpftrace", "runc", "busybox-static", "iproute2", "protobuf-compiler", "containerd", "wrk"];
+    &["bpftrace", "bpftool", "runc", "busybox-static", "iproute2", "protobuf-compiler", "containerd", "wrk"];
 
 fn is_installed(package: &str) -> bool {
     Command::new("dpkg-query")
