@@ -34,7 +34,7 @@ use crate::{
         time::BootTime,
         wire::{at::WallClock, ContainersResponse, HistoryResponse},
     },
-    probe::{metrics::ProbeTarget, query::Query, CheckSpec, NodeProbes},
+    probe::{check::ParseError, metrics::ProbeTarget, query::Query, CheckSpec, NodeProbes},
 };
 
 /// Requests that may wait for a change at once. Each also holds one of the API listener's
@@ -427,8 +427,13 @@ impl ContainersApi {
     /// answer the pod's own probe listener gives, for people, scripts and host-network pods.
     fn probe(&self, target: &str, query: Option<&str>) -> (StatusCode, String) {
         // Only a declared check of a known container answers: the rest is 403 with no detail,
-        // like the pod listener's. A request without check= is the one usage error (400).
-        let Ok(mut query) = Query::parse(query) else { return forbidden(self.probes.forbidden()) };
+        // like the pod listener's. A request without check= is a usage error (400), and so is
+        // a query past its bounds, refused before it is decoded (a declared check never is).
+        let mut query = match Query::parse(query) {
+            Ok(query) => query,
+            Err(err @ ParseError::QueryTooLarge { .. }) => return (StatusCode::BAD_REQUEST, format!("{err}\n")),
+            Err(_) => return forbidden(self.probes.forbidden()),
+        };
         let Some(check) = query.take("check") else {
             return (StatusCode::BAD_REQUEST, "add check=tcp|process|file|all to the query\n".to_owned());
         };

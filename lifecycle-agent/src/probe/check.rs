@@ -76,6 +76,10 @@ pub enum ParseError {
     /// Percent-encoding that does not decode to UTF-8.
     #[error("bad percent-encoding in {0:?}")]
     BadEncoding(String),
+    /// The raw query is past [`super::query::MAX_QUERY_BYTES`] or
+    /// [`super::query::MAX_QUERY_PARAMS`]: refused before it is decoded.
+    #[error("query too large: at most {max} {what}")]
+    QueryTooLarge { what: &'static str, max: usize },
     /// `/probe/all` with nothing to check.
     #[error("all probe needs at least one of tcp=, process, file=")]
     EmptyAll,
@@ -305,9 +309,14 @@ pub(crate) fn seconds(ns: u64) -> String {
 
 fn parse_all(params: &[(String, Option<String>)]) -> Result<CheckSpec, ParseError> {
     only(params, "all", &["tcp", "stall", "process", "max_d_state", "file", "fresh", "contains"])?;
+    // The modifiers are read once, before the checks: one pass each over the pairs, so the
+    // parse is linear in them (it read `fresh` and `contains` again for every `file=`).
     let stall_ns =
         single(params, "stall")?.map(|v| parse_duration("stall", v)).transpose()?.unwrap_or(DEFAULT_STALL_NS);
+    let max_d_state = single(params, "max_d_state")?.map(|v| parse_duration("max_d_state", v)).transpose()?;
+    let (fresh, contains) = (single(params, "fresh")?, single(params, "contains")?);
     let mut checks = Vec::new();
+    let mut process = false;
     for (key, value) in params {
         match key.as_str() {
             "tcp" => {
@@ -321,15 +330,15 @@ fn parse_all(params: &[(String, Option<String>)]) -> Result<CheckSpec, ParseErro
                 })
             }
             "process" => {
-                if checks.iter().any(|c| matches!(c, CheckSpec::Process { .. })) {
+                if process {
                     return Err(ParseError::Duplicate("process".into()));
                 }
-                let max = single(params, "max_d_state")?.map(|v| parse_duration("max_d_state", v)).transpose()?;
-                checks.push(CheckSpec::Process { max_uninterruptible_ns: max });
+                process = true;
+                checks.push(CheckSpec::Process { max_uninterruptible_ns: max_d_state });
             }
             "file" => {
                 let path = value.as_deref().ok_or(ParseError::Missing { kind: "all", param: "file" })?;
-                checks.push(file_spec(path, single(params, "fresh")?, single(params, "contains")?)?);
+                checks.push(file_spec(path, fresh, contains)?);
             }
             _ => {}
         }
