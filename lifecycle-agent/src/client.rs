@@ -176,7 +176,9 @@ pub(crate) async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
         anyhow::bail!("the agent at {} knows no container or stop of {subject}", args.connection.server);
     }
     match args.output {
-        ExplainFormat::Json => println!("{}", serde_json::to_string_pretty(&stories)?),
+        ExplainFormat::Json => {
+            println!("{}", lifecycle_agent::model::terminal::safe_json(serde_json::to_string_pretty(&stories)?))
+        }
         ExplainFormat::Text => print!("{}", explain::render_text(&stories, clock)),
     }
     Ok(())

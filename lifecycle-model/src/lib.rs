@@ -21,6 +21,7 @@ pub mod signal;
 pub mod spec;
 mod spelling;
 pub mod systemd;
+pub mod terminal;
 pub mod termination;
 pub mod time;
 pub mod wire;

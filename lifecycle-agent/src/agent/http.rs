@@ -467,11 +467,12 @@ fn waiting(routes: &Routes, request: &Request<Incoming>) -> Option<Later> {
     routes.api.as_ref()?.wait(path, request.uri().query())
 }
 
-/// A JSON API answer as a response.
+/// A JSON API answer as a response; kept by no cache (it may need a credential to read).
 fn json((status, body): (StatusCode, String)) -> Response<Full<Bytes>> {
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-store")
         .body(Full::new(Bytes::from(body)))
         .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n"))
 }
@@ -509,15 +510,17 @@ fn route(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> 
             }
         }
         _ if is_page(path) => match routes.api.as_ref().and_then(|api| api.get(path, request.uri().query())) {
-            // A page of the agent's own making: no script, nothing from elsewhere, never sniffed.
+            // A page of the agent's own making: no script, nothing from elsewhere, never sniffed,
+            // never framed by another site (clickjacking), never kept by a cache or a browser's
+            // history (it is as confidential as the API it is made from).
             Some((status, body)) => Response::builder()
                 .status(status)
                 .header(header::CONTENT_TYPE, "text/html; charset=utf-8")
-                .header(
-                    header::CONTENT_SECURITY_POLICY,
-                    "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'",
-                )
+                .header(header::CONTENT_SECURITY_POLICY, PAGE_POLICY)
                 .header(header::X_CONTENT_TYPE_OPTIONS, "nosniff")
+                .header(header::X_FRAME_OPTIONS, "DENY")
+                .header(header::CACHE_CONTROL, "no-store")
+                .header(header::REFERRER_POLICY, "no-referrer")
                 .body(Full::new(Bytes::from(body)))
                 .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response build failed\n")),
             None => text(StatusCode::NOT_FOUND, "no such page\n"),
@@ -531,6 +534,11 @@ fn route(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> 
         _ => text(StatusCode::NOT_FOUND, "try /metrics, /healthz, /api/v1/containers or /explain\n"),
     }
 }
+
+/// What an explain page may do: style itself and show its own images; no script, no frame
+/// around it, no form, no base.
+const PAGE_POLICY: &str =
+    "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
 
 /// The `explain` pages (HTML): `/explain` and `/explain/<namespace>/<pod>`.
 fn is_page(path: &str) -> bool {

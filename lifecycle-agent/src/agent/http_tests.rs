@@ -468,3 +468,28 @@ async fn a_whole_node_answer_in_the_making_holds_up_no_cheap_request_and_the_nex
     release.send(()).expect("release the second");
     assert!(second.join().expect("second").ends_with("{\"containers\":[]}"));
 }
+
+/// Answers every API path and page with a fixed body.
+struct Pages;
+
+impl ApiHandler for Pages {
+    fn get(&self, _path: &str, _query: Option<&str>) -> Option<(StatusCode, String)> {
+        Some((StatusCode::OK, "<p>web-1</p>".to_owned()))
+    }
+}
+
+#[tokio::test]
+async fn explain_pages_are_never_framed_nor_stored_and_api_answers_never_stored() {
+    // Issue 37: the explain pages had a CSP without frame-ancestors and no cache directive.
+    let routes = Routes { api: Some(Arc::new(Pages)), ..routes(None, None) };
+    let (addr, _stop) = serving(routes, Limits::default()).await;
+    let page = exchange(addr, "GET /explain/shop/web-1 HTTP/1.0\r\n\r\n").await;
+    let head = page.split("\r\n\r\n").next().expect("a head").to_ascii_lowercase();
+    assert!(head.starts_with("http/1.0 200"), "{page}");
+    let policy = head.lines().find_map(|l| l.strip_prefix("content-security-policy: ")).expect("a CSP");
+    assert!(policy.contains("frame-ancestors 'none'") && policy.contains("default-src 'none'"), "{policy}");
+    assert!(head.contains("\r\ncache-control: no-store"), "{head}");
+    assert!(head.contains("\r\nx-frame-options: deny"), "{head}");
+    let api = exchange(addr, "GET /api/v1/containers HTTP/1.0\r\n\r\n").await.to_ascii_lowercase();
+    assert!(api.contains("\r\ncache-control: no-store"), "{api}");
+}

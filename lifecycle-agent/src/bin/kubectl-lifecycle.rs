@@ -9,7 +9,7 @@ use lifecycle_agent::{
         plugin::{self, AgentLocation},
         status,
     },
-    model::explain,
+    model::{explain, terminal},
     ErrorChain,
 };
 
@@ -125,7 +125,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error + Send + Sy
             let request = plugin::ExplainRequest { namespace, pod, node, container, all_instances };
             let stories = plugin::explain_pod(&client, &location, &request, &token).await?;
             match output {
-                Format::Json => println!("{}", serde_json::to_string_pretty(&stories)?),
+                Format::Json => println!("{}", terminal::safe_json(serde_json::to_string_pretty(&stories)?)),
                 Format::Text => print!("{}", explain::render_text(&stories, None)),
             }
             Ok(ExitCode::SUCCESS)

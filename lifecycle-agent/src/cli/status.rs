@@ -213,7 +213,9 @@ pub fn render(answers: &[Answer<'_>], output: Output) -> Result<String, RenderEr
         _ => Value::Array(answers.iter().map(|a| serde_json::json!({"node": a.node, "answer": a.body})).collect()),
     };
     match output {
-        Output::Json => Ok(format!("{}\n", serde_json::to_string_pretty(&document())?)),
+        // Made safe for a terminal: names in it come from pods (`lifecycle-model/src/terminal.rs`); YAML escapes
+        // control characters itself.
+        Output::Json => Ok(format!("{}\n", crate::model::terminal::safe_json(serde_json::to_string_pretty(&document())?))),
         Output::Yaml => Ok(serde_saphyr::to_string(&document())?),
         Output::Table | Output::Wide => tables(answers, output == Output::Wide),
     }
@@ -300,10 +302,14 @@ fn pod_row(p: &PodView) -> [String; 5] {
     ]
 }
 
-/// Rows under their headers, columns padded to their widest cell.
+/// Rows under their headers, columns padded to their widest cell. Every cell is made safe for a
+/// terminal first (`lifecycle-model/src/terminal.rs`): names and reasons come from the agent, and from pods.
 fn aligned(headers: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
     let header_row: Vec<String> = headers.iter().map(|h| (*h).to_owned()).collect();
-    let rows: Vec<Vec<String>> = std::iter::once(header_row).chain(rows).collect();
+    let rows: Vec<Vec<String>> = std::iter::once(header_row)
+        .chain(rows)
+        .map(|row| row.iter().map(|cell| crate::model::terminal::safe(cell).into_owned()).collect())
+        .collect();
     let mut widths = vec![0; headers.len()];
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -586,6 +592,21 @@ mod tests {
         assert_eq!(several, serde_json::json!([{"node": "n1", "answer": body}]));
         let not_the_api = serde_json::json!({"containers": []});
         assert!(render(&[Answer { node: None, body: &not_the_api }], Output::Table).is_err());
+    }
+
+    #[test]
+    fn names_and_reasons_from_an_answer_cannot_write_to_the_terminal() {
+        // Issue 37: an agent's answers were printed raw by `status`.
+        let mut view = container("shop\u{1b}]0;owned\u{7}", "web\u{1b}[2J", "app\n");
+        view.labels.uid = "uid\u{9b}1m".into();
+        let body = answer(2, vec![view], vec![pod("web\u{1b}[H", PodPhase::Running, Some("Run\u{1b}ning"))]);
+        for output in [Output::Table, Output::Wide, Output::Json, Output::Yaml] {
+            let shown = render(&[Answer { node: Some("node\u{1b}c"), body: &body }], output).expect("renders");
+            assert!(!shown.chars().any(|c| c.is_control() && c != '\n'), "{output:?}: {shown:?}");
+        }
+        let table = render(&[Answer { node: None, body: &body }], Output::Wide).expect("renders");
+        assert!(table.contains("web\\u{1b}[2J") && table.contains("uid\\u{9b}1m"), "{table}");
+        assert_eq!(table.lines().count(), 5, "no row is split by a newline in a name: {table}");
     }
 
     #[test]

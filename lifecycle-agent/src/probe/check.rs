@@ -70,8 +70,8 @@ pub enum ParseError {
     /// Not a duration like 500ms, 5s, 1.5m.
     #[error("bad duration {value:?} for {param}: expected a number with ms, s, m or h, e.g. 5s")]
     BadDuration { param: &'static str, value: String },
-    /// The file path is relative, has `..` or NUL, or is empty.
-    #[error("bad file path {0:?}: must be absolute, without '..' components")]
+    /// The file path is relative, has `..` or a control character (NUL, newline), or is empty.
+    #[error("bad file path {0:?}: must be absolute, without '..' components or control characters")]
     BadPath(String),
     /// Percent-encoding that does not decode to UTF-8.
     #[error("bad percent-encoding in {0:?}")]
@@ -350,7 +350,12 @@ fn parse_all(params: &[(String, Option<String>)]) -> Result<CheckSpec, ParseErro
 }
 
 fn file_spec(path: &str, fresh: Option<&str>, contains: Option<&str>) -> Result<CheckSpec, ParseError> {
-    let bad = path.is_empty() || !path.starts_with('/') || path.contains('\0') || path.split('/').any(|c| c == "..");
+    // A control character (`%0A`) would reach the `check` label and the log lines that quote it
+    // as a line of its own: no file a probe means has one.
+    let bad = path.is_empty()
+        || !path.starts_with('/')
+        || path.chars().any(char::is_control)
+        || path.split('/').any(|c| c == "..");
     if bad {
         return Err(ParseError::BadPath(path.to_owned()));
     }

@@ -37,11 +37,15 @@ fn bad_input_gives_one_line_errors() {
         ("/tcp", "port=80&port=81", "parameter \"port\" given more than once"),
         ("/tcp", "port=80&stall=5", "bad duration \"5\" for stall: expected a number with ms, s, m or h, e.g. 5s"),
         ("/tcp", "port=80&bogus=1", "tcp probe does not take parameter \"bogus\""),
-        ("/file", "path=tmp/x", "bad file path \"tmp/x\": must be absolute, without '..' components"),
+        (
+            "/file",
+            "path=tmp/x",
+            "bad file path \"tmp/x\": must be absolute, without '..' components or control characters",
+        ),
         (
             "/file",
             "path=/../../etc/hostname",
-            "bad file path \"/../../etc/hostname\": must be absolute, without '..' components",
+            "bad file path \"/../../etc/hostname\": must be absolute, without '..' components or control characters",
         ),
         ("/file", "path=%zz", "bad percent-encoding in \"%zz\""),
         ("/all", "", "all probe needs at least one of tcp=, process, file="),

@@ -127,3 +127,19 @@ fn refusals_quote_the_pods_words_so_they_cannot_forge_log_lines() {
         .expect_err("another container's name is refused");
     assert!(!refusal.to_string().contains('\n'), "{refusal}");
 }
+
+#[test]
+fn a_declared_path_with_a_control_character_is_refused_so_no_label_or_log_line_carries_it() {
+    // Issue 37: `path=/tmp/a%0Alevel=INFO msg=forged` was declared, and its `check` label, with
+    // the newline, was logged at every change of its result.
+    let mut declaration = Declaration::default();
+    for entry in ["/probe/file?path=/tmp/a%0Alevel=INFO%20msg=forged", "/probe/all?file=/tmp/a%0D%1B[2J&process"] {
+        let refusal = declaration.add(None, entry).expect_err("a control character in a path");
+        assert_eq!(refusal.reason, RefusalReason::Unparsable, "{refusal}");
+        assert!(refusal.detail.contains("control characters") && !refusal.to_string().contains('\n'), "{refusal}");
+    }
+    assert!(declaration.is_empty());
+    declaration.add(None, "/probe/file?path=/tmp/a%20b").expect("a space is a path's own");
+    let labels: Vec<String> = declaration.checks_for("app").iter().map(CheckSpec::label).collect();
+    assert_eq!(labels, ["file:/tmp/a b"]);
+}

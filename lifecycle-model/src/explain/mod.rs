@@ -574,19 +574,21 @@ fn verdict(report: &TerminationReport, stop_signal: &str, words: &Words, missed:
 }
 
 /// The stories as text: a block per container, the verdict first; each offset with the wall time
-/// it was when `boot_to_unix_seconds` (an answer's) is given.
+/// it was when `boot_to_unix_seconds` (an answer's) is given. Every field is made safe for a
+/// terminal (`terminal.rs`), whichever part of the answer it was made from.
 pub fn render_text(stories: &[ContainerStory], boot_to_unix_seconds: Option<f64>) -> String {
+    use crate::terminal::safe;
     let mut out = String::new();
     for story in stories {
-        let cause = story.cause.as_deref().map(|c| format!(" [{c}]")).unwrap_or_default();
-        let _ = writeln!(out, "{}: {}{cause}", story.subject(), story.verdict);
+        let cause = story.cause.as_deref().map(|c| format!(" [{}]", safe(c))).unwrap_or_default();
+        let _ = writeln!(out, "{}: {}{cause}", safe(&story.subject()), safe(&story.verdict));
         let wall = boot_to_unix_seconds.map(crate::wire::at::WallClock::from_offset_seconds);
         if let Some(time) = story.origin.zip(wall).and_then(|(origin, clock)| clock.rfc3339(origin)) {
             let _ = writeln!(out, "  at {time}");
         }
         for line in &story.timeline {
             let offset = line.offset_ms.map(|ms| format!("{ms:+10.1}ms")).unwrap_or_else(|| " ".repeat(12));
-            let _ = writeln!(out, "  {offset}  {:<6}  {}", line.source, line.text);
+            let _ = writeln!(out, "  {offset}  {:<6}  {}", line.source, safe(&line.text));
         }
     }
     out

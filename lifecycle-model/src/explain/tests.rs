@@ -117,6 +117,21 @@ fn names_from_a_pod_cannot_write_to_the_terminal() {
     assert!(text.contains("ja\\u{1b}[2Jva"), "{text}");
 }
 
+#[test]
+fn no_field_of_an_answer_can_write_to_the_terminal() {
+    // Issue 37: only process names were escaped; the rest of an answer was printed raw.
+    let mut stop = shell_entrypoint();
+    stop.container = "app\u{1b}[2J".into();
+    let mut stories = vec![of_stop(&stop)];
+    stories[0].namespace = "shop\u{1b}]0;x\u{7}".into();
+    stories[0].cause = Some("deleted\u{9b}2J".into());
+    stories[0].verdict = "killed\nforged line".into();
+    let text = render_text(&stories, None);
+    assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
+    assert!(text.contains("killed\\u{a}forged line"), "{text}");
+    assert!(text.contains("[deleted\\u{9b}2J]"), "{text}");
+}
+
 fn host_stop(path: &str, report: TerminationReport) -> PastStop {
     PastStop {
         seq: 0,
