@@ -190,10 +190,20 @@ crate::spelling::spelling!(StopCause {
     RuntimeOrUnknown => "runtime_or_unknown",
 });
 
+/// The pod an Event is about, as its `involvedObject` names it. The API server checks only that
+/// an Event's namespace is its object's namespace, not that the uid is that object's: a notice
+/// counts for a pod only when all three are the pod's ([`crate::node::NodeTracker::notice_for`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
 /// A container-level kill the kubelet announced in an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KillNotice {
-    pub pod_uid: String,
+    pub pod: PodRef,
     pub container: String,
     pub cause: StopCause,
 }

@@ -18,7 +18,10 @@ use crate::{
         watch::{KubeError, KubeSource, PodChange},
         words::ApiWords,
     },
-    model::{node::Outcome, spec::KillNotice},
+    model::{
+        node::{NoticeFor, Outcome},
+        spec::{KillNotice, PodRef},
+    },
 };
 
 /// A source when credentials exist; None (after one clear line) when the agent runs without
@@ -65,15 +68,19 @@ pub(super) async fn connect(
 pub(super) struct KubeMetrics {
     up: IntGauge,
     errors: IntCounter,
+    /// Notices whose Event names a pod of this node by the uid of another (forged).
+    notices_refused: IntCounter,
 }
 
 impl KubeMetrics {
     pub(super) fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let up = IntGauge::with_opts(AgentFamily::KubernetesUp.family().opts())?;
         let errors = IntCounter::with_opts(AgentFamily::KubernetesWatchErrors.family().opts())?;
+        let notices_refused = IntCounter::with_opts(AgentFamily::KubernetesNoticesRefused.family().opts())?;
         registry.register(Box::new(up.clone()))?;
         registry.register(Box::new(errors.clone()))?;
-        Ok(Self { up, errors })
+        registry.register(Box::new(notices_refused.clone()))?;
+        Ok(Self { up, errors, notices_refused })
     }
 }
 
@@ -167,7 +174,16 @@ pub(super) async fn pod_loop(
 /// A notice from the kubelet's Events.
 enum KubeletNotice {
     Kill(KillNotice),
-    Eviction(String),
+    Eviction(PodRef),
+}
+
+impl KubeletNotice {
+    fn pod(&self) -> &PodRef {
+        match self {
+            Self::Kill(notice) => &notice.pod,
+            Self::Eviction(pod) => pod,
+        }
+    }
 }
 
 /// Applies the kubelet's probe-kill and eviction notices to the tracker until shutdown.
@@ -189,16 +205,27 @@ pub(super) async fn kill_loop(
         match notice {
             None => return,
             Some(Ok(notice)) => {
-                // Events are not selected by node: only pods of this node count.
+                // Events are not selected by node: only pods of this node count, named by
+                // namespace, name and uid; a uid of this node's pod under other names is forged.
+                let refused = metrics.notices_refused.clone();
                 tracker
-                    .update(|tracker| match notice {
-                        KubeletNotice::Kill(notice) if tracker.knows_pod(&notice.pod_uid) => {
-                            tracker.apply_kill_notice(notice, boottime_ns())
+                    .update(move |tracker| match tracker.notice_for(notice.pod()) {
+                        NoticeFor::ThisPod => match notice {
+                            KubeletNotice::Kill(notice) => tracker.apply_kill_notice(notice, boottime_ns()),
+                            KubeletNotice::Eviction(pod) => tracker.apply_eviction_notice(&pod, boottime_ns()),
+                        },
+                        NoticeFor::OtherPod => {
+                            refused.inc();
+                            let pod = notice.pod();
+                            log::warn!(
+                                "an Event in namespace {:?} names pod {:?} by the uid of another pod of this node; \
+                                 ignored (forged?)",
+                                pod.namespace,
+                                pod.name
+                            );
+                            Outcome::default()
                         }
-                        KubeletNotice::Eviction(uid) if tracker.knows_pod(&uid) => {
-                            tracker.apply_eviction_notice(&uid, boottime_ns())
-                        }
-                        _ => Outcome::default(),
+                        NoticeFor::UnknownPod => Outcome::default(),
                     })
                     .await;
             }

@@ -68,6 +68,7 @@ pub use instance::SeedProcess;
 use instance::{ExecFacts, Instance, InstanceKind};
 pub use outcome::{Ended, Outcome};
 pub use phase::{PodConditions, PodPhase, PodView};
+pub use pods::NoticeFor;
 pub use probed::{
     ListenerSample, PortSample, ProbeChanges, ProbeFacts, ProbeKey, ProbeSample, ProbeWatch, WatchKept,
     MAX_TRACKED_PORTS, MAX_WATCHES as MAX_PROBE_WATCHES,

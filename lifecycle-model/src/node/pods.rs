@@ -10,8 +10,8 @@ use crate::{
     kubelet::Gate,
     metadata::{ContainerMeta, ContainerType},
     spec::{
-        grace_used_ns, pod_level_cause, ContainerFacts, ContainerKind, Disruption, KillNotice, PodFacts, SpecSource,
-        StopCause,
+        grace_used_ns, pod_level_cause, ContainerFacts, ContainerKind, Disruption, KillNotice, PodFacts, PodRef,
+        SpecSource, StopCause,
     },
     termination::{TerminationOutcome, TerminationReport, TerminationSettings, SIGTERM},
     time::BootTime,
@@ -62,6 +62,17 @@ impl EvictionNotice {
     fn in_force(&self, now: u64) -> bool {
         self.confirmed || now.saturating_sub(self.at) <= EVICTION_NOTICE_NS
     }
+}
+
+/// Whose pod an Event's `involvedObject` names ([`NodeTracker::notice_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoticeFor {
+    /// A pod of this node: namespace, name and uid all its own.
+    ThisPod,
+    /// No pod of this node has the uid (another node's, or one not seen yet).
+    UnknownPod,
+    /// A pod of this node's uid under another namespace or name: forged.
+    OtherPod,
 }
 
 /// Pods kept per node at most (a node runs at most a few hundred).
@@ -151,17 +162,32 @@ impl NodeTracker {
         self.outcome()
     }
 
-    /// The kubelet announced that it evicts pod `uid` (its `Evicted` event, recorded before it
+    /// Whether an Event's `involvedObject` is a pod of this node: its namespace, name and uid
+    /// all the pod's. [`NoticeFor::OtherPod`] is a uid of this node's pod under another name:
+    /// an Event forged in another namespace (the API server checks only that an Event's
+    /// namespace is its object's), ignored by every `apply_*_notice`.
+    pub fn notice_for(&self, pod: &PodRef) -> NoticeFor {
+        match self.pods.get(&pod.uid) {
+            None => NoticeFor::UnknownPod,
+            Some(known) if known.namespace == pod.namespace && known.name == pod.name => NoticeFor::ThisPod,
+            Some(_) => NoticeFor::OtherPod,
+        }
+    }
+
+    /// The kubelet announced that it evicts `pod` (its `Evicted` event, recorded before it
     /// kills the containers): they are stopped with the eviction's grace, which the Pod object
-    /// shows only once they are stopped.
+    /// shows only once they are stopped. Ignored unless `pod` is a pod of this node by
+    /// namespace, name and uid ([`Self::notice_for`]).
     ///
     /// Anyone allowed to create Events in the pod's namespace can write one that names this
     /// node's kubelet, so a notice holds only 10 s (`EVICTION_NOTICE_NS`) unless the Pod's status
     /// (which only the kubelet writes) confirms it: a forged one cannot shorten the grace a
     /// later stop is judged with.
     #[must_use = "the outcome carries judgements and notices the caller routes"]
-    pub fn apply_eviction_notice(&mut self, uid: &str, now: u64) -> super::Outcome {
-        self.record_eviction_notice(uid, now);
+    pub fn apply_eviction_notice(&mut self, pod: &PodRef, now: u64) -> super::Outcome {
+        if self.notice_for(pod) == NoticeFor::ThisPod {
+            self.record_eviction_notice(&pod.uid, now);
+        }
         self.outcome()
     }
 
@@ -229,28 +255,27 @@ impl NodeTracker {
     /// `now` (boot ns). The kubelet records the event and stops the container at the same
     /// time, so the event often arrives after the exit: a stop judged in the last
     /// `LATE_NOTICE_NS` without a known cause takes it; otherwise the notice waits for the stop.
+    /// Ignored unless the notice's pod is a pod of this node by namespace, name and uid
+    /// ([`Self::notice_for`]).
     #[must_use = "the outcome carries judgements and notices the caller routes"]
     pub fn apply_kill_notice(&mut self, notice: KillNotice, now: u64) -> super::Outcome {
-        self.record_kill_notice(notice, now);
+        if self.notice_for(&notice.pod) == NoticeFor::ThisPod {
+            self.record_kill_notice(notice, now);
+        }
         self.outcome()
     }
 
     fn record_kill_notice(&mut self, notice: KillNotice, now: u64) {
-        let unit_key = UnitKey::Container { pod_uid: notice.pod_uid.clone(), container: notice.container.clone() };
+        let KillNotice { pod: PodRef { uid: pod_uid, .. }, container, cause } = notice;
+        let unit_key = UnitKey::Container { pod_uid: pod_uid.clone(), container: container.clone() };
         if let Some(unit) = self.units.get_mut(&unit_key) {
-            if name_a_recent_unknown_stop(unit, notice.cause, BootTime::from_ns(now)) {
+            if name_a_recent_unknown_stop(unit, cause, BootTime::from_ns(now)) {
                 let exit_time = unit.last_termination.as_ref().map(|r| r.exit_time).unwrap_or_default();
-                std::sync::Arc::make_mut(&mut self.history).name_cause(
-                    &notice.pod_uid,
-                    &notice.container,
-                    exit_time,
-                    notice.cause,
-                );
+                std::sync::Arc::make_mut(&mut self.history).name_cause(&pod_uid, &container, exit_time, cause);
                 return;
             }
         }
-        let key = (notice.pod_uid.clone(), notice.container.clone());
-        self.kill_notices.insert(key, notice.cause);
+        self.kill_notices.insert((pod_uid.clone(), container), cause);
         if self.kill_notices.len() > MAX_PODS {
             // Notices are consumed by the stop they announce; stale ones are dropped first.
             if let Some(stale) = self.kill_notices.keys().next().cloned() {
@@ -258,7 +283,7 @@ impl NodeTracker {
                 self.dropped.add(DroppedKind::KillNotice, 1);
             }
         }
-        self.apply_spec(&notice.pod_uid);
+        self.apply_spec(&pod_uid);
     }
 
     /// The pod and container spec of a unit, when the API told.
@@ -412,7 +437,13 @@ impl NodeTracker {
         let Some((pod, container)) = self.spec_of(key).map(|(p, c)| (p.uid.clone(), c.name.clone())) else {
             return Some(StopCause::RuntimeOrUnknown);
         };
-        if let Some(cause) = self.kill_notices.remove(&(pod.clone(), container)) {
+        // The Pod's own status (written by the API server and the kubelet only) first; then an
+        // Event, which anyone allowed to create Events in the namespace can write.
+        let notice = self.kill_notices.remove(&(pod.clone(), container));
+        if let Some(cause) = self.status_cause(&pod) {
+            return Some(cause);
+        }
+        if let Some(cause) = notice {
             return Some(cause);
         }
         if let Some(cause) = self.pods.get(&pod).and_then(pod_level_cause) {
@@ -425,6 +456,21 @@ impl NodeTracker {
             return Some(StopCause::RestartAllContainers);
         }
         Some(StopCause::RuntimeOrUnknown)
+    }
+
+    /// The cause pod `uid`'s own object shows (a disruption, its deletion, a restart of all its
+    /// containers), leaving out an eviction only an unconfirmed `Evicted` Event tells.
+    fn status_cause(&self, uid: &str) -> Option<StopCause> {
+        let pod = self.pods.get(uid)?;
+        let unconfirmed = self.evicted_by_kubelet.get(uid).is_some_and(|notice| !notice.confirmed);
+        if unconfirmed && pod.disruption == Some(Disruption::EvictedByKubelet) {
+            return match () {
+                () if pod.restarting_all_containers => Some(StopCause::RestartAllContainers),
+                () if pod.deletion_grace_ns.is_some() => Some(StopCause::Deleted),
+                () => None,
+            };
+        }
+        pod_level_cause(pod)
     }
 
     /// Whether a container of pod `pod_uid` exited, in the [`LATE_NOTICE_NS`] up to `at`, with

@@ -16,7 +16,7 @@ use kube::{
     Client, Config,
 };
 
-use crate::model::spec::{kill_cause_from_message, KillNotice};
+use crate::model::spec::{kill_cause_from_message, KillNotice, PodRef};
 
 /// How long the first contact may take before the agent goes on without the API.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -184,10 +184,9 @@ impl KubeSource {
 }
 
 impl KubeSource {
-    /// The uids of pods this node's kubelet announced it evicts (its `Evicted` Warning events,
-    /// recorded before it kills the containers: node pressure, ephemeral storage, emptyDir
-    /// `sizeLimit`).
-    pub(crate) fn eviction_notices(&self) -> impl Stream<Item = Result<String, String>> + Send + 'static {
+    /// The pods this node's kubelet announced it evicts (its `Evicted` Warning events, recorded
+    /// before it kills the containers: node pressure, ephemeral storage, emptyDir `sizeLimit`).
+    pub(crate) fn eviction_notices(&self) -> impl Stream<Item = Result<PodRef, String>> + Send + 'static {
         let api: Api<ApiEvent> = Api::all(self.client.clone());
         let config = watcher::Config::default().fields("involvedObject.kind=Pod,reason=Evicted");
         let node = self.node.clone();
@@ -209,12 +208,20 @@ async fn from_kubeconfig(path: PathBuf) -> Result<Config, KubeError> {
         .map_err(|source| KubeError::Kubeconfig { path, source })
 }
 
-/// The uid of the pod in an `Evicted` event, if this node's kubelet reported it.
-pub(crate) fn eviction_notice(event: &ApiEvent, node: &str) -> Option<String> {
+/// The pod in an `Evicted` event, if this node's kubelet reported it.
+pub(crate) fn eviction_notice(event: &ApiEvent, node: &str) -> Option<PodRef> {
     if !from_kubelet_of(event, node) || event.reason.as_deref() != Some("Evicted") {
         return None;
     }
-    event.involved_object.uid.clone()
+    involved_pod(event)
+}
+
+/// The pod an Event is about, by namespace, name and uid: all three must be a pod's for the
+/// notice to count (the API server checks only the namespace against the Event's own, so the
+/// uid alone could be any pod's).
+fn involved_pod(event: &ApiEvent) -> Option<PodRef> {
+    let object = &event.involved_object;
+    Some(PodRef { namespace: object.namespace.clone()?, name: object.name.clone()?, uid: object.uid.clone()? })
 }
 
 /// Whether `event` was reported by the kubelet of `node`. Anyone allowed to create Events can
@@ -238,7 +245,7 @@ pub(crate) fn kill_notice(event: &ApiEvent, node: &str) -> Option<KillNotice> {
         return None;
     }
     let (container, cause) = kill_cause_from_message(event.message.as_deref()?)?;
-    Some(KillNotice { pod_uid: event.involved_object.uid.clone()?, container, cause })
+    Some(KillNotice { pod: involved_pod(event)?, container, cause })
 }
 
 #[cfg(test)]
@@ -260,7 +267,11 @@ mod tests {
         .expect("an Event");
         assert_eq!(
             kill_notice(&event, "node-a"),
-            Some(KillNotice { pod_uid: "u1".into(), container: "app".into(), cause: StopCause::LivenessProbe })
+            Some(KillNotice {
+                pod: PodRef { namespace: "shop".into(), name: "web-1".into(), uid: "u1".into() },
+                container: "app".into(),
+                cause: StopCause::LivenessProbe
+            })
         );
         let mut deletion = event.clone();
         deletion.message = Some("Stopping container app".into());
@@ -302,7 +313,10 @@ mod tests {
             }))
             .expect("an Event")
         };
-        assert_eq!(eviction_notice(&event("Evicted", "node-a"), "node-a").as_deref(), Some("u9"));
+        assert_eq!(
+            eviction_notice(&event("Evicted", "node-a"), "node-a"),
+            Some(PodRef { namespace: "default".into(), name: "hog".into(), uid: "u9".into() })
+        );
         assert_eq!(eviction_notice(&event("Evicted", "node-b"), "node-a"), None, "another node's kubelet");
         assert_eq!(eviction_notice(&event("Killing", "node-a"), "node-a"), None);
     }

@@ -33,6 +33,11 @@ pub(in crate::node) fn pod_facts(
     }
 }
 
+/// The pod of [`pod_facts`] as an Event's `involvedObject` names it.
+fn web_1() -> crate::spec::PodRef {
+    crate::spec::PodRef { namespace: "shop".into(), name: "web-1".into(), uid: POD_UID.into() }
+}
+
 /// A running container of the pod above, with the API as its spec source.
 pub(super) fn tracker_with_pod(pod: crate::spec::PodFacts) -> (NodeTracker, u64) {
     let mut tracker = tracker_with_cri();
@@ -243,7 +248,7 @@ fn a_liveness_kill_uses_the_probes_grace_and_names_the_cause() {
     };
     let (mut tracker, cg) = tracker_with_pod(pod_facts(30, RestartPolicy::Always));
     tracker.apply_kill_notice(
-        KillNotice { pod_uid: POD_UID.into(), container: "app".into(), cause: StopCause::LivenessProbe },
+        KillNotice { pod: web_1(), container: "app".into(), cause: StopCause::LivenessProbe },
         9 * SECOND,
     );
     let shim = (50, SHIM_CGROUP, "containerd-shim");
@@ -380,7 +385,7 @@ fn a_kill_notice_after_the_exit_names_the_cause_of_that_stop() {
     let shim = (50, SHIM_CGROUP, "containerd-shim");
     tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
     tracker.apply(&exit(10 * SECOND + 1000, 100, cg, None, Some(15)));
-    let notice = || KillNotice { pod_uid: POD_UID.into(), container: "app".into(), cause: StopCause::LivenessProbe };
+    let notice = || KillNotice { pod: web_1(), container: "app".into(), cause: StopCause::LivenessProbe };
     tracker.apply_kill_notice(notice(), 10 * SECOND + 300_000_000);
     let report = only_view(&tracker, 11 * SECOND).last_termination.expect("judged");
     assert_eq!(report.cause, Some(StopCause::LivenessProbe));
@@ -460,7 +465,7 @@ fn the_kubelets_eviction_notice_sets_its_grace_before_the_pod_shows_it() {
     use crate::{container_state::RestartPolicy, spec::StopCause};
     let (mut tracker, cg) = tracker_with_pod(pod_facts(20, RestartPolicy::Always));
     let uid = pod_facts(20, RestartPolicy::Always).uid;
-    tracker.apply_eviction_notice(&uid, 8 * SECOND);
+    tracker.apply_eviction_notice(&web_1(), 8 * SECOND);
     // A pod update without the reason yet keeps what the event said.
     tracker.apply_pod(pod_facts(20, RestartPolicy::Always), 9 * SECOND);
     let shim = (50, SHIM_CGROUP, "containerd-shim");
@@ -481,7 +486,7 @@ fn an_eviction_notice_the_pods_status_never_confirms_lapses() {
     use crate::{container_state::RestartPolicy, spec::StopCause};
     let (mut tracker, cg) = tracker_with_pod(pod_facts(20, RestartPolicy::Always));
     let uid = pod_facts(20, RestartPolicy::Always).uid;
-    tracker.apply_eviction_notice(&uid, 2 * SECOND);
+    tracker.apply_eviction_notice(&web_1(), 2 * SECOND);
     tracker.apply_pod(pod_facts(20, RestartPolicy::Always), 5 * SECOND);
     tracker.expire(11 * SECOND, u64::MAX);
     assert!(tracker.evicted_by_kubelet.contains_key(&uid), "still in force 9 s on");
@@ -500,7 +505,7 @@ fn an_eviction_notice_the_pods_status_never_confirms_lapses() {
 
     // Confirmed by the status (`status.reason: Evicted`), a notice stays.
     let (mut tracker, _) = tracker_with_pod(pod_facts(20, RestartPolicy::Always));
-    tracker.apply_eviction_notice(&uid, 2 * SECOND);
+    tracker.apply_eviction_notice(&web_1(), 2 * SECOND);
     let mut evicted = pod_facts(20, RestartPolicy::Always);
     evicted.disruption = Some(crate::spec::Disruption::EvictedByKubelet);
     tracker.apply_pod(evicted, 5 * SECOND);
@@ -535,4 +540,79 @@ fn a_deleted_pods_stop_is_explained_long_after_its_series_expired() {
     assert_eq!(past.len(), 1, "{past:?}");
     assert_eq!(past[0].last_termination.cause, Some(crate::spec::StopCause::Deleted));
     assert!(matches!(past[0].last_termination.outcome, TerminationOutcome::SigkilledAfterGrace { .. }));
+}
+
+/// The report of a stop of [`tracker_with_pod`]'s container by the runtime: SIGTERM at 10 s,
+/// SIGKILL at 15 s, after `before` ran on the tracker at 9 s and `after` at 15.3 s.
+fn stopped_after(
+    pod: crate::spec::PodFacts,
+    before: impl FnOnce(&mut NodeTracker),
+    after: impl FnOnce(&mut NodeTracker),
+) -> crate::termination::TerminationReport {
+    let (mut tracker, cg) = tracker_with_pod(pod);
+    before(&mut tracker);
+    let shim = (50, SHIM_CGROUP, "containerd-shim");
+    tracker.apply(&signal(10 * SECOND, shim, (100, cg), 15));
+    tracker.apply(&signal(15 * SECOND, shim, (100, cg), 9));
+    tracker.apply(&exit(15 * SECOND + 1000, 100, cg, None, Some(9)));
+    after(&mut tracker);
+    only_view(&tracker, 16 * SECOND).last_termination.expect("judged")
+}
+
+#[test]
+fn a_forged_killing_or_evicted_event_from_another_namespace_changes_no_verdict() {
+    // Issue 37: a notice was matched to its pod by `involvedObject.uid` alone, and the API
+    // server checks only that an Event's namespace is its object's: a tenant in `tenant` could
+    // write "Container app failed liveness probe" about shop/web-1 by its uid.
+    use crate::{
+        container_state::RestartPolicy,
+        node::NoticeFor,
+        spec::{KillNotice, PodRef, StopCause},
+    };
+    let pod = || pod_facts(30, RestartPolicy::Always);
+    let untouched = stopped_after(pod(), |_| {}, |_| {});
+    assert_eq!(untouched.cause, Some(StopCause::RuntimeOrUnknown));
+    let forged = [
+        PodRef { namespace: "tenant".into(), ..web_1() },
+        PodRef { name: "web-2".into(), ..web_1() },
+        PodRef { namespace: "tenant".into(), name: "evil".into(), ..web_1() },
+    ];
+    for pod_ref in forged {
+        let (tracker, _) = tracker_with_pod(pod());
+        assert_eq!(tracker.notice_for(&pod_ref), NoticeFor::OtherPod, "{pod_ref:?}");
+        let notice = || KillNotice { pod: pod_ref.clone(), container: "app".into(), cause: StopCause::LivenessProbe };
+        let early = |t: &mut NodeTracker| {
+            t.apply_kill_notice(notice(), 9 * SECOND);
+            t.apply_eviction_notice(&pod_ref, 9 * SECOND);
+        };
+        assert_eq!(stopped_after(pod(), early, |_| {}), untouched, "before the stop: {pod_ref:?}");
+        let late = |t: &mut NodeTracker| {
+            t.apply_kill_notice(notice(), 15 * SECOND + 300_000_000);
+        };
+        assert_eq!(stopped_after(pod(), |_| {}, late), untouched, "after the stop: {pod_ref:?}");
+    }
+    // The pod's own names, and its uid, make the notice count.
+    let (tracker, _) = tracker_with_pod(pod());
+    assert_eq!(tracker.notice_for(&web_1()), NoticeFor::ThisPod);
+    assert_eq!(tracker.notice_for(&PodRef { uid: "another".into(), ..web_1() }), NoticeFor::UnknownPod);
+    let notice = KillNotice { pod: web_1(), container: "app".into(), cause: StopCause::LivenessProbe };
+    let named = stopped_after(pod(), |t| drop(t.apply_kill_notice(notice, 9 * SECOND)), |_| {});
+    assert_eq!(named.cause, Some(StopCause::LivenessProbe));
+}
+
+#[test]
+fn the_pods_own_status_is_taken_over_a_killing_event() {
+    // Issue 37: the Pod's status is written by the API server and the kubelet only; an Event by
+    // anyone allowed to create Events in the namespace. A deletion the Pod shows is the cause,
+    // whatever a `Killing` Event says.
+    use crate::{
+        container_state::RestartPolicy,
+        spec::{KillNotice, StopCause},
+    };
+    let mut deleted = pod_facts(30, RestartPolicy::Always);
+    deleted.deletion_grace_ns = Some(5 * SECOND);
+    let notice = KillNotice { pod: web_1(), container: "app".into(), cause: StopCause::LivenessProbe };
+    let report = stopped_after(deleted, |t| drop(t.apply_kill_notice(notice, 9 * SECOND)), |_| {});
+    assert_eq!(report.cause, Some(StopCause::Deleted));
+    assert_eq!(report.grace_ns, 5 * SECOND);
 }
