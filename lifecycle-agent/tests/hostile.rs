@@ -482,3 +482,84 @@ fn a_reused_pid_never_leads_a_file_check_into_another_containers_files() {
     let _ = squatter.wait();
     h.stop_container(&other_id, 2).expect("stop");
 }
+
+#[test]
+fn forty_eight_probes_on_a_stalled_mount_hold_up_neither_health_nor_other_pods_probes() {
+    // Issue 37: the supervisor read each new probe's declared files in its pass, up to 1 s
+    // each, and beat its heartbeat after the pass: three pods of 16 containers on a tenant's
+    // mount that stopped answering held a pass 48 s, `/healthz` failed, no new pod got a probe.
+    let test = "forty_eight_probes_on_a_stalled_mount_hold_up_neither_health_nor_other_pods_probes";
+    let Some(mut h) = start_or_skip(test) else { return };
+    let declaration = lifecycle_agent::model::metadata::keys::PROBE_DECLARATION;
+    let stall = "mkdir -p /stall && exec sleep 100000";
+    let mut stalled = Vec::new();
+    for p in 0..3 {
+        let pod = h.new_pod_annotated(&format!("stalled-{p}"), &[(declaration, "/probe/file?path=/stall/healthy")]);
+        let pod = pod.expect("pod");
+        for c in 0..16 {
+            let id = h.run_container(&pod, &format!("c{c}"), &["sh", "-c", stall], &annotations(2), None);
+            stalled.push((pod.clone(), format!("c{c}"), id.expect("container")));
+        }
+    }
+    // Every container's /stall hangs before the agent starts: its first pass makes all 48.
+    let mut mounts = Vec::new();
+    for (pod, _, id) in &stalled {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !Path::new(&format!("/proc/{}/root/stall", init_pid(pod, id))).is_dir() {
+            assert!(Instant::now() < deadline, "/stall never made in {id}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        mounts.push(stalled_fuse_mount(init_pid(pod, id), "/stall"));
+    }
+    let health = format!("127.0.0.1:{}", free_port());
+    let agent = Agent::start(AGENT, &h, &["--health-listen", &health]);
+    let (first, _, _) = &stalled[0];
+    agent.wait(first, "c0", "running", |c| state(c) == "running");
+    // A pod that comes now gets its probe within a second of the agent seeing it run.
+    let healthy = h.new_pod_annotated("healthy", &[(declaration, "/probe/process")]).expect("pod");
+    let forever = ["sh", "-c", "exec sleep 100000"];
+    let ok = h.run_container(&healthy, "app", &forever, &annotations(2), None).expect("container");
+    agent.wait(&healthy, "app", "running", |c| state(c) == "running");
+    let seen = Instant::now();
+    while agent.probe(&healthy, "app", "check=process").0 != 200 {
+        assert!(seen.elapsed() < Duration::from_secs(1), "no probe for a new pod {:?} after it ran", seen.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let probed_in = seen.elapsed();
+    // The stalled checks fail at once, saying why; health holds for 15 s (the supervisor's
+    // allowance is 10 s).
+    let began = Instant::now();
+    let mut slowest_stalled = Duration::ZERO;
+    while began.elapsed() < Duration::from_secs(15) {
+        assert_eq!(timed_healthz(&health).0, Some(200), "{:?} into the stall", began.elapsed());
+        let (pod, container, _) = &stalled[began.elapsed().as_millis() as usize % stalled.len()];
+        let asked = Instant::now();
+        let (code, why) = agent.probe(pod, container, "check=file&path=/stall/healthy");
+        slowest_stalled = slowest_stalled.max(asked.elapsed());
+        assert_eq!(code, 503, "{why}");
+        assert_eq!(agent.probe(&healthy, "app", "check=process").0, 200);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let metrics = agent.metrics();
+    let readers = sample(&metrics, "lifecycle_probe_file_readers ", &[]);
+    let capped = sample(&metrics, "lifecycle_probe_file_reads_skipped_total{", &["reason=\"node_cap\""]);
+    eprintln!(
+        "{test}: a new pod's probe answered {probed_in:?} after the agent saw it run; slowest answer of a stalled \
+         check {slowest_stalled:?}; {readers} reader threads stuck, {capped} passes held back by the node's cap"
+    );
+    assert!(readers <= 16.0 && readers > 0.0, "{readers} reader threads");
+    assert!(capped > 0.0, "48 stuck containers pass the node's 16 reader threads");
+    assert!(slowest_stalled < Duration::from_secs(1), "a stalled check took {slowest_stalled:?} to answer");
+    // Closing the daemons' ends aborts the stuck lookups: every reader thread ends.
+    drop(mounts);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sample(&agent.metrics(), "lifecycle_probe_file_readers ", &[]) > 0.0 {
+        assert!(Instant::now() < deadline, "reader threads still stuck after the mounts went");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // PID 1 `sleep` ignores SIGTERM: a kill at once.
+    h.stop_container(&ok, 0).expect("stop");
+    for (_, _, id) in &stalled {
+        h.stop_container(id, 0).expect("stop");
+    }
+}

@@ -29,6 +29,7 @@ use lifecycle_agent::{
         check::CheckSpec,
         declaration::{Declaration, RefusalReason},
         feeds::ProbeFeeds,
+        files::FileReaders,
         listener::{ListenerLimits, ProbeListener},
         metrics::{ConnectionCounters, ProbeMetrics, ProbeTarget},
         server::{bind_in_netns, PodRouter, ProbeAnswer},
@@ -127,7 +128,8 @@ impl Probe {
         let key = ProbeKey { uid: format!("uid-of-{}", target.pod), container: target.container.clone() };
         let feeds = ProbeFeeds::new(metrics.clone());
         let facts = feeds.open(&key);
-        let probe = Arc::new(PodProbe::new(target, key, pid, metrics, facts)?);
+        let readers = FileReaders::unregistered(lifecycle_agent::probe::files::MAX_FILE_READERS);
+        let probe = Arc::new(PodProbe::new(target, key, pid, metrics, facts, readers)?);
         let first = probe.sample(boottime_ns())?;
         let this = Self { probe, model: Mutex::new(NodeTracker::new(TrackerConfig::default())), feeds };
         this.commit(|tracker, probe| tracker.watch_probe(probe.key().clone(), probe.watch(), Some(&first)).1);
@@ -160,9 +162,11 @@ impl Probe {
         Ok(())
     }
 
-    /// Declares `checks` and tells the model their ports, as the supervisor does.
+    /// Declares `checks` and tells the model their ports, as the supervisor does, and reads
+    /// the files they name, as the probe's refresher then does at once.
     fn declare(&self, checks: Vec<CheckSpec>) {
         self.probe.declare(checks);
+        self.probe.refresh_files();
         self.commit(|tracker, probe| tracker.watch_probe(probe.key().clone(), probe.watch(), None).1);
     }
 

@@ -238,12 +238,14 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
 
     let sources = SourceFilter::new(&config.probe_allow_from);
     let probe_sources = sources.clone();
+    let readers = crate::probe::files::FileReaders::register(metrics.registry()).map_err(MetricsError::from)?;
     let supervisor = ProbeSupervisor::new(
         node_probes.clone(),
         probe_feeds,
         probe_metrics.clone(),
         config.pod_probe_port,
         sources,
+        readers,
         shutdown.clone(),
     );
     // The reader passes at least every poll period, the supervisor every second: allowances

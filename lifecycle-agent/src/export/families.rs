@@ -160,6 +160,8 @@ families! {
         ProbeDeclarationsRefused: "lifecycle_probe_declarations_refused_total", Counter, ["reason"], "Entries of pods' probe declarations refused, by reason (unparsable, forbidden_path, too_many).";
         ProbeConnectionsRejected: "lifecycle_probe_connections_rejected_total", Counter, ["reason"], "Connections to pod probe listeners closed without an answer, by reason: source (address not allowed), busy (connection bound reached), timeout (request head too slow).";
         ProbeRequestsForbidden: "lifecycle_probe_requests_forbidden_total", Counter, [], "Probe requests answered 403: not a declared check of a known container, or not a probe request.";
+        ProbeFileReaders: "lifecycle_probe_file_readers", Gauge, [], "Threads reading declared probe files now: one per container at most, 16 on the node. A read of a healthy file takes microseconds, so a thread that stays is stuck on a hung filesystem.";
+        ProbeFileReadsSkipped: "lifecycle_probe_file_reads_skipped_total", Counter, ["reason"], "Passes over a container's declared files not started, by reason: container_stuck (its last pass has not returned), node_cap (16 reader threads are alive on the node). The files' checks fail saying why.";
         ProbeSeriesDropped: "lifecycle_probe_series_dropped_total", Counter, [], "Declared (container, check) pairs left without series because their pod reached the per-pod cap.";
         ProbePortsUntracked: "lifecycle_probe_ports_untracked_total", Counter, [], "Listener events and samples of undeclared ports not tracked because a container's probe already tracks 64 (declared ports always are).";
     }

@@ -15,6 +15,8 @@
 //!   process state, and files read with `openat2(RESOLVE_IN_ROOT)` inside the container's root.
 //! - [`pod`]: one container's declared checks, answered from the model's facts and the files it
 //!   read; its refresher samples /proc for the model and re-judges when the facts change.
+//! - [`files`]: the declared files, read on threads of their own (bounded on the node), never
+//!   waited for by a loop.
 //! - [`declaration`] (pure): what a pod declared (the `lifecycle.dev/probes` annotation) — the
 //!   only checks answered; everything else gets 403 `forbidden` and creates nothing;
 //!   `pod_declarations` joins a pod's sources (annotation and spec) and parses each once.
@@ -47,6 +49,7 @@
 pub mod check;
 pub mod declaration;
 pub mod feeds;
+pub mod files;
 pub(crate) mod handoff;
 pub mod listener;
 pub mod metrics;

@@ -10,26 +10,24 @@
 
 use crate::ErrorChain;
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex, MutexGuard,
-    },
-    time::{Duration, Instant, SystemTime},
+    collections::{BTreeSet, HashSet},
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant},
 };
 
 use tokio::sync::watch;
 
 use super::{
-    check::{CheckSpec, FileFacts, Observed, Verdict, FILE_HEAD_BYTES},
+    check::{CheckSpec, Observed, Verdict},
     declaration::parse_request,
+    files::{DeclaredFiles, FileReaders, FILE_READ_TIMEOUT},
     metrics::{ProbeMetrics, ProbeTarget},
     server::{forbidden, ProbeAnswer},
 };
 use crate::{
     agent::owner::ModelHandle,
     discovery::{
-        clock::{boottime_ns, wall_to_boottime},
+        clock::boottime_ns,
         netns,
         proc::{self, ObserveError},
         sockdiag::SockDiag,
@@ -43,22 +41,16 @@ use crate::{
 /// How often /proc is sampled when no deadline comes sooner.
 pub(crate) const DEFAULT_REFRESH: Duration = Duration::from_secs(2);
 
-/// How long one pass over a container's declared files may take. A file on a hung mount fails
-/// that container's file checks after this; nothing else waits for it.
-pub(crate) const FILE_READ_TIMEOUT: Duration = Duration::from_secs(1);
-
 /// The probe state of one container.
 pub struct PodProbe {
     target: ProbeTarget,
     key: ProbeKey,
     netns: u32,
     main_pid: u32,
-    /// The container's root directory, held open from when the probe was made: file checks
-    /// resolve inside it even after the main process exits and its pid is reused.
-    root: Option<Arc<std::fs::File>>,
-    /// A pass over the files that has not returned (a hung mount): while it hangs, no other is
-    /// started, so one container holds at most one stuck reader thread.
-    files_stuck: Arc<AtomicBool>,
+    /// The declared files and what was last read of them, inside the container's root, held
+    /// open from when the probe was made: file checks resolve inside it even after the main
+    /// process exits and its pid is reused. Read on threads of their own (`files.rs`).
+    files: DeclaredFiles,
     metrics: Option<Arc<ProbeMetrics>>,
     /// Listener source in the pod's netns; None falls back to `/proc/<pid>/net/tcp.`
     diag: Option<SockDiag>,
@@ -73,14 +65,10 @@ pub struct PodProbe {
 
 #[derive(Default)]
 struct PodState {
-    /// The declared files as last read.
-    files: Arc<HashMap<String, FileFacts>>,
     /// The declared checks, the only ones answered, each with the `check` label it is exported
     /// under (None for a check whose label an earlier one already has): re-evaluated when the
     /// facts change and at deadlines, for metrics.
     checks: Vec<(Option<String>, CheckSpec)>,
-    /// The files the declared checks read, refreshed with the rest.
-    watched_files: HashSet<String>,
     /// The ports the declared checks name: the model tracks them whatever its cap.
     declared_ports: BTreeSet<u16>,
 }
@@ -88,13 +76,15 @@ struct PodState {
 impl PodProbe {
     /// Starts probing the container `key` (exported as `target`) whose main process is
     /// `main_pid`: reads its netns and holds its root open. Its facts come from `facts` once
-    /// the model watches it ([`Self::watch`], with a first [`Self::sample`]).
+    /// the model watches it ([`Self::watch`], with a first [`Self::sample`]); its declared
+    /// files are read by threads of `readers`.
     pub fn new(
         target: ProbeTarget,
         key: ProbeKey,
         main_pid: u32,
         metrics: Option<Arc<ProbeMetrics>>,
         facts: watch::Receiver<Arc<ProbeFacts>>,
+        readers: Arc<FileReaders>,
     ) -> Result<Self, ObserveError> {
         // A process that already exited (zombie or gone) has no namespaces left; it still gets a
         // probe (which fails, saying so), matching no TCP events.
@@ -125,8 +115,7 @@ impl PodProbe {
             key,
             netns,
             main_pid,
-            root,
-            files_stuck: Arc::new(AtomicBool::new(false)),
+            files: DeclaredFiles::new(root, main_pid, readers),
             metrics,
             diag,
             created_ns,
@@ -200,79 +189,18 @@ impl PodProbe {
         Ok(ProbeSample { at_ns: now, process, listeners })
     }
 
-    /// Reads the declared files again (each pass bounded by [`FILE_READ_TIMEOUT`]).
+    /// Reads the declared files now, waiting at most [`FILE_READ_TIMEOUT`] (tests and tools: the
+    /// agent's refresher never waits for a read, `files.rs`).
     pub fn refresh_files(&self) {
-        let watched: Vec<String> = self.lock().watched_files.iter().cloned().collect();
-        if watched.is_empty() {
-            return;
-        }
-        let files = self.read_files(watched);
-        let mut state = self.lock();
-        let state = &mut *state;
-        let kept = Arc::make_mut(&mut state.files);
-        for (path, facts) in files {
-            // A file no longer declared while it was being read is not kept.
-            if state.watched_files.contains(&path) {
-                kept.insert(path, facts);
-            }
-        }
-    }
-
-    fn read_file(root: Option<&std::fs::File>, pid: u32, path: &str) -> FileFacts {
-        let Some(root) = root else {
-            return FileFacts::Unreadable(format!("the root of pid {pid} could not be held open when probing began"));
-        };
-        match proc::read_file_in_pinned_root(root, pid, path, FILE_HEAD_BYTES) {
-            Ok(read) => FileFacts::Present {
-                modified_ns: wall_to_boottime(read.modified, SystemTime::now(), boottime_ns()),
-                head: read.head,
-            },
-            Err(ObserveError::Open { source, .. }) => FileFacts::Unreadable(source.to_string()),
-            Err(other) => FileFacts::Unreadable(other.to_string()),
-        }
-    }
-
-    /// Reads each file (outside the lock), paired with its path, on a thread of its own for at
-    /// most [`FILE_READ_TIMEOUT`]: a file on a hung mount fails this container's checks and
-    /// holds nothing else up.
-    fn read_files(&self, paths: Vec<String>) -> Vec<(String, FileFacts)> {
-        if paths.is_empty() {
-            return Vec::new();
-        }
-        let unreadable = |why: &str| paths.iter().map(|p| (p.clone(), FileFacts::Unreadable(why.to_owned()))).collect();
-        if self.files_stuck.load(Ordering::Acquire) {
-            return unreadable("an earlier read of this container's files has not returned (a hung filesystem?)");
-        }
-        let (send, receive) = std::sync::mpsc::sync_channel(1);
-        let (root, pid, stuck) = (self.root.clone(), self.main_pid, Arc::clone(&self.files_stuck));
-        let wanted = paths.clone();
-        stuck.store(true, Ordering::Release);
-        let started = std::thread::Builder::new().name("probe-files".into()).spawn(move || {
-            let read: Vec<(String, FileFacts)> =
-                wanted.into_iter().map(|path| (path.clone(), Self::read_file(root.as_deref(), pid, &path))).collect();
-            stuck.store(false, Ordering::Release);
-            let _ = send.send(read);
-        });
-        if started.is_err() {
-            self.files_stuck.store(false, Ordering::Release);
-            return unreadable("no thread to read the files with");
-        }
-        match receive.recv_timeout(FILE_READ_TIMEOUT) {
-            Ok(read) => read,
-            Err(_) => unreadable(&format!("not read within {FILE_READ_TIMEOUT:?} (a hung filesystem?)")),
-        }
+        self.files.read_now();
     }
 
     /// Makes `checks` the container's declared checks: the only ones it answers, watches and
-    /// exports. Files they name are read now; series of checks no longer declared are dropped.
-    /// The ports they name change [`Self::watch`]: tell the model.
+    /// exports. Reads nothing: files they name not read yet are read by the refresher at once
+    /// (and answer "not read yet" until then); series of checks no longer declared are
+    /// dropped. The ports they name change [`Self::watch`]: tell the model.
     pub fn declare(&self, checks: Vec<CheckSpec>) {
         let files: HashSet<String> = checks.iter().flat_map(file_paths).map(str::to_owned).collect();
-        let missing: Vec<String> = {
-            let state = self.lock();
-            files.iter().filter(|p| !state.files.contains_key(*p)).cloned().collect()
-        };
-        let first_reads = self.read_files(missing);
         let mut labelled: Vec<(Option<String>, CheckSpec)> = Vec::with_capacity(checks.len());
         for spec in checks {
             if labelled.iter().any(|(_, known)| *known == spec) {
@@ -292,12 +220,7 @@ impl PodProbe {
                 }
             }
         }
-        let kept = Arc::make_mut(&mut state.files);
-        kept.retain(|path, _| files.contains(path));
-        for (path, facts) in first_reads {
-            kept.insert(path, facts);
-        }
-        state.watched_files = files;
+        self.files.declare(files);
         state.declared_ports = labelled.iter().flat_map(|(_, spec)| tcp_ports(spec)).collect();
         state.checks = labelled;
         self.record_all(&state, boottime_ns());
@@ -314,9 +237,9 @@ impl PodProbe {
     }
 
     /// What the checks look at now: the model's last published facts and the files last read.
-    fn observed(&self, state: &PodState) -> Observed {
+    fn observed(&self, _state: &PodState) -> Observed {
         let facts = self.facts.borrow();
-        Observed { tcp: facts.tcp.clone(), process: facts.process.clone(), files: state.files.clone() }
+        Observed { tcp: facts.tcp.clone(), process: facts.process.clone(), files: self.files.facts() }
     }
 
     /// Evaluates `spec` at `now` from the facts; reads nothing and keeps nothing (a file no
@@ -351,11 +274,14 @@ impl PodProbe {
         self.observed(&self.lock())
     }
 
-    /// Samples /proc (files included) every `period` and hands the samples to `model`;
-    /// re-evaluates the declared checks whenever the model publishes new facts and exactly at
-    /// each check's next deadline, so a listener's close flips its `lifecycle_probe_result`
-    /// series at once, not at the next request. Ends at `shutdown`, or when the model no longer
-    /// publishes this container's facts (the probe was replaced).
+    /// Samples /proc every `period` and hands the samples to `model`, and starts a pass over
+    /// the declared files then and whenever files are declared that are not read yet (never
+    /// waiting for one: a pass not back within [`FILE_READ_TIMEOUT`] marks its files, and its
+    /// reads count when they come); re-evaluates the declared checks whenever the model
+    /// publishes new facts, files are read, and exactly at each check's next deadline, so a
+    /// listener's close flips its `lifecycle_probe_result` series at once, not at the next
+    /// request. Ends at `shutdown`, or when the model no longer publishes this container's
+    /// facts (the probe was replaced).
     pub(crate) async fn run_refresher(
         self: Arc<Self>,
         period: Duration,
@@ -364,17 +290,24 @@ impl PodProbe {
     ) {
         let mut facts = self.facts.clone();
         let mut next_sample = Instant::now();
+        // The pass over the files not back yet, and when it is overdue.
+        let mut reading: Option<(super::files::Pass, Instant)> = None;
         loop {
-            if Instant::now() >= next_sample {
+            let sampling = Instant::now() >= next_sample;
+            if sampling || self.files.take_wanted() {
+                if let Some(pass) = self.files.start() {
+                    reading = Some((pass, Instant::now() + FILE_READ_TIMEOUT));
+                }
+            }
+            if let Some((pass, _)) = reading.filter(|(_, overdue)| Instant::now() >= *overdue) {
+                self.files.overdue(pass);
+                reading = None;
+            }
+            if sampling {
                 next_sample = Instant::now() + period;
                 // /proc and netlink reads block: keep them off the runtime that answers requests.
                 let probe = Arc::clone(&self);
-                match tokio::task::spawn_blocking(move || {
-                    probe.refresh_files();
-                    probe.sample(boottime_ns())
-                })
-                .await
-                {
+                match tokio::task::spawn_blocking(move || probe.sample(boottime_ns())).await {
                     Ok(Ok(sample)) => {
                         let key = self.key.clone();
                         model.tell(move |tracker| tracker.sample_probe(&key, &sample)).await;
@@ -392,11 +325,15 @@ impl PodProbe {
             }
             let now = boottime_ns();
             let deadline = self.reevaluate(now);
-            let until_sample = next_sample.saturating_duration_since(Instant::now());
-            let wait = deadline.map_or(until_sample, |d| until_sample.min(Duration::from_nanos(d.saturating_sub(now))));
+            let mut wait = next_sample.saturating_duration_since(Instant::now());
+            if let Some((_, overdue)) = reading {
+                wait = wait.min(overdue.saturating_duration_since(Instant::now()));
+            }
+            let wait = deadline.map_or(wait, |d| wait.min(Duration::from_nanos(d.saturating_sub(now))));
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 changed = facts.changed() => if changed.is_err() { return },
+                () = self.files.changed() => {}
                 _ = shutdown.changed() => return,
             }
         }

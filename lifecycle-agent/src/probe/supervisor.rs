@@ -40,6 +40,7 @@ use crate::{
     probe::{
         bind_in_netns,
         feeds::ProbeFeeds,
+        files::FileReaders,
         listener::{ListenerLimits, ProbeListener, ProbeListeners},
         metrics::{ProbeMetrics, ProbeTarget},
         pod::DEFAULT_REFRESH,
@@ -118,6 +119,11 @@ pub(crate) struct ProbeSupervisor {
     feeds: Arc<ProbeFeeds>,
     /// The model the probes' samples go to (set by [`Self::run`]).
     model: Option<ModelHandle>,
+    /// Beaten per unit of work of a pass (each container, each listener), not only after the
+    /// pass: liveness tells a pass that is stuck from one that is long (set by [`Self::run`]).
+    heartbeats: Option<Arc<Heartbeats>>,
+    /// The node's threads for reading declared files (the probes', bounded together).
+    readers: Arc<FileReaders>,
     metrics: Arc<ProbeMetrics>,
     /// Port of the per-pod listeners; None serves only the node endpoint.
     pod_port: Option<u16>,
@@ -172,12 +178,15 @@ impl ProbeSupervisor {
         metrics: Arc<ProbeMetrics>,
         pod_port: Option<u16>,
         sources: SourceFilter,
+        readers: Arc<FileReaders>,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         Self {
             probes,
             feeds,
             model: None,
+            heartbeats: None,
+            readers,
             commands: Vec::new(),
             metrics,
             pod_port,
@@ -211,6 +220,7 @@ impl ProbeSupervisor {
         let mut seen = Vec::new();
         let mut fresh = Vec::new();
         for container in running {
+            self.beat();
             let sources = DeclarationSources::of(&container, self.pod_port);
             let RunningContainer { labels, main_pid: pid, .. } = container;
             let target = ProbeTarget {
@@ -238,7 +248,8 @@ impl ProbeSupervisor {
                 continue;
             }
             let facts = self.feeds.open(&key);
-            match PodProbe::new(target.clone(), key.clone(), pid, Some(self.metrics.clone()), facts) {
+            let readers = Arc::clone(&self.readers);
+            match PodProbe::new(target.clone(), key.clone(), pid, Some(self.metrics.clone()), facts, readers) {
                 Ok(probe) => {
                     probe.declare(declared.clone());
                     let first = match probe.sample(boottime_ns()) {
@@ -341,7 +352,15 @@ impl ProbeSupervisor {
         }
     }
 
+    /// This loop made progress (see [`Self::heartbeats`]).
+    fn beat(&self) {
+        if let Some(heartbeats) = &self.heartbeats {
+            heartbeats.beat(Loop::ProbeSupervisor);
+        }
+    }
+
     fn ensure_listener(&mut self, namespace: &str, pod: &str, pid: u32, netns: u32) {
+        self.beat();
         let Some(port) = self.pod_port else { return };
         // Host-network pods share the node's netns: the node endpoint serves them.
         if netns == 0 || netns == self.host_netns {
@@ -403,16 +422,17 @@ impl ProbeSupervisor {
     /// re-reads the node's addresses and settles the adopted listeners, without a pass unless a
     /// snapshot came meanwhile.
     ///
-    /// Each pass runs on the blocking pool: it reads /proc, opens netlink sockets in pods'
-    /// namespaces and reads declared files (each read bounded by
-    /// [`super::pod::FILE_READ_TIMEOUT`]), none of which belongs on the workers that answer
-    /// requests.
+    /// Each pass runs on the blocking pool: it reads /proc and opens netlink sockets in pods'
+    /// namespaces, which belong on no worker that answers requests. It never reads a declared
+    /// file, nor waits for one (the probes' refreshers start those reads, `files.rs`), and it
+    /// beats per container and listener.
     pub(crate) async fn run(self, model: ModelHandle, period: Duration, heartbeats: Arc<Heartbeats>) {
         let mut snapshots = model.snapshots();
         let mut ticker = tokio::time::interval(period);
         let mut shutdown = self.shutdown.clone();
         let mut supervisor = self;
         supervisor.model = Some(model.clone());
+        supervisor.heartbeats = Some(heartbeats.clone());
         let mut last_pass = Instant::now();
         let mut reconciled: Option<u64> = None;
         let mut addresses_read = false;
