@@ -36,6 +36,7 @@ use mio::{net::TcpStream, Events, Interest, Poll, Token, Waker};
 
 use super::{
     metrics::ConnectionCounters,
+    rates::{Rate, SourceRates},
     server::{head_is_answerable, response, ProbeAnswer, ServerError, MAX_REQUEST_HEAD},
     source::SourceFilter,
 };
@@ -47,21 +48,29 @@ pub(crate) const HEAD_DEADLINE: Duration = Duration::from_millis(250);
 pub(crate) const MAX_CONNECTIONS: usize = 64;
 /// Connections accepted from one listener before the others get their turn.
 pub(crate) const ACCEPTS_PER_TURN: usize = 16;
+/// How often one source may have a connection kept waiting for the rest of its head, per
+/// listener: far above what a client that sends its request at once ever needs (none), and a
+/// bound on how fast one source can take the places of others.
+pub(crate) const KEEP_RATE: Rate = Rate { per_second: 16.0, burst: 32.0 };
 
 /// Listener tokens start here; connection tokens are their slots, below it.
 const LISTENER_BASE: usize = 1 << 32;
 const WAKER: Token = Token(usize::MAX);
 
 /// Bounds of one listener.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ListenerLimits {
     pub head_deadline: Duration,
     pub max_connections: usize,
+    /// How often one source may have a connection kept (see [`KEEP_RATE`]); past it, a
+    /// connection that would have to be kept is closed (`reason="rate"`). A complete request
+    /// is answered whatever its source's rate.
+    pub keep_rate: Rate,
 }
 
 impl Default for ListenerLimits {
     fn default() -> Self {
-        Self { head_deadline: HEAD_DEADLINE, max_connections: MAX_CONNECTIONS }
+        Self { head_deadline: HEAD_DEADLINE, max_connections: MAX_CONNECTIONS, keep_rate: KEEP_RATE }
     }
 }
 
@@ -116,6 +125,7 @@ pub(crate) struct ProbeListeners {
     control: Arc<Control>,
     next_id: std::sync::atomic::AtomicUsize,
     thread: Option<JoinHandle<()>>,
+    limits: ListenerLimits,
 }
 
 impl ProbeListeners {
@@ -133,7 +143,7 @@ impl ProbeListeners {
                 serving.run();
             })
             .map_err(ServerError::Start)?;
-        Ok(Self { control, next_id: 0.into(), thread: Some(thread) })
+        Ok(Self { control, next_id: 0.into(), thread: Some(thread), limits })
     }
 
     /// Serves `listener` with `answer`, letting in only what `sources` allows, until the
@@ -156,6 +166,7 @@ impl ProbeListeners {
             answer,
             sources,
             counters,
+            rates: SourceRates::new(self.limits.keep_rate),
             open: 0,
             more_waiting: false,
         };
@@ -240,6 +251,8 @@ struct Served {
     answer: Arc<dyn ProbeAnswer>,
     sources: SourceFilter,
     counters: ConnectionCounters,
+    /// How often each source has had a connection kept.
+    rates: SourceRates,
     /// Its connections kept open.
     open: usize,
     /// Its turn's accepts ran out before the kernel's queue did: it gets another turn at once.
@@ -370,8 +383,14 @@ impl Loop {
                 served.counters.source.inc();
                 continue;
             }
-            let mut connection = Connection::new(stream, Instant::now() + self.limits.head_deadline);
+            let now = Instant::now();
+            let mut connection = Connection::new(stream, now + self.limits.head_deadline);
             let Step::Wait(interest) = connection.advance_guarded(served.answer.as_ref()) else { continue };
+            // Only what is kept is rated: a request that came whole was answered above.
+            if !served.rates.admit(peer.ip(), now) {
+                served.counters.rate.inc();
+                continue;
+            }
             if served.open >= self.limits.max_connections {
                 // Full: the connection kept longest makes room. A real client (the kubelet)
                 // sends its whole request at once, so the newest is the likeliest to be one;

@@ -127,7 +127,8 @@ fn a_slow_request_head_is_closed_at_the_deadline_without_delaying_others() {
 fn held_connections_are_bounded_and_the_one_kept_longest_makes_room() {
     // Issue 18: refusing newcomers once the bound was reached let a client on a node address
     // that held every place fail the kubelet's probes; now the connection kept longest goes.
-    let limits = ListenerLimits { head_deadline: Duration::from_secs(30), max_connections: 4 };
+    let limits =
+        ListenerLimits { head_deadline: Duration::from_secs(30), max_connections: 4, ..ListenerLimits::default() };
     let (server, counters) = serve(any(), limits);
     let addr = server.local_addr();
     let mut held: Vec<TcpStream> = Vec::new();
@@ -194,7 +195,8 @@ fn oversized_heads_and_early_closes_get_no_answer() {
 #[test]
 fn one_loop_serves_every_pod_and_a_pod_holding_its_places_takes_none_of_anothers() {
     // Issue 17: every pod listener is served by one loop; the bounds stay per pod.
-    let limits = ListenerLimits { head_deadline: Duration::from_secs(30), max_connections: 4 };
+    let limits =
+        ListenerLimits { head_deadline: Duration::from_secs(30), max_connections: 4, ..ListenerLimits::default() };
     let serving = ProbeListeners::start(limits).expect("loop");
     let (declaration, _) = Declaration::from_annotation("/probe/tcp?port=8080\n/probe/process\n");
     let answer: Arc<dyn ProbeAnswer> = Arc::new(Declared(declaration));
@@ -250,4 +252,31 @@ fn an_answer_that_panics_closes_its_connection_and_the_loop_serves_on() {
     assert_eq!(get(other.local_addr(), "/probe/process"), Some((200, "ok\n".into())));
     drop(hostile);
     drop(other);
+}
+
+#[test]
+fn a_source_keeps_connections_at_its_rate_and_its_whole_requests_are_answered_past_it() {
+    // Issue 37: per-source connection rates on every listener. A client on the kubelet's own
+    // address (a hostNetwork pod) must not spend the kubelet's turn: only connections that have
+    // to be kept are rated, and the kubelet's request comes whole.
+    let limits = ListenerLimits {
+        head_deadline: Duration::from_secs(30),
+        keep_rate: Rate { per_second: 1.0, burst: 4.0 },
+        ..ListenerLimits::default()
+    };
+    let (server, counters) = serve(any(), limits);
+    let addr = server.local_addr();
+    let mut held: Vec<TcpStream> = (0..10).map(|_| half_sent(addr)).collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while counters.rate.get() < 6 {
+        assert!(Instant::now() < deadline, "rated: {}", counters.rate.get());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for _ in 0..20 {
+        assert_eq!(get(addr, "/probe/process"), Some((200, "ok\n".into())), "whole requests are answered");
+    }
+    assert_eq!(counters.rate.get(), 6, "four kept, six closed, none of the whole requests");
+    let closed = held.iter_mut().map(|stream| closed_within(stream, Duration::from_millis(20))).filter(|c| *c).count();
+    assert_eq!(closed, 6);
+    server.stop();
 }

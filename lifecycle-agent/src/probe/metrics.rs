@@ -48,6 +48,8 @@ pub struct ConnectionCounters {
     pub busy: IntCounter,
     /// The request head did not arrive within the deadline.
     pub timeout: IntCounter,
+    /// Its source had connections kept too often ([`super::listener::KEEP_RATE`]).
+    pub rate: IntCounter,
 }
 
 impl ConnectionCounters {
@@ -57,11 +59,12 @@ impl ConnectionCounters {
     }
 
     fn from_family(family: &IntCounterVec) -> Self {
-        Self {
-            source: family.with_label_values(&["source"]),
-            busy: family.with_label_values(&["busy"]),
-            timeout: family.with_label_values(&["timeout"]),
-        }
+        Self::from_series(|reason| family.with_label_values(&[reason]))
+    }
+
+    /// The counters `series` gives for each reason (`source`, `busy`, `timeout`, `rate`).
+    pub(crate) fn from_series(series: impl Fn(&str) -> IntCounter) -> Self {
+        Self { source: series("source"), busy: series("busy"), timeout: series("timeout"), rate: series("rate") }
     }
 }
 

@@ -56,6 +56,7 @@ pub mod metrics;
 pub(crate) mod pod;
 mod pod_declarations;
 pub mod query;
+pub mod rates;
 pub mod server;
 pub mod source;
 pub(crate) mod supervisor;
