@@ -12,6 +12,8 @@
 //! - [`export`] (pure formatting over a read-only view): Prometheus series and their label
 //!   spellings, histograms, the JSON containers view.
 //! - [`probe`]: exec-free probes answered from the model's and the kernel's facts.
+//! - [`handoff`]: the agent's listening sockets, held by its socket keeper across restarts and
+//!   handed from agent to agent, never shared with another process.
 //! - [`agent`] (plumbing): the owner loop that ties the layers together, background tasks,
 //!   HTTP routes and shutdown.
 //! - [`cli`]: the client side of the subcommands (the `status` table).
@@ -29,6 +31,7 @@ pub mod agent;
 pub mod cli;
 pub mod discovery;
 pub mod export;
+pub mod handoff;
 pub mod kernel;
 pub mod probe;
 pub(crate) mod sys;

@@ -46,6 +46,17 @@ enum Command {
     /// Check whether this node can run the agent: one line per requirement, what is missing and
     /// what to do; exits non-zero when something is missing.
     Doctor(lifecycle_agent::cli::doctor::DoctorArgs),
+    /// Hold the agent's listening sockets across its restarts (the DaemonSet's second
+    /// container): the agent of this pod gives it each socket it serves and takes them back
+    /// when it starts again, so the kubelet's probes through it are never refused.
+    KeepSockets(KeepSocketsArgs),
+}
+
+#[derive(Args)]
+struct KeepSocketsArgs {
+    /// A directory only this pod's containers mount (an emptyDir); the agent's --keeper-dir.
+    #[arg(long)]
+    dir: PathBuf,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -88,11 +99,18 @@ struct RunArgs {
     /// either way (one per judged stop, the API's fields plus the verdict in words).
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
-    /// A directory (root only) where this agent hands its pod probe listeners to the next one
-    /// and takes them from the previous one, so a restart or a rolling update fails no probe
-    /// (the DaemonSet uses /run/lifecycle-agent, a hostPath). Default: none.
+    /// A directory (root only) where this agent hands its listening sockets (--listen,
+    /// --health-listen, the pods' probe listeners) to the next agent on the node and takes them
+    /// from the running one, so a rolling update fails no probe; `none` turns it off. A second
+    /// agent on the same ports starts only through it (it takes them over); otherwise it
+    /// refuses, naming the holder.
+    #[arg(long, default_value = "/run/lifecycle-agent")]
+    handoff_dir: String,
+    /// The directory of this pod's socket keeper (`lifecycle-agent keep-sockets --dir`, the
+    /// DaemonSet's second container), which holds the listening sockets across restarts of this
+    /// agent (liveness, OOM kill, crash). Default: none (the sockets end with the process).
     #[arg(long)]
-    handoff_dir: Option<PathBuf>,
+    keeper_dir: Option<PathBuf>,
     /// The container runtime's CRI socket (default: containerd's, then CRI-O's).
     #[arg(long)]
     cri_socket: Option<PathBuf>,
@@ -298,6 +316,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let json_logs = matches!(&cli.command, Command::Run(args) if args.log_format == LogFormat::Json);
     lifecycle_agent::agent::logging::install(json_logs);
+    if let Command::KeepSockets(args) = &cli.command {
+        // No runtime, no thread but its own: it holds sockets and answers one agent. SIGTERM
+        // ends it (the default disposition).
+        return match lifecycle_agent::handoff::keeper::keep(&args.dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("error: {}", lifecycle_agent::ErrorChain(&err));
+                ExitCode::FAILURE
+            }
+        };
+    }
     // Before any thread starts, so none is given a heap of its own.
     lifecycle_agent::limit_malloc_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
@@ -314,6 +343,7 @@ fn main() -> ExitCode {
             Command::Status(args) => client::status(args).await,
             Command::Explain(args) => client::explain(args).await,
             Command::Doctor(args) => lifecycle_agent::cli::doctor::run(args).await.map_err(anyhow::Error::from),
+            Command::KeepSockets(_) => Ok(()),
         }
     });
     match result {
@@ -361,7 +391,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let config = AgentConfig {
         listen: args.listen,
-        handoff_dir: args.handoff_dir,
+        handoff_dir: match args.handoff_dir.as_str() {
+            "" | "none" => None,
+            dir => Some(PathBuf::from(dir)),
+        },
+        keeper_dir: args.keeper_dir,
         host_cgroups: match args.host_cgroups {
             HostCgroups::Auto => None,
             HostCgroups::On => Some(true),

@@ -5,10 +5,12 @@
 //! What is here and why: `syslog(2)`'s read of the kernel log (rustix has no `klogctl`),
 //! glibc's allocator controls (`mallopt`, `malloc_trim`: glibc's, not the kernel's),
 //! `adjtimex(2)` in read-only mode, the `TCP_DEFER_ACCEPT` socket option (not among rustix's
-//! typed options), the BPF map batch lookup (aya has no batch read) and a program's run
-//! statistics by its fd (aya 0.14 reads them only through the `Ebpf` that owns the program, or
-//! by walking every program on the node: `loaded_programs`, three system calls per program at
-//! every scrape on a node whose CNI loads dozens).
+//! typed options), `SO_PEERCRED` read as the kernel gives it (rustix's typed answer cannot hold
+//! the pid 0 of a peer in a pid namespace this process cannot see), the BPF map batch lookup
+//! (aya has no batch read) and a program's run statistics by its fd (aya 0.14 reads them only
+//! through the `Ebpf` that owns the program, or by walking every program on the node:
+//! `loaded_programs`, three system calls per program at every scrape on a node whose CNI loads
+//! dozens).
 
 use std::{
     io,
@@ -133,6 +135,35 @@ pub(crate) fn set_tcp_defer_accept(socket: impl AsFd, seconds: i32) -> Result<()
         return Err(SysError::last("setsockopt(TCP_DEFER_ACCEPT)"));
     }
     Ok(())
+}
+
+/// A Unix socket peer's credentials as the kernel gives them (`SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PeerCredentials {
+    /// In this process's pid namespace; 0 when the peer's is not below it.
+    pub pid: i32,
+    /// In this process's user namespace (the overflow uid when not mapped).
+    pub uid: u32,
+}
+
+/// `getsockopt(SO_PEERCRED)` of a connected Unix socket.
+pub(crate) fn peer_credentials(socket: impl AsFd) -> Result<PeerCredentials, SysError> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt on a live socket, with a pointer to a live ucred and its size.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(SysError::last("getsockopt(SO_PEERCRED)"));
+    }
+    Ok(PeerCredentials { pid: cred.pid, uid: cred.uid })
 }
 
 /// `bpf(BPF_MAP_LOOKUP_BATCH, attr)`.

@@ -91,7 +91,7 @@ fn exit_to_visible_state_latency() {
     let socket = h.socket().to_string_lossy().into_owned();
     let _agent = KillOnDrop(
         Command::new(agent())
-            .args(["run", "--listen", &addr, "--cri-socket", &socket])
+            .args(["run", "--listen", &addr, "--cri-socket", &socket, "--handoff-dir", "none"])
             .env("RUST_LOG", "warn")
             .spawn()
             .expect("agent"),

@@ -189,7 +189,6 @@ fn serve(runtime: &tokio::runtime::Runtime, metrics: Metrics, stop: tokio::sync:
             gate: None,
             health: None,
             probe_sources: None,
-            health_only: false,
             tls: None,
             rejections: None,
         }),

@@ -65,7 +65,9 @@ fn wait_healthy(addr: &str, agent: &mut std::process::Child) {
 fn run_serves_valid_metrics_and_detaches_everything_on_sigterm() {
     require_privileges!();
     let addr = "127.0.0.1:19893";
-    let mut agent = KillOnDrop(Command::new(AGENT).args(["run", "--listen", addr]).spawn().expect("start agent"));
+    let mut agent = KillOnDrop(
+        Command::new(AGENT).args(["run", "--listen", addr, "--handoff-dir", "none"]).spawn().expect("start agent"),
+    );
     let agent = &mut agent.0;
     wait_healthy(addr, agent);
     let held = programs_held_by(agent.id());
@@ -296,6 +298,8 @@ fn status_reads_an_agent_serving_tls_and_trusts_only_its_ca() {
                 addr,
                 "--health-listen",
                 health,
+                "--handoff-dir",
+                dir.to_str().expect("a UTF-8 path"),
                 "--tls-cert-file",
                 &cert,
                 "--tls-key-file",

@@ -22,6 +22,10 @@ pub struct Agent {
     pub addr: String,
     /// Where the agent's stdout (its verdict log, one JSON line per judged stop) goes.
     verdict_log: std::path::PathBuf,
+    /// Its handoff directory, its own unless the test gave one (`--handoff-dir`): an agent of
+    /// another test, or the node's own (`/run/lifecycle-agent`, the default), is never asked
+    /// for its sockets nor told it was replaced.
+    handoff_dir: Option<std::path::PathBuf>,
 }
 
 impl Agent {
@@ -39,14 +43,21 @@ impl Agent {
         let socket = socket.to_string_lossy().into_owned();
         let verdict_log = std::env::temp_dir().join(format!("lifecycle-verdicts-{}-{port}.jsonl", std::process::id()));
         let stdout = std::fs::File::create(&verdict_log).expect("create the verdict log file");
+        let handoff_dir = (!extra.contains(&"--handoff-dir"))
+            .then(|| std::env::temp_dir().join(format!("lifecycle-handoff-{}-{port}", std::process::id())));
+        let own_handoff: Vec<String> = match &handoff_dir {
+            Some(dir) => vec!["--handoff-dir".into(), dir.to_string_lossy().into_owned()],
+            None => Vec::new(),
+        };
         let child = Command::new(binary.as_ref())
             .args(["run", "--listen", &addr, "--cri-socket", &socket])
+            .args(&own_handoff)
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(stdout)
             .spawn()
             .expect("start agent");
-        let agent = Self { child, addr, verdict_log };
+        let agent = Self { child, addr, verdict_log, handoff_dir };
         let deadline = Instant::now() + Duration::from_secs(30);
         while get(&agent.addr, "/healthz").is_none_or(|(code, _)| code != 200) {
             assert!(Instant::now() < deadline, "agent not healthy in 30 s");
@@ -164,6 +175,9 @@ impl Drop for Agent {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.verdict_log);
+        if let Some(dir) = &self.handoff_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

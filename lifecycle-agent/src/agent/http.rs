@@ -21,8 +21,9 @@
 //! no turn and are never behind one.
 //!
 //! The kubelet's liveness probe of the agent has a listener of its own (`--health-listen`,
-//! [`Routes::health_only`]): nothing a client of `--listen` does can take its places, and it
-//! answers from the loops' progress ([`super::health`]), not a constant.
+//! served by [`super::health::HealthAnswer`] on an event loop of its own, not here): nothing a
+//! client of `--listen` does can delay it, and it answers from the loops' progress
+//! ([`super::health`]), not a constant.
 
 use std::{
     convert::Infallible,
@@ -93,8 +94,6 @@ pub struct Routes {
     /// kubelet probes host-network pods from the node's own addresses and sends no token. The
     /// same rule as the pod probe listeners (`--probe-allow-from`); only declared checks answer.
     pub probe_sources: Option<crate::probe::source::SourceFilter>,
-    /// Serve `/healthz` alone (the health listener).
-    pub health_only: bool,
     /// Serve HTTPS with this (`--tls-cert-file`); None: plain HTTP.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// Where connections closed without an answer are counted; None: not counted (tests).
@@ -145,22 +144,6 @@ impl Routes {
     }
 }
 
-impl Routes {
-    /// The health listener's routes: `/healthz` from `health`, nothing else.
-    pub(crate) fn health_only(health: Arc<Heartbeats>, rejections: Option<Rejections>) -> Self {
-        Self {
-            metrics: Metrics::bare(),
-            api: None,
-            gate: None,
-            health: Some(health),
-            probe_sources: None,
-            health_only: true,
-            tls: None,
-            rejections,
-        }
-    }
-}
-
 /// Why the listener could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
@@ -173,15 +156,13 @@ pub enum HttpError {
     },
 }
 
-/// Binds `addr` with `SO_REUSEPORT`; serving starts with [`serve`]. During a rolling update the
-/// next agent starts while this one still runs (see `probe/handoff.rs`): both bind the node's
-/// port and the kernel spreads connections over them until the old one exits. Only a process of
-/// the same user (root) can bind beside it.
+/// Binds `addr` for this process alone (no `SO_REUSEPORT`); serving starts with [`serve`]. The
+/// agent itself gets `--listen` through `handoff` (from its keeper, the running agent, or bound
+/// so); this is for tests and benches.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
     let bind = || -> std::io::Result<TcpListener> {
         let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
         socket.set_reuseaddr(true)?;
-        socket.set_reuseport(true)?;
         socket.bind(addr)?;
         socket.listen(1024)
     };
@@ -210,19 +191,6 @@ impl Default for Limits {
             per_source: 32,
             head_timeout: Duration::from_secs(10),
             lifetime: Duration::from_secs(60),
-        }
-    }
-}
-
-impl Limits {
-    /// The health listener's: a probe's request comes at once and its answer is a few bytes, so
-    /// a place is held a second at most.
-    pub(crate) fn health() -> Self {
-        Self {
-            max_connections: 64,
-            per_source: 16,
-            head_timeout: Duration::from_secs(1),
-            lifetime: Duration::from_secs(2),
         }
     }
 }
@@ -326,7 +294,7 @@ pub(crate) async fn serve_within(
                     if let Some(refusal) = check_access(&routes, &request, peer.ip(), encrypted).await {
                         return Ok::<_, Infallible>(refusal);
                     }
-                    let costly = !routes.health_only && costs_the_node(&routes, &request);
+                    let costly = costs_the_node(&routes, &request);
                     // A scrape reuses its buffers (see `Metrics::render`); what an API answer
                     // was built from is left free.
                     let leaves_free = request.uri().path() != "/metrics";
@@ -461,7 +429,7 @@ async fn check_access(
 /// The answer to come of an API request that waits for a change (see [`ApiHandler::wait`]).
 fn waiting(routes: &Routes, request: &Request<Incoming>) -> Option<Later> {
     let path = request.uri().path();
-    if request.method() != Method::GET || routes.health_only || !path.starts_with("/api/") {
+    if request.method() != Method::GET || !path.starts_with("/api/") {
         return None;
     }
     routes.api.as_ref()?.wait(path, request.uri().query())
@@ -482,9 +450,6 @@ fn route(routes: &Routes, request: &Request<Incoming>) -> Response<Full<Bytes>> 
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET is served\n");
     }
     let path = request.uri().path();
-    if routes.health_only && path != "/healthz" && path != "/readyz" {
-        return text(StatusCode::NOT_FOUND, "this listener serves /healthz and /readyz only\n");
-    }
     match path {
         "/metrics" => Response::builder()
             .header(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")

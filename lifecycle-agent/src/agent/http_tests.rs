@@ -7,16 +7,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Plain routes (no API, no gate) with `gate` and `probe_sources` as given.
 fn routes(gate: Option<ApiGate>, probe_sources: Option<crate::probe::source::SourceFilter>) -> Routes {
-    Routes {
-        metrics: Metrics::bare(),
-        api: None,
-        gate,
-        health: None,
-        probe_sources,
-        health_only: false,
-        tls: None,
-        rejections: None,
-    }
+    Routes { metrics: Metrics::bare(), api: None, gate, health: None, probe_sources, tls: None, rejections: None }
 }
 
 /// Four places in all and per source, with these deadlines.
@@ -153,21 +144,6 @@ async fn one_source_cannot_take_every_place() {
     let _ = stream.read_to_string(&mut answer).await;
     assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
     drop(held);
-}
-
-#[tokio::test]
-async fn the_health_listener_answers_from_the_heartbeats_and_serves_nothing_else() {
-    let beats = Arc::new(Heartbeats::new(Duration::from_millis(50), Duration::from_secs(10)));
-    let (addr, _stop) = serving(Routes::health_only(beats.clone(), None), Limits::health()).await;
-    beats.beat(super::super::health::Loop::RingReader);
-    assert!(healthz(addr).await.starts_with("HTTP/1.0 200"));
-    // The reader stops beating: the kubelet is told, with the reason.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let answer = healthz(addr).await;
-    assert!(answer.starts_with("HTTP/1.0 503"), "{answer}");
-    assert!(answer.contains("ring reader made no progress"), "{answer}");
-    let answer = exchange(addr, "GET /metrics HTTP/1.0\r\n\r\n").await;
-    assert!(answer.starts_with("HTTP/1.0 404"), "{answer}");
 }
 
 #[tokio::test]

@@ -13,13 +13,14 @@ pub(crate) mod owner;
 mod reader;
 mod routes;
 mod runtime;
+mod sockets;
 mod sources;
 mod systemd;
 mod tasks;
 pub(crate) mod tls;
 mod verdicts;
 
-use crate::probe::handoff::{self, ListenerRegistry};
+use crate::handoff::{self, registry::Registry, HandoffError, Serves, SocketFacts};
 use health::Heartbeats;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
@@ -50,7 +51,7 @@ use crate::{
         NodeProbes,
     },
 };
-use http::{HttpError, Routes};
+use http::Routes;
 use reader::Reader;
 use routes::{ContainersApi, Waits};
 use runtime::{runtime_loop, RuntimeLink};
@@ -90,8 +91,12 @@ pub struct AgentConfig {
     pub listen: SocketAddr,
     /// The kubelet's liveness probe of the agent: `/healthz` alone, on a listener of its own.
     pub health_listen: Option<SocketAddr>,
-    /// Where pod probe listeners are handed to the next agent (`probe/handoff.rs`); None: not.
+    /// Where this agent's listening sockets are handed to the next agent on the node, and taken
+    /// from the running one (`handoff`); None: not.
     pub handoff_dir: Option<PathBuf>,
+    /// Where this pod's socket keeper serves (`handoff::keeper`), which holds the sockets across
+    /// restarts of this agent; None: no keeper, the sockets end with the process.
+    pub keeper_dir: Option<PathBuf>,
     /// Series for host cgroups: Some(on/off), or None for "unless the Kubernetes API is there".
     pub host_cgroups: Option<bool>,
     /// Which metric families /metrics serves.
@@ -143,9 +148,13 @@ pub enum AgentError {
     /// The metrics registry could not be set up.
     #[error(transparent)]
     Metrics(#[from] MetricsError),
-    /// The HTTP listener could not be bound.
+    /// The listening sockets could not be had: a port held by another process, or not ours to
+    /// bind.
     #[error(transparent)]
-    Http(#[from] HttpError),
+    Sockets(#[from] HandoffError),
+    /// The health listener's loop could not be started.
+    #[error("cannot serve --health-listen")]
+    Health(#[source] crate::probe::server::ServerError),
     /// `--tls-cert-file`/`--tls-key-file` could not be used.
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
@@ -165,6 +174,25 @@ pub enum AgentError {
 pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result<(), AgentError> {
     // First: a kubeconfig named on the command line that cannot be used ends the start here.
     let kube = kube::connect(config.kubeconfig.clone(), config.node_name.clone()).await?;
+    // Then the sockets: a port another process holds stops the agent before anything is loaded.
+    let wanted = sockets::Wanted {
+        listen: config.listen,
+        health: config.health_listen,
+        keeper_dir: config.keeper_dir.as_deref(),
+        handoff_dir: config.handoff_dir.as_deref(),
+    };
+    let own_sockets = match sockets::obtain(&wanted)? {
+        sockets::Start::Serve(own) => own,
+        sockets::Start::Replaced => {
+            log::warn!(
+                "this pod's socket keeper says a newer agent on this node took its sockets: this agent serves \
+                 nothing and waits to be removed"
+            );
+            let mut shutdown = shutdown;
+            while !*shutdown.borrow_and_update() && shutdown.changed().await.is_ok() {}
+            return Ok(());
+        }
+    };
     let mut sensor = Sensor::load(&config.sensor)?;
     sensor.log_features();
     let root = CgroupRoot::detect()?;
@@ -251,25 +279,40 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     // The reader passes at least every poll period, the supervisor every second: allowances
     // far above either, so only a loop that is stuck (not merely busy) fails liveness.
     let heartbeats = Arc::new(Heartbeats::new(Duration::from_secs(5).max(config.poll * 20), Duration::from_secs(10)));
-    let registry = Arc::new(ListenerRegistry::default());
-    let adopted = match &config.handoff_dir {
-        None => Default::default(),
-        Some(dir) => {
-            // First take what a running agent serves, then offer ours (never to ourselves).
-            let adopted = handoff::adopt(dir).unwrap_or_else(|err| {
-                log::warn!("no probe listeners taken from a previous agent: {}", crate::ErrorChain(&err));
-                Default::default()
-            });
-            if !adopted.is_empty() {
-                log::info!("took {} pod probe listener(s) from the running agent", adopted.len());
-            }
-            if let Err(err) = handoff::serve(dir, registry.clone(), heartbeats.handed_over.clone()) {
-                log::warn!("probe listeners will not be handed to a successor: {}", crate::ErrorChain(&err));
-            }
-            adopted
-        }
+    // Every socket served is in the registry: offered to a successor, and deposited with the
+    // keeper of this pod while it is served.
+    let registry = Arc::new(Registry::new(own_sockets.keeper.clone()));
+    let register = |serves: Serves, listener: &std::net::TcpListener| -> Option<handoff::registry::Registration> {
+        let addr = listener.local_addr().ok()?;
+        registry
+            .register(SocketFacts { serves, addr }, listener)
+            .map_err(|err| log::warn!("a listening socket is not offered to a successor: {err}"))
+            .ok()
     };
-    let supervisor = supervisor.with_handoff(adopted, registry, heartbeats.settled.clone());
+    let _listen_registration = register(Serves::Listen, &own_sockets.listen);
+    let _health_registration = own_sockets.health.as_ref().and_then(|health| register(Serves::Health, health));
+    // Set once a successor says it serves this agent's --listen: then this one serves none of
+    // what it handed over (the two never answer in turn).
+    let (replaced, replaced_seen) = watch::channel(false);
+    if let Some(dir) = &config.handoff_dir {
+        let (listen_port, handed_over, keeper, held) =
+            (config.listen.port(), heartbeats.handed_over.clone(), own_sockets.keeper.clone(), registry.clone());
+        let on_taken = move |keys: Vec<handoff::SocketKey>| {
+            if keys.iter().any(|key| key.role == "listen" && key.port == listen_port) {
+                handed_over.store(true, std::sync::atomic::Ordering::Release);
+                if let Some(keeper) = &keeper {
+                    keeper.replaced();
+                }
+                held.release(&keys);
+                replaced.send_replace(true);
+            }
+        };
+        if let Err(err) = handoff::node::serve(dir, registry.clone(), on_taken) {
+            log::warn!("the listening sockets will not be handed to a successor: {}", crate::ErrorChain(&err));
+        }
+    }
+    let taken = own_sockets.taken;
+    let supervisor = supervisor.with_handoff(own_sockets.pods, registry.clone(), heartbeats.settled.clone());
     // Every loop the agent runs until shutdown, owned here: joined at shutdown, and one that
     // ends before it is said in the log.
     let mut loops = tokio::task::JoinSet::new();
@@ -337,7 +380,11 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         None => None,
     };
     let scheme = if tls.is_some() { "https (and http without credentials)" } else { "http" };
-    let listener = http::bind(config.listen).await?;
+    let listener = own_sockets
+        .listen
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::TcpListener::from_std(own_sockets.listen))
+        .map_err(|source| HandoffError::Bind { addr: config.listen, source })?;
     log::info!("serving /metrics, /healthz and /api/v1/containers on {}, {scheme}", config.listen);
     let node = config.node_name.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
@@ -351,18 +398,62 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         gate,
         health: Some(heartbeats.clone()),
         probe_sources: Some(probe_sources),
-        health_only: false,
         tls,
         rejections: Some(http::Rejections::of(&rejected, "listen")),
     });
-    let server = tokio::spawn(http::serve(listener, routes, shutdown.clone()));
-    if let Some(addr) = config.health_listen {
-        let listener = http::bind(addr).await?;
-        log::info!("serving /healthz for the kubelet on http://{addr}");
-        let routes = Arc::new(Routes::health_only(heartbeats.clone(), Some(http::Rejections::of(&rejected, "health"))));
-        loops.spawn(http::serve_within(listener, routes, shutdown.clone(), http::Limits::health()));
+    // --listen serves until shutdown, or until a successor serves it.
+    let (stop_serving, serving_stopped) = watch::channel(false);
+    {
+        let (mut shutdown, mut replaced) = (shutdown.clone(), replaced_seen.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.changed() => {}
+                // Without a handoff directory nothing replaces it (the sender is gone: no match).
+                Ok(_) = replaced.wait_for(|replaced| *replaced) => {
+                    log::info!("replaced: --listen is served by the newer agent alone");
+                }
+            }
+            stop_serving.send_replace(true);
+        });
+    }
+    let server = tokio::spawn(http::serve(listener, routes, serving_stopped));
+    let health_server = match own_sockets.health {
+        None => None,
+        Some(listener) => {
+            let counters = crate::probe::metrics::ConnectionCounters::from_series(|reason| {
+                rejected.with_label_values(&["health", reason])
+            });
+            Some(health::serve(listener, heartbeats.clone(), counters).map_err(AgentError::Health)?)
+        }
+    };
+    if let Some(health_server) = health_server {
+        // Served until shutdown, or until a successor serves it.
+        let (mut shutdown, mut replaced) = (shutdown.clone(), replaced_seen.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.changed() => {}
+                Ok(_) = replaced.wait_for(|replaced| *replaced) => {}
+            }
+            drop(tokio::task::spawn_blocking(move || drop(health_server)));
+        });
     }
 
+    if let Some(taken) = taken {
+        // The agent (or keeper) they came from stops serving them once this one does: now for
+        // --listen and --health-listen, and its pods' listeners as soon as the supervisor
+        // claimed or gave up what it adopted.
+        let (settled, registry, mut shutdown) = (heartbeats.settled.clone(), registry.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            while !settled.load(std::sync::atomic::Ordering::Acquire) {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+            let keys = registry.snapshot().into_iter().map(|(facts, _)| facts.key()).collect();
+            drop(tokio::task::spawn_blocking(move || taken.confirm(keys)));
+        });
+    }
     let stream = sensor.take_events().ok_or(AgentError::StreamTaken)?;
     let reader =
         Reader { owner, maps: maps.clone(), latency, counters: agent_counters.clone(), heartbeats: heartbeats.clone() };

@@ -132,6 +132,10 @@ pub struct Listener {
     /// The listen backlog, when known: sock_diag reports it (ss's Send-Q); /proc/net/tcp does
     /// not (for a LISTEN socket its tx_queue column is write_seq - snd_una, always 0).
     pub backlog: Option<u32>,
+    /// The socket's inode (0 when not known): what `/proc/<pid>/fd` links name as
+    /// `socket:[inode]`, so the listener's holder can be found, and a socket handed over
+    /// checked to be this one.
+    pub inode: u64,
 }
 
 /// TcpExt listen counters of a netns (cumulative).
@@ -195,7 +199,8 @@ pub fn parse_listeners(text: &str, family: u16) -> Result<Vec<Listener>, &'stati
             fields[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()).ok_or("bad local address")?;
         let (_tx, rx) = fields[4].split_once(':').ok_or("bad tx_queue:rx_queue")?;
         let depth = u32::from_str_radix(rx, 16).map_err(|_| "bad rx_queue")?;
-        out.push(Listener { port, family, queue_depth: depth, backlog: None });
+        let inode = fields.get(9).and_then(|i| i.parse().ok()).unwrap_or(0);
+        out.push(Listener { port, family, queue_depth: depth, backlog: None, inode });
     }
     Ok(out)
 }
@@ -401,7 +406,7 @@ mod tests {
    0: 0100007F:1F90 00000000:0000 0A 00000080:00000003 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0\n\
    1: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 20 4 30 10 -1\n";
         let got = parse_listeners(table, 2).expect("parses");
-        assert_eq!(got, vec![Listener { port: 8080, family: 2, queue_depth: 3, backlog: None }]);
+        assert_eq!(got, vec![Listener { port: 8080, family: 2, queue_depth: 3, backlog: None, inode: 1 }]);
         assert!(parse_listeners("header\n 0: x\n", 2).is_err());
     }
 

@@ -27,7 +27,8 @@ const NLM_F_REQUEST: u16 = 1;
 const NLM_F_DUMP: u16 = 0x300;
 const TCP_LISTEN: u32 = 10;
 const HEADER: usize = 16;
-/// inet_diag_msg: family, state, timer, retrans, a 48-byte sockid, then expires, rqueue, wqueue.
+/// inet_diag_msg: family, state, timer, retrans, a 48-byte sockid, then expires, rqueue, wqueue,
+/// uid and inode.
 const MSG_LEN: usize = 72;
 
 /// Why a sock_diag dump failed.
@@ -133,6 +134,7 @@ pub(crate) fn parse_messages(mut data: &[u8], out: &mut Vec<Listener>) -> Result
                         family: u16::from(body[0]),
                         queue_depth: u32_at(body, 56).unwrap_or(0),
                         backlog: u32_at(body, 60),
+                        inode: u64::from(u32_at(body, 68).unwrap_or(0)),
                     });
                 }
             }
@@ -165,13 +167,14 @@ mod tests {
         body[4..6].copy_from_slice(&8080u16.to_be_bytes());
         body[56..60].copy_from_slice(&3u32.to_ne_bytes());
         body[60..64].copy_from_slice(&128u32.to_ne_bytes());
+        body[68..72].copy_from_slice(&4242u32.to_ne_bytes());
         let mut data = message(SOCK_DIAG_BY_FAMILY, &body);
         let mut out = Vec::new();
         assert!(!parse_messages(&data, &mut out).expect("parses"));
         data.extend(message(NLMSG_DONE, &[0; 4]));
         out.clear();
         assert!(parse_messages(&data, &mut out).expect("parses"));
-        assert_eq!(out, vec![Listener { port: 8080, family: 2, queue_depth: 3, backlog: Some(128) }]);
+        assert_eq!(out, vec![Listener { port: 8080, family: 2, queue_depth: 3, backlog: Some(128), inode: 4242 }]);
         let error = message(NLMSG_ERROR, &(-libc::EPERM).to_ne_bytes());
         assert!(parse_messages(&error, &mut out).is_err());
     }
@@ -188,5 +191,10 @@ mod tests {
         let ours = found.iter().find(|l| l.port == port).expect("our listener");
         // std listens with backlog 128 (capped by net.core.somaxconn, 4096 by default).
         assert_eq!((ours.queue_depth, ours.backlog), (0, Some(128)));
+        use std::os::unix::fs::MetadataExt as _;
+        let inode = std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&listener)))
+            .expect("the socket's inode")
+            .ino();
+        assert_eq!(ours.inode, inode, "the socket's own inode");
     }
 }

@@ -49,8 +49,9 @@ pub(crate) const MAX_CONNECTIONS: usize = 64;
 /// Connections accepted from one listener before the others get their turn.
 pub(crate) const ACCEPTS_PER_TURN: usize = 16;
 /// How often one source may have a connection kept waiting for the rest of its head, per
-/// listener: far above what a client that sends its request at once ever needs (none), and a
-/// bound on how fast one source can take the places of others.
+/// listener, once half its places are taken: far above what a client that sends its request
+/// at once ever needs (none), and a bound on how fast one source can take the places of
+/// others.
 pub(crate) const KEEP_RATE: Rate = Rate { per_second: 16.0, burst: 32.0 };
 
 /// Listener tokens start here; connection tokens are their slots, below it.
@@ -62,9 +63,9 @@ const WAKER: Token = Token(usize::MAX);
 pub struct ListenerLimits {
     pub head_deadline: Duration,
     pub max_connections: usize,
-    /// How often one source may have a connection kept (see [`KEEP_RATE`]); past it, a
-    /// connection that would have to be kept is closed (`reason="rate"`). A complete request
-    /// is answered whatever its source's rate.
+    /// How often one source may have a connection kept once half the places are taken (see
+    /// [`KEEP_RATE`]); past it, a connection that would have to be kept is closed
+    /// (`reason="rate"`). A complete request is answered whatever its source's rate.
     pub keep_rate: Rate,
 }
 
@@ -386,8 +387,11 @@ impl Loop {
             let now = Instant::now();
             let mut connection = Connection::new(stream, now + self.limits.head_deadline);
             let Step::Wait(interest) = connection.advance_guarded(served.answer.as_ref()) else { continue };
-            // Only what is kept is rated: a request that came whole was answered above.
-            if !served.rates.admit(peer.ip(), now) {
+            // Only what is kept is rated, and only once half the places are taken: a request
+            // that came whole was answered above, and a client whose head comes in pieces is
+            // not held back while places are plenty.
+            let pressed = served.open >= self.limits.max_connections / 2;
+            if pressed && !served.rates.admit(peer.ip(), now) {
                 served.counters.rate.inc();
                 continue;
             }

@@ -261,22 +261,31 @@ fn a_source_keeps_connections_at_its_rate_and_its_whole_requests_are_answered_pa
     // to be kept are rated, and the kubelet's request comes whole.
     let limits = ListenerLimits {
         head_deadline: Duration::from_secs(30),
-        keep_rate: Rate { per_second: 1.0, burst: 4.0 },
-        ..ListenerLimits::default()
+        max_connections: 8,
+        keep_rate: Rate { per_second: 0.1, burst: 2.0 },
     };
     let (server, counters) = serve(any(), limits);
     let addr = server.local_addr();
-    let mut held: Vec<TcpStream> = (0..10).map(|_| half_sent(addr)).collect();
+    // Four kept freely (half the places), two on the burst, four closed for their rate.
+    let mut held: Vec<TcpStream> = (0..10)
+        .map(|_| {
+            let stream = half_sent(addr);
+            // In order: each is kept or closed before the next comes.
+            std::thread::sleep(Duration::from_millis(20));
+            stream
+        })
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while counters.rate.get() < 6 {
+    while counters.rate.get() < 4 {
         assert!(Instant::now() < deadline, "rated: {}", counters.rate.get());
         std::thread::sleep(Duration::from_millis(5));
     }
     for _ in 0..20 {
         assert_eq!(get(addr, "/probe/process"), Some((200, "ok\n".into())), "whole requests are answered");
     }
-    assert_eq!(counters.rate.get(), 6, "four kept, six closed, none of the whole requests");
+    assert_eq!(counters.rate.get(), 4, "six kept, four closed, none of the whole requests");
+    assert_eq!(counters.busy.get(), 0);
     let closed = held.iter_mut().map(|stream| closed_within(stream, Duration::from_millis(20))).filter(|c| *c).count();
-    assert_eq!(closed, 6);
+    assert_eq!(closed, 4);
     server.stop();
 }

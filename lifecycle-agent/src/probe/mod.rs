@@ -50,7 +50,6 @@ pub mod check;
 pub mod declaration;
 pub mod feeds;
 pub mod files;
-pub(crate) mod handoff;
 pub mod listener;
 pub mod metrics;
 pub(crate) mod pod;

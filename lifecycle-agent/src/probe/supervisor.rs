@@ -29,10 +29,14 @@ use std::{
 
 use tokio::sync::watch;
 
-use super::handoff::{Adopted, ListenerFacts, ListenerRegistry, Registration};
 use crate::agent::{
     health::{Heartbeats, Loop},
     owner::ModelHandle,
+};
+use crate::handoff::{
+    holder::holder_of,
+    registry::{Registration, Registry},
+    verify, Serves, SocketFacts,
 };
 use crate::{
     discovery::{clock::boottime_ns, netns},
@@ -45,7 +49,7 @@ use crate::{
         metrics::{ProbeMetrics, ProbeTarget},
         pod::DEFAULT_REFRESH,
         pod_declarations::{DeclarationSources, PodDeclarations},
-        server::PodRouter,
+        server::{PodRouter, ServerError},
         source::SourceFilter,
         CheckSpec, NodeProbes, PodProbe, ProbeAnswer,
     },
@@ -55,7 +59,7 @@ use crate::{
 struct PodListener {
     netns: u32,
     _server: ProbeListener,
-    /// Offered to a successor agent while this listener serves (see `handoff.rs`).
+    /// Offered to a successor agent, and kept by the socket keeper, while it serves (`handoff`).
     _handoff: Option<Registration>,
 }
 
@@ -141,13 +145,17 @@ pub(crate) struct ProbeSupervisor {
     adopted: Adopted,
     adopted_until: Instant,
     /// This agent's listeners, offered to its successor.
-    registry: Arc<ListenerRegistry>,
+    registry: Arc<Registry>,
     /// Set once adopted listeners are claimed or given up (`/readyz`).
     settled: Arc<AtomicBool>,
     /// The one loop serving every pod listener, started with the first (last: the listeners
     /// above close through it when the supervisor goes).
     serving: Option<ProbeListeners>,
 }
+
+/// Pod listeners taken from the previous agent or the socket keeper, by netns inode, not yet
+/// checked (each is checked when its pod claims it).
+pub(crate) type Adopted = std::collections::HashMap<u32, (SocketFacts, std::os::fd::OwnedFd)>;
 
 /// How long sockets taken from the previous agent wait for their pods to be known again.
 pub(crate) const ADOPTION_WINDOW: Duration = Duration::from_secs(30);
@@ -156,15 +164,10 @@ pub(crate) const ADOPTION_WINDOW: Duration = Duration::from_secs(30);
 pub(crate) const MIN_PASS_GAP: Duration = Duration::from_millis(100);
 
 impl ProbeSupervisor {
-    /// Serves the listeners `adopted` from the previous agent (see `handoff.rs`) instead of
-    /// binding new ones, offers its own in `registry`, and sets `settled` once no adopted
-    /// listener waits any more.
-    pub(crate) fn with_handoff(
-        mut self,
-        adopted: Adopted,
-        registry: Arc<ListenerRegistry>,
-        settled: Arc<AtomicBool>,
-    ) -> Self {
+    /// Serves the listeners `adopted` from the previous agent or the socket keeper (`handoff`)
+    /// instead of binding new ones, once each is checked to be its pod's; offers its own in
+    /// `registry`, and sets `settled` once no adopted listener waits any more.
+    pub(crate) fn with_handoff(mut self, adopted: Adopted, registry: Arc<Registry>, settled: Arc<AtomicBool>) -> Self {
         self.adopted = adopted;
         self.adopted_until = Instant::now() + ADOPTION_WINDOW;
         self.registry = registry;
@@ -371,16 +374,26 @@ impl ProbeSupervisor {
             return;
         }
         // The previous agent's socket for this netns, still listening (its backlog kept every
-        // connection made meanwhile); else a new one.
-        let adopted = self.adopted.remove(&netns).filter(|(facts, _)| facts.port == port).map(|(_, l)| l);
+        // connection made meanwhile), if it is one bound where this pod's is, in this pod's
+        // namespace (the sender's word is not taken); else a new one.
+        let addr = SocketAddr::from(([0, 0, 0, 0], port));
+        let pod_netns = netns::of_pid(pid);
+        let adopted = self.adopted.remove(&netns).and_then(|(_, fd)| match verify::listener(fd, addr, &pod_netns) {
+            Ok(listener) => Some(listener),
+            Err(mismatch) => {
+                log::warn!("the probe listener handed over for {namespace}/{pod} is not used: {mismatch}");
+                None
+            }
+        });
         let was_adopted = adopted.is_some();
         let bound = match adopted {
             Some(listener) => Ok(listener),
-            None => bind_in_netns(&netns::of_pid(pid), SocketAddr::from(([0, 0, 0, 0], port))),
+            None => bind_in_netns(&pod_netns, addr),
         };
         match bound {
             Ok(listener) => {
-                let facts = ListenerFacts { namespace: namespace.to_owned(), pod: pod.to_owned(), netns, port };
+                let serves = Serves::Pod { namespace: namespace.to_owned(), pod: pod.to_owned(), netns };
+                let facts = SocketFacts { serves, addr };
                 let handoff = match self.registry.register(facts, &listener) {
                     Ok(registration) => Some(registration),
                     Err(err) => {
@@ -411,8 +424,24 @@ impl ProbeSupervisor {
                     Err(err) => log::warn!("no probe listener for {namespace}/{pod}: {}", ErrorChain(&err)),
                 }
             }
-            Err(err) => log::warn!("no probe listener for {namespace}/{pod}: {}", ErrorChain(&err)),
+            Err(err) => {
+                // Someone else listens there (the pod's own app, another agent): say who.
+                let in_use =
+                    matches!(&err, ServerError::Bind { source, .. } if source.kind() == std::io::ErrorKind::AddrInUse);
+                let holder = in_use.then(|| holder_of(&pod_netns, port)).flatten();
+                let held = holder.map(|holder| format!(" (held by {holder})")).unwrap_or_default();
+                log::warn!("no probe listener for {namespace}/{pod}: {}{held}", ErrorChain(&err));
+            }
         }
+    }
+
+    /// A newer agent serves this node's sockets now (`handoff`): every pod listener is closed
+    /// here, none is bound again, and the successor's copies serve on alone.
+    fn stop_serving(&mut self) {
+        if self.pod_port.take().is_some() {
+            log::info!("replaced: {} pod probe listener(s) are served by the newer agent alone", self.listeners.len());
+        }
+        self.listeners.clear();
     }
 
     /// Runs a pass each time `model` publishes a snapshot of another generation (containers,
@@ -493,6 +522,9 @@ impl ProbeSupervisor {
             if new {
                 last_pass = Instant::now();
                 reconciled = Some(snapshot.generation());
+            }
+            if heartbeats.handed_over.load(Ordering::Acquire) {
+                supervisor.stop_serving();
             }
             heartbeats.beat(Loop::ProbeSupervisor);
         }
