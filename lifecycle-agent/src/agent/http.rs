@@ -42,15 +42,12 @@ use hyper::{
     Method, Request, Response, StatusCode,
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::{
-    net::TcpListener,
-    sync::{watch, Semaphore},
-};
+use tokio::{net::TcpListener, sync::watch};
 
 use super::{
     auth::{ApiGate, Verdict},
     health::Heartbeats,
-    sources::{PerSource, Turns},
+    sources::{Busy, Places, Refused, Turns},
 };
 use crate::export::metrics::Metrics;
 
@@ -110,7 +107,7 @@ pub struct Rejections {
 
 impl Rejections {
     /// Why a connection was closed unanswered.
-    const REASONS: [&'static str; 4] = ["source", "busy", "timeout", "lifetime"];
+    const REASONS: [&'static str; 6] = ["source", "busy", "timeout", "lifetime", "evicted", "rate"];
 
     /// The counters of the agent's listeners, registered in `registry`; [`Self::of`] names one.
     pub(crate) fn register(registry: &prometheus::Registry) -> Result<prometheus::IntCounterVec, prometheus::Error> {
@@ -234,8 +231,7 @@ pub(crate) async fn serve_within(
     mut shutdown: watch::Receiver<bool>,
     limits: Limits,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let sources = Arc::new(PerSource::new(limits.per_source.max(1)));
+    let places = Arc::new(Places::new(limits.max_connections, limits.per_source));
     let turns = Arc::new(Turns::new());
     loop {
         let accepted = tokio::select! {
@@ -250,22 +246,31 @@ pub(crate) async fn serve_within(
                 continue;
             }
         };
-        let Some(place) = sources.take(peer.ip()) else {
-            log::debug!("{peer}: {} connections from {} open already; closed", limits.per_source, peer.ip());
-            Rejections::count(routes.rejections.as_ref(), "source");
-            continue;
-        };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            log::debug!("{peer}: {} connections open already; closed", limits.max_connections);
-            Rejections::count(routes.rejections.as_ref(), "busy");
-            continue;
+        let place = match places.take(peer.ip()) {
+            Ok((place, evicted)) => {
+                if evicted {
+                    // An idle connection (silent, or kept alive between requests) gave its place.
+                    Rejections::count(routes.rejections.as_ref(), "evicted");
+                }
+                Arc::new(place)
+            }
+            Err(refused) => {
+                let reason = match refused {
+                    Refused::Source => "source",
+                    Refused::Busy => "busy",
+                    Refused::Rate => "rate",
+                };
+                log::debug!("{peer}: no place ({reason}); closed");
+                Rejections::count(routes.rejections.as_ref(), reason);
+                continue;
+            }
         };
         let routes = Arc::clone(&routes);
         let rejections = routes.rejections.clone();
         let tls = routes.tls.clone();
         let (turns, source_turn) = (Arc::clone(&turns), Arc::clone(&place.turn));
+        let held = Arc::clone(&place.held);
         tokio::spawn(async move {
-            let _slot = (slot, place);
             // With TLS on, the first byte tells a handshake from a plain request, so one port
             // serves HTTPS to clients with credentials and plain HTTP to Prometheus and
             // host-network pods' probes. The wait counts against the request head's time.
@@ -290,9 +295,11 @@ pub(crate) async fn serve_within(
                 let routes = Arc::clone(&routes);
                 let (turns, source_turn) = (Arc::clone(&turns), Arc::clone(&source_turn));
                 answering.store(true, std::sync::atomic::Ordering::Relaxed);
+                // Not idle (its place not given to a newcomer) until its answer is written.
+                let busy = place.busy();
                 async move {
                     if let Some(refusal) = check_access(&routes, &request, peer.ip(), encrypted).await {
-                        return Ok::<_, Infallible>(refusal);
+                        return Ok::<_, Infallible>(Answer::of(refusal, busy));
                     }
                     let costly = costs_the_node(&routes, &request);
                     // A scrape reuses its buffers (see `Metrics::render`); what an API answer
@@ -315,7 +322,7 @@ pub(crate) async fn serve_within(
                         // Off the async workers: the answer is sent meanwhile.
                         drop(tokio::task::spawn_blocking(release_free_memory));
                     }
-                    Ok::<_, Infallible>(response)
+                    Ok::<_, Infallible>(Answer::of(response, busy))
                 }
             });
             let builder = {
@@ -341,7 +348,12 @@ pub(crate) async fn serve_within(
                     },
                 }
             };
-            match tokio::time::timeout(limits.lifetime, served).await {
+            let lived = tokio::select! {
+                lived = tokio::time::timeout(limits.lifetime, served) => lived,
+                // Its place went to a newcomer while it was idle: counted when taken.
+                () = held.evicted.notified() => return,
+            };
+            match lived {
                 Ok(Err(err)) => {
                     log::debug!("HTTP connection from {peer} ended with an error: {err}");
                     if err.is_timeout() && !answered.load(std::sync::atomic::Ordering::Relaxed) {
@@ -355,6 +367,39 @@ pub(crate) async fn serve_within(
                 Ok(Ok(())) => {}
             }
         });
+    }
+}
+
+/// An answer's body: it keeps its connection busy (its place not given to a newcomer, see
+/// `sources.rs`) until hyper has written it whole and drops it.
+pub(crate) struct Answer {
+    body: Full<Bytes>,
+    _busy: Busy,
+}
+
+impl Answer {
+    fn of(response: Response<Full<Bytes>>, busy: Busy) -> Response<Self> {
+        response.map(|body| Self { body, _busy: busy })
+    }
+}
+
+impl hyper::body::Body for Answer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -3,7 +3,10 @@
 use super::*;
 use crate::agent::sources::Turns;
 use std::sync::Mutex;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    sync::Semaphore,
+};
 
 /// Plain routes (no API, no gate) with `gate` and `probe_sources` as given.
 fn routes(gate: Option<ApiGate>, probe_sources: Option<crate::probe::source::SourceFilter>) -> Routes {
@@ -72,8 +75,27 @@ async fn closed_within_10s(stream: &mut tokio::net::TcpStream) -> usize {
         .expect("read")
 }
 
+/// A connection from `source` (a loopback address) to `addr`.
+async fn connect_from(source: &str, addr: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(SocketAddr::new(source.parse().expect("ip"), 0)).expect("bind the source");
+    socket.connect(addr).await.expect("connect")
+}
+
+/// The whole answer to `GET /healthz` from `source`.
+async fn healthz_from(source: &str, addr: SocketAddr) -> String {
+    let mut stream = connect_from(source, addr).await;
+    stream.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").await.expect("write");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer).await;
+    answer
+}
+
 #[tokio::test]
 async fn clients_holding_connections_give_their_places_up_and_others_are_served() {
+    // Issue 37: four sources holding places kept everyone else out of --listen until their
+    // heads timed out (live: `/metrics` answered 2 of 55). A newcomer now takes the place of
+    // the oldest idle connection; the rest are still cut at their head deadline.
     let limits = four_places(Duration::from_millis(300), Duration::from_secs(30));
     let (addr, _stop, counts) = listener_with(limits).await;
     // Four clients that connect and say nothing take every place.
@@ -81,25 +103,52 @@ async fn clients_holding_connections_give_their_places_up_and_others_are_served(
     for _ in 0..4 {
         silent.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
     }
-    // Wait until the server has accepted them all: a fifth is then closed unanswered.
-    let mut refused = false;
-    for _ in 0..100 {
-        if healthz(addr).await.is_empty() {
-            refused = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(refused, "a fifth connection is closed while four are held");
-    // All four are from 127.0.0.1, whose own bound (4) is reached first.
-    assert!(rejected(&counts, "source", 1).await >= 1, "the refusal is counted");
-    assert_eq!(rejected(&counts, "busy", 0).await, 0);
-    // The silent ones are cut when their head does not come; the place is free again.
-    for stream in &mut silent {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A fifth is served at once, in the place of the oldest silent one, which is closed.
+    assert!(healthz(addr).await.starts_with("HTTP/1.0 200"), "the newcomer is served");
+    assert_eq!(rejected(&counts, "evicted", 1).await, 1, "the closed one is counted");
+    assert_eq!(closed_within_10s(&mut silent[0]).await, 0, "the oldest gave its place up");
+    assert_eq!((rejected(&counts, "source", 0).await, rejected(&counts, "busy", 0).await), (0, 0));
+    // The others are cut when their head does not come.
+    for stream in &mut silent[1..] {
         assert_eq!(closed_within_10s(stream).await, 0);
     }
-    assert_eq!(rejected(&counts, "timeout", 4).await, 4, "each cut at its head deadline is counted");
+    assert_eq!(rejected(&counts, "timeout", 3).await, 3, "each cut at its head deadline is counted");
     assert!(healthz(addr).await.starts_with("HTTP/1.0 200"), "served once the places are free");
+}
+
+#[tokio::test]
+async fn five_sources_holding_every_place_keep_no_other_source_out() {
+    // Issue 37: `--listen` held from 4-5 addresses. The source holding the most places gives
+    // one up to another source's newcomer, at most 20 times a second per newcomer's source.
+    let limits = Limits {
+        max_connections: 10,
+        per_source: 2,
+        head_timeout: Duration::from_secs(30),
+        lifetime: Duration::from_secs(30),
+    };
+    let (addr, _stop, counts) = listener_with(limits).await;
+    let mut held = Vec::new();
+    for source in ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6"] {
+        for _ in 0..2 {
+            held.push(connect_from(source, addr).await);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for i in 0..20 {
+        let answer = healthz_from("127.0.0.7", addr).await;
+        assert!(answer.starts_with("HTTP/1.0 200"), "request {i} of another source: {answer:?}");
+    }
+    // One place was taken for the first; each answered request left its place free again.
+    assert_eq!(rejected(&counts, "evicted", 1).await, 1);
+    // A flood from one more source takes at most its own bound of places from the others, then
+    // only its own.
+    let mut flood = Vec::new();
+    for _ in 0..100 {
+        flood.push(connect_from("127.0.0.8", addr).await);
+    }
+    assert_eq!(rejected(&counts, "evicted", 0).await, 1 + 1 + 98, "one more of theirs, then its own");
+    drop((held, flood));
 }
 
 #[tokio::test]
@@ -121,29 +170,80 @@ async fn one_source_cannot_take_every_place() {
         head_timeout: Duration::from_secs(30),
         lifetime: Duration::from_secs(30),
     };
-    let (addr, _stop, counts) = listener_with(limits).await;
-    // 127.0.0.1 holds its two places with silent connections.
-    let held: Vec<_> = futures::future::join_all((0..2).map(|_| tokio::net::TcpStream::connect(addr))).await;
-    let mut refused = false;
-    for _ in 0..100 {
-        if healthz(addr).await.is_empty() {
-            refused = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let counts = crate::export::metrics::vec_of(
+        crate::export::families::AgentFamily::HttpConnectionsRejected,
+        prometheus::IntCounterVec::new,
+    )
+    .expect("counters");
+    let release = Arc::new(tokio::sync::Notify::new());
+    let api: Arc<dyn ApiHandler> = Arc::new(WaitingApi { release: Arc::clone(&release) });
+    let routes = Routes { api: Some(api), rejections: Some(Rejections::of(&counts, "listen")), ..routes(None, None) };
+    let (addr, _stop) = serving(routes, limits).await;
+    // 127.0.0.1 holds its two places with requests in the making: not idle, so not given up.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(b"GET /api/v1/wait HTTP/1.0\r\n\r\n").await.expect("write");
+        held.push(stream);
     }
-    assert!(refused, "a third connection from the same source is closed");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(healthz(addr).await.is_empty(), "a third connection from the same source is closed");
     assert!(rejected(&counts, "source", 1).await >= 1, "the refusal is counted");
     // Another loopback address is another source: it is served.
-    let other = std::net::SocketAddr::new("127.0.0.2".parse().expect("ip"), 0);
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.bind(other).expect("bind 127.0.0.2");
-    let mut stream = socket.connect(addr).await.expect("connect");
-    stream.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").await.expect("write");
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer).await;
-    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    assert!(healthz_from("127.0.0.2", addr).await.starts_with("HTTP/1.0 200"));
     drop(held);
+}
+
+#[tokio::test]
+async fn a_source_at_its_bound_gives_its_own_idle_place_to_its_newcomer() {
+    // A client sharing the kubelet's address (a hostNetwork pod) holding that address's
+    // places with silent connections cannot keep the kubelet's next request out.
+    let limits = Limits {
+        max_connections: 8,
+        per_source: 2,
+        head_timeout: Duration::from_secs(30),
+        lifetime: Duration::from_secs(30),
+    };
+    let (addr, _stop, counts) = listener_with(limits).await;
+    let silent: Vec<_> = futures::future::join_all((0..2).map(|_| tokio::net::TcpStream::connect(addr))).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for _ in 0..5 {
+        assert!(healthz(addr).await.starts_with("HTTP/1.0 200"));
+    }
+    // The oldest gave its place to the first; each answered request then left its place free.
+    assert_eq!(rejected(&counts, "evicted", 1).await, 1);
+    let mut silent: Vec<_> = silent.into_iter().flatten().collect();
+    assert_eq!(closed_within_10s(&mut silent[0]).await, 0, "the oldest is closed");
+    let mut byte = [0u8; 1];
+    let kept = tokio::time::timeout(Duration::from_millis(100), silent[1].read(&mut byte)).await;
+    assert!(kept.is_err(), "the other keeps its place: its source is within its bound");
+}
+
+#[tokio::test]
+async fn a_flood_from_one_source_takes_others_places_at_its_rate_only() {
+    let limits = Limits {
+        max_connections: 100,
+        per_source: 100,
+        head_timeout: Duration::from_secs(30),
+        lifetime: Duration::from_secs(30),
+    };
+    let (addr, _stop, counts) = listener_with(limits).await;
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        held.push(connect_from("127.0.0.2", addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let began = std::time::Instant::now();
+    let mut flood = Vec::new();
+    for _ in 0..100 {
+        flood.push(connect_from("127.0.0.3", addr).await);
+    }
+    assert!(rejected(&counts, "rate", 1).await >= 1, "past its burst the flood takes no more places");
+    let taken = rejected(&counts, "evicted", 0).await;
+    // The burst (40) and 20 a second after it.
+    let allowed = 40 + (began.elapsed().as_secs_f64() * 20.0).ceil() as u64 + 1;
+    assert!((40..=allowed).contains(&taken), "{taken} places taken, at most {allowed}");
+    drop((held, flood));
 }
 
 #[tokio::test]

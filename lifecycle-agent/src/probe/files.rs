@@ -236,9 +236,10 @@ impl DeclaredFiles {
         drop(state);
         let shared = Arc::clone(&self.shared);
         let started = std::thread::Builder::new().name("probe-files".into()).spawn(move || {
-            let _place = place;
             let read: Vec<(String, FileFacts)> =
                 paths.into_iter().map(|path| (path.clone(), (shared.read)(&path))).collect();
+            // Returned: its place is free before anyone hears it returned.
+            drop(place);
             let mut state = shared.lock();
             let state = &mut *state;
             let kept = Arc::make_mut(&mut state.facts);
