@@ -8,7 +8,7 @@
   custom resources it has no schema for (PodMonitor, PrometheusRule) are reported with a note and
   get apiVersion/kind/metadata checks instead;
 - the DaemonSet keeps the properties the agent depends on (hostPID, capabilities, mounts, probes,
-  --listen 0.0.0.0:9890, --health-listen 0.0.0.0:9892 and the probes on it, --handoff-dir and a
+  --listen 0.0.0.0:9890, --health-listen 127.0.0.1:9892 and the probes on it, --handoff-dir and a
   surge update strategy, no container ports, tolerations,
   priority class);
 - every alert has summary, description and runbook_url annotations and a severity label; its
@@ -211,14 +211,35 @@ def daemonset_problems(doc: dict) -> list[str]:
                         "which rule out maxSurge)")
     # The kubelet's probes of the agent have a listener of their own, whose places no client of
     # --listen can take.
-    if "--health-listen" not in args or args[args.index("--health-listen") + 1] != "0.0.0.0:9892":
-        problems.append("args must contain --health-listen 0.0.0.0:9892")
+    # On the node's loopback: no client elsewhere in the cluster reaches it.
+    if "--health-listen" not in args or args[args.index("--health-listen") + 1] != "127.0.0.1:9892":
+        problems.append("args must contain --health-listen 127.0.0.1:9892")
     if "--handoff-dir" not in args or args[args.index("--handoff-dir") + 1] != "/run/lifecycle-agent":
         problems.append("args must contain --handoff-dir /run/lifecycle-agent")
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = (agent.get(probe) or {}).get("httpGet") or {}
-        if get.get("path") != path or get.get("port") != 9892:
-            problems.append(f"{probe} must be httpGet {path} on the health port 9892")
+        if get.get("path") != path or get.get("port") != 9892 or get.get("host") != "127.0.0.1":
+            problems.append(f"{probe} must be httpGet {path} on 127.0.0.1, the health port 9892")
+    # The socket keeper: a second container with the agent's --keeper-dir, in a volume only the
+    # pod mounts, with no capability at all.
+    keeper_dir = args[args.index("--keeper-dir") + 1] if "--keeper-dir" in args else None
+    keepers = [c for c in pod["containers"][1:] if (c.get("args") or [])[:1] == ["keep-sockets"]]
+    if keeper_dir is None or len(keepers) != 1:
+        problems.append("a `keep-sockets` container and the agent's --keeper-dir are required (listeners that "
+                        "survive an in-place restart of the agent)")
+    else:
+        keeper = keepers[0]
+        keeper_args = keeper.get("args") or []
+        if "--dir" not in keeper_args or keeper_args[keeper_args.index("--dir") + 1] != keeper_dir:
+            problems.append("the keeper's --dir must be the agent's --keeper-dir")
+        keeper_caps = (keeper.get("securityContext") or {}).get("capabilities") or {}
+        if keeper_caps.get("drop") != ["ALL"] or keeper_caps.get("add"):
+            problems.append("the keeper drops every capability and adds none")
+        for container in (agent, keeper):
+            mount = next((m for m in container.get("volumeMounts", []) if m.get("mountPath") == keeper_dir), None)
+            volume = volumes.get((mount or {}).get("name")) or {}
+            if "emptyDir" not in volume:
+                problems.append(f"{container['name']}: {keeper_dir} must be an emptyDir (only the pod mounts it)")
     rolling = ((doc["spec"].get("updateStrategy") or {}).get("rollingUpdate")) or {}
     if rolling.get("maxUnavailable") not in (0, "0", "0%") or not rolling.get("maxSurge"):
         problems.append("updateStrategy must surge (maxSurge > 0, maxUnavailable 0): the next agent takes "

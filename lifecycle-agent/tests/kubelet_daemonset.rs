@@ -101,7 +101,10 @@ fn agent_pod_named(kube: &Kube, daemonset: &Value, name: &str, image: &str, port
     // No scheduler on the test node: bound here, as the DaemonSet controller would.
     spec["nodeName"] = kube.node_name().into();
     let containers = spec["containers"].as_array_mut().expect("containers");
-    assert_eq!(containers.len(), 1, "one container in the template");
+    assert_eq!(containers.len(), 2, "the agent and its socket keeper in the template");
+    assert_eq!(containers[1]["args"][0], "keep-sockets", "the second is the keeper");
+    containers[1]["image"] = image.into();
+    containers[1]["imagePullPolicy"] = "Never".into();
     let agent = &mut containers[0];
     agent["image"] = image.into();
     agent["imagePullPolicy"] = "Never".into();
@@ -126,9 +129,9 @@ fn agent_pod_named(kube: &Kube, daemonset: &Value, name: &str, image: &str, port
     let kubeconfig = credentials.join("kubeconfig");
     args.push("--kubeconfig".into());
     args.push(kubeconfig.to_string_lossy().into_owned().into());
-    // Likewise --health-listen 0.0.0.0:9892 and the port the kubelet probes the agent on.
+    // Likewise --health-listen 127.0.0.1:9892 and the port the kubelet probes the agent on.
     let at = args.iter().position(|a| a == "--health-listen").expect("--health-listen in the template");
-    args[at + 1] = format!("0.0.0.0:{health_port}").into();
+    args[at + 1] = format!("127.0.0.1:{health_port}").into();
     assert!(agent.get("ports").is_none(), "the template declares no container ports (they would be host ports)");
     for probe in ["livenessProbe", "readinessProbe"] {
         assert_eq!(agent[probe]["httpGet"]["port"], 9892, "{probe} on the health port");

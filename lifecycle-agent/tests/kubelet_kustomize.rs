@@ -145,7 +145,7 @@ fn write_overlay(dir: &Path, daemonset: &Value, node: &NodeSpecifics) {
     std::fs::create_dir_all(dir).expect("overlay directory");
     let spec = &daemonset["spec"]["template"]["spec"];
     let containers = spec["containers"].as_array().expect("containers");
-    assert_eq!(containers.len(), 1, "one container in the base's DaemonSet");
+    assert_eq!(containers.len(), 2, "the agent and its socket keeper in the base's DaemonSet");
     let container = &containers[0];
     let at = "/spec/template/spec/containers/0";
     let args = container["args"].as_array().expect("the agent's args");
@@ -162,7 +162,9 @@ fn write_overlay(dir: &Path, daemonset: &Value, node: &NodeSpecifics) {
         json!({"op": "test", "path": format!("{at}/args/{listen}"), "value": "--listen"}),
         json!({"op": "replace", "path": format!("{at}/args/{}", listen + 1), "value": format!("0.0.0.0:{}", node.listen)}),
         json!({"op": "test", "path": format!("{at}/args/{health}"), "value": "--health-listen"}),
-        json!({"op": "replace", "path": format!("{at}/args/{}", health + 1), "value": format!("0.0.0.0:{}", node.health)}),
+        json!({"op": "replace", "path": format!("{at}/args/{}", health + 1), "value": format!("127.0.0.1:{}", node.health)}),
+        json!({"op": "test", "path": "/spec/template/spec/containers/1/args/0", "value": "keep-sockets"}),
+        json!({"op": "add", "path": "/spec/template/spec/containers/1/imagePullPolicy", "value": "Never"}),
         // This node's containerd does not serve /run/containerd/containerd.sock: its socket is in
         // the harness's directory, mounted as the base mounts /run/containerd (the directory).
         json!({"op": "add", "path": format!("{at}/args/-"), "value": "--cri-socket"}),

@@ -11,9 +11,11 @@
 //! with 16 containers on a stalled mount held a pass 48 s, and `/healthz` failed).
 //!
 //! Bounds: one pass per container at a time (while one hangs, the next is not started and the
-//! files say why), and [`MAX_FILE_READERS`] reader threads on the node; past that a pass is not
-//! started either. Both are counted in `lifecycle_probe_file_reads_skipped_total{reason}`, and
-//! the threads alive in `lifecycle_probe_file_readers`.
+//! files say why), [`MAX_FILE_READERS_PER_POD`] reader threads per pod and [`MAX_FILE_READERS`]
+//! on the node; past those a pass is not started either. A pod's stalled mount so holds at most
+//! two threads, and fails its own checks only: 32 pods would have to stall to take the node's
+//! threads from the others. Each is counted in `lifecycle_probe_file_reads_skipped_total{reason}`,
+//! and the threads alive in `lifecycle_probe_file_readers`.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -42,12 +44,18 @@ pub(crate) const FILE_READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Reader threads alive on the node at most: a read of a healthy file takes microseconds, so
 /// the threads alive are, in effect, the ones stuck on hung mounts.
-pub const MAX_FILE_READERS: usize = 16;
+pub const MAX_FILE_READERS: usize = 64;
+/// Reader threads alive for one pod at most.
+pub const MAX_FILE_READERS_PER_POD: usize = 2;
 
 /// The node's reader threads: how many are alive, and the passes not started.
 pub struct FileReaders {
     alive: AtomicUsize,
     cap: usize,
+    /// Threads alive by pod (uid), each at most [`MAX_FILE_READERS_PER_POD`].
+    per_pod: Mutex<HashMap<String, usize>>,
+    /// Passes not started because the pod's reader threads are all alive.
+    pod_cap: IntCounter,
     gauge: IntGauge,
     /// Passes not started because the container's last one has not returned.
     container_stuck: IntCounter,
@@ -78,6 +86,8 @@ impl FileReaders {
         let readers = Self {
             alive: AtomicUsize::new(0),
             cap,
+            per_pod: Mutex::default(),
+            pod_cap: skipped.with_label_values(&["pod_cap"]),
             gauge,
             container_stuck: skipped.with_label_values(&["container_stuck"]),
             node_cap: skipped.with_label_values(&["node_cap"]),
@@ -85,22 +95,22 @@ impl FileReaders {
         Ok((readers, skipped))
     }
 
-    /// A place for one more reader thread, or None when all [`Self::cap`] are taken.
-    fn take(self: &Arc<Self>) -> Option<ReaderPlace> {
-        let mut alive = self.alive.load(Ordering::Acquire);
-        loop {
-            if alive >= self.cap {
-                self.node_cap.inc();
-                return None;
-            }
-            match self.alive.compare_exchange(alive, alive + 1, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
-                    self.gauge.inc();
-                    return Some(ReaderPlace(Arc::clone(self)));
-                }
-                Err(now) => alive = now,
-            }
+    /// A place for one more reader thread of pod `pod`, or why there is none.
+    fn take(self: &Arc<Self>, pod: &str) -> Result<ReaderPlace, Skipped> {
+        let mut per_pod = self.per_pod.lock().unwrap_or_else(|poison| poison.into_inner());
+        let of_pod = per_pod.get(pod).copied().unwrap_or(0);
+        if of_pod >= MAX_FILE_READERS_PER_POD {
+            self.pod_cap.inc();
+            return Err(Skipped::Pod);
         }
+        if self.alive.load(Ordering::Acquire) >= self.cap {
+            self.node_cap.inc();
+            return Err(Skipped::Node);
+        }
+        per_pod.insert(pod.to_owned(), of_pod + 1);
+        self.alive.fetch_add(1, Ordering::AcqRel);
+        self.gauge.inc();
+        Ok(ReaderPlace { readers: Arc::clone(self), pod: pod.to_owned() })
     }
 
     /// Reader threads alive now.
@@ -110,13 +120,30 @@ impl FileReaders {
     }
 }
 
+/// Why no reader thread was had.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Skipped {
+    /// The pod's threads are all alive.
+    Pod,
+    /// The node's threads are all alive.
+    Node,
+}
+
 /// One reader thread's place, given back when the thread ends.
-struct ReaderPlace(Arc<FileReaders>);
+struct ReaderPlace {
+    readers: Arc<FileReaders>,
+    pod: String,
+}
 
 impl Drop for ReaderPlace {
     fn drop(&mut self) {
-        self.0.alive.fetch_sub(1, Ordering::AcqRel);
-        self.0.gauge.dec();
+        let mut per_pod = self.readers.per_pod.lock().unwrap_or_else(|poison| poison.into_inner());
+        match per_pod.get_mut(&self.pod) {
+            Some(alive) if *alive > 1 => *alive -= 1,
+            _ => drop(per_pod.remove(&self.pod)),
+        }
+        self.readers.alive.fetch_sub(1, Ordering::AcqRel);
+        self.readers.gauge.dec();
     }
 }
 
@@ -136,6 +163,8 @@ type Reader = Box<dyn Fn(&str) -> FileFacts + Send + Sync>;
 struct Shared {
     read: Reader,
     readers: Arc<FileReaders>,
+    /// The container's pod (uid): its reader threads count against the pod's share.
+    pod: String,
     state: Mutex<FilesState>,
     /// Wakes a waiter of [`DeclaredFiles::read_now`] when a pass returns.
     returned: Condvar,
@@ -157,16 +186,18 @@ struct FilesState {
 }
 
 impl DeclaredFiles {
-    /// The files of the container whose root is `root` (held open from when its probe was made,
-    /// `proc::pin_root`; pid `pid` is named in reasons), read by threads of `readers`.
-    pub(crate) fn new(root: Option<Arc<std::fs::File>>, pid: u32, readers: Arc<FileReaders>) -> Self {
-        Self::read_by(Box::new(move |path| read_in_root(root.as_deref(), pid, path)), readers)
+    /// The files of a container of pod `pod` (uid) whose root is `root` (held open from when its
+    /// probe was made, `proc::pin_root`; pid `pid` is named in reasons), read by threads of
+    /// `readers`.
+    pub(crate) fn new(root: Option<Arc<std::fs::File>>, pid: u32, pod: &str, readers: Arc<FileReaders>) -> Self {
+        Self::read_by(Box::new(move |path| read_in_root(root.as_deref(), pid, path)), pod, readers)
     }
 
-    fn read_by(read: Reader, readers: Arc<FileReaders>) -> Self {
+    fn read_by(read: Reader, pod: &str, readers: Arc<FileReaders>) -> Self {
         let shared = Shared {
             read,
             readers,
+            pod: pod.to_owned(),
             state: Mutex::new(FilesState::default()),
             returned: Condvar::new(),
             changed: Notify::new(),
@@ -222,13 +253,21 @@ impl DeclaredFiles {
             mark(&mut state, &paths, why);
             return None;
         }
-        let Some(place) = self.shared.readers.take() else {
-            let why = format!(
-                "not read: {} readers of probe files are stuck on this node (hung filesystems?)",
-                self.shared.readers.cap
-            );
-            mark(&mut state, &paths, &why);
-            return None;
+        let place = match self.shared.readers.take(&self.shared.pod) {
+            Ok(place) => place,
+            Err(skipped) => {
+                let why = match skipped {
+                    Skipped::Pod => format!(
+                        "not read: {MAX_FILE_READERS_PER_POD} reads of this pod's files have not returned (a hung filesystem?)"
+                    ),
+                    Skipped::Node => format!(
+                        "not read: {} readers of probe files are stuck on this node (hung filesystems?)",
+                        self.shared.readers.cap
+                    ),
+                };
+                mark(&mut state, &paths, &why);
+                return None;
+            }
         };
         state.passes += 1;
         let pass = state.passes;
@@ -327,7 +366,7 @@ mod tests {
     /// The files of this process's own root.
     fn own_files(readers: &Arc<FileReaders>) -> DeclaredFiles {
         let root = proc::pin_root(std::process::id()).ok().map(Arc::new);
-        DeclaredFiles::new(root, std::process::id(), Arc::clone(readers))
+        DeclaredFiles::new(root, std::process::id(), "pod-a", Arc::clone(readers))
     }
 
     #[test]
@@ -351,16 +390,16 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// Files read by a reader that blocks until `gate` is dropped (a hung mount), then finds
-    /// every file with the content `ok`.
-    fn hanging_files(readers: &Arc<FileReaders>) -> (DeclaredFiles, std::sync::mpsc::SyncSender<()>) {
+    /// Files of a container of `pod` read by a reader that blocks until `gate` is dropped (a
+    /// hung mount), then finds every file with the content `ok`.
+    fn hanging_files(pod: &str, readers: &Arc<FileReaders>) -> (DeclaredFiles, std::sync::mpsc::SyncSender<()>) {
         let (gate, wait) = std::sync::mpsc::sync_channel::<()>(0);
         let wait = Mutex::new(wait);
         let read = move |_: &str| {
             let _ = wait.lock().map(|wait| wait.recv());
             FileFacts::Present { modified_ns: 1, head: b"ok".to_vec() }
         };
-        (DeclaredFiles::read_by(Box::new(read), Arc::clone(readers)), gate)
+        (DeclaredFiles::read_by(Box::new(read), pod, Arc::clone(readers)), gate)
     }
 
     fn reason(files: &DeclaredFiles, path: &str) -> String {
@@ -371,11 +410,11 @@ mod tests {
     }
 
     #[test]
-    fn a_pass_that_hangs_holds_no_caller_and_back_the_next_and_the_node_cap_holds() {
+    fn a_pass_that_hangs_holds_no_caller_and_back_the_next_and_the_caps_hold() {
         // Issue 37: the supervisor read declared files in its pass, up to 1 s each; a stalled
         // mount under 48 probes held it 48 s.
-        let readers = FileReaders::unregistered(1);
-        let (hung, gate) = hanging_files(&readers);
+        let readers = FileReaders::unregistered(3);
+        let (hung, gate) = hanging_files("stalled", &readers);
         hung.declare(HashSet::from(["/stall/a".to_owned()]));
         let began = Instant::now();
         let pass = hung.start().expect("a pass starts");
@@ -387,44 +426,62 @@ mod tests {
         assert_eq!(readers.container_stuck.get(), 1);
         hung.overdue(pass);
         assert_eq!(reason(&hung, "/stall/a"), "not read within 1s (a hung filesystem?)");
-        // ...and past the node's cap no other container's starts.
-        let (other, _other_gate) = hanging_files(&readers);
-        other.declare(HashSet::from(["/b".to_owned()]));
-        assert_eq!(other.start(), None);
+        // ...its pod gets a second thread, and no third...
+        let (second, _second_gate) = hanging_files("stalled", &readers);
+        second.declare(HashSet::from(["/stall/b".to_owned()]));
+        assert!(second.start().is_some());
+        let (third, _third_gate) = hanging_files("stalled", &readers);
+        third.declare(HashSet::from(["/stall/c".to_owned()]));
+        assert_eq!(third.start(), None);
         assert!(
-            reason(&other, "/b").starts_with("not read: 1 readers of probe files are stuck"),
+            reason(&third, "/stall/c").starts_with("not read: 2 reads of this pod's files"),
             "{}",
-            reason(&other, "/b")
+            reason(&third, "/stall/c")
+        );
+        assert_eq!(readers.pod_cap.get(), 1);
+        // ...another pod's is read, and past the node's cap (3 here) none is.
+        let (other, _other_gate) = hanging_files("healthy", &readers);
+        other.declare(HashSet::from(["/b".to_owned()]));
+        assert!(other.start().is_some(), "another pod is not held back by this one's stall");
+        let (fourth, _fourth_gate) = hanging_files("another", &readers);
+        fourth.declare(HashSet::from(["/d".to_owned()]));
+        assert_eq!(fourth.start(), None);
+        assert!(
+            reason(&fourth, "/d").starts_with("not read: 3 readers of probe files are stuck"),
+            "{}",
+            reason(&fourth, "/d")
         );
         assert_eq!(readers.node_cap.get(), 1);
         // The mount answers: the late reads land, the thread's place is given back.
         drop(gate);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while readers.alive() > 0 || !matches!(hung.facts().get("/stall/a"), Some(FileFacts::Present { .. })) {
+        while readers.alive() > 2 || !matches!(hung.facts().get("/stall/a"), Some(FileFacts::Present { .. })) {
             assert!(Instant::now() < deadline, "the late reads never landed: {}", reason(&hung, "/stall/a"));
             std::thread::sleep(Duration::from_millis(5));
         }
         // A late overdue mark of that pass changes nothing now.
         hung.overdue(pass);
         assert!(matches!(hung.facts().get("/stall/a"), Some(FileFacts::Present { .. })));
-        assert!(other.start().is_some(), "a place is free again");
+        assert!(fourth.start().is_some(), "a place is free again");
     }
 
     #[test]
     fn the_registered_families_are_the_ones_counted() {
         let registry = Registry::new();
         let readers = FileReaders::register(&registry).expect("registered");
-        let places: Vec<ReaderPlace> = (0..MAX_FILE_READERS).map_while(|_| readers.take()).collect();
+        let places: Vec<ReaderPlace> =
+            (0..MAX_FILE_READERS).map_while(|pod| readers.take(&format!("pod-{pod}")).ok()).collect();
         assert_eq!(places.len(), MAX_FILE_READERS);
-        assert!(readers.take().is_none());
+        assert_eq!(readers.take("one-more").err(), Some(Skipped::Node));
         let text = {
             let mut out = Vec::new();
             prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &registry.gather(), &mut out).expect("encode");
             String::from_utf8(out).expect("utf8")
         };
-        assert!(text.contains("lifecycle_probe_file_readers 16\n"), "{text}");
+        assert!(text.contains("lifecycle_probe_file_readers 64\n"), "{text}");
         assert!(text.contains("lifecycle_probe_file_reads_skipped_total{reason=\"node_cap\"} 1\n"), "{text}");
         assert!(text.contains("lifecycle_probe_file_reads_skipped_total{reason=\"container_stuck\"} 0\n"), "{text}");
+        assert!(text.contains("lifecycle_probe_file_reads_skipped_total{reason=\"pod_cap\"} 0\n"), "{text}");
         drop(places);
         assert_eq!(readers.alive(), 0);
     }

@@ -110,12 +110,13 @@ impl PodProbe {
         };
         let created_ns = boottime_ns();
         let root = proc::pin_root(main_pid).ok().map(Arc::new);
+        let files = DeclaredFiles::new(root, main_pid, &key.uid, readers);
         Ok(Self {
             target,
             key,
             netns,
             main_pid,
-            files: DeclaredFiles::new(root, main_pid, readers),
+            files,
             metrics,
             diag,
             created_ns,
