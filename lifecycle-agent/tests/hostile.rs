@@ -717,14 +717,18 @@ except OSError as err:
         let counts: Vec<&str> = said.split_whitespace().take(2).collect();
         assert_eq!(counts, ["0", "0"], "{who} got something: {said} {}", String::from_utf8_lossy(&out.stderr));
     }
+    // The agent is as it was: ready (not "replaced"), and serving.
+    for _ in 0..10 {
+        assert_eq!(readyz(), Some(200), "the agent says it was replaced");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // Root with every capability in the agent's pid namespace could take the sockets from the
     // agent's fd table anyway (`pidfd_getfd`): it gets them (--listen and --health-listen), but
     // never saying it serves them, it replaces nothing.
     let (_, said, _) = python(client, &[socket]);
     assert_eq!(said.split_whitespace().nth(1), Some("2"), "{said}");
-    // The agent is as it was: ready, and serving.
     for _ in 0..10 {
-        assert_eq!(readyz(), Some(200), "the agent says it was replaced");
+        assert_eq!(readyz(), Some(200), "a successor that never said it serves replaced the agent");
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(get(&agent.addr, "/healthz").map(|(code, _)| code), Some(200));
@@ -741,15 +745,31 @@ fn a_second_agent_on_the_same_port_refuses_to_start_and_names_the_first() {
     let first = Agent::start(AGENT, &h, &[]);
     let other_handoff = std::env::temp_dir().join(format!("lifecycle-hostile-second-{}", std::process::id()));
     let began = Instant::now();
-    let second = Command::new(AGENT)
+    let mut second = Command::new(AGENT)
         .args(["run", "--listen", &first.addr, "--handoff-dir"])
         .arg(&other_handoff)
         .env("RUST_LOG", "warn")
-        .output()
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("second agent");
+    // It must end by itself, at once; one still running after 20 s started beside the first.
+    let status = loop {
+        if let Some(status) = second.try_wait().expect("try_wait") {
+            break Some(status);
+        }
+        if began.elapsed() > Duration::from_secs(20) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if status.is_none() {
+        // SAFETY: kill has no memory-safety preconditions; the pid is the child started above.
+        unsafe { libc::kill(second.id() as i32, libc::SIGTERM) };
+    }
+    let second = second.wait_with_output().expect("second agent's output");
     let said = String::from_utf8_lossy(&second.stderr);
     eprintln!("{test}: the second agent ended in {:?}: {}", began.elapsed(), said.trim());
-    assert!(!second.status.success(), "the second agent started: {said}");
+    assert!(status.is_some_and(|status| !status.success()), "the second agent started beside the first: {said}");
     assert!(said.contains(&format!("{} is held by pid {}", first.addr, first.pid())), "{said}");
     assert!(said.contains("another agent serves this node"), "{said}");
     assert_eq!(get(&first.addr, "/healthz").map(|(code, _)| code), Some(200), "the first serves on");
