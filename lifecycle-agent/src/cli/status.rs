@@ -213,9 +213,11 @@ pub fn render(answers: &[Answer<'_>], output: Output) -> Result<String, RenderEr
         _ => Value::Array(answers.iter().map(|a| serde_json::json!({"node": a.node, "answer": a.body})).collect()),
     };
     match output {
-        // Made safe for a terminal: names in it come from pods (`lifecycle-model/src/terminal.rs`); YAML escapes
-        // control characters itself.
-        Output::Json => Ok(format!("{}\n", crate::model::terminal::safe_json(serde_json::to_string_pretty(&document())?))),
+        // Made safe for a terminal: names in it come from pods (`model::terminal`); YAML
+        // escapes control characters itself.
+        Output::Json => {
+            Ok(format!("{}\n", crate::model::terminal::safe_json(serde_json::to_string_pretty(&document())?)))
+        }
         Output::Yaml => Ok(serde_saphyr::to_string(&document())?),
         Output::Table | Output::Wide => tables(answers, output == Output::Wide),
     }

@@ -464,7 +464,6 @@ fn the_kubelets_eviction_notice_sets_its_grace_before_the_pod_shows_it() {
     // stopped. Judged with the pod's 20 s, the SIGKILL 2 s after TERM read as an early kill.
     use crate::{container_state::RestartPolicy, spec::StopCause};
     let (mut tracker, cg) = tracker_with_pod(pod_facts(20, RestartPolicy::Always));
-    let uid = pod_facts(20, RestartPolicy::Always).uid;
     tracker.apply_eviction_notice(&web_1(), 8 * SECOND);
     // A pod update without the reason yet keeps what the event said.
     tracker.apply_pod(pod_facts(20, RestartPolicy::Always), 9 * SECOND);
