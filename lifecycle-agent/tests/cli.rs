@@ -172,7 +172,9 @@ fn sample_sum(body: &str, family: &str, labels: &str) -> f64 {
 fn the_kernel_accounts_each_programs_runs_and_the_agent_exports_them() {
     require_privileges!();
     let addr = format!("127.0.0.1:{}", lifecycle_testkit::agent::free_port());
-    let mut agent = KillOnDrop(Command::new(AGENT).args(["run", "--listen", &addr]).spawn().expect("start agent"));
+    let mut agent = KillOnDrop(
+        Command::new(AGENT).args(["run", "--listen", &addr, "--handoff-dir", "none"]).spawn().expect("start agent"),
+    );
     wait_healthy(&addr, &mut agent.0);
     let runs = |program: &str| {
         let body = http_get(&addr, "/metrics").expect("metrics");
@@ -204,7 +206,10 @@ fn the_kernel_accounts_each_programs_runs_and_the_agent_exports_them() {
 
     // Turned off, the kernel accounts nothing for the agent and no program series is served.
     let mut agent = KillOnDrop(
-        Command::new(AGENT).args(["run", "--listen", &addr, "--kernel-stats", "off"]).spawn().expect("agent"),
+        Command::new(AGENT)
+            .args(["run", "--listen", &addr, "--kernel-stats", "off", "--handoff-dir", "none"])
+            .spawn()
+            .expect("agent"),
     );
     wait_healthy(&addr, &mut agent.0);
     let body = http_get(&addr, "/metrics").expect("metrics");
@@ -222,7 +227,7 @@ fn one_sentence_failure(args: &[&str], expected: &str) {
 fn missing_btf_is_one_clear_sentence() {
     require_privileges!();
     one_sentence_failure(
-        &["run", "--btf", "/nonexistent/vmlinux", "--listen", "127.0.0.1:0"],
+        &["run", "--btf", "/nonexistent/vmlinux", "--listen", "127.0.0.1:0", "--handoff-dir", "none"],
         "error: cannot read kernel BTF at /nonexistent/vmlinux",
     );
 }
@@ -238,7 +243,7 @@ fn bad_flags_are_refused_with_the_reason() {
 fn bad_ring_size_is_refused() {
     require_privileges!();
     one_sentence_failure(
-        &["run", "--ring-bytes", "12345", "--listen", "127.0.0.1:0"],
+        &["run", "--ring-bytes", "12345", "--listen", "127.0.0.1:0", "--handoff-dir", "none"],
         "ring buffer size 12345 is not a power of two",
     );
 }
@@ -345,7 +350,7 @@ fn agent_with_kubeconfig(kubeconfig: &std::path::Path, log: &std::path::Path) ->
     let stderr = std::fs::File::create(log).expect("the log file");
     let mut agent = KillOnDrop(
         Command::new(AGENT)
-            .args(["run", "--listen", &addr, "--kubeconfig"])
+            .args(["run", "--listen", &addr, "--handoff-dir", "none", "--kubeconfig"])
             .arg(kubeconfig)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -363,7 +368,15 @@ fn a_kubeconfig_named_on_the_command_line_that_cannot_be_read_stops_the_start() 
     // given a deadline rather than waited on.
     let mut agent = KillOnDrop(
         Command::new(AGENT)
-            .args(["run", "--kubeconfig", "/nonexistent/kubeconfig", "--listen", "127.0.0.1:0"])
+            .args([
+                "run",
+                "--kubeconfig",
+                "/nonexistent/kubeconfig",
+                "--listen",
+                "127.0.0.1:0",
+                "--handoff-dir",
+                "none",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -32,7 +32,15 @@ impl HostAgent {
         let log = std::env::temp_dir().join(format!("lifecycle-host-units-{}.jsonl", std::process::id()));
         let stdout = std::fs::File::create(&log).expect("verdict log file");
         let child = Command::new(AGENT)
-            .args(["run", "--listen", &addr, "--cri-socket", "/nonexistent/lifecycle-test.sock"])
+            .args([
+                "run",
+                "--listen",
+                &addr,
+                "--cri-socket",
+                "/nonexistent/lifecycle-test.sock",
+                "--handoff-dir",
+                "none",
+            ])
             .env("RUST_LOG", "warn")
             .stdout(stdout)
             .spawn()
