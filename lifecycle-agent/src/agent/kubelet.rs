@@ -202,7 +202,7 @@ impl KubeletLink {
                 Err(err) => self.version_failed(err.to_string()),
             },
             Ok(None) => {}
-            Err(err) => self.version_failed(ErrorChain(&err).to_string()),
+            Err(err) => self.version_failed(crate::discovery::kube::words::ApiWords(&err).to_string()),
         }
     }
 
