@@ -79,10 +79,13 @@ const MAX_ATTEMPTS: usize = 10;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Condition {
     Baseline,
-    /// This tree's agent, or with `baseline` the `--baseline-agent` binary.
+    /// This tree's agent, or with `baseline` the `--baseline-agent` binary; with `accounted`,
+    /// while the kernel accounts BPF programs' run time (what `--kernel-stats on` costs is the
+    /// difference from the same agent without it).
     Agent {
         poll_ms: u64,
         baseline: bool,
+        accounted: bool,
     },
     Bpftrace,
 }
@@ -91,8 +94,13 @@ impl Condition {
     fn name(self) -> String {
         match self {
             Condition::Baseline => "no tracing".into(),
-            Condition::Agent { poll_ms, baseline: false } => format!("lifecycle-agent --poll-ms {poll_ms}"),
-            Condition::Agent { poll_ms, baseline: true } => format!("baseline agent --poll-ms {poll_ms}"),
+            Condition::Agent { poll_ms, baseline: false, accounted: true } => {
+                format!("lifecycle-agent --poll-ms {poll_ms}")
+            }
+            Condition::Agent { poll_ms, baseline: false, accounted: false } => {
+                format!("lifecycle-agent --poll-ms {poll_ms} --kernel-stats off")
+            }
+            Condition::Agent { poll_ms, baseline: true, .. } => format!("baseline agent --poll-ms {poll_ms}"),
             Condition::Bpftrace => "bpftrace".into(),
         }
     }
@@ -180,12 +188,14 @@ fn kernel_costs(pid: u32) -> Result<Vec<(String, f64, f64)>> {
 fn start(condition: Condition, agents: &Agents<'_>, script: &Path) -> Result<Started> {
     match condition {
         Condition::Baseline => Ok(Started { tracer: None }),
-        Condition::Agent { poll_ms, baseline } => {
+        Condition::Agent { poll_ms, baseline, accounted } => {
             let addr = format!("127.0.0.1:{}", free_port()?);
+            let stats = if accounted || baseline { None } else { Some(["--kernel-stats", "off"]) };
             let mut tracer = Tracer::spawn(
                 condition.name(),
                 Command::new(agents.binary(baseline)?)
                     .args(["run", "--listen", &addr, "--poll-ms", &poll_ms.to_string()])
+                    .args(stats.iter().flatten())
                     .env("RUST_LOG", "warn")
                     .stdout(Stdio::null()),
             )?;
@@ -305,6 +315,16 @@ fn run_condition(
     hz: f64,
 ) -> Result<(Vec<Samples>, bool)> {
     let mut run = vec![Samples::default(); workloads.len()];
+    // The kernel accounts every program while anyone holds the switch: held for the agents
+    // measured per program, released for the rest (the untraced baseline, bpftrace, and this
+    // tree's agent with --kernel-stats off, whose wall times against the accounted run are what
+    // the accounting costs).
+    let _accounting = match condition {
+        Condition::Agent { accounted: true, .. } => {
+            Some(KernelAccounting::enable().context("turning on the kernel's BPF accounting")?)
+        }
+        _ => None,
+    };
     let Started { tracer } = start(condition, agents, script)?;
     std::thread::sleep(SETTLE);
     let own = tracer.as_ref().map(Tracer::pid);
@@ -345,15 +365,14 @@ pub(super) fn overhead(
     let script = TempFile(std::env::temp_dir().join(format!("lifecycle-bench-{}.bt", std::process::id())));
     std::fs::write(&script.0, BPFTRACE_SCRIPT)?;
     let hz = clock_ticks_per_second();
-    // For the whole run, so the first condition is accounted as the last.
-    let _accounting = KernelAccounting::enable().context("turning on the kernel's BPF accounting")?;
 
     let mut conditions = vec![Condition::Baseline];
     for &poll_ms in poll_ms {
         if baseline_agent.is_some() {
-            conditions.push(Condition::Agent { poll_ms, baseline: true });
+            conditions.push(Condition::Agent { poll_ms, baseline: true, accounted: true });
         }
-        conditions.push(Condition::Agent { poll_ms, baseline: false });
+        conditions.push(Condition::Agent { poll_ms, baseline: false, accounted: true });
+        conditions.push(Condition::Agent { poll_ms, baseline: false, accounted: false });
     }
     conditions.push(Condition::Bpftrace);
     // samples[condition][workload]
