@@ -686,3 +686,58 @@ fn the_whole_counter_map_reads_as_each_entry_does() {
         assert_eq!((one.execs, one.process_exits), (1, 1));
     }
 }
+
+/// A cgroup listening on more ports than its quota of the node's listener map: past the quota its
+/// listeners' close records come without their port (counted), and another cgroup's listener still
+/// has its port remembered, so one pod cannot fill the map for the others.
+#[test]
+fn a_cgroup_past_its_listener_quota_leaves_the_map_to_others() {
+    require_privileges!();
+    let hub = Hub::get();
+    const EXTRA: u64 = 6;
+    let quota = lifecycle_common::defaults::LISTENERS_PER_CGROUP;
+    // Filling the node's map takes more full cgroups than a node runs pods (110 by default) with
+    // a sidecar each.
+    let cgroups_to_fill = u64::from(lifecycle_common::defaults::LISTENER_ENTRIES) / quota;
+    assert!(cgroups_to_fill >= 2 * 110, "{cgroups_to_fill} cgroups fill the listener map");
+    let full_before = hub.maps.kind_stats().iter().map(|s| s.listener_ports_full).sum::<u64>();
+    let mut greedy = TestCgroup::new("listen-quota");
+    let opener = format!(
+        "import socket, sys\nls = []\nfor _ in range({}):\n  l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(1); ls.append(l)\n\
+         print(' '.join(str(l.getsockname()[1]) for l in ls), flush=True)\nsys.stdin.read()\n",
+        quota + EXTRA
+    );
+    let mut child =
+        greedy.spawn(Command::new(PYTHON).args(["-c", &opener]).stdin(Stdio::piped()).stdout(Stdio::piped()));
+    let mut ports = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut ports).expect("ports");
+    let ports: Vec<u16> = ports.split_whitespace().map(|p| p.parse().expect("port")).collect();
+    assert_eq!(ports.len() as u64, quota + EXTRA);
+    // Closing them all (stdin's end): each close is recorded, with its port while it was remembered.
+    drop(child.stdin.take());
+    assert!(child.wait().expect("wait").success());
+    let greedy_id = greedy.id;
+    let closes = hub.wait_for(
+        "every close of the greedy cgroup's listeners",
+        |e| matches!(&e.detail, Detail::TcpListenClose(t) if t.socket_cgroup_id == greedy_id),
+        |m| m.len() as u64 == quota + EXTRA,
+    );
+    let with_port =
+        closes.iter().filter(|e| matches!(&e.detail, Detail::TcpListenClose(t) if t.local_port != 0)).count();
+    assert_eq!(with_port as u64, quota, "the quota's worth of ports remembered, the rest not");
+    let full_after = hub.maps.kind_stats().iter().map(|s| s.listener_ports_full).sum::<u64>();
+    assert!(full_after - full_before >= EXTRA, "each listener past the quota counted: {full_before} -> {full_after}");
+
+    // Another cgroup's listener, after all that: its close has its port.
+    let mut other = TestCgroup::new("listen-quota-other");
+    let mut listener =
+        other.spawn(Command::new(PYTHON).args(["-c", LISTENER, "0"]).stdin(Stdio::piped()).stdout(Stdio::piped()));
+    let mut port = String::new();
+    BufReader::new(listener.stdout.take().expect("stdout")).read_line(&mut port).expect("port");
+    let port: u16 = port.trim().parse().expect("port number");
+    drop(listener.stdin.take());
+    assert!(listener.wait().expect("wait").success());
+    tcp_events(hub, &other, port, "the other cgroup's listen and close, with its port", |m| {
+        count(m, |d| matches!(d, Detail::TcpListenClose(_))) == 1
+    });
+}
