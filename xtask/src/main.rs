@@ -4,6 +4,7 @@
 
 mod bench;
 mod bench_probes;
+mod debian;
 mod ebpf;
 mod fuzz;
 mod helm;

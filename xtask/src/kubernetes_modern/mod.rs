@@ -39,13 +39,12 @@ use std::{
 
 use anyhow::{ensure, Context as _, Result};
 
-mod apt;
 pub(crate) mod go;
 
-use apt::{unpack, Deb, PrivateApt};
 use go::{check_go_mod, required_version, Go};
 
 use crate::{
+    debian::{unpack, Deb, PrivateApt},
     lock::Lock,
     packages,
     shell::{capture, run},
@@ -81,20 +80,6 @@ const DEBIAN_PACKAGES: &[(&str, &[&str])] =
     &[("etcd-server", &["usr/bin/etcd", "usr/bin/etcdutl"]), ("containernetworking-plugins", &[])];
 /// Where the CNI plugins are inside the prefix.
 const CNI_IN_PREFIX: &str = "usr/lib/cni";
-/// The machine's Debian entries (deb822), else the one-line list.
-const HOST_DEB822: &str = "/etc/apt/sources.list.d/debian.sources";
-const HOST_ONE_LINE: &str = "/etc/apt/sources.list";
-/// The machine's apt settings the private configuration keeps: how its archive is verified and
-/// reached (a dated snapshot archive has an expired Valid-Until, which the machine's own
-/// configuration already accepts), nothing else (no hooks, index targets or preferences).
-const INHERITED_APT_SETTINGS: &[&str] = &[
-    "Acquire::Check-Valid-Until",
-    "Acquire::Check-Date",
-    "Acquire::Max-ValidTime",
-    "Acquire::Min-ValidTime",
-    "Acquire::http::Proxy",
-    "Acquire::https::Proxy",
-];
 /// The Go settings read from the user's environment (with `go env`, so a GOENV file counts) and
 /// handed to the build, whose environment is otherwise cleared: where modules come from.
 const INHERITED_GO_SETTINGS: &[&str] = &["GOPROXY", "GOSUMDB", "GONOSUMDB", "GONOPROXY", "GOPRIVATE", "GOINSECURE"];
@@ -176,7 +161,7 @@ pub fn ensure() -> Result<Node> {
     packages::ensure(packages::KUBERNETES_MODERN_BUILD)?;
 
     let dir = version_dir();
-    let apt = PrivateApt::create(&dir.join("apt"))?;
+    let apt = PrivateApt::create(&dir.join("apt"), &[DEBIAN_SUITE], &["amd64"])?;
     apt.update()?;
     let debs = apt.download(&DEBIAN_PACKAGES.iter().map(|(name, _)| *name).collect::<Vec<_>>(), &dir.join("debs"))?;
     unpack(&debs, &dir.join("prefix"))?;
@@ -278,7 +263,6 @@ fn install(staging: &Path, debs: &[Deb], go_version: &str, built: &[(&str, &str)
 #[cfg(test)]
 mod tests {
     use super::{
-        apt::{inherited_apt_settings, suite_line, suite_stanza},
         check_go_mod,
         go::{staging_version, version_ldflags},
         minor_version, modules_dir, required_version, CONTAINERD_MINIMUM, CONTAINERD_MODULE, RUNC_MODULE, VERSION,
@@ -321,57 +305,5 @@ mod tests {
         assert!(flags.contains("-X k8s.io/component-base/version.gitVersion=v1.37.2"), "{flags}");
         assert!(flags.contains("-X k8s.io/component-base/version.gitMinor=37"), "{flags}");
         assert!(flags.contains("-X k8s.io/client-go/pkg/version.gitMajor=1"), "{flags}");
-    }
-
-    const DEB822: &str = "Types: deb\n# http://snapshot.invalid/archive/debian/20250520T000000Z\n\
-                          URIs: http://archive.invalid/debian\nSuites: bookworm bookworm-updates\n\
-                          Components: main contrib\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n\
-                          Types: deb\nURIs: http://archive.invalid/debian-security\nSuites: bookworm-security\n\
-                          Components: main\n";
-
-    #[test]
-    fn the_release_archive_of_the_machine_becomes_the_suite_entry() {
-        assert_eq!(
-            suite_stanza(DEB822, "unstable").as_deref(),
-            Some(
-                "Types: deb\nURIs: http://archive.invalid/debian\nSuites: unstable\nComponents: main\n\
-                 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
-            )
-        );
-        let security_first = {
-            let mut stanzas: Vec<&str> = DEB822.split("\n\n").collect();
-            stanzas.reverse();
-            stanzas.join("\n\n")
-        };
-        assert!(suite_stanza(&security_first, "unstable").is_some_and(|s| s.contains("archive.invalid/debian\n")));
-        let disabled = DEB822.replace("Components: main contrib\n", "Components: main contrib\nEnabled: no\n");
-        assert_eq!(suite_stanza(&disabled, "unstable"), None, "only the security archive is left");
-        let inline = "Types: deb\nURIs: http://a.invalid/debian\nSuites: trixie\nComponents: main\n\
-                      Signed-By:\n -----BEGIN PGP PUBLIC KEY BLOCK-----\n .\n abc\n";
-        assert!(suite_stanza(inline, "unstable")
-            .is_some_and(|s| s.ends_with("Signed-By: \n -----BEGIN PGP PUBLIC KEY BLOCK-----\n .\n abc\n")));
-    }
-
-    #[test]
-    fn the_release_line_of_a_one_line_list_becomes_the_suite_line() {
-        let text = "# comment\ndeb http://archive.invalid/debian-security bookworm-security main\n\
-                    deb [signed-by=/k.gpg] http://archive.invalid/debian bookworm main contrib\n";
-        assert_eq!(
-            suite_line(text, "unstable").as_deref(),
-            Some("deb [signed-by=/k.gpg] http://archive.invalid/debian unstable main\n")
-        );
-        assert_eq!(suite_line("deb-src http://a.invalid/debian bookworm main\n", "unstable"), None);
-    }
-
-    #[test]
-    fn only_the_verification_and_proxy_settings_are_inherited() {
-        let dump = "Acquire::Check-Valid-Until \"false\";\nAcquire::Check-Date \"false\";\n\
-                    Acquire::Check-Valid-Until-Extra \"1\";\nAcquire::http::Proxy::archive.invalid \"DIRECT\";\n\
-                    Acquire::IndexTargets::deb::DEP-11 \"\";\nDPkg::Post-Invoke:: \"true\";\n";
-        assert_eq!(
-            inherited_apt_settings(dump),
-            "Acquire::Check-Valid-Until \"false\";\nAcquire::Check-Date \"false\";\n\
-             Acquire::http::Proxy::archive.invalid \"DIRECT\";\n"
-        );
     }
 }
