@@ -16,6 +16,7 @@
 //! - [`docs`]: the commands the READMEs show, for tests that check the programs take them.
 //! - [`kube`]: a real single-node Kubernetes (etcd, kube-apiserver, containerd, CNI, kubelet)
 //!   driven with kubectl.
+//! - [`vm`]: qemu guests booting other kernels, with a payload disk in and results out.
 
 pub mod agent;
 pub mod bpf;
@@ -27,3 +28,4 @@ pub mod fixtures;
 pub mod hub;
 pub mod kube;
 pub mod netns;
+pub mod vm;

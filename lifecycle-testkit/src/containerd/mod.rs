@@ -79,6 +79,12 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// Bound on each cleanup call so a wedged runtime cannot hang `Drop`.
 const CLEANUP_CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Builds the busybox image every sandbox and container runs ([`IMAGE`]) as an OCI image-layout
+/// tarball in `dir`, for a `ctr images import` elsewhere (the kernel matrix's guests).
+pub fn build_busybox_image(dir: &Path) -> Result<PathBuf> {
+    build_image(dir)
+}
+
 /// Why the privileged tier cannot run here, or `None` when it can.
 pub fn skip_reason() -> Option<String> {
     skip_reason_for(&Flavour::Debian)
