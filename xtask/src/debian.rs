@@ -85,6 +85,17 @@ impl PrivateApt {
         run(self.command("apt-get").args(["update", "-qq"]))
     }
 
+    /// The `Depends` field of `package` (`name`, `name/suite` or `name:arch/suite`, as apt-cache
+    /// takes it), as its entries' package names with their version constraints.
+    pub fn depends(&self, package: &str) -> Result<Vec<String>> {
+        let shown = capture(self.command("apt-cache").args(["show", "--no-all-versions", package]))?;
+        let field = shown
+            .lines()
+            .find_map(|line| line.strip_prefix("Depends:"))
+            .with_context(|| format!("apt-cache show {package}: no Depends"))?;
+        Ok(field.split(',').map(|entry| entry.trim().to_owned()).filter(|e| !e.is_empty()).collect())
+    }
+
     /// Downloads `packages` (anything `apt-get download` takes: `name`, `name=version`,
     /// `name:arch=version`) into `dir` (emptied first); returns what came, one per package.
     pub fn download(&self, packages: &[&str], dir: &Path) -> Result<Vec<Deb>> {
@@ -112,6 +123,26 @@ impl PrivateApt {
         debs.sort_by(|a, b| a.package.cmp(&b.package));
         Ok(debs)
     }
+}
+
+/// The URI of the machine's Debian release archive (for debootstrap, which takes a mirror and
+/// not a sources entry).
+pub fn archive_uri() -> Result<String> {
+    let (_, entry) = machine_entry(&["stable"])?;
+    entry
+        .lines()
+        .find_map(|line| line.strip_prefix("URIs: "))
+        .map(str::to_owned)
+        .or_else(|| {
+            // A one-line entry: `deb [options] URI suite main`.
+            let rest = entry.trim().strip_prefix("deb ")?.trim();
+            let rest = match rest.strip_prefix('[') {
+                Some(inner) => inner.split_once(']')?.1.trim(),
+                None => rest,
+            };
+            rest.split_whitespace().next().map(str::to_owned)
+        })
+        .context("the machine's Debian entry names no URI")
 }
 
 /// The machine's release archive as a private entry for `suites`: `("sources", deb822)` or

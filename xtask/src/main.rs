@@ -12,6 +12,7 @@ mod image;
 mod kubernetes;
 mod kubernetes_modern;
 mod lock;
+mod matrix;
 mod packages;
 mod shell;
 mod tiers;
@@ -50,9 +51,9 @@ enum Task {
     /// Bootstrap, build the agent in release mode and pack its OCI image archive (no registry,
     /// no container engine): `target/image/lifecycle-agent-<version>-<arch>.tar`.
     Image(image::ImageArgs),
-    /// Bootstrap and run every test tier (unit, checks, kernel, runtime, hostile, kubelet, modern).
+    /// Bootstrap and run every test tier (unit, checks, kernel, runtime, hostile, kubelet, modern, matrix).
     Test {
-        /// Run only these tiers (repeatable): unit, checks, kernel, runtime, hostile, kubelet, modern.
+        /// Run only these tiers (repeatable): unit, checks, kernel, runtime, hostile, kubelet, modern, matrix.
         #[arg(long = "tier", value_enum)]
         tiers: Vec<tiers::Tier>,
     },
@@ -66,6 +67,10 @@ enum Task {
     /// runc 1.3 and containerd 2.4 built with Go; etcd and the CNI plugins from Debian unstable) in
     /// /var/cache/lifecycle/kubernetes-modern (once per machine: later runs find them cached).
     KubernetesModern,
+    /// Provide the kernel matrix's kernels and root images (Debian's cloud kernels, a bookworm
+    /// debootstrap root, an arm64 busybox root) in /var/cache/lifecycle/matrix (once per
+    /// machine: later runs find them cached); the matrix tier does this itself.
+    KernelMatrix,
     /// Provide helm (built with Go from xtask/helm/go.mod, cached per machine in
     /// /var/cache/lifecycle/helm) and print its path; the checks tier does this itself.
     Helm,
@@ -153,6 +158,7 @@ fn main() -> Result<()> {
             println!("bin={}\ncni={}", node.bin.display(), node.cni.display());
             Ok(())
         }
+        Task::KernelMatrix => matrix::provide_only(),
         Task::Helm => {
             println!("{}", helm::ensure()?.display());
             Ok(())

@@ -29,6 +29,18 @@ pub const KUBERNETES_BUILD: &[&str] = &["golang-go", "dpkg-dev", "rsync", "make"
 /// Building runc for the current node (`kubernetes_modern/`): cgo (its nsenter is C) linked
 /// against the machine's libseccomp, as Debian's own runc is.
 pub const KUBERNETES_MODERN_BUILD: &[&str] = &["gcc", "libc6-dev", "libseccomp-dev", "pkg-config"];
+/// The kernel matrix: qemu for both architectures (TCG), debootstrap for the amd64 guests' root
+/// filesystem, e2fsprogs for images made and read without mounting them, the aarch64 cross
+/// linker and C library for the arm64 agent, busybox-static for the containerd image.
+pub const MATRIX: &[&str] = &[
+    "qemu-system-x86",
+    "qemu-system-arm",
+    "debootstrap",
+    "e2fsprogs",
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "busybox-static",
+];
 /// kubectl, when the machine has none on PATH (Debian's build of the same Kubernetes release).
 pub const KUBECTL: &[&str] = &["kubernetes-client"];
 /// Peers and tools the benchmarks compare against.

@@ -5,7 +5,9 @@
 //! sprays, silent clients) and asserts its memory, series and health. `kubelet` runs a real node
 //! (kube-apiserver and kubelet built once from Debian's source package). `modern` runs a current
 //! node (kubelet and kube-apiserver 1.37, containerd 2.x, runc 1.3, provided once per machine by
-//! `kubernetes_modern`) and judges the agent's verdicts against it.
+//! `kubernetes_modern`) and judges the agent's verdicts against it. `matrix` boots Debian's
+//! kernels 5.10 to the newest, amd64 and arm64, under qemu and checks the agent on each
+//! (`matrix`).
 //! Tiers that need root say so and are skipped when not root.
 
 use std::{path::PathBuf, process::Command};
@@ -15,7 +17,7 @@ use anyhow::{bail, Result};
 /// Where the kubelet tier's helm test finds helm (lifecycle-testkit's `kube::HELM_ENV`).
 const HELM_ENV: &str = "LIFECYCLE_HELM";
 
-use crate::{cargo, fuzz, helm, kubernetes, kubernetes_modern, packages, shell, toolchain, workspace_root};
+use crate::{cargo, fuzz, helm, kubernetes, kubernetes_modern, matrix, packages, shell, toolchain, workspace_root};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Tier {
@@ -26,15 +28,24 @@ pub enum Tier {
     Checks,
     Kubelet,
     Modern,
+    Matrix,
 }
 
 impl Tier {
     // Checks before Kernel and Runtime: formatting and lint errors show before the long tiers run.
-    const ALL: [Tier; 7] =
-        [Tier::Unit, Tier::Checks, Tier::Kernel, Tier::Runtime, Tier::Hostile, Tier::Kubelet, Tier::Modern];
+    const ALL: [Tier; 8] = [
+        Tier::Unit,
+        Tier::Checks,
+        Tier::Kernel,
+        Tier::Runtime,
+        Tier::Hostile,
+        Tier::Kubelet,
+        Tier::Modern,
+        Tier::Matrix,
+    ];
 
     fn needs_root(self) -> bool {
-        matches!(self, Tier::Kernel | Tier::Runtime | Tier::Hostile | Tier::Kubelet | Tier::Modern)
+        matches!(self, Tier::Kernel | Tier::Runtime | Tier::Hostile | Tier::Kubelet | Tier::Modern | Tier::Matrix)
     }
 }
 
@@ -53,6 +64,7 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
         if tier.needs_root() && !is_root() {
             let what = match tier {
                 Tier::Kubelet | Tier::Modern => "it runs a kubelet, containerd and pods",
+                Tier::Matrix => "it builds root filesystems with debootstrap and chroot",
                 _ => "it loads eBPF programs and creates cgroups",
             };
             eprintln!("xtask: skipped tier {tier:?}: {what}, which needs root");
@@ -115,6 +127,7 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
             Tier::Checks => checks(),
             Tier::Kubelet => kubelet(),
             Tier::Modern => modern(),
+            Tier::Matrix => matrix::run(),
         };
         if let Err(err) = result {
             eprintln!("xtask: tier {tier:?} failed: {err:#}");

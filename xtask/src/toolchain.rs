@@ -126,6 +126,17 @@ fn has_component(installed: &str, name: &str) -> bool {
     })
 }
 
+/// Adds the standard library of `target` to the pinned stable toolchain when missing (the
+/// matrix tier cross-builds the agent for aarch64).
+pub fn ensure_stable_target(target: &str) -> Result<()> {
+    let installed = capture(rustup().args(["target", "list", "--installed", "--toolchain", STABLE]))?;
+    if installed.lines().any(|line| line.trim() == target) {
+        return Ok(());
+    }
+    eprintln!("xtask: adding the {target} target to Rust {STABLE}");
+    run(rustup().args(["target", "add", "--toolchain", STABLE, target]))
+}
+
 /// Adds rustfmt and clippy to the pinned stable toolchain when missing (a clean machine has only
 /// the minimal profile, which has neither); the checks tier runs both.
 pub fn ensure_stable_lint_components() -> Result<()> {

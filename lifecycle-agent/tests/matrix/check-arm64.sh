@@ -1,0 +1,69 @@
+#!/bin/busybox sh
+# The kernel matrix's work in the arm64 guest, whose root filesystem is busybox and the agent's
+# libraries only (no systemd): its /init mounts the payload disk at /payload and runs this, then
+# powers off. It starts the agent from the payload, makes one cgroup whose process exits with a
+# code, and writes what the agent answered into /payload/results for the host
+# (lifecycle-agent/tests/matrix.rs) to judge. It judges nothing; every wait has a deadline.
+set -u
+bb=/bin/busybox
+results=/payload/results
+api=http://127.0.0.1:9890
+$bb mkdir -p $results
+start=$($bb cut -d' ' -f1 /proc/uptime)
+
+fetch() { $bb wget -q -T 10 -O "$2" "$api$1"; }
+
+# Up to $1 tries a quarter-second apart of the command after it.
+poll() {
+  tries=$1
+  shift
+  while [ "$tries" -gt 0 ]; do
+    "$@" && return 0
+    tries=$((tries - 1))
+    $bb usleep 250000
+  done
+  return 1
+}
+
+$bb mkdir -p /sys/fs/cgroup
+$bb mount -t cgroup2 cgroup2 /sys/fs/cgroup
+$bb ifconfig lo 127.0.0.1 up
+{
+  echo "uname=$($bb uname -r)"
+  echo "proc_version=$($bb cat /proc/version)"
+  echo "uptime_at_check=$start"
+} >$results/facts.env
+
+/payload/lifecycle-agent run --listen 127.0.0.1:9890 >$results/agent.stdout 2>$results/agent.log &
+agent=$!
+healthy() { fetch /healthz /dev/null || ! $bb kill -0 $agent 2>/dev/null; }
+poll 720 healthy
+if fetch /healthz /dev/null; then
+  echo "agent_started=1" >>$results/facts.env
+  fetch /metrics $results/metrics-start.txt
+  # One process in a cgroup of its own, exiting with code 7.
+  $bb mkdir /sys/fs/cgroup/matrix-exit
+  $bb sh -c 'echo $$ > /sys/fs/cgroup/matrix-exit/cgroup.procs; exec /bin/busybox sh -c "exit 7"'
+  echo "exit_status=$?" >>$results/facts.env
+  # Settled once the exit code is exported for the cgroup.
+  seen() { fetch /metrics $results/metrics.txt && $bb grep -q '^lifecycle_container_last_terminated_exit_code{.*container="/matrix-exit"' $results/metrics.txt; }
+  poll 240 seen
+  fetch /api/v1/containers $results/containers.json
+  fetch /metrics $results/metrics.txt
+  $bb kill -TERM $agent
+  wait $agent
+  echo "agent_exit_at_stop=$?" >>$results/facts.env
+  $bb rmdir /sys/fs/cgroup/matrix-exit
+else
+  echo "agent_started=0" >>$results/facts.env
+  if $bb kill -0 $agent 2>/dev/null; then
+    $bb kill -KILL $agent
+  else
+    wait $agent
+    echo "agent_exit_at_start=$?" >>$results/facts.env
+  fi
+fi
+$bb dmesg >$results/dmesg.txt
+end=$($bb cut -d' ' -f1 /proc/uptime)
+echo "check_seconds=$($bb awk "BEGIN { print $end - $start }")" >>$results/facts.env
+$bb sync
