@@ -150,7 +150,12 @@ fn run_boot(boot: Boot) {
     let spec = VmSpec {
         arch: boot.arch,
         kernel: PathBuf::from(manifest.get(&format!("{kernel}.vmlinuz"))),
-        cmdline: format!("root=/dev/nvme0n1 rw console={} panic=-1 {}", boot.arch.console(), boot.mode.cmdline()),
+        cmdline: format!(
+            "{} rw console={} panic=-1 {}",
+            manifest.get("rootfs.root"),
+            boot.arch.console(),
+            boot.mode.cmdline()
+        ),
         root: PathBuf::from(manifest.get(&format!("rootfs.{arch}"))),
         memory_mib: if boot.arch_is_arm64() { 1024 } else { 2048 },
         cpus: 1,
@@ -179,6 +184,12 @@ fn run_boot(boot: Boot) {
     let mut checks = judge(&boot, &got, &ids);
     if let Err(err) = &finished {
         checks.insert(0, Check { name: "boot", passed: false, detail: format!("{err:#}") });
+    } else if let Some(status) = finished.as_ref().ok().filter(|status| !status.success()) {
+        let detail = format!("qemu exited with {status}; its console ended with:\n{}", vm::tail(&console, 15));
+        checks.insert(0, Check { name: "boot", passed: false, detail });
+    } else if got.facts.as_object().is_none_or(|facts| facts.is_empty()) {
+        let detail = format!("the guest's check never ran; its console ended with:\n{}", vm::tail(&console, 15));
+        checks.insert(0, Check { name: "boot", passed: false, detail });
     }
     write_row(&rows, &boot, release, package, &got, &checks, wall);
 

@@ -72,8 +72,9 @@ pub struct VmSpec {
     pub arch: Arch,
     /// The kernel image (`vmlinuz`), booted directly (no boot loader, no initramfs).
     pub kernel: PathBuf,
-    /// The kernel command line; the root is the first NVMe namespace (`/dev/nvme0n1`), the
-    /// payload the second (`/dev/nvme0n2`).
+    /// The kernel command line. The root and the payload are two namespaces of one NVMe
+    /// controller, whose names (`nvme0n1`, `nvme0n2`) follow the order their scans finish:
+    /// name the root by something of its own (a PARTUUID), the payload by its label.
     pub cmdline: String,
     /// The root filesystem image, attached read-only in effect (`snapshot=on`).
     pub root: PathBuf,
@@ -106,7 +107,7 @@ impl Vm {
             .arg(drive("root", &spec.root, true))
             .arg("-drive")
             .arg(drive("payload", image, false))
-            // One controller, two namespaces: nvme0n1 and nvme0n2, in that order on every kernel.
+            // One controller, two namespaces (in either order of names: see `cmdline`).
             .args(["-device", "nvme,id=nvme0,serial=lifecycle-matrix"])
             .args(["-device", "nvme-ns,drive=root,bus=nvme0,nsid=1"])
             .args(["-device", "nvme-ns,drive=payload,bus=nvme0,nsid=2"])

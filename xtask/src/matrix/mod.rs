@@ -124,9 +124,10 @@ fn arm64_root(cache: &Path, archive: &mut Archive) -> Result<PathBuf> {
 /// The manifest of kernels and images for the tests.
 fn manifest(provided: &Provided, arm64_agent: &Path, rows: &Path) -> Result<String> {
     let mut text = format!(
-        "rootfs.amd64={}\nrootfs.arm64={}\nagent.arm64={}\nrows={}\n",
+        "rootfs.amd64={}\nrootfs.arm64={}\nrootfs.root={}\nagent.arm64={}\nrows={}\n",
         provided.amd64_root.display(),
         provided.arm64_root.display(),
+        rootfs::root_argument(),
         arm64_agent.display(),
         rows.display()
     );

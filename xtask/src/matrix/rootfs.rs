@@ -1,19 +1,21 @@
-//! The matrix guests' root filesystems, as ext4 images made with `mkfs.ext4 -d` (no mount, no
-//! loop device) and booted with `snapshot=on`, so they stay as built:
+//! The matrix guests' root filesystems, as disk images of one ext4 partition made with
+//! `mkfs.ext4 -d` (no mount, no loop device) and booted with `snapshot=on`, so they stay as
+//! built:
 //! - amd64: Debian bookworm from `debootstrap` (its systemd 252 still runs hybrid and v1-only
 //!   cgroups; trixie's does not) with systemd as PID 1, containerd, runc and python3, plus every
 //!   amd64 kernel's modules (depmod'ed, so `modprobe overlay` works) and the unit that runs the
 //!   payload's check at boot and powers off;
 //! - arm64: busybox and the agent's libraries unpacked with `dpkg -x` (no foreign debootstrap),
-//!   with an `/init` script that runs the payload's check and powers off.
+//!   with a `/sbin/init` script that runs the payload's check and powers off.
 //!
 //! The debootstrap tree is cached under `<cache>/rootfs/<key>`, the images under
-//! `<cache>/images/<arch>-<key>.ext4`; each key is a digest of what it was made from (suite,
+//! `<cache>/images/<arch>-<key>.img`; each key is a digest of what it was made from (suite,
 //! packages, the files below, the kernels' releases), so a changed input makes a new one and
 //! the old one is removed.
 
 use std::{
     fs,
+    io::Write as _,
     os::unix::fs::symlink,
     path::{Path, PathBuf},
     process::Command,
@@ -34,11 +36,22 @@ const PACKAGES: &[&str] =
 pub const ARM64_PACKAGES: &[&str] = &["busybox-static", "libc6", "libgcc-s1"];
 /// Room left in the amd64 image for what the guest writes (containerd's image, logs), which goes
 /// to qemu's temporary overlay anyway; the file is sparse.
-const AMD64_IMAGE_SIZE: &str = "3G";
-const ARM64_IMAGE_SIZE: &str = "256M";
+const AMD64_IMAGE_MIB: u64 = 3 << 10;
+const ARM64_IMAGE_MIB: u64 = 256;
 
-/// The root's and the payload's NVMe namespaces (lifecycle-testkit's `vm` attaches them so).
-const FSTAB: &str = "/dev/nvme0n1 / ext4 rw 0 1\n/dev/nvme0n2 /payload ext4 rw,nofail 0 0\n";
+/// The root images are disks with one partition (an MBR with this signature), so the kernel
+/// finds its root by PARTUUID without an initramfs: NVMe names its namespaces in the order their
+/// scans finish, so `/dev/nvme0n1` is the root on some boots and the payload on others.
+const DISK_SIGNATURE: u32 = 0x4c49_4643;
+/// Where the partition starts (1 MiB, as partitioning tools align it).
+const PARTITION_OFFSET: u64 = 1 << 20;
+/// The kernel's `root=` for these images.
+pub fn root_argument() -> String {
+    format!("root=PARTUUID={DISK_SIGNATURE:08x}-01")
+}
+/// The root as the kernel found it, and the payload disk by its label (lifecycle-testkit's
+/// `vm::Payload` makes it so).
+const FSTAB: &str = "/dev/root / ext4 rw 0 1\nLABEL=payload /payload ext4 rw,nofail 0 0\n";
 /// Runs the payload's check once the system is up, then powers off whatever it did.
 const CHECK_UNIT: &str = "\
 [Unit]
@@ -69,6 +82,8 @@ version = 2
 ";
 /// containerd's snapshotter needs overlayfs, a module in Debian's kernels.
 const MODULES_LOAD: &str = "overlay\n";
+/// Where the arm64 guest's PID 1 is: where the kernel looks first, so no `init=` is needed.
+const ARM64_INIT_PATH: &str = "sbin/init";
 /// The arm64 guest's PID 1.
 const ARM64_INIT: &str = "\
 #!/bin/busybox sh
@@ -78,7 +93,7 @@ $bb mount -t proc proc /proc
 $bb mount -t sysfs sysfs /sys
 $bb mount -t devtmpfs devtmpfs /dev
 $bb mount -t tmpfs tmpfs /tmp
-$bb mount -t ext4 /dev/nvme0n2 /payload && $bb sh /payload/check.sh
+$bb mount -t ext4 \"$($bb findfs LABEL=payload)\" /payload && $bb sh /payload/check.sh
 $bb sync
 $bb umount /payload
 $bb poweroff -f
@@ -130,7 +145,7 @@ pub fn amd64_image(cache: &Path, tree: &Path, kernels: &[&Kernel]) -> Result<Pat
     parts.push(MODULES_LOAD.into());
     parts.extend(kernels.iter().map(|k| format!("{}={}", k.resolved.package, k.resolved.version)));
     let key = digest(&parts.iter().map(String::as_str).collect::<Vec<_>>());
-    let image = cache.join("images").join(format!("amd64-{key}.ext4"));
+    let image = cache.join("images").join(format!("amd64-{key}.img"));
     if image.is_file() {
         return Ok(image);
     }
@@ -160,7 +175,7 @@ pub fn amd64_image(cache: &Path, tree: &Path, kernels: &[&Kernel]) -> Result<Pat
     write(&staging, "etc/containerd/config.toml", CONTAINERD_CONFIG)?;
     write(&staging, "etc/modules-load.d/lifecycle-matrix.conf", MODULES_LOAD)?;
     fs::create_dir_all(staging.join("payload")).context("creating /payload")?;
-    mkfs(&staging, &image, "root", AMD64_IMAGE_SIZE)?;
+    mkfs(&staging, &image, "root", AMD64_IMAGE_MIB)?;
     fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
     remove_siblings_with_prefix(&cache.join("images"), "amd64-", &image)?;
     Ok(image)
@@ -168,26 +183,27 @@ pub fn amd64_image(cache: &Path, tree: &Path, kernels: &[&Kernel]) -> Result<Pat
 
 /// A digest of how the arm64 image is made (its packages' names and `/init`).
 pub fn arm64_recipe() -> String {
-    digest(&[&ARM64_PACKAGES.join(","), ARM64_INIT])
+    digest(&[&ARM64_PACKAGES.join(","), ARM64_INIT_PATH, ARM64_INIT])
 }
 
 /// The arm64 image: `debs` unpacked, the usual directories and `/init`.
 pub fn arm64_image(cache: &Path, debs: &[Deb]) -> Result<PathBuf> {
     let mut parts: Vec<String> = debs.iter().map(|d| format!("{}={}", d.package, d.version)).collect();
+    parts.push(ARM64_INIT_PATH.into());
     parts.push(ARM64_INIT.into());
     let key = digest(&parts.iter().map(String::as_str).collect::<Vec<_>>());
-    let image = cache.join("images").join(format!("arm64-{key}.ext4"));
+    let image = cache.join("images").join(format!("arm64-{key}.img"));
     if image.is_file() {
         return Ok(image);
     }
     let staging = cache.join("images").join(format!("arm64-{key}.staging"));
     crate::debian::unpack(debs, &staging)?;
-    for dir in ["proc", "sys", "dev", "tmp", "run", "payload"] {
+    for dir in ["proc", "sys", "dev", "tmp", "run", "payload", "sbin"] {
         fs::create_dir_all(staging.join(dir)).with_context(|| format!("creating {dir}"))?;
     }
-    write(&staging, "init", ARM64_INIT)?;
-    run(Command::new("chmod").arg("0755").arg(staging.join("init")))?;
-    mkfs(&staging, &image, "root", ARM64_IMAGE_SIZE)?;
+    write(&staging, ARM64_INIT_PATH, ARM64_INIT)?;
+    run(Command::new("chmod").arg("0755").arg(staging.join(ARM64_INIT_PATH)))?;
+    mkfs(&staging, &image, "root", ARM64_IMAGE_MIB)?;
     fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
     remove_siblings_with_prefix(&cache.join("images"), "arm64-", &image)?;
     Ok(image)
@@ -203,16 +219,36 @@ fn write(root: &Path, path: &str, contents: &str) -> Result<()> {
     fs::write(&to, contents).with_context(|| format!("writing {}", to.display()))
 }
 
-/// `mkfs.ext4 -d`: the image of `dir`, renamed into place when complete.
-fn mkfs(dir: &Path, image: &Path, label: &str, size: &str) -> Result<()> {
-    let fresh = image.with_extension("ext4.new");
+/// A disk image of `dir`: `mkfs.ext4 -d` of `size_mib` at [`PARTITION_OFFSET`], and an MBR
+/// naming that one partition; renamed into place when complete.
+fn mkfs(dir: &Path, image: &Path, label: &str, size_mib: u64) -> Result<()> {
+    let fresh = image.with_extension("img.new");
     run(Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-L", label, "-d"])
+        .args(["-q", "-F", "-L", label, "-E", &format!("offset={PARTITION_OFFSET}"), "-d"])
         .arg(dir)
         .arg(&fresh)
-        .arg(size)
+        .arg(format!("{size_mib}M"))
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"))?;
+    let mut file = fs::OpenOptions::new().write(true).open(&fresh).context("opening the new image")?;
+    file.write_all(&mbr(size_mib << 20)).context("writing the partition table")?;
+    drop(file);
     fs::rename(&fresh, image).with_context(|| format!("moving {} into place", image.display()))
+}
+
+/// A master boot record with one Linux partition of `bytes` at [`PARTITION_OFFSET`].
+fn mbr(bytes: u64) -> [u8; 512] {
+    let mut sector = [0u8; 512];
+    sector[440..444].copy_from_slice(&DISK_SIGNATURE.to_le_bytes());
+    let start = u32::try_from(PARTITION_OFFSET / 512).unwrap_or(u32::MAX);
+    let sectors = u32::try_from(bytes / 512).unwrap_or(u32::MAX);
+    // Not bootable, CHS fields saturated (LBA only), type 0x83 (Linux).
+    let mut entry = vec![0x00, 0xfe, 0xff, 0xff, 0x83, 0xfe, 0xff, 0xff];
+    entry.extend(start.to_le_bytes());
+    entry.extend(sectors.to_le_bytes());
+    sector[446..462].copy_from_slice(&entry);
+    sector[510] = 0x55;
+    sector[511] = 0xaa;
+    sector
 }
 
 /// Removes the entries of `parent` other than `kept` (trees of other keys).
