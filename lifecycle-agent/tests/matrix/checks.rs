@@ -60,6 +60,7 @@ pub fn judge(boot: &Boot, got: &Collected, ids: &Ids) -> Vec<Check> {
         checks.push(check("status", workload(status(got))));
     }
     checks.push(check("shutdown", workload(shutdown(got))));
+    checks.push(check("no_panic", workload(no_panic(got))));
     checks
 }
 
@@ -316,5 +317,16 @@ fn shutdown(got: &Collected) -> Result<String, String> {
         Ok("exit 0 on SIGTERM".to_owned())
     } else {
         Err(format!("exit status on SIGTERM: {code:?}"))
+    }
+}
+
+/// A thread of the agent that panicked is a bug, whatever it was doing.
+fn no_panic(got: &Collected) -> Result<String, String> {
+    match got.agent_log.lines().position(|l| l.contains("panicked at")) {
+        None => Ok("no panic in the agent's log".to_owned()),
+        Some(at) => {
+            let lines: Vec<&str> = got.agent_log.lines().skip(at).take(2).collect();
+            Err(format!("the agent's log has a panic: {}", lines.join(" ")))
+        }
     }
 }
