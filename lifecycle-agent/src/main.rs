@@ -194,9 +194,9 @@ enum RestartPolicyArg {
     Never,
 }
 
-/// Parses `500ms`, `30s`, `1.5m`, `1h` (the same parser as probe URLs).
+/// Parses `500ms`, `30s`, `1.5m`, `1h30m` (the same parser as probe URLs and the clients').
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    lifecycle_agent::model::duration::parse_ns(text).map(Duration::from_nanos).map_err(|err| format!("{text:?}: {err}"))
+    lifecycle_cli::args::duration(text)
 }
 
 #[derive(Args)]
@@ -372,6 +372,13 @@ fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
+    // A kubeconfig named on the command line is meant: without it the agent would run for ever
+    // without the API (the fallback for a kubeconfig that is merely absent), so say so at start.
+    if let Some(path) = &args.kubeconfig {
+        if !path.is_file() {
+            anyhow::bail!("--kubeconfig {}: no such file", path.display());
+        }
+    }
     let shutdown = shutdown_signal()?;
     let max_container_restart_period_ns = match args.max_container_restart_period {
         Some(max) => {

@@ -30,7 +30,13 @@ const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset
 const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
 const NAMESPACE: &str = "lifecycle-system";
 const AGENT_POD: &str = "lifecycle-agent";
-const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-lifecycle");
+/// The kubectl plugin, a crate of its own (`kubectl-lifecycle/`) built into the same target
+/// directory: the kubelet tier builds it before this test (`cargo build -p kubectl-lifecycle`).
+fn plugin_binary() -> std::path::PathBuf {
+    let path = Path::new(AGENT).with_file_name("kubectl-lifecycle");
+    assert!(path.is_file(), "{} is not built: cargo build -p kubectl-lifecycle", path.display());
+    path
+}
 const IGNORE_TERM: &str = "trap '' TERM; while true; do sleep 0.2; done";
 
 /// The objects of the manifest at `path` as kubectl reads them (client-side: nothing is created).
@@ -282,7 +288,7 @@ fn explained_from_anywhere_with_a_readers_own_rights(kube: &Kube, port: u16) {
     let kubeconfig = kube.run_dir().join("reader-kubeconfig");
     std::fs::write(&kubeconfig, reader.to_string()).expect("write the reader's kubeconfig");
     let plugin = |args: &[&str]| {
-        Command::new(PLUGIN)
+        Command::new(plugin_binary())
             .args(args)
             .args(["--agent-port", &port.to_string()])
             .env("KUBECONFIG", &kubeconfig)
