@@ -38,7 +38,7 @@ pub struct ClusterArgs {
     /// How long each request may take (`10s`, `1m30s`, or seconds; 0: no limit), to the API
     /// server and to each agent through it.
     #[arg(long, global = true, default_value = "10s", value_parser = lifecycle_cli::args::request_timeout)]
-    pub request_timeout: Option<Duration>,
+    pub request_timeout: Duration,
 }
 
 /// A client for the cluster `args` name, and the namespace its context defaults to.
@@ -54,7 +54,8 @@ pub async fn client(args: &ClusterArgs) -> Result<(kube::Client, String), Cluste
         None if args.context.is_some() => kube::Config::from_kubeconfig(&options).await.map_err(kubeconfig)?,
         None => kube::Config::infer().await.map_err(ClusterError::Infer)?,
     };
-    if let Some(timeout) = args.request_timeout {
+    if !args.request_timeout.is_zero() {
+        let timeout = args.request_timeout;
         config.connect_timeout = Some(timeout);
         config.read_timeout = Some(timeout);
         config.write_timeout = Some(timeout);
@@ -121,7 +122,7 @@ mod tests {
         let args = ClusterArgs {
             kubeconfig: Some(PathBuf::from("/nonexistent/kubeconfig")),
             context: None,
-            request_timeout: None,
+            request_timeout: Duration::ZERO,
         };
         let err = client(&args).await.err().expect("refused");
         assert_eq!(err.to_string(), "--kubeconfig /nonexistent/kubeconfig: no such file");
@@ -144,7 +145,7 @@ mod tests {
         let args = |context: Option<&str>| ClusterArgs {
             kubeconfig: Some(path.clone()),
             context: context.map(str::to_owned),
-            request_timeout: None,
+            request_timeout: Duration::ZERO,
         };
         assert_eq!(client(&args(None)).await.expect("client").1, "shop");
         assert_eq!(client(&args(Some("b"))).await.expect("client").1, "default");

@@ -58,7 +58,7 @@ struct Connection {
     /// How long a request may take, connecting included (`10s`, `1m30s`, or seconds; 0: no
     /// limit), as kubectl's flag.
     #[arg(long, default_value = "10s", value_parser = lifecycle_cli::args::request_timeout)]
-    request_timeout: Option<Duration>,
+    request_timeout: Duration,
 }
 
 /// Where the DaemonSet's agent (`--handoff-dir /run/lifecycle-agent`) writes the CA of the

@@ -372,13 +372,6 @@ fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    // A kubeconfig named on the command line is meant: without it the agent would run for ever
-    // without the API (the fallback for a kubeconfig that is merely absent), so say so at start.
-    if let Some(path) = &args.kubeconfig {
-        if !path.is_file() {
-            anyhow::bail!("--kubeconfig {}: no such file", path.display());
-        }
-    }
     let shutdown = shutdown_signal()?;
     let max_container_restart_period_ns = match args.max_container_restart_period {
         Some(max) => {

@@ -91,18 +91,21 @@ pub fn duration(text: &str) -> Result<Duration, String> {
 }
 
 /// `--request-timeout` as kubectl takes it: a duration (`10s`, `1m30s`) or a number of seconds;
-/// `0` waits for ever.
-pub fn request_timeout(text: &str) -> Result<Option<Duration>, String> {
-    let timeout = match text.parse::<u64>() {
-        Ok(seconds) => Duration::from_secs(seconds),
-        Err(_) => duration(text)?,
-    };
-    Ok((!timeout.is_zero()).then_some(timeout))
+/// `0` waits for ever (see [`or_a_day`]).
+pub fn request_timeout(text: &str) -> Result<Duration, String> {
+    match text.parse::<u64>() {
+        Ok(seconds) => Ok(Duration::from_secs(seconds)),
+        Err(_) => duration(text),
+    }
 }
 
 /// A `--request-timeout` of 0 (none) as a deadline a client can still take: a day.
-pub fn or_a_day(timeout: Option<Duration>) -> Duration {
-    timeout.unwrap_or(Duration::from_secs(86_400))
+pub fn or_a_day(timeout: Duration) -> Duration {
+    if timeout.is_zero() {
+        Duration::from_secs(86_400)
+    } else {
+        timeout
+    }
 }
 
 #[cfg(test)]
@@ -139,9 +142,9 @@ mod tests {
     fn durations_and_timeouts_take_compounds_and_plain_seconds() {
         assert_eq!(duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert!(duration("90").is_err());
-        assert_eq!(request_timeout("5"), Ok(Some(Duration::from_secs(5))));
-        assert_eq!(request_timeout("1m30s"), Ok(Some(Duration::from_secs(90))));
-        assert_eq!(request_timeout("0"), Ok(None));
+        assert_eq!(request_timeout("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(request_timeout("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(or_a_day(request_timeout("0").expect("0")), Duration::from_secs(86_400));
     }
 
     #[test]
