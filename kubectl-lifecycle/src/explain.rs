@@ -135,13 +135,14 @@ async fn past_stories(
     let found = agents.on(nodes.as_deref()).await?;
     let answers = agents.ask_each(found, &format!("/api/v1/history?{selection}")).await;
     let mut stories = Vec::new();
-    let mut clock = None;
+    // Each node has a boot clock of its own: wall times are printed only when one node told.
+    let mut clocks = Vec::new();
     for (agent, answer) in answers {
         match answer.map(serde_json::from_value::<HistoryResponse>) {
             Ok(Ok(answer)) => {
                 let found = explain::explain_history(&answer.stops, container);
                 if !found.is_empty() {
-                    clock = Some(answer.boot_to_unix_seconds);
+                    clocks.push(answer.boot_to_unix_seconds);
                 }
                 stories.extend(found);
             }
@@ -149,5 +150,9 @@ async fn past_stories(
             Err(err) => eprintln!("warning: {}", terminal_safe(&err.to_string(), false)),
         }
     }
+    let clock = match clocks[..] {
+        [clock] => Some(clock),
+        _ => None,
+    };
     Ok((stories, clock))
 }
