@@ -53,7 +53,7 @@ pub fn kubelet_nodes(events: &[Event]) -> Vec<String> {
             from_kubelet.then(|| (when(event), node))
         })
         .collect();
-    named.sort_by(|a, b| b.0.cmp(&a.0));
+    named.sort_by_key(|named| std::cmp::Reverse(named.0));
     let mut nodes: Vec<String> = Vec::new();
     for (_, node) in named {
         if !nodes.contains(&node) && nodes.len() < MAX_NODES {
