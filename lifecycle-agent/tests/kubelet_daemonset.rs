@@ -73,6 +73,21 @@ fn agent_pod(kube: &Kube, daemonset: &Value, image: &str, ports: Ports, credenti
     agent_pod_named(kube, daemonset, AGENT_POD, image, ports, credentials)
 }
 
+/// The manifest's DaemonSet made in the API (no controller acts on it on this node), and the
+/// controller reference its pods carry, as the DaemonSet controller writes it: the kubectl plugin
+/// sends its token only to pods of the agents' DaemonSet.
+fn create_daemonset(kube: &Kube, daemonset: &Value) -> Value {
+    let mut object = daemonset.clone();
+    // A 1.20 API server knows no DaemonSet maxSurge; the strategy plays no part here.
+    object["spec"]["updateStrategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}});
+    kube.apply(&object.to_string()).expect("create the DaemonSet");
+    let name = daemonset["metadata"]["name"].as_str().expect("the DaemonSet's name");
+    let stored = kube.kubectl(&["get", "daemonset", "-n", NAMESPACE, name, "-o", "json"]).expect("get the DaemonSet");
+    let stored: Value = serde_json::from_str(&stored).expect("JSON");
+    json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": stored["metadata"]["uid"],
+            "controller": true, "blockOwnerDeletion": true}])
+}
+
 /// The agent's `--listen` and `--health-listen` ports: the template's 9890 and 9892 when free on
 /// the host, else others.
 #[derive(Clone, Copy)]
@@ -100,6 +115,7 @@ fn agent_pod_named(kube: &Kube, daemonset: &Value, name: &str, image: &str, port
             "namespace": daemonset["metadata"]["namespace"],
             "labels": template["metadata"]["labels"],
             "annotations": template["metadata"]["annotations"],
+            "ownerReferences": create_daemonset(kube, daemonset),
         },
         "spec": template["spec"],
     });
