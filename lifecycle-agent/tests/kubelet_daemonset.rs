@@ -424,6 +424,31 @@ fn explained_from_anywhere_with_a_readers_own_rights(kube: &Kube, port: u16) {
         said.contains("cannot mint a token of lifecycle-system/lifecycle-reader") && said.contains("403"),
         "{said}"
     );
+    // The API server's proxy keeps its connection to the agent's port open between requests, so
+    // the commands above may all have gone over one the agent accepted. Commands at once make it
+    // open connections of its own, which the kernel spreads over both listeners.
+    if capture.bound {
+        let began = Instant::now();
+        while capture.connections() == 0 {
+            let running: Vec<_> = (0..12)
+                .map(|_| {
+                    Command::new(plugin_binary())
+                        .arg("--kubeconfig")
+                        .arg(&kubeconfig)
+                        .args(["status", "-A", "-o", "json", "--agent-port", &port.to_string()])
+                        .env_remove("KUBECONFIG")
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .spawn()
+                        .expect("run kubectl-lifecycle")
+                })
+                .collect();
+            for mut child in running {
+                let _ = child.wait();
+            }
+            assert!(began.elapsed() < Duration::from_secs(90), "no proxied connection reached the capturing listener");
+        }
+    }
     // What the capturing listener caught, across every command above.
     capture.assert_no_user_token(&[kube.reader_token(), &outsider, kube.token()]);
 }
@@ -487,6 +512,11 @@ impl Capture {
             }
         });
         Self { caught, bound: true }
+    }
+
+    /// Connections that reached it.
+    fn connections(&self) -> usize {
+        self.caught.lock().unwrap_or_else(|poison| poison.into_inner()).1
     }
 
     /// None of `credentials` (the users' own tokens) was caught; every token caught was minted for
