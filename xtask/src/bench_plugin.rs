@@ -171,6 +171,7 @@ fn history_json() -> Result<String> {
         expected_kill_exact: true,
         oom_kills: 0,
         is_sidecar: false,
+        sidecar_turn: None,
         outcome: TerminationOutcome::SigkilledAfterGrace {
             grace_ns: 30 * SECOND,
             stop_to_kill_ns: 30 * SECOND,
