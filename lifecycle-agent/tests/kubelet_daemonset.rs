@@ -538,10 +538,10 @@ impl Capture {
             assert!(life <= 3600, "short-lived: {claims}");
         }
         if self.bound && !caught.is_empty() {
-            // Waits for branch `security` (agent/http.rs: --listen not shareable outside a handoff):
-            // until then a minted token can still be caught this way; it reads the agents' API for
-            // its ten minutes and is refused by the API server.
-            eprintln!("NOTE: minted tokens were caught beside a shareable --listen (issue 37 item 1, branch security)");
+            // An agent whose --listen can be shared (before issue 37's exclusive listeners): a
+            // minted token can be caught; it reads the agents' API for its ten minutes and is
+            // refused by the API server.
+            eprintln!("NOTE: minted tokens were caught beside a shareable --listen");
         }
     }
 }
