@@ -182,6 +182,10 @@ def daemonset_problems(doc: dict) -> list[str]:
     if not any(t.get("operator") == "Exists" and "key" not in t for t in pod.get("tolerations", [])):
         problems.append("needs a toleration {operator: Exists} to run on every node")
     agent = pod["containers"][0]
+    args = agent.get("args", [])
+    # Issue 37: the agents take only tokens minted for them, never a user's own credential.
+    if not any(a == "--api-auth-audience" and b == "lifecycle-agent" for a, b in zip(args, args[1:])):
+        problems.append("the agent must require the agents' audience: --api-auth-audience lifecycle-agent")
     security = agent.get("securityContext", {})
     caps = set(security.get("capabilities", {}).get("add", []))
     if security.get("privileged"):
@@ -352,10 +356,67 @@ def granted_by(role: dict) -> tuple[dict, dict, list[str]]:
     return resources, urls, problems
 
 
+# What a `kubectl lifecycle` user needs across the cluster (a pod's node, a namespace's nodes, a
+# gone pod's node from Events), and in the agents' namespace: mint the reader account's token
+# (that account alone), read the agents' DaemonSet, reach the agent pods through the proxy.
+PLUGIN_USER_RULES = {("", "pods"): {"get", "list"}, ("", "events"): {"list"}}
+PLUGIN_USER_NAMESPACED = {("", "serviceaccounts/token"): {"create"}, ("apps", "daemonsets"): {"get"},
+                          ("", "pods"): {"list"}, ("", "pods/proxy"): {"get"}}
+
+
+def plugin_role_problems(roles: list[dict]) -> list[str]:
+    """The plugin user's Role: its grants, and the token and DaemonSet rules limited by name."""
+    role = next((r for r in roles if r.get("metadata", {}).get("name") == "lifecycle-plugin-user"), None)
+    if role is None:
+        return ["no Role lifecycle-plugin-user"]
+    resources, urls, problems = granted_by(role)
+    if resources != PLUGIN_USER_NAMESPACED or urls:
+        problems.append(f"lifecycle-plugin-user (Role) grants {resources}, want {PLUGIN_USER_NAMESPACED}")
+    for rule in role.get("rules") or []:
+        named = {"serviceaccounts/token": ["lifecycle-reader"], "daemonsets": ["lifecycle-agent"]}
+        for resource, names in named.items():
+            if resource in (rule.get("resources") or []) and rule.get("resourceNames") != names:
+                problems.append(f"{resource} must be limited to {names}: {rule}")
+    return problems
+
+
+def krew_problems() -> list[str]:
+    """deploy/krew/lifecycle.yaml: the plugin for linux, darwin and windows, each archive named by
+    the placeholders a release fills, the binary the crate builds."""
+    path = HERE / "krew" / "lifecycle.yaml"
+    if not path.exists():
+        return [f"{path} is missing"]
+    doc = yaml.safe_load(path.read_text())
+    problems = []
+    if (doc.get("kind"), doc.get("metadata", {}).get("name")) != ("Plugin", "lifecycle"):
+        problems.append("want kind Plugin named lifecycle")
+    seen = set()
+    for platform in doc.get("spec", {}).get("platforms", []):
+        labels = platform.get("selector", {}).get("matchLabels", {})
+        os_arch = (labels.get("os"), labels.get("arch"))
+        seen.add(os_arch)
+        want_sha = "${SHA256_%s_%s}" % (str(os_arch[0]).upper(), str(os_arch[1]).upper())
+        if platform.get("sha256") != want_sha:
+            problems.append(f"{os_arch}: sha256 {platform.get('sha256')!r}, want the placeholder {want_sha}")
+        if not str(platform.get("uri", "")).startswith("${RELEASE_URL}/kubectl-lifecycle-${VERSION}-"):
+            problems.append(f"{os_arch}: uri {platform.get('uri')!r}")
+        want_bin = "kubectl-lifecycle.exe" if os_arch[0] == "windows" else "kubectl-lifecycle"
+        if platform.get("bin") != want_bin:
+            problems.append(f"{os_arch}: bin {platform.get('bin')!r}, want {want_bin}")
+    for needed in [("linux", "amd64"), ("darwin", "arm64"), ("windows", "amd64")]:
+        if needed not in seen:
+            problems.append(f"no platform {needed}")
+    return problems
+
+
 def rbac_problems(roles: list[dict]) -> list[str]:
     by_name = {role.get("metadata", {}).get("name"): role for role in roles}
-    if set(by_name) != {"lifecycle-agent", "lifecycle-api-reader"}:
-        return [f"ClusterRoles {sorted(map(str, by_name))}, want lifecycle-agent and lifecycle-api-reader"]
+    if set(by_name) != {"lifecycle-agent", "lifecycle-api-reader", "lifecycle-plugin-user"}:
+        return [f"ClusterRoles {sorted(map(str, by_name))}, want lifecycle-agent, lifecycle-api-reader and "
+                "lifecycle-plugin-user"]
+    resources, urls, plugin = granted_by(by_name["lifecycle-plugin-user"])
+    if resources != PLUGIN_USER_RULES or urls or plugin:
+        return [f"lifecycle-plugin-user grants {resources} and URLs {urls}, want only {PLUGIN_USER_RULES}"] + plugin
     resources, urls, problems = granted_by(by_name["lifecycle-agent"])
     if resources != EXPECTED_RULES or urls:
         problems.append(f"lifecycle-agent grants {resources} and URLs {urls}, want {EXPECTED_RULES}")
@@ -378,13 +439,19 @@ def main() -> int:
 
     roles = [doc for _, _, doc in docs if doc.get("kind") == "ClusterRole"]
     report.check("rbac.yaml: the agent's ClusterRole grants exactly pods get/list/watch, nodes get, events get/list/watch/create/patch, "
-                 "token and access reviews, and its own API; the reader role only the API",
+                 "token and access reviews, and its own API; the reader role only the API; the plugin user's only "
+                 "pods get/list and events list",
                  rbac_problems(roles))
+    namespaced = [doc for _, _, doc in docs if doc.get("kind") == "Role"]
+    report.check("rbac.yaml: the plugin user's Role mints the reader account's token alone, reads the agents' "
+                 "DaemonSet alone, lists and proxies to pods", plugin_role_problems(namespaced))
+    report.check("krew/lifecycle.yaml: the plugin for linux, darwin and windows, with a release's placeholders",
+                 krew_problems())
     kubectl = shutil.which("kubectl")
     if kubectl:
         code, output = run([kubectl, "kustomize", str(HERE)])
         kinds = sorted(set(re.findall(r"^kind: (\w+)$", output, re.M))) if not code else []
-        want = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "Namespace", "ServiceAccount"]
+        want = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "Namespace", "Role", "ServiceAccount"]
         report.check("kubectl kustomize deploy/ renders the agent (apply -k deploy/)",
                      [output] if code else ([] if kinds == want else [f"kinds {kinds}, want {want}"]))
     else:

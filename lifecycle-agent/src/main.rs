@@ -194,9 +194,9 @@ enum RestartPolicyArg {
     Never,
 }
 
-/// Parses `500ms`, `30s`, `1.5m`, `1h` (the same parser as probe URLs).
+/// Parses `500ms`, `30s`, `1.5m`, `1h30m` (the same parser as probe URLs and the clients').
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    lifecycle_agent::model::duration::parse_ns(text).map(Duration::from_nanos).map_err(|err| format!("{text:?}: {err}"))
+    lifecycle_cli::args::duration(text)
 }
 
 #[derive(Args)]

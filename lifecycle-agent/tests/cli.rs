@@ -481,3 +481,191 @@ fn tempfile_dir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).expect("mkdir");
     dir
 }
+
+/// A stand-in for an agent's `--listen` on loopback: answers every request with `status` and
+/// `body` (a real listener, so the CLI's connecting, resolving and reading are real), and
+/// counts the requests it read.
+struct FakeAgent {
+    addr: std::net::SocketAddr,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl FakeAgent {
+    fn answering(status: &'static str, body: String) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        // Detached: it serves until the test process ends; each connection gets one answer.
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                    head.push(byte[0]);
+                }
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        Self { addr, requests }
+    }
+}
+
+/// `/api/v1/containers`' body with these containers, as the agent writes it.
+fn containers_body(containers: Vec<lifecycle_agent::model::node::ContainerView>) -> String {
+    use lifecycle_agent::model::{time::BootTime, wire::at::WallClock, wire::ContainersResponse};
+    let body = ContainersResponse {
+        boot_to_unix_seconds: 0.0,
+        now: BootTime::from_ns(100_000_000_000),
+        resource_version: String::new(),
+        containers,
+        pods: vec![],
+    };
+    WallClock::from_offset_seconds(0.0).writing(|| serde_json::to_string(&body)).expect("serializes")
+}
+
+fn running(namespace: &str, pod: &str, container: &str) -> lifecycle_agent::model::node::ContainerView {
+    use lifecycle_agent::model::{container_state::ContainerState, time::BootTime};
+    lifecycle_testkit::fixtures::container_view(
+        namespace,
+        pod,
+        container,
+        ContainerState::Running { started_at: BootTime::from_ns(1_000_000_000) },
+    )
+}
+
+/// Runs the agent binary with `args`, killed if it has not ended by `deadline` (then the test
+/// fails): its output and how long it took.
+fn ends_within(args: &[&str], deadline: Duration) -> (std::process::Output, Duration) {
+    let began = Instant::now();
+    let mut child =
+        Command::new(AGENT).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run the agent");
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return (child.wait_with_output().expect("output"), began.elapsed());
+        }
+        if began.elapsed() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("output");
+            panic!("{args:?} still running after {deadline:?}: {output:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn status_to_a_listener_that_never_answers_ends_with_a_sentence_within_its_timeout() {
+    // Issue 41 item 3: `status --server` to a listener that never answers hung for ever.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let server = silent.local_addr().expect("addr").to_string();
+    // The kernel completes the handshake into the backlog; nobody ever reads or answers.
+    let (output, took) =
+        ends_within(&["status", "--server", &server, "--request-timeout", "1s500ms"], Duration::from_secs(20));
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        said.contains(&format!("the agent at {server} did not answer within 1.5s (connected; no answer came)")),
+        "{said}"
+    );
+    assert!(took < Duration::from_secs(10), "ended after {took:?}");
+    drop(silent);
+}
+
+#[test]
+fn status_resolves_host_names() {
+    // Issue 41 item 3: `--server localhost:39890` was refused (`invalid socket address syntax`).
+    let agent = FakeAgent::answering("200 OK", containers_body(vec![running("shop", "web-1", "app")]));
+    let server = format!("localhost:{}", agent.addr.port());
+    let (output, _) = ends_within(&["status", "--server", &server], Duration::from_secs(20));
+    assert!(output.status.success(), "{output:?}");
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.lines().nth(1).is_some_and(|row| row.starts_with("shop       web-1  app")), "{table}");
+}
+
+#[test]
+fn status_shows_the_agents_refusal_with_what_to_do() {
+    // Issue 41 item 3: every error body was replaced by the status line, with no hint.
+    for (status, body, hint) in [
+        ("401 Unauthorized", "no bearer token", "--token-file"),
+        ("403 Forbidden", "forbidden: not allowed to list containers", "lifecycle-api-reader"),
+        ("503 Service Unavailable", "cannot review the token", "cannot reach the Kubernetes API server"),
+    ] {
+        let agent = FakeAgent::answering(status, format!("{body}\n\u{1b}[2J"));
+        let server = agent.addr.to_string();
+        let (output, _) = ends_within(&["explain", "shop/web-1", "--server", &server], Duration::from_secs(20));
+        assert!(!output.status.success());
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(said.contains(&format!("the agent at {server} answered {status}: {body}")), "{said}");
+        assert!(said.contains(hint), "{said}");
+        assert!(!said.contains('\u{1b}'), "the agent's escape reached the terminal: {said:?}");
+        assert_eq!(said.lines().count(), 1, "one line of words: {said}");
+    }
+}
+
+#[test]
+fn status_prints_no_escape_from_an_agent_and_says_no_resources_found() {
+    // Issue 37 item 9 and issue 41 item 8: escapes in an agent's answer were printed raw; an
+    // empty selection printed a bare header.
+    let hostile =
+        FakeAgent::answering("200 OK", containers_body(vec![running("shop", "web\u{1b}]0;owned\u{7}", "app\u{9b}2J")]));
+    for output in ["table", "wide", "json", "yaml"] {
+        let (shown, _) =
+            ends_within(&["status", "--server", &hostile.addr.to_string(), "-o", output], Duration::from_secs(20));
+        assert!(shown.status.success(), "{shown:?}");
+        let text = String::from_utf8_lossy(&shown.stdout);
+        assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "-o {output}: {text:?}");
+    }
+    let empty = FakeAgent::answering("200 OK", containers_body(vec![]));
+    let (shown, _) =
+        ends_within(&["status", "--server", &empty.addr.to_string(), "-n", "shop"], Duration::from_secs(20));
+    assert!(shown.status.success(), "{shown:?}");
+    assert_eq!(String::from_utf8_lossy(&shown.stdout), "");
+    assert_eq!(String::from_utf8_lossy(&shown.stderr), "No resources found in shop namespace.\n");
+}
+
+#[test]
+fn status_watch_writes_no_clear_screen_escape_into_a_pipe() {
+    // Issue 41 item 8: `status -w` wrote clear-screen escapes into a pipe.
+    let agent = FakeAgent::answering("200 OK", containers_body(vec![running("shop", "web-1", "app")]));
+    let mut watch = KillOnDrop(
+        Command::new(AGENT)
+            .args(["status", "-w", "--server", &agent.addr.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("status -w"),
+    );
+    let mut stdout = BufReader::new(watch.0.stdout.take().expect("stdout"));
+    // Two drawings (an agent that does not wait is asked again every second).
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen.matches("NAMESPACE").count() < 2 {
+        assert!(Instant::now() < deadline, "two drawings within 20 s: {seen:?}");
+        let mut line = String::new();
+        if stdout.read_line(&mut line).expect("read") == 0 {
+            panic!("status -w ended: {seen:?}");
+        }
+        seen.push_str(&line);
+    }
+    assert!(agent.requests.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+    assert!(!seen.contains('\u{1b}'), "{seen:?}");
+}
+
+#[test]
+fn flags_take_compound_durations_and_typos_get_a_suggestion() {
+    // Issue 41 item 8: `1h30m` was refused; no "did you mean" for flag typos.
+    let output = Command::new(AGENT).args(["status", "--namspace", "shop"]).output().expect("status");
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("a similar argument exists: '--namespace'"), "{said}");
+    let output = Command::new(AGENT)
+        .args(["status", "--request-timeout", "1h30", "--server", "127.0.0.1:1"])
+        .output()
+        .expect("status");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not a duration like 500ms, 5s, 1.5m, 1h or 1h30m"));
+}

@@ -39,7 +39,8 @@ const HANDOFF_DIR: &str = "/run/lifecycle-agent";
 const POD: &str = "lifecycle-agent-helm";
 /// What the chart makes, by kind, and how to find it after the uninstall: every object carries
 /// the release's instance label.
-const NAMESPACED_KINDS: &str = "daemonsets,pods,serviceaccounts,configmaps,services,resourcequotas,secrets";
+const NAMESPACED_KINDS: &str =
+    "daemonsets,pods,serviceaccounts,configmaps,services,resourcequotas,secrets,roles,rolebindings";
 const CLUSTER_KINDS: &str = "clusterroles,clusterrolebindings";
 
 /// `preferred` when it is free on the host, else another free port.
@@ -180,12 +181,21 @@ fn helm_install_runs_the_agent_and_uninstall_leaves_nothing() {
         assert!(info.contains(label), "{label} in {info:?}");
     }
     let made = release_objects(&kube, NAMESPACED_KINDS, Some(NAMESPACE));
-    for object in ["daemonset.apps/lifecycle-agent", "serviceaccount/lifecycle-agent", &format!("pod/{POD}")] {
+    for object in [
+        "daemonset.apps/lifecycle-agent",
+        "serviceaccount/lifecycle-agent",
+        // The kubectl plugin's reader account and its users' Role in the agents' namespace.
+        "serviceaccount/lifecycle-reader",
+        "role.rbac.authorization.k8s.io/lifecycle-plugin-user",
+        &format!("pod/{POD}"),
+    ] {
         assert!(made.iter().any(|m| m == object), "{object} in {made:?}");
     }
     assert!(made.iter().filter(|m| m.starts_with("configmap/")).count() >= 4, "the dashboards' ConfigMaps: {made:?}");
     let cluster = release_objects(&kube, CLUSTER_KINDS, None);
-    assert_eq!(cluster.len(), 3, "two ClusterRoles and a binding: {cluster:?}");
+    // The agent's, the readers' and the plugin users' ClusterRoles; the agent's and the plugin's
+    // reader account's bindings.
+    assert_eq!(cluster.len(), 5, "three ClusterRoles and two bindings: {cluster:?}");
 
     let began = Instant::now();
     helm(&kube, &helm_path, &["uninstall", RELEASE, "-n", NAMESPACE]);

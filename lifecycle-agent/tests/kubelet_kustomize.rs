@@ -290,12 +290,18 @@ impl Drop for Applied<'_> {
 }
 
 /// The agent's view of container `app` of pod `name` in `default`, once it is running (within
-/// `within`); the base runs the agent with `--api-auth kubernetes`, and the admin's token is
-/// allowed.
+/// `within`); the base runs the agent with `--api-auth kubernetes --api-auth-audience
+/// lifecycle-agent`: read with a token of the base's reader account minted for that audience, as
+/// the kubectl plugin reads it.
 fn wait_agent_sees_running(kube: &Kube, addr: &str, name: &str, within: Duration) -> Value {
+    let token = kube
+        .kubectl(&["create", "token", "lifecycle-reader", "-n", "lifecycle-system", "--audience", "lifecycle-agent"])
+        .expect("kubectl create token")
+        .trim()
+        .to_owned();
     let began = Instant::now();
     loop {
-        let found = get_with_token(addr, "/api/v1/containers", Some(kube.token()))
+        let found = get_with_token(addr, "/api/v1/containers", Some(&token))
             .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
             .and_then(|v| v["containers"].as_array().cloned())
             .unwrap_or_default()

@@ -17,6 +17,8 @@ mod load;
 mod memory;
 #[path = "bench_overhead.rs"]
 mod overhead;
+#[path = "bench_plugin.rs"]
+mod plugin;
 #[path = "bench_rate.rs"]
 mod rate;
 #[path = "bench_ring.rs"]
@@ -30,6 +32,18 @@ use tracer::{clock_ticks_per_second, free_port, plain_host_agent, producer_lines
 
 #[derive(Clone, Debug, clap::Subcommand)]
 pub enum Bench {
+    /// `kubectl lifecycle explain` of a pod gone from the API against N agents on loopback (a
+    /// stand-in API server): requests that reach agents and time, with the node found from the
+    /// kubelet's Events and with `--all-nodes`; fails if an agent receives any credential but the
+    /// token minted for the agents.
+    Plugin {
+        /// Agents (nodes).
+        #[arg(long, default_value_t = 1000)]
+        nodes: usize,
+        /// Runs of each command (the median and the max are reported).
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// Cost of the agent on fork/exec/exit, signal and accept loops, against no tracing and
     /// against an equivalent bpftrace script. Also the tracers' own CPU time, and the agent's
     /// event delivery latency on a quiet node for each poll interval tried.
@@ -189,6 +203,7 @@ pub fn run(which: Bench) -> Result<()> {
             crate::bench_probes::run(count)
         }
         Bench::Memory { units, rounds, baseline } => memory::run(units, rounds, baseline),
+        Bench::Plugin { nodes, rounds } => plugin::run(nodes, rounds),
         Bench::Load { seconds, units, connections, baseline_agent } => {
             packages::ensure(packages::TEST)?;
             load::run(seconds, units, connections, baseline_agent.as_deref())

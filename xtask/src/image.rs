@@ -47,6 +47,10 @@ pub fn run(args: &ImageArgs) -> Result<()> {
     let root = workspace_root();
     let began = Instant::now();
     shell::run(cargo().args(["build", "--release", "-p", "lifecycle-agent", "--bin", "lifecycle-agent"]))?;
+    // The plugin is not in the image (it runs beside kubectl, not on nodes): built for this
+    // machine, for whoever installs the image from here.
+    shell::run(cargo().args(["build", "--release", "-p", "kubectl-lifecycle"]))?;
+    crate::plugin_built();
     let built = began.elapsed();
     let binary = root.join("target/release/lifecycle-agent");
     let revision = agent::git_revision(&root).unwrap_or_else(|| "unknown".to_owned());

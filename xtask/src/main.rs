@@ -4,6 +4,7 @@
 
 mod bench;
 mod bench_probes;
+mod cross;
 mod debian;
 mod ebpf;
 mod fuzz;
@@ -119,6 +120,15 @@ fn bootstrap_all() -> Result<()> {
     packages::ensure(packages::BUILD)
 }
 
+/// Says where the plugin is and the one command that installs it.
+pub fn plugin_built() {
+    eprintln!(
+        "xtask: the kubectl plugin is target/release/kubectl-lifecycle; install it with\n  \
+         install -m 0755 target/release/kubectl-lifecycle /usr/local/bin/kubectl-lifecycle\n\
+         then `kubectl lifecycle --help` (deploy/README.md: the plugin, its RBAC, krew)"
+    );
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
@@ -133,8 +143,10 @@ fn main() -> Result<()> {
         }
         Task::Run { args } => {
             bootstrap()?;
-            // The agent alone: the kubectl plugin is built when asked for (`--bin kubectl-lifecycle`).
+            // The agent, and the kubectl plugin beside it for this machine's kubectl.
             shell::run(cargo().args(["build", "--release", "-p", "lifecycle-agent", "--bin", "lifecycle-agent"]))?;
+            shell::run(cargo().args(["build", "--release", "-p", "kubectl-lifecycle"]))?;
+            plugin_built();
             let binary = workspace_root().join("target/release/lifecycle-agent");
             eprintln!("xtask: starting {} run {}", binary.display(), args.join(" "));
             let err = Command::new(&binary).arg("run").args(&args).exec();

@@ -152,6 +152,8 @@ fn kubelet() -> Result<()> {
     let bin = kubernetes::ensure()?;
     // kubelet_helm installs the chart with it.
     let helm = helm::ensure()?;
+    // kubelet_daemonset runs the kubectl plugin, a crate of its own, from the same target directory.
+    shell::run(cargo().args(["build", "-p", "kubectl-lifecycle"]))?;
     shell::run(
         cargo()
             // --nocapture: the tests print what the node's starts and the pods' steps took.
@@ -175,6 +177,7 @@ fn modern() -> Result<()> {
         packages::ensure(packages::KUBECTL)?;
     }
     let node = kubernetes_modern::ensure()?;
+    shell::run(cargo().args(["build", "-p", "kubectl-lifecycle"]))?;
     shell::run(
         cargo()
             .args(["test", "-p", "lifecycle-agent", "--test", "kubelet_modern"])
@@ -200,12 +203,13 @@ fn which(binary: &str) -> Option<PathBuf> {
     std::env::split_paths(&path).map(|dir| dir.join(binary)).find(|p| p.is_file())
 }
 
-/// Formatting and clippy first (they fail fast, with what to run to fix them), then the
-/// checked-in eBPF object against a rebuild from source, then the Python-side checks: dashboards' structure and the deploy manifests and alert rules; the Helm
+/// Formatting and clippy first (they fail fast, with what to run to fix them), then the kubectl
+/// plugin checked for macOS and Windows, then the checked-in eBPF object against a rebuild from source, then the Python-side checks: dashboards' structure and the deploy manifests and alert rules; the Helm
 /// chart against the kustomize base (helm built once per machine); last, a short run of every
 /// fuzz target (the first one on a machine also builds them, a few minutes).
 fn checks() -> Result<()> {
     rust_lints()?;
+    crate::cross::check_plugin()?;
     crate::ebpf::check()?;
     python_checks()?;
     chart_checks()?;

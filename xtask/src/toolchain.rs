@@ -150,6 +150,19 @@ pub fn ensure_stable_lint_components() -> Result<()> {
     run(rustup().args(["component", "add", "--toolchain", STABLE]).args(&missing))
 }
 
+/// Adds the std of `targets` to the pinned stable toolchain when missing (the plugin's
+/// cross-target check: `cross.rs`).
+pub fn ensure_stable_targets(targets: &[&str]) -> Result<()> {
+    let installed = capture(rustup().args(["target", "list", "--installed", "--toolchain", STABLE]))?;
+    let missing: Vec<&str> =
+        targets.iter().copied().filter(|target| !installed.lines().any(|line| line.trim() == *target)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: adding the std of {} to Rust {STABLE}", missing.join(" and "));
+    run(rustup().args(["target", "add", "--toolchain", STABLE]).args(&missing))
+}
+
 fn ensure_nightly() -> Result<()> {
     let installed = capture(rustup().args(["toolchain", "list"]))?;
     if !installed.lines().any(|line| line.starts_with(EBPF_NIGHTLY)) {

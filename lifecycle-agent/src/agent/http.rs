@@ -455,7 +455,7 @@ async fn check_access(
     let authorization = request
         .headers()
         .get(header::AUTHORIZATION)
-        .or_else(|| request.headers().get(crate::cli::plugin::FORWARDED_AUTHORIZATION))
+        .or_else(|| request.headers().get(lifecycle_model::wire::FORWARDED_AUTHORIZATION))
         .map(|value| value.as_bytes());
     match gate.check(authorization, path).await {
         Verdict::Pass => None,

@@ -1,6 +1,4 @@
-//! The client side of the subcommands that talk to a running agent, and `doctor`, the preflight
-//! that checks a node before the agent runs there.
+//! `doctor`, the preflight that checks a node before the agent runs there. The client side of
+//! `status` and `explain` is the `lifecycle-cli` crate, shared with the kubectl plugin.
 
 pub mod doctor;
-pub mod plugin;
-pub mod status;

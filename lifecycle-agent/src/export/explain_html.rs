@@ -137,16 +137,8 @@ pub(crate) fn node_page(node: &str, stories: &[ContainerStory], clock: WallClock
     page(&format!("{node}: recent stops"), &body)
 }
 
-/// Percent-encodes a path segment or a query value (names may hold any byte a client types).
-pub fn percent_encoded(segment: &str) -> String {
-    segment
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
+/// Percent-encodes a path segment or a query value: the API's own encoding, shared with its clients.
+pub use lifecycle_model::wire::percent_encoded;
 
 /// Pixels of the pod drawing: its width, the lane labels' column, a lane's height.
 const WIDTH: f64 = 960.0;

@@ -109,6 +109,51 @@ pub fn explain(
     stories
 }
 
+/// [`explain`] for an answer made at `now`: a running container's listeners with connections
+/// waiting that the app does not accept (an accept stall: clients time out while the pod is
+/// Ready) are told as lines of its story.
+pub fn explain_at(
+    containers: &[ContainerView],
+    namespace: &str,
+    pod: &str,
+    container: Option<&str>,
+    now: BootTime,
+) -> Vec<ContainerStory> {
+    let mut stories = explain(containers, namespace, pod, container);
+    for story in &mut stories {
+        let view = containers.iter().find(|c| {
+            c.labels.namespace == namespace && c.labels.pod == pod && escaped(&c.labels.container) == story.container
+        });
+        for stall in view.map(|view| accept_stalls(view, now)).unwrap_or_default() {
+            story.timeline.push(Line { offset_ms: None, source: "kernel", text: stall });
+        }
+    }
+    stories
+}
+
+/// The accept stalls of a running container at `now`, one line per port: a listener open with
+/// connections the kernel completed into its queue (established) that the app has not accepted,
+/// and since when it accepted none: `port 8080: 3 connections waiting, none accepted for 40s`.
+pub fn accept_stalls(view: &ContainerView, now: BootTime) -> Vec<String> {
+    let ContainerState::Running { started_at } = view.status.state else { return Vec::new() };
+    view.tcp
+        .iter()
+        .filter(|(_, stats)| stats.listeners > 0)
+        .filter_map(|(port, stats)| {
+            let waiting = stats.established.saturating_sub(stats.accepts);
+            if waiting == 0 {
+                return None;
+            }
+            let connections = if waiting == 1 { "connection" } else { "connections" };
+            let since = match stats.last_accept_ns.map(BootTime::from_ns) {
+                Some(last) => format!("none accepted for {}", seconds(now.since(last.max(started_at)))),
+                None => format!("none accepted since it started {} ago", seconds(now.since(started_at))),
+            };
+            Some(format!("port {port}: {waiting} {connections} waiting, {since}"))
+        })
+        .collect()
+}
+
 /// The stories of past stops (newest first, as the history gives them), only `container`'s when
 /// given.
 pub fn explain_history(stops: &[PastStop], container: Option<&str>) -> Vec<ContainerStory> {

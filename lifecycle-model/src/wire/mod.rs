@@ -39,3 +39,26 @@ pub struct HistoryResponse {
     /// first.
     pub stops: Vec<PastStop>,
 }
+
+/// Percent-encodes a path segment or a query value of the API (names may hold any byte a client
+/// types): what the agent's links and its clients' requests put in a URL.
+pub fn percent_encoded(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `key=value&...` with each value percent-encoded.
+pub fn query(pairs: &[(&str, &str)]) -> String {
+    let pairs: Vec<String> = pairs.iter().map(|(key, value)| format!("{key}={}", percent_encoded(value))).collect();
+    pairs.join("&")
+}
+
+/// The header that carries a bearer token for the agent through the API server's pod proxy,
+/// which keeps `Authorization` for itself: the kubectl plugin sends the token it minted for the
+/// agents there, and the agent reads it as `Authorization` when that is absent.
+pub const FORWARDED_AUTHORIZATION: &str = "x-lifecycle-authorization";

@@ -1,143 +1,22 @@
-//! `lifecycle-agent status`: asks a running agent for its containers and prints them the way
-//! `kubectl get pods` users read things — one row per container, newest facts first.
+//! The `status` table: one row per container, the way `kubectl get pods` users read things,
+//! newest facts first, from one agent's answer or from several (the plugin's). Read through the
+//! API's own types; every cell from an agent is made safe for a terminal.
 
-use std::{fmt::Write as _, net::SocketAddr, path::PathBuf, sync::Arc};
+use std::fmt::Write as _;
 
-use hyper_util::rt::TokioIo;
-use rustls_pki_types::{pem::PemObject as _, CertificateDer, ServerName};
 use serde::Deserialize as _;
 use serde_json::Value;
-use tokio_rustls::{rustls, TlsConnector};
 
-pub use crate::export::explain_html::percent_encoded;
-use crate::model::{
+use lifecycle_model::{
     container_state::ContainerState,
+    explain::accept_stalls,
     node::{ContainerView, PodView},
     termination::TerminationOutcome,
     time::BootTime,
-    wire::ContainersResponse,
+    wire::{percent_encoded, ContainersResponse},
 };
 
-/// Why the agent could not be asked.
-#[derive(Debug, thiserror::Error)]
-pub enum StatusError {
-    /// Nothing listens there, or the connection broke.
-    #[error("cannot reach the agent at {addr} (is `lifecycle-agent run` running there?)")]
-    Connect {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The agent answered something other than 200.
-    #[error("the agent at {addr} answered: {status_line}")]
-    Status { addr: SocketAddr, status_line: String },
-    /// The CA file could not be read.
-    #[error("cannot read the CA certificates in {path}")]
-    Ca {
-        path: PathBuf,
-        #[source]
-        source: rustls_pki_types::pem::Error,
-    },
-    /// The TLS setup or handshake failed (an untrusted or mismatched certificate).
-    #[error("TLS with the agent at {addr} failed")]
-    Tls {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-/// How to reach the agent: plain HTTP, or HTTPS trusting the CA certificates in a PEM file (an
-/// agent run with `--tls-cert-file`), for a certificate naming the server's address.
-#[derive(Clone, Debug, Default)]
-pub enum Transport {
-    #[default]
-    Plain,
-    Tls {
-        ca_file: PathBuf,
-    },
-}
-
-impl Transport {
-    /// Whether what is sent is encrypted.
-    pub fn is_encrypted(&self) -> bool {
-        matches!(self, Transport::Tls { .. })
-    }
-}
-
-/// Largest answer read: a node's containers are a few MiB of JSON at most (1,000 are ~1 MiB).
-const MAX_BODY: usize = 64 << 20;
-
-/// The body of `GET <path_and_query>` (an `/api/v1/...` path the caller built from escaped
-/// parts), sending `token` as a bearer token when given (an agent run with `--api-auth
-/// kubernetes` asks for one). Asked with hyper's HTTP/1.1 client over one connection.
-pub async fn fetch_path(
-    addr: SocketAddr,
-    path_and_query: &str,
-    token: Option<&str>,
-    transport: &Transport,
-) -> Result<String, StatusError> {
-    let connect = |source| StatusError::Connect { addr, source };
-    let stream = tokio::net::TcpStream::connect(addr).await.map_err(connect)?;
-    match transport {
-        Transport::Plain => get(TokioIo::new(stream), addr, path_and_query, token).await,
-        Transport::Tls { ca_file } => {
-            let mut roots = rustls::RootCertStore::empty();
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca_file)
-                .and_then(|certs| certs.collect())
-                .map_err(|source| StatusError::Ca { path: ca_file.clone(), source })?;
-            let tls = |source| StatusError::Tls { addr, source };
-            for cert in certs {
-                roots.add(cert).map_err(|err| tls(std::io::Error::other(err)))?;
-            }
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .map_err(|err| tls(std::io::Error::other(err)))?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            let name = ServerName::IpAddress(addr.ip().into());
-            let stream = TlsConnector::from(Arc::new(config)).connect(name, stream).await.map_err(tls)?;
-            get(TokioIo::new(stream), addr, path_and_query, token).await
-        }
-    }
-}
-
-/// One GET on `io`, its body if the answer is 200.
-async fn get(
-    io: impl hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    addr: SocketAddr,
-    path_and_query: &str,
-    token: Option<&str>,
-) -> Result<String, StatusError> {
-    use http_body_util::{BodyExt as _, Empty, Limited};
-    use hyper::header::{AUTHORIZATION, HOST};
-    let broken = |err: Box<dyn std::error::Error + Send + Sync>| StatusError::Connect {
-        addr,
-        source: std::io::Error::other(err),
-    };
-    let mut request = hyper::Request::get(path_and_query).header(HOST, "lifecycle");
-    if let Some(token) = token {
-        request = request.header(AUTHORIZATION, format!("Bearer {token}"));
-    }
-    let request = request.body(Empty::<bytes::Bytes>::new()).map_err(|err| broken(err.into()))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.map_err(|err| broken(err.into()))?;
-    let exchange = async move {
-        let response = sender.send_request(request).await.map_err(|err| broken(err.into()))?;
-        let status = response.status();
-        if status != hyper::StatusCode::OK {
-            let status_line = format!("{} {}", status.as_u16(), status.canonical_reason().unwrap_or_default());
-            return Err(StatusError::Status { addr, status_line });
-        }
-        let body = Limited::new(response.into_body(), MAX_BODY).collect().await.map_err(broken)?.to_bytes();
-        Ok(String::from_utf8_lossy(&body).into_owned())
-        // The sender is dropped here: the connection below ends.
-    };
-    // The connection does the I/O while the exchange waits on it; it ends once the answer is
-    // read and the sender is gone (a failure of its own shows in the exchange).
-    let (answer, _) = tokio::join!(exchange, connection);
-    answer
-}
+use crate::text::{json_safe, terminal_safe};
 
 /// Which containers `status` asks for: the selection `/api/v1/containers` takes (the agent
 /// filters, so a client after one pod is not sent the whole node).
@@ -175,8 +54,8 @@ impl Selection {
 pub enum Output {
     /// Aligned columns.
     Table,
-    /// The table with the container id, pod uid, listening ports and disagreements (and the
-    /// node, for answers from several agents).
+    /// The table with the container id, pod uid, listening ports, accept stalls and
+    /// disagreements (and the node, for answers from several agents).
     Wide,
     /// The agent's JSON.
     Json,
@@ -195,10 +74,13 @@ pub struct Answer<'a> {
 /// Why answers could not be printed.
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
+    /// An answer does not read as `/api/v1/containers`' body.
     #[error("the agent's answer is not the API's JSON")]
     NotTheApi(#[source] serde_json::Error),
+    /// The YAML writer failed.
     #[error("cannot write YAML")]
     Yaml(#[from] serde_saphyr::SerializeError),
+    /// The JSON writer failed.
     #[error("cannot write JSON")]
     Json(#[from] serde_json::Error),
 }
@@ -206,21 +88,33 @@ pub enum RenderError {
 /// The answers printed as `output` says: one table over every answer, rows sorted by
 /// namespace, pod, container and node; for JSON and YAML, the document of one agent as it
 /// answered (fields this client does not know included), or of several as a list of
-/// `{node, answer}`.
+/// `{node, answer}`. A table with no row is empty: see [`nothing_found`].
 pub fn render(answers: &[Answer<'_>], output: Output) -> Result<String, RenderError> {
     let document = || match answers {
         [Answer { node: None, body }] => (*body).clone(),
         _ => Value::Array(answers.iter().map(|a| serde_json::json!({"node": a.node, "answer": a.body})).collect()),
     };
     match output {
-        // Made safe for a terminal: names in it come from pods (`model::terminal`); YAML
-        // escapes control characters itself.
-        Output::Json => {
-            Ok(format!("{}\n", crate::model::terminal::safe_json(serde_json::to_string_pretty(&document())?)))
-        }
-        Output::Yaml => Ok(serde_saphyr::to_string(&document())?),
+        Output::Json => Ok(format!("{}\n", json_safe(&serde_json::to_string_pretty(&document())?))),
+        // YAML may carry a pod's strings as they are: made safe for a terminal, lines kept.
+        Output::Yaml => Ok(terminal_safe(&serde_saphyr::to_string(&document())?, true)),
         Output::Table | Output::Wide => tables(answers, output == Output::Wide),
     }
+}
+
+/// What kubectl says on stderr when a selection lists nothing (`No resources found in shop
+/// namespace.`), for a table or wide output with no row; None otherwise.
+pub fn nothing_found(answers: &[Answer<'_>], output: Output, namespace: Option<&str>) -> Option<String> {
+    if !matches!(output, Output::Table | Output::Wide) {
+        return None;
+    }
+    let empty = answers.iter().all(|a| {
+        ContainersResponse::deserialize(a.body).is_ok_and(|body| body.containers.is_empty() && body.pods.is_empty())
+    });
+    empty.then(|| match namespace {
+        Some(namespace) => format!("No resources found in {} namespace.", terminal_safe(namespace, false)),
+        None => "No resources found".to_owned(),
+    })
 }
 
 /// The container table and, when any pod is listed, the pod table under it: read through the
@@ -235,7 +129,7 @@ fn tables(answers: &[Answer<'_>], wide: bool) -> Result<String, RenderError> {
         for c in &body.containers {
             let mut cells = row(c, body.now).to_vec();
             if wide {
-                cells.extend(wide_cells(c));
+                cells.extend(wide_cells(c, body.now));
             }
             if with_node {
                 cells.push(node.clone());
@@ -254,6 +148,9 @@ fn tables(answers: &[Answer<'_>], wide: bool) -> Result<String, RenderError> {
             }
             pods.push((vec![p.namespace.clone(), p.pod.clone(), node.clone()], cells));
         }
+    }
+    if containers.is_empty() && pods.is_empty() {
+        return Ok(String::new());
     }
     containers.sort();
     pods.sort();
@@ -278,18 +175,25 @@ fn tables(answers: &[Answer<'_>], wide: bool) -> Result<String, RenderError> {
 const HEADERS: [&str; 8] =
     ["NAMESPACE", "POD", "CONTAINER", "STATE", "REASON", "RESTARTS", "LAST EXIT", "LAST TERMINATION"];
 
-const WIDE_HEADERS: [&str; 4] = ["CONTAINER ID", "POD UID", "LISTENING", "DISAGREEMENTS"];
+const WIDE_HEADERS: [&str; 5] = ["CONTAINER ID", "POD UID", "LISTENING", "ACCEPT STALL", "DISAGREEMENTS"];
 
 /// The wide columns: the id as `crictl ps` shortens it, the pod uid, ports with a listener
-/// open now, and the kinds of the kubelet's disagreements with the kernel.
-fn wide_cells(c: &ContainerView) -> [String; 4] {
+/// open now, a running container's accept stalls (connections waiting that the app does not
+/// accept) and the kinds of the kubelet's disagreements with the kernel.
+fn wide_cells(c: &ContainerView, now: BootTime) -> [String; 5] {
     let id: String = c.container_id.as_deref().unwrap_or_default().chars().take(13).collect();
     let listening: Vec<String> =
         c.tcp.iter().filter(|(_, stats)| stats.listeners > 0).map(|(port, _)| port.to_string()).collect();
     let mut disagreements: Vec<&str> = c.disagreements.iter().map(|d| d.kind.as_str()).collect();
     disagreements.dedup();
     let or_dash = |cell: String| if cell.is_empty() { "-".to_owned() } else { cell };
-    [or_dash(id), or_dash(c.labels.uid.clone()), or_dash(listening.join(",")), or_dash(disagreements.join(","))]
+    [
+        or_dash(id),
+        or_dash(c.labels.uid.clone()),
+        or_dash(listening.join(",")),
+        or_dash(accept_stalls(c, now).join("; ")),
+        or_dash(disagreements.join(",")),
+    ]
 }
 
 const POD_HEADERS: [&str; 5] = ["NAMESPACE", "POD", "PHASE", "API PHASE", "RUNNING"];
@@ -304,14 +208,13 @@ fn pod_row(p: &PodView) -> [String; 5] {
     ]
 }
 
-/// Rows under their headers, columns padded to their widest cell. Every cell is made safe for a
-/// terminal first (`lifecycle-model/src/terminal.rs`): names and reasons come from the agent, and from pods.
+/// Rows under their headers, columns padded to their widest cell.
 fn aligned(headers: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
     let header_row: Vec<String> = headers.iter().map(|h| (*h).to_owned()).collect();
-    let rows: Vec<Vec<String>> = std::iter::once(header_row)
-        .chain(rows)
-        .map(|row| row.iter().map(|cell| crate::model::terminal::safe(cell).into_owned()).collect())
-        .collect();
+    // Cells come from the agents (pod and container names, the kubelet's words): no escape
+    // sequence, no line break, reaches the terminal from one.
+    let rows = rows.map(|cells| cells.iter().map(|cell| terminal_safe(cell, false)).collect());
+    let rows: Vec<Vec<String>> = std::iter::once(header_row).chain(rows).collect();
     let mut widths = vec![0; headers.len()];
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -339,7 +242,7 @@ fn row(c: &ContainerView, now: BootTime) -> [String; 8] {
     };
     let last_exit = match last {
         Some(ContainerState::Terminated { reason, exit_code, signal, finished_at, .. }) => {
-            let signal = signal.map(|n| format!(", {}", crate::model::signal::name(n.into()))).unwrap_or_default();
+            let signal = signal.map(|n| format!(", {}", lifecycle_model::signal::name(n.into()))).unwrap_or_default();
             let ago = age(now.since(*finished_at));
             format!("{} ({exit_code}{signal}) {ago} ago", reason.as_str())
         }
@@ -349,7 +252,7 @@ fn row(c: &ContainerView, now: BootTime) -> [String; 8] {
         Some(report) => {
             let stop = report.stop_signal.as_ref();
             let stop_name =
-                stop.map_or_else(|| "the stop signal".to_owned(), |s| crate::model::signal::name(s.signal.into()));
+                stop.map_or_else(|| "the stop signal".to_owned(), |s| lifecycle_model::signal::name(s.signal.into()));
             let from = stop.map(|s| format!(" from {}", s.sender.describe())).unwrap_or_default();
             let killed_by_stop = stop.is_some_and(|s| report.exit_signal == Some(s.signal));
             let verdict = match &report.outcome {
@@ -398,7 +301,7 @@ fn row(c: &ContainerView, now: BootTime) -> [String; 8] {
 
 /// `kubectl`-style ages: 45s, 3m12s, 2h5m, 3d4h; sub-second as ms.
 fn age(ns: u64) -> String {
-    let ms = ns / crate::model::time::MILLISECOND;
+    let ms = ns / lifecycle_model::time::MILLISECOND;
     let s = ms / 1000;
     match s {
         0 => format!("{ms}ms"),
@@ -432,7 +335,7 @@ mod tests {
 
     use lifecycle_testkit::fixtures::{container_view, termination_report};
 
-    use crate::model::{
+    use lifecycle_model::{
         container_state::{TerminatedReason, WaitingReason},
         node::{Disagreement, DisagreementKind, PodConditions, PodPhase, PortStats},
         spec::StopCause,
@@ -526,7 +429,7 @@ mod tests {
 
     #[test]
     fn a_unit_killed_by_a_plain_kill_names_the_signal_and_its_sender_never_no_stop_signal() {
-        use crate::model::termination::{SignalSender, StopRules, StopSignalSeen};
+        use lifecycle_model::termination::{SignalSender, StopRules, StopSignalSeen};
         let mut unit = container_view("host", "", "/t", terminated(143, Some(15), 99));
         let killed = TerminationOutcome::ExitedAfterStopSignal { duration_ns: 1_000_000 };
         unit.last_termination = Some(TerminationReport {
@@ -577,9 +480,9 @@ mod tests {
         assert!(!table.contains("NODE"), "the node column is for -o wide: {table}");
         let wide = render(&answers, Output::Wide).expect("renders");
         let header = wide.lines().next().expect("header");
-        assert!(header.ends_with("CONTAINER ID   POD UID  LISTENING  DISAGREEMENTS  NODE"), "{wide}");
+        assert!(header.ends_with("CONTAINER ID   POD UID  LISTENING  ACCEPT STALL  DISAGREEMENTS  NODE"), "{wide}");
         let web = wide.lines().find(|l| l.contains(" app ")).expect("the app row");
-        assert!(web.ends_with("0123456789abc  uid-web  8080       exit_code      node-b"), "{wide}");
+        assert!(web.ends_with("0123456789abc  uid-web  8080       -             exit_code      node-b"), "{wide}");
     }
 
     #[test]
@@ -626,5 +529,79 @@ mod tests {
             Selection::default().waiting_path("a&b", 30),
             "/api/v1/containers?wait_seconds=30&resource_version=a%26b"
         );
+    }
+
+    #[test]
+    fn an_empty_selection_says_no_resources_found_as_kubectl_does() {
+        // Issue 41 item 8: an empty selection printed only a header.
+        let empty = answer(1, vec![], vec![]);
+        let answers = [Answer { node: None, body: &empty }];
+        assert_eq!(render(&answers, Output::Table).expect("renders"), "");
+        assert_eq!(render(&answers, Output::Wide).expect("renders"), "");
+        let said = nothing_found(&answers, Output::Table, Some("shop"));
+        assert_eq!(said.as_deref(), Some("No resources found in shop namespace."));
+        assert_eq!(nothing_found(&answers, Output::Wide, None).as_deref(), Some("No resources found"));
+        assert_eq!(nothing_found(&answers, Output::Json, Some("shop")), None, "JSON and YAML print the document");
+        let full = answer(1, vec![container("shop", "web", "app")], vec![]);
+        assert_eq!(nothing_found(&[Answer { node: None, body: &full }], Output::Table, Some("shop")), None);
+    }
+
+    /// A running container (since 1 s) whose listener on 8080 holds `established - accepts`
+    /// connections the app has not accepted, the last accept at `last_accept_s`.
+    fn stalled(established: u64, accepts: u64, last_accept_s: Option<u64>) -> ContainerView {
+        let mut view = container("shop", "web", "app");
+        view.tcp.clear();
+        view.tcp.insert(
+            8080,
+            PortStats {
+                listeners: 1,
+                established,
+                accepts,
+                last_accept_ns: last_accept_s.map(|s| s * SECOND),
+                ..PortStats::default()
+            },
+        );
+        view
+    }
+
+    #[test]
+    fn an_accept_stall_shows_in_wide_and_in_explain() {
+        // Issue 41 item 6: a listener with connections queued and none accepted showed only
+        // `Running, LISTENING 8080`.
+        let wide = |view: ContainerView| {
+            let body = answer(100, vec![view], vec![]);
+            render(&[Answer { node: None, body: &body }], Output::Wide).expect("renders")
+        };
+        let never = wide(stalled(3, 0, None));
+        assert!(
+            never.contains("port 8080: 3 connections waiting, none accepted since it started 99.0s ago"),
+            "{never}"
+        );
+        let since = wide(stalled(5, 2, Some(60)));
+        assert!(since.contains("port 8080: 3 connections waiting, none accepted for 40.0s"), "{since}");
+        let keeping_up = wide(stalled(5, 5, Some(99)));
+        assert!(!keeping_up.contains("waiting"), "{keeping_up}");
+        let view = stalled(3, 0, Some(60));
+        let stories =
+            lifecycle_model::explain::explain_at(&[view], "shop", "web", None, BootTime::from_ns(100 * SECOND));
+        let text = lifecycle_model::explain::render_text(&stories, None);
+        assert!(text.contains("kernel  port 8080: 3 connections waiting, none accepted for 40.0s"), "{text}");
+    }
+
+    #[test]
+    fn escapes_in_an_agents_answer_never_reach_the_terminal() {
+        // Issue 37 item 9: terminal escapes from an agent's answers were printed raw by `status`.
+        let mut view = container("shop", "web\u{1b}]0;owned\u{7}", "app\u{1b}[2J");
+        view.labels.uid = "uid\r\u{9b}31m".into();
+        let body = answer(2, vec![view], vec![]);
+        let answers = [Answer { node: None, body: &body }];
+        for output in [Output::Table, Output::Wide, Output::Yaml, Output::Json] {
+            let shown = render(&answers, output).expect("renders");
+            assert!(!shown.chars().any(|c| c.is_control() && c != '\n'), "{output:?}: {shown:?}");
+            // JSON and YAML escape in their own way; the tables say `\u{1b}`.
+            if matches!(output, Output::Table | Output::Wide) {
+                assert!(shown.contains("app\\u{1b}[2J"), "{output:?}: {shown}");
+            }
+        }
     }
 }
