@@ -86,7 +86,7 @@ fn parse(line: &str, programs: &[&str]) -> Option<Vec<String>> {
     })?;
     let mut args = Vec::new();
     for word in &words[start + skip..] {
-        if word.starts_with('[') || word.ends_with(']') || word == "..." || word == "|" {
+        if word.starts_with('[') || word.ends_with(']') || word == "..." || word == "…" || word == "|" {
             // Optional parts and elisions are people's notation, not arguments.
             continue;
         }

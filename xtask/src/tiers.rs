@@ -72,7 +72,10 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
         }
         eprintln!("xtask: ==== tier {tier:?} ====");
         let result = match tier {
-            Tier::Unit => shell::run(cargo().args(["test", "--lib", "--bins"])),
+            // With the documents' commands checked against both binaries' parsers.
+            Tier::Unit => shell::run(cargo().args(["test", "--lib", "--bins"])).and_then(|()| {
+                shell::run(cargo().args(["test", "-p", "lifecycle-agent", "-p", "kubectl-lifecycle", "--test", "docs"]))
+            }),
             Tier::Kernel => shell::run(cargo().args([
                 "test",
                 "-p",

@@ -1,0 +1,71 @@
+//! Unit tier: every `lifecycle-agent` command the README, the deploy guide and the docs show is
+//! one the binary takes (the plugin's are checked in its own crate, `kubectl-lifecycle/tests`). Each is run with `--help` appended, so clap
+//! checks its subcommand, flags and values' shapes and prints help instead of running; a flag
+//! renamed in code and not in a document fails here, with the document's line.
+
+use std::{path::Path, process::Command};
+
+use lifecycle_testkit::docs::{commands, DocCommand};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
+
+/// The documents people copy commands from.
+fn documents() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut paths = vec![root.join("README.md"), root.join("deploy/README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|entry| entry.expect("docs/ entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    docs.sort();
+    paths.extend(docs);
+    paths
+        .into_iter()
+        .map(|path| {
+            let name = path.strip_prefix(&root).unwrap_or(&path).display().to_string();
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{name}: {err}"));
+            (name, text)
+        })
+        .collect()
+}
+
+/// Runs `binary` with the command's words and `--help`; the failures, one line each.
+fn refused(binary: &str, found: &[DocCommand]) -> Vec<String> {
+    let mut refused = Vec::new();
+    for command in found {
+        let mut args = command.args.clone();
+        if !args.iter().any(|arg| arg == "--help" || arg == "-h" || arg == "--version" || arg == "-V") {
+            args.push("--help".to_owned());
+        }
+        let output = Command::new(binary).args(&args).output().expect("run the binary");
+        if !output.status.success() || output.stdout.is_empty() {
+            refused.push(format!(
+                "{}: {} {}: {}",
+                command.at,
+                Path::new(binary).file_name().unwrap_or_default().to_string_lossy(),
+                command.args.join(" "),
+                String::from_utf8_lossy(&output.stderr).lines().next().unwrap_or("(no error)")
+            ));
+        }
+    }
+    refused
+}
+
+#[test]
+fn every_documented_command_is_one_the_binaries_take() {
+    let mut agent = Vec::new();
+    for (name, text) in documents() {
+        agent.extend(commands(&name, &text, &["lifecycle-agent"]));
+    }
+    // The documents do show these: finding none means the extraction broke, not that all is well.
+    for subcommand in ["run", "status", "explain", "doctor", "events"] {
+        assert!(
+            agent.iter().any(|c| c.args.first().is_some_and(|a| a == subcommand)),
+            "no documented `lifecycle-agent {subcommand}` found"
+        );
+    }
+
+    let failures = refused(AGENT, &agent);
+    assert!(failures.is_empty(), "documented commands the binaries refuse:\n{}", failures.join("\n"));
+}
