@@ -7,8 +7,8 @@
 //! `xtask/x.sh test --tier matrix` provides the kernels and root filesystems (cached per
 //! machine) and names them in the manifest file [`MANIFEST_ENV`] points at; without it these
 //! tests skip, saying so. Each test packs a payload disk (the agent this test binary was built
-//! with, or the aarch64 one xtask cross-built, the guest's check script, the busybox image for
-//! containerd), boots, waits for the guest to power off, reads what it collected and judges it
+//! with, or the tree of the arm64 image xtask built, run in a chroot; the guest's check script,
+//! the busybox image for containerd), boots, waits for the guest to power off, reads what it collected and judges it
 //! here (`matrix/checks.rs`). Every check is judged before any assertion, and each boot's row
 //! goes to the results directory, from which xtask writes docs/kernel-matrix.md.
 
@@ -133,7 +133,14 @@ fn run_boot(boot: Boot) {
 
     let mut payload = Payload::new(boot.name).expect("payload directory");
     if boot.arch_is_arm64() {
-        payload.copy(Path::new(manifest.get("agent.arm64")), "lifecycle-agent").expect("the arm64 agent");
+        // The agent as the arm64 image has it (`xtask/x.sh image --arch arm64`): its binary, its
+        // libraries and its loader, run by the guest in a chroot of the image's tree.
+        lifecycle_testkit::image::unpack(
+            Path::new(manifest.get("image.arm64")),
+            lifecycle_testkit::image::Arch::Arm64,
+            &payload.files().join("rootfs"),
+        )
+        .expect("the arm64 image's tree");
         payload.write("check.sh", CHECK_ARM64).expect("check.sh");
     } else {
         payload.copy(Path::new(AGENT), "lifecycle-agent").expect("the agent");

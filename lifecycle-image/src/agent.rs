@@ -7,7 +7,7 @@
 use std::{collections::BTreeMap, fs, io::Read as _, path::Path, process::Command};
 
 use crate::{
-    layout::{self, Arch, ImageConfig, PackError, Packed},
+    layout::{self, Arch, ImageConfig, PackError, Packed, Platform},
     rootfs::{self, RootfsError},
 };
 
@@ -93,21 +93,38 @@ pub fn labels(revision: &str) -> BTreeMap<String, String> {
 
 /// Builds the image of `image.binary` into `archive`, staging in `work` (removed afterwards).
 pub fn build(image: &AgentImage<'_>, work: &Path, archive: &Path) -> Result<Packed, BuildError> {
-    let architecture = elf_arch(image.binary)?;
-    let rootfs = work.join("rootfs");
-    rootfs::for_binary(&rootfs, image.binary, architecture, AGENT_PATH)?;
-    let config = ImageConfig {
-        architecture,
-        entrypoint: vec![AGENT_PATH.to_owned()],
-        cmd: DEFAULT_CMD.iter().map(|s| (*s).to_owned()).collect(),
-        env: vec!["PATH=/usr/local/bin:/usr/bin:/bin".to_owned()],
-        user: Some("0:0".to_owned()),
-        labels: labels(image.revision),
-        stop_signal: None,
-        created: image.created.to_owned(),
-        gzip_level: image.gzip_level,
-    };
-    let packed = layout::pack(&rootfs, image.name, &config, &work.join("layout"), archive)?;
+    build_platforms(&[image.binary], image, work, archive)
+}
+
+/// Builds one image of the agent from `binaries`, one per architecture (each binary's own, read
+/// from its ELF header), under `image`'s name and labels: with two, a multi-arch image.
+pub fn build_platforms(
+    binaries: &[&Path],
+    image: &AgentImage<'_>,
+    work: &Path,
+    archive: &Path,
+) -> Result<Packed, BuildError> {
+    let mut staged = Vec::with_capacity(binaries.len());
+    for binary in binaries {
+        let architecture = elf_arch(binary)?;
+        let rootfs = work.join(format!("rootfs-{}", architecture.oci_name()));
+        rootfs::for_binary(&rootfs, binary, architecture, AGENT_PATH)?;
+        let config = ImageConfig {
+            architecture,
+            entrypoint: vec![AGENT_PATH.to_owned()],
+            cmd: DEFAULT_CMD.iter().map(|s| (*s).to_owned()).collect(),
+            env: vec!["PATH=/usr/local/bin:/usr/bin:/bin".to_owned()],
+            user: Some("0:0".to_owned()),
+            labels: labels(image.revision),
+            stop_signal: None,
+            created: image.created.to_owned(),
+            gzip_level: image.gzip_level,
+        };
+        staged.push((rootfs, config));
+    }
+    let platforms: Vec<Platform<'_>> =
+        staged.iter().map(|(rootfs, config)| Platform { rootfs: rootfs.as_path(), config }).collect();
+    let packed = layout::pack_platforms(&platforms, image.name, &work.join("layout"), archive)?;
     fs::remove_dir_all(work).map_err(|source| BuildError::Cleanup { path: work.to_owned(), source })?;
     Ok(packed)
 }

@@ -127,10 +127,35 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 const REPRODUCIBLE_TAR: &[&str] =
     &["--sort=name", "--mtime=@0", "--owner=0", "--group=0", "--numeric-owner", "--format=gnu", "--no-acls"];
 
+/// One platform's image: a root filesystem and what runs in it.
+#[derive(Clone, Copy, Debug)]
+pub struct Platform<'a> {
+    pub rootfs: &'a Path,
+    pub config: &'a ImageConfig,
+}
+
+/// A manifest written into the layout's blobs.
+struct Written {
+    arch: Arch,
+    manifest_digest: String,
+    manifest_size: u64,
+    config_digest: String,
+    layer_digest: String,
+}
+
 /// Packs `rootfs` as one layer of an image named `name` (a full reference, e.g.
 /// `docker.io/library/lifecycle-agent:0.1.0`) into the archive `archive`, using `work` (created,
 /// then removed) for the layout.
 pub fn pack(rootfs: &Path, name: &str, config: &ImageConfig, work: &Path, archive: &Path) -> Result<Packed> {
+    pack_platforms(&[Platform { rootfs, config }], name, work, archive)
+}
+
+/// Packs one image per platform under one name: with one platform, `index.json` names its
+/// manifest (what every tool reads); with several, it names an image index of theirs (a
+/// multi-arch image, what a registry serves for `docker pull` on either), and `manifest.json`
+/// (docker load, which knows one architecture per archive) holds the first platform's. The
+/// returned digest is the manifest's or the index's: what a registry shows for the tag.
+pub fn pack_platforms(platforms: &[Platform<'_>], name: &str, work: &Path, archive: &Path) -> Result<Packed> {
     let tag = tag_of(name).ok_or_else(|| PackError::NoTag { name: name.to_owned() })?;
     if work.exists() {
         fs::remove_dir_all(work).map_err(io("remove", work))?;
@@ -138,83 +163,56 @@ pub fn pack(rootfs: &Path, name: &str, config: &ImageConfig, work: &Path, archiv
     let layout = work.join("layout");
     let blobs = layout.join("blobs/sha256");
     fs::create_dir_all(&blobs).map_err(io("create", &blobs))?;
-
-    let layer = work.join("layer.tar");
-    tool(
-        Command::new("tar")
-            .arg("--create")
-            .args(REPRODUCIBLE_TAR)
-            .arg("--file")
-            .arg(&layer)
-            .arg("-C")
-            .arg(rootfs)
-            .arg("."),
-        "tar",
-    )?;
-    let diff_id = sha256(&layer)?;
-    // -n: no name and no time in the gzip header.
-    let level = format!("-{}", config.gzip_level.clamp(1, 9));
-    tool(Command::new("gzip").args(["-n", &level, "--force"]).arg(&layer), "gzip")?;
-    let (layer_digest, layer_size) = add_file(&blobs, &work.join("layer.tar.gz"))?;
-
-    let mut image_config = json!({
-        "architecture": config.architecture.oci_name(),
-        "os": "linux",
-        "created": config.created,
-        "config": {
-            "Entrypoint": config.entrypoint,
-            "Cmd": config.cmd,
-            "Env": config.env,
-            "User": config.user.clone().unwrap_or_default(),
-            "WorkingDir": "/",
-            "Labels": config.labels,
-        },
-        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{diff_id}")] },
-        "history": [{ "created": config.created, "created_by": "lifecycle-image" }],
-    });
-    if let Some(signal) = &config.stop_signal {
-        image_config["config"]["StopSignal"] = signal.clone().into();
+    let mut written = Vec::with_capacity(platforms.len());
+    for (index, platform) in platforms.iter().enumerate() {
+        written.push(write_manifest(platform, &blobs, &work.join(format!("layer-{index}")))?);
     }
-    let (config_digest, config_size) = add_json(&blobs, &image_config)?;
-    let manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
-            "digest": format!("sha256:{config_digest}"),
-            "size": config_size,
-        },
-        "layers": [{
-            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-            "digest": format!("sha256:{layer_digest}"),
-            "size": layer_size,
-        }],
-        "annotations": config.labels,
-    });
-    let (manifest_digest, manifest_size) = add_json(&blobs, &manifest)?;
+    let descriptor = |w: &Written| {
+        json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": format!("sha256:{}", w.manifest_digest),
+            "size": w.manifest_size,
+            "platform": { "architecture": w.arch.oci_name(), "os": "linux" },
+        })
+    };
+    // containerd (`ctr images import`) names the image from the first; skopeo, podman and OCI
+    // tools take the tag from the second.
+    let names = json!({ "io.containerd.image.name": name, "org.opencontainers.image.ref.name": tag });
+    let (top, digest) = match &written[..] {
+        [one] => {
+            let mut top = descriptor(one);
+            top["annotations"] = names;
+            (top, one.manifest_digest.clone())
+        }
+        several => {
+            let image_index = json!({
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.index.v1+json",
+                "manifests": several.iter().map(descriptor).collect::<Vec<_>>(),
+            });
+            let (index_digest, index_size) = add_json(&blobs, &image_index)?;
+            let top = json!({
+                "mediaType": "application/vnd.oci.image.index.v1+json",
+                "digest": format!("sha256:{index_digest}"),
+                "size": index_size,
+                "annotations": names,
+            });
+            (top, index_digest)
+        }
+    };
     let index = json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": format!("sha256:{manifest_digest}"),
-            "size": manifest_size,
-            "platform": { "architecture": config.architecture.oci_name(), "os": "linux" },
-            // containerd (`ctr images import`) names the image from the first; skopeo, podman
-            // and OCI tools take the tag from the second.
-            "annotations": {
-                "io.containerd.image.name": name,
-                "org.opencontainers.image.ref.name": tag,
-            },
-        }],
+        "manifests": [top],
     });
     write(&layout.join("index.json"), &canonical(&index))?;
     write(&layout.join("oci-layout"), &canonical(&json!({ "imageLayoutVersion": "1.0.0" })))?;
     // docker load reads this (and ignores index.json): the same config and layer blobs.
+    let first = &written[0];
     let docker = json!([{
-        "Config": format!("blobs/sha256/{config_digest}"),
+        "Config": format!("blobs/sha256/{}", first.config_digest),
         "RepoTags": [docker_tag(name)],
-        "Layers": [format!("blobs/sha256/{layer_digest}")],
+        "Layers": [format!("blobs/sha256/{}", first.layer_digest)],
     }]);
     write(&layout.join("manifest.json"), &canonical(&docker))?;
 
@@ -235,7 +233,108 @@ pub fn pack(rootfs: &Path, name: &str, config: &ImageConfig, work: &Path, archiv
     )?;
     fs::remove_dir_all(work).map_err(io("remove", work))?;
     let bytes = fs::metadata(archive).map_err(io("stat", archive))?.len();
-    Ok(Packed { archive: archive.to_owned(), manifest_digest: format!("sha256:{manifest_digest}"), bytes })
+    Ok(Packed { archive: archive.to_owned(), manifest_digest: format!("sha256:{digest}"), bytes })
+}
+
+/// Writes one platform's layer, config and manifest into `blobs`, staging the layer in `work`.
+fn write_manifest(platform: &Platform<'_>, blobs: &Path, work: &Path) -> Result<Written> {
+    let config = platform.config;
+    fs::create_dir_all(work).map_err(io("create", work))?;
+    let layer = work.join("layer.tar");
+    tool(
+        Command::new("tar")
+            .arg("--create")
+            .args(REPRODUCIBLE_TAR)
+            .arg("--file")
+            .arg(&layer)
+            .arg("-C")
+            .arg(platform.rootfs)
+            .arg("."),
+        "tar",
+    )?;
+    let diff_id = sha256(&layer)?;
+    // -n: no name and no time in the gzip header.
+    let level = format!("-{}", config.gzip_level.clamp(1, 9));
+    tool(Command::new("gzip").args(["-n", &level, "--force"]).arg(&layer), "gzip")?;
+    let (layer_digest, layer_size) = add_file(blobs, &work.join("layer.tar.gz"))?;
+
+    let mut image_config = json!({
+        "architecture": config.architecture.oci_name(),
+        "os": "linux",
+        "created": config.created,
+        "config": {
+            "Entrypoint": config.entrypoint,
+            "Cmd": config.cmd,
+            "Env": config.env,
+            "User": config.user.clone().unwrap_or_default(),
+            "WorkingDir": "/",
+            "Labels": config.labels,
+        },
+        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{diff_id}")] },
+        "history": [{ "created": config.created, "created_by": "lifecycle-image" }],
+    });
+    if let Some(signal) = &config.stop_signal {
+        image_config["config"]["StopSignal"] = signal.clone().into();
+    }
+    let (config_digest, config_size) = add_json(blobs, &image_config)?;
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": format!("sha256:{config_digest}"),
+            "size": config_size,
+        },
+        "layers": [{
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": format!("sha256:{layer_digest}"),
+            "size": layer_size,
+        }],
+        "annotations": config.labels,
+    });
+    let (manifest_digest, manifest_size) = add_json(blobs, &manifest)?;
+    Ok(Written { arch: config.architecture, manifest_digest, manifest_size, config_digest, layer_digest })
+}
+
+/// Unpacks the root filesystem of `arch`'s image from an archive [`pack_platforms`] wrote (one
+/// platform or several) into `into` (created): what a runtime would run, for a test to run it
+/// another way (a guest without a container runtime).
+pub fn unpack(archive: &Path, arch: Arch, into: &Path) -> Result<()> {
+    let read = |name: &str| -> Result<Value> {
+        let out = output(Command::new("tar").arg("-xOf").arg(archive).arg(name), "tar")?;
+        serde_json::from_slice(&out).map_err(|err| PackError::Io {
+            what: "parse",
+            path: archive.join(name),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, err),
+        })
+    };
+    let blob = |descriptor: &Value| -> String {
+        let digest = descriptor["digest"].as_str().unwrap_or_default();
+        format!("blobs/sha256/{}", digest.strip_prefix("sha256:").unwrap_or(digest))
+    };
+    let missing = |what: &str| PackError::Io {
+        what: "find",
+        path: archive.join(what),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, format!("no {} {what}", arch.oci_name())),
+    };
+    let mut descriptor = read("index.json")?["manifests"][0].clone();
+    // A multi-arch image: the index's manifest for `arch`.
+    if descriptor["mediaType"] == "application/vnd.oci.image.index.v1+json" {
+        let image_index = read(&blob(&descriptor))?;
+        descriptor = image_index["manifests"]
+            .as_array()
+            .and_then(|all| all.iter().find(|m| m["platform"]["architecture"] == arch.oci_name()))
+            .cloned()
+            .ok_or_else(|| missing("manifest"))?;
+    }
+    let manifest = read(&blob(&descriptor))?;
+    let layer = blob(&manifest["layers"][0]);
+    fs::create_dir_all(into).map_err(io("create", into))?;
+    let gz = into.join(".layer.tar.gz");
+    let bytes = output(Command::new("tar").arg("-xOf").arg(archive).arg(&layer), "tar")?;
+    fs::write(&gz, bytes).map_err(io("write", &gz))?;
+    tool(Command::new("tar").arg("-xzf").arg(&gz).arg("-C").arg(into), "tar")?;
+    fs::remove_file(&gz).map_err(io("remove", &gz))
 }
 
 /// The tag of a reference `[registry/]repository:tag` (a port's colon is before a slash).
@@ -376,5 +475,68 @@ mod tests {
             assert!(listing.lines().any(|l| l == entry), "{entry} in\n{listing}");
         }
         let _ = fs::remove_dir_all(&base);
+    }
+
+    /// A file of an archive, read with tar.
+    fn member(archive: &Path, name: &str) -> Value {
+        let out = Command::new("tar").arg("-xOf").arg(archive).arg(name).output().expect("tar");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|err| panic!("{name}: {err}"))
+    }
+
+    #[test]
+    fn two_platforms_make_one_multi_arch_image_under_one_name() {
+        let base = std::env::temp_dir().join(format!("lifecycle-image-multi-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let (amd64, arm64) = (base.join("amd64"), base.join("arm64"));
+        for (rootfs, text) in [(&amd64, "x86-64"), (&arm64, "aarch64")] {
+            fs::create_dir_all(rootfs.join("bin")).expect("rootfs");
+            fs::write(rootfs.join("bin/agent"), text).expect("file");
+        }
+        let config_amd64 = config();
+        let config_arm64 = ImageConfig { architecture: Arch::Arm64, ..config() };
+        let archive = base.join("multi.tar");
+        let platforms =
+            [Platform { rootfs: &amd64, config: &config_amd64 }, Platform { rootfs: &arm64, config: &config_arm64 }];
+        let packed =
+            pack_platforms(&platforms, "docker.io/library/test:1", &base.join("work"), &archive).expect("pack");
+        let index = member(&archive, "index.json");
+        let top = &index["manifests"][0];
+        assert_eq!(index["manifests"].as_array().map(Vec::len), Some(1));
+        assert_eq!(top["mediaType"], "application/vnd.oci.image.index.v1+json");
+        assert_eq!(top["annotations"]["org.opencontainers.image.ref.name"], "1");
+        assert_eq!(top["digest"], packed.manifest_digest.as_str(), "the digest returned is the index's");
+        let digest = top["digest"].as_str().and_then(|d| d.strip_prefix("sha256:")).expect("digest");
+        let image_index = member(&archive, &format!("blobs/sha256/{digest}"));
+        let platforms: Vec<&str> = image_index["manifests"]
+            .as_array()
+            .expect("manifests")
+            .iter()
+            .map(|m| m["platform"]["architecture"].as_str().expect("architecture"))
+            .collect();
+        assert_eq!(platforms, ["amd64", "arm64"]);
+        for manifest in image_index["manifests"].as_array().expect("manifests") {
+            let digest = manifest["digest"].as_str().and_then(|d| d.strip_prefix("sha256:")).expect("digest");
+            let manifest = member(&archive, &format!("blobs/sha256/{digest}"));
+            let config_digest =
+                manifest["config"]["digest"].as_str().and_then(|d| d.strip_prefix("sha256:")).expect("config");
+            let image_config = member(&archive, &format!("blobs/sha256/{config_digest}"));
+            assert_eq!(image_config["architecture"], manifest_platform(&image_index, digest));
+        }
+        // docker load knows one architecture per archive: the first.
+        let docker = member(&archive, "manifest.json");
+        assert_eq!(docker.as_array().map(Vec::len), Some(1));
+        // Each platform's tree comes back out.
+        unpack(&archive, Arch::Arm64, &base.join("out")).expect("unpack");
+        assert_eq!(fs::read_to_string(base.join("out/bin/agent")).expect("unpacked"), "aarch64");
+        let _ = fs::remove_dir_all(&base);
+    }
+
+    /// The architecture the image index says the manifest `digest` is for.
+    fn manifest_platform(image_index: &Value, digest: &str) -> Value {
+        image_index["manifests"]
+            .as_array()
+            .and_then(|all| all.iter().find(|m| m["digest"] == format!("sha256:{digest}").as_str()))
+            .map(|m| m["platform"]["architecture"].clone())
+            .unwrap_or_default()
     }
 }

@@ -26,6 +26,10 @@ pub mod containerd;
 pub mod docs;
 pub mod fixtures;
 pub mod hub;
+/// The agent's image, as the tiers that run it read it.
+pub mod image {
+    pub use lifecycle_image::layout::{unpack, Arch};
+}
 pub mod kube;
 pub mod netns;
 pub mod vm;

@@ -19,8 +19,18 @@ use crate::{cargo, packages, shell, toolchain, workspace_root};
 const TARGETS: &[(&str, &str)] = &[("aarch64-apple-darwin", "darwin"), ("x86_64-pc-windows-msvc", "windows")];
 
 /// Crates that exist for Linux only (or for the agent only): none may be in the plugin's tree.
-const LINUX_ONLY: &[&str] =
-    &["aya", "procfs", "rustix", "if-addrs", "zbus", "k8s-cri", "lifecycle-agent", "lifecycle-testkit", "nix"];
+const LINUX_ONLY: &[&str] = &[
+    "aya",
+    "procfs",
+    "rustix",
+    "if-addrs",
+    "dbus",
+    "libdbus-sys",
+    "k8s-cri",
+    "lifecycle-agent",
+    "lifecycle-testkit",
+    "nix",
+];
 
 /// Debian's clang (and llvm-ar) compile the C of ring and stacker for the two targets.
 const PACKAGES: &[&str] = &["clang", "llvm"];

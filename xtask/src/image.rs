@@ -1,35 +1,52 @@
 //! `xtask image`: the agent's release image as an OCI archive, with no registry and no container
-//! engine. Builds `lifecycle-agent` in release mode with the pinned toolchains (as `run` does)
-//! and packs it with `lifecycle_image::agent`, the builder the kubelet tier's image comes from.
+//! engine. Builds `lifecycle-agent` in release mode with the pinned toolchains (as `run` does;
+//! for the other architecture, cross-built: `cross_linux`) and packs it with `lifecycle_image::agent`,
+//! the builder the kubelet tier's image comes from. `--arch all` makes one multi-arch image of
+//! both.
 
-use std::{path::PathBuf, time::Instant};
-
-use anyhow::{bail, Context as _, Result};
-use lifecycle_image::{
-    agent::{self, AgentImage},
-    layout::Arch,
+use std::{
+    path::{Path, PathBuf},
+    time::Instant,
 };
 
-use crate::{cargo, shell, toolchain, workspace_root};
+use anyhow::{Context as _, Result};
+use lifecycle_image::{
+    agent::{self, AgentImage},
+    layout::{Arch, Packed},
+};
+
+use crate::{cargo, cross_linux, shell, workspace_root};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ArchArg {
     Amd64,
     Arm64,
+    /// Both, as one multi-arch image.
+    All,
 }
 
 impl ArchArg {
-    fn arch(self) -> Arch {
+    fn arches(self) -> Vec<Arch> {
         match self {
-            ArchArg::Amd64 => Arch::Amd64,
-            ArchArg::Arm64 => Arch::Arm64,
+            ArchArg::Amd64 => vec![Arch::Amd64],
+            ArchArg::Arm64 => vec![Arch::Arm64],
+            ArchArg::All => vec![Arch::Amd64, Arch::Arm64],
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ArchArg::Amd64 => "amd64",
+            ArchArg::Arm64 => "arm64",
+            ArchArg::All => "multiarch",
         }
     }
 }
 
 #[derive(clap::Args)]
 pub struct ImageArgs {
-    /// The image's architecture (default: this machine's). Only this machine's can be built.
+    /// The image's architecture (default: this machine's); another is cross-built (Debian's
+    /// cross gcc and C library, installed when missing), `all` packs both as one multi-arch image.
     #[arg(long, value_enum)]
     arch: Option<ArchArg>,
     /// Where to write the archive (default: `target/image/lifecycle-agent-<version>-<arch>.tar`).
@@ -37,22 +54,19 @@ pub struct ImageArgs {
     out: Option<PathBuf>,
 }
 
-/// Builds the release binary and its image; prints where the archive is and how to use it.
-pub fn run(args: &ImageArgs) -> Result<()> {
-    let host = Arch::host().context("images are built on amd64 or arm64 machines only")?;
-    let arch = args.arch.map_or(host, ArchArg::arch);
-    if arch != host {
-        bail!("{}", cross_build_missing(arch));
+/// The release agent for `arch`: this machine's build, or a cross build.
+fn release_binary(arch: Arch) -> Result<PathBuf> {
+    if Arch::host() == Some(arch) {
+        shell::run(cargo().args(["build", "--release", "-p", "lifecycle-agent", "--bin", "lifecycle-agent"]))?;
+        return Ok(workspace_root().join("target/release/lifecycle-agent"));
     }
+    cross_linux::agent(arch, true)
+}
+
+/// Builds the release agent for each of `arches` and packs them as one image at `out`.
+pub fn build(arches: &[Arch], out: &Path) -> Result<Packed> {
     let root = workspace_root();
-    let began = Instant::now();
-    shell::run(cargo().args(["build", "--release", "-p", "lifecycle-agent", "--bin", "lifecycle-agent"]))?;
-    // The plugin is not in the image (it runs beside kubectl, not on nodes): built for this
-    // machine, for whoever installs the image from here.
-    shell::run(cargo().args(["build", "--release", "-p", "kubectl-lifecycle"]))?;
-    crate::plugin_built();
-    let built = began.elapsed();
-    let binary = root.join("target/release/lifecycle-agent");
+    let binaries = arches.iter().map(|&arch| release_binary(arch)).collect::<Result<Vec<_>>>()?;
     let revision = agent::git_revision(&root).unwrap_or_else(|| "unknown".to_owned());
     if !shell::capture(std::process::Command::new("git").arg("-C").arg(&root).args(["status", "--porcelain"]))
         .unwrap_or_default()
@@ -62,79 +76,55 @@ pub fn run(args: &ImageArgs) -> Result<()> {
         eprintln!("xtask: note: the working tree has uncommitted changes; the image's revision label says {revision}");
     }
     let name = agent::release_name();
-    let out = args.out.clone().unwrap_or_else(|| {
-        root.join("target/image").join(format!("lifecycle-agent-{}-{}.tar", agent::VERSION, arch.oci_name()))
-    });
-    let out = if out.is_absolute() { out } else { std::env::current_dir().context("current dir")?.join(out) };
-    let packing = Instant::now();
     let created = agent::git_commit_time(&root).unwrap_or_else(|| lifecycle_image::layout::EPOCH.to_owned());
     let image = AgentImage {
-        binary: &binary,
+        binary: &binaries[0],
         name: &name,
         revision: &revision,
         created: &created,
         gzip_level: agent::RELEASE_GZIP_LEVEL,
     };
-    let work = root.join("target/image").join(format!("staging-{}", arch.oci_name()));
-    let packed = agent::build(&image, &work, &out).context("building the agent image")?;
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "image".to_owned());
+    let work = root.join("target/image").join(format!("staging-{stem}"));
+    let binaries: Vec<&Path> = binaries.iter().map(PathBuf::as_path).collect();
+    agent::build_platforms(&binaries, &image, &work, out).context("building the agent image")
+}
+
+/// Builds the release binaries and the image; prints where the archive is and how to use it.
+pub fn run(args: &ImageArgs) -> Result<()> {
+    let host = Arch::host().context("images are built on amd64 or arm64 machines only")?;
+    let choice = args.arch.unwrap_or(match host {
+        Arch::Amd64 => ArchArg::Amd64,
+        Arch::Arm64 => ArchArg::Arm64,
+    });
+    let root = workspace_root();
+    let out = args.out.clone().unwrap_or_else(|| {
+        root.join("target/image").join(format!("lifecycle-agent-{}-{}.tar", agent::VERSION, choice.name()))
+    });
+    let out = if out.is_absolute() { out } else { std::env::current_dir().context("current dir")?.join(out) };
+    let began = Instant::now();
+    let packed = build(&choice.arches(), &out)?;
+    // The plugin is not in the image (it runs beside kubectl, not on nodes): built for this
+    // machine, for whoever installs the image from here.
+    shell::run(cargo().args(["build", "--release", "-p", "kubectl-lifecycle"]))?;
+    crate::plugin_built();
     eprintln!(
-        "xtask: {name} ({}) in {} ({:.1} MiB, manifest {}); release build {:.0?}, packing {:.1?}",
-        arch.oci_name(),
+        "xtask: {} ({}) in {} ({:.1} MiB, digest {}); {:.0?}",
+        agent::release_name(),
+        choice.name(),
         packed.archive.display(),
         packed.bytes as f64 / (1024.0 * 1024.0),
         packed.manifest_digest,
-        built,
-        packing.elapsed(),
+        began.elapsed(),
     );
     let archive = packed.archive.display();
     eprintln!(
-        "xtask: load it on a node with `ctr -n k8s.io images import {archive}`, or `docker load -i {archive}`, \
-         `podman load -i {archive}`; push it with `skopeo copy oci-archive:{archive} docker://<registry>/lifecycle-agent:{}` \
-         (deploy/README.md, \"The image\")",
+        "xtask: load it on a node with `ctr -n k8s.io images import {archive}` (`--all-platforms` for a multi-arch \
+         archive), or `docker load -i {archive}`, `podman load -i {archive}`; push it with \
+         `skopeo copy --all oci-archive:{archive} docker://<registry>/lifecycle-agent:{}` (deploy/README.md, \
+         \"The image\")",
         agent::VERSION
     );
     println!("{archive}");
     Ok(())
-}
-
-/// Why an image for `arch` cannot be built on this machine, and what is missing for it.
-fn cross_build_missing(arch: Arch) -> String {
-    let target = format!("{}-unknown-linux-gnu", arch.rust_name());
-    let linker = format!("{}-linux-gnu-gcc", arch.rust_name());
-    let mut missing = Vec::new();
-    let installed = shell::capture(std::process::Command::new("rustup").args([
-        "target",
-        "list",
-        "--installed",
-        "--toolchain",
-        toolchain::STABLE,
-    ]))
-    .unwrap_or_default();
-    if !installed.lines().any(|l| l.trim() == target) {
-        missing.push(format!("the Rust target (`rustup target add --toolchain {} {target}`)", toolchain::STABLE));
-    }
-    if !on_path(&linker) {
-        missing.push(format!(
-            "a linker and C library for it (`{linker}`: Debian's gcc-{0}-linux-gnu and libc6-dev-{1}-cross)",
-            arch.rust_name().replace('_', "-"),
-            arch.oci_name()
-        ));
-    }
-    // Even with both, the image's libraries are listed by `ldd`, which runs this machine's loader.
-    missing.push(format!(
-        "a way to list an {} binary's shared libraries: `xtask image` uses ldd, which only reads this machine's \
-         architecture, so cross-built images are not made here",
-        arch.oci_name()
-    ));
-    format!(
-        "cannot build an {} image on this {} machine; missing: {}. Run `xtask/x.sh image` on an {0} machine \
-         (it builds natively), or see deploy/README.md, \"The image\", for the cross-build steps",
-        arch.oci_name(),
-        std::env::consts::ARCH,
-        missing.join("; ")
-    )
-}
-
-fn on_path(binary: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(binary).is_file()))
 }

@@ -5,6 +5,7 @@
 mod bench;
 mod bench_probes;
 mod cross;
+mod cross_linux;
 mod debian;
 mod ebpf;
 mod fuzz;

@@ -45,7 +45,12 @@ $bb ifconfig lo 127.0.0.1 up
   echo "uptime_at_check=$start"
 } >$results/facts.env
 
-/payload/lifecycle-agent run --listen 127.0.0.1:9890 >$results/agent.stdout 2>$results/agent.log &
+# The image's tree, as a container of it would see the host: the kernel's file systems bound in.
+root=/payload/rootfs
+$bb mount -t proc proc $root/proc
+$bb mount -o rbind /sys $root/sys
+$bb mount -o bind /dev $root/dev
+$bb chroot $root /usr/local/bin/lifecycle-agent run --listen 127.0.0.1:9890 --handoff-dir none >$results/agent.stdout 2>$results/agent.log &
 agent=$!
 healthy() { fetch /healthz /dev/null || ! $bb kill -0 $agent 2>/dev/null; }
 poll 720 healthy

@@ -12,9 +12,9 @@
 //! run at a time per machine (an flock held throughout: the images are in use while it boots).
 //!
 //! The amd64 guests run the debug agent `cargo test` builds with the test; the arm64 guest an
-//! aarch64 agent cross-built here (`cross`).
+//! arm64 image built here (`xtask/x.sh image --arch arm64`: the release agent cross-built, its libraries
+//! and loader), whose tree the arm64 guest runs in a chroot.
 
-mod cross;
 mod kernels;
 mod rootfs;
 mod table;
@@ -122,13 +122,13 @@ fn arm64_root(cache: &Path, archive: &mut Archive) -> Result<PathBuf> {
 }
 
 /// The manifest of kernels and images for the tests.
-fn manifest(provided: &Provided, arm64_agent: &Path, rows: &Path) -> Result<String> {
+fn manifest(provided: &Provided, arm64_image: &Path, rows: &Path) -> Result<String> {
     let mut text = format!(
-        "rootfs.amd64={}\nrootfs.arm64={}\nrootfs.root={}\nagent.arm64={}\nrows={}\n",
+        "rootfs.amd64={}\nrootfs.arm64={}\nrootfs.root={}\nimage.arm64={}\nrows={}\n",
         provided.amd64_root.display(),
         provided.arm64_root.display(),
         rootfs::root_argument(),
-        arm64_agent.display(),
+        arm64_image.display(),
         rows.display()
     );
     for kernel in &provided.kernels {
@@ -174,15 +174,19 @@ pub fn provide_only() -> Result<()> {
 pub fn run() -> Result<()> {
     let began = Instant::now();
     let (_lock, provided) = locked_provide()?;
-    let arm64_agent = cross::agent()?;
     let work = workspace_root().join("target/matrix");
+    // The arm64 guest runs the arm64 image's agent: the release cross build, its libraries and
+    // loader as the image packs them.
+    let arm64_image =
+        crate::image::build(&[lifecycle_image::layout::Arch::Arm64], &work.join("lifecycle-agent-arm64.tar"))?;
     let rows = work.join("rows");
     if rows.exists() {
         fs::remove_dir_all(&rows).with_context(|| format!("removing {}", rows.display()))?;
     }
     fs::create_dir_all(&rows).with_context(|| format!("creating {}", rows.display()))?;
     let manifest_file = work.join("manifest");
-    fs::write(&manifest_file, manifest(&provided, &arm64_agent, &rows)?).context("writing the matrix manifest")?;
+    fs::write(&manifest_file, manifest(&provided, &arm64_image.archive, &rows)?)
+        .context("writing the matrix manifest")?;
     let tests = shell::run(
         cargo()
             .args(["test", "-p", "lifecycle-agent", "--test", "matrix"])
