@@ -707,6 +707,13 @@ def restarts() -> dict:
         timeseries("OOM kills", "OOM-killer victims per container in each interval.",
                    targets((f"sum by ({per_container}) ({inc('lifecycle_oom_kills_total', S, RATE)})",
                             "{{namespace}}/{{pod}}/{{container}}")), bars=True),
+        timeseries("Memory stalls", "Share of time each container's tasks stalled on memory (PSI some), throttling at memory.high included; "
+                   "a container throttled into probe timeouts shows here before any OOM kill.",
+                   targets((f"sum by ({per_container}) (rate(lifecycle_container_memory_pressure_seconds_total{{{S},kind=\"some\"}}[$__rate_interval]))",
+                            "{{namespace}}/{{pod}}/{{container}}")), unit="percentunit"),
+        table("Memory events by container (time range)", "Times containers went over memory.high, reached memory.max, or were OOM-killed "
+              "(memory.events; only oom_kill where the memory controller is cgroup v1's).",
+              f"sum by (namespace, pod, container, event) ({inc('lifecycle_container_memory_events_total', S, RANGE)}) > 0", w=12),
         table("Waiting reasons", "Current waiting reason per container (1 = the container is waiting for this reason).",
               f"max by (namespace, pod, container, reason) (lifecycle_container_waiting_reason{{{S}}})", w=12),
     ]

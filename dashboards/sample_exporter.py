@@ -138,6 +138,14 @@ def render() -> str:
         e.sample("lifecycle_process_execs_total", tick * 7, **l)
         e.sample("lifecycle_process_exits_total", tick * 7, **l)
 
+    e.family("lifecycle_container_memory_events_total", "counter", "memory.events counts.")
+    e.family("lifecycle_container_memory_pressure_seconds_total", "counter", "Memory stall time (PSI).")
+    for l in short:
+        e.sample("lifecycle_container_memory_events_total", tick * 3, **l, event="high")
+        e.sample("lifecycle_container_memory_events_total", tick // 10, **l, event="oom_kill")
+        e.sample("lifecycle_container_memory_pressure_seconds_total", tick * 0.2, **l, kind="some")
+        e.sample("lifecycle_container_memory_pressure_seconds_total", tick * 0.05, **l, kind="full")
+
     e.family("lifecycle_tcp_listeners", "gauge", "Listening sockets per port.")
     e.family("lifecycle_tcp_connections_established_total", "counter", "Handshakes completed.")
     e.family("lifecycle_tcp_accepts_total", "counter", "Connections accepted.")

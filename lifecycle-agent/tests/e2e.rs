@@ -231,6 +231,50 @@ fn memory_limit_oom_kill_is_oomkilled_from_the_kernel_event() {
     assert_eq!(metric_line(&agent.metrics(), "lifecycle_oom_kills_total", &pod, ""), Some(1.0));
 }
 
+/// Issue 40, item 4: the container's memory files are read while it runs and exported, and its
+/// stop carries what they said in the minute before. On this hybrid host the memory controller
+/// is cgroup v1's: `memory.events` does not exist, v1's `oom_kill` count and PSI (from cgroup
+/// v2) do, and nothing else is claimed.
+#[test]
+fn a_containers_memory_pressure_is_exported_and_told_at_its_stop() {
+    let Some(mut h) = start_or_skip("a_containers_memory_pressure_is_exported_and_told_at_its_stop") else { return };
+    let agent = Agent::start(AGENT, &h, &[]);
+    let pod = h.new_pod("pressed").expect("pod");
+    // A child grows until the OOM killer takes it at the 64 MiB limit; PID 1 lives on.
+    let script = "trap 'exit 0' TERM; (a=xxxxxxxxxxxxxxxx; while true; do a=\"$a$a\"; done); \
+                  while true; do sleep 0.2; done";
+    let id =
+        h.run_container(&pod, "app", &["sh", "-c", script], &annotations(10, 0), Some(64 << 20)).expect("container");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let v2_memory = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+        .or_else(|_| std::fs::read_to_string("/sys/fs/cgroup/unified/cgroup.controllers"))
+        .is_ok_and(|controllers| controllers.split_whitespace().any(|c| c == "memory"));
+    let metrics = loop {
+        let metrics = agent.metrics();
+        if metric_line(&metrics, "lifecycle_container_memory_events_total", &pod, "event=\"oom_kill\"") == Some(1.0) {
+            break metrics;
+        }
+        assert!(Instant::now() < deadline, "no oom_kill count read within 30 s:\n{metrics}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        metric_line(&metrics, "lifecycle_container_memory_pressure_seconds_total", &pod, "kind=\"some\"").is_some(),
+        "PSI is read from cgroup v2 whatever the controllers"
+    );
+    let high = metric_line(&metrics, "lifecycle_container_memory_events_total", &pod, "event=\"high\"");
+    assert_eq!(high.is_some(), v2_memory, "memory.high counted only where the v2 controller is");
+    h.stop_container(&id, 10).expect("stop");
+    let done = agent.wait(&pod, "app", "judged", |c| !c["last_termination"].is_null());
+    let memory = &done["last_termination"]["memory"];
+    for line in metrics.lines().filter(|l| l.starts_with("lifecycle_container_memory") && l.contains(&pod.name)) {
+        eprintln!("{line}");
+    }
+    eprintln!("memory at the stop: {memory}");
+    assert_eq!(memory["events"]["oom_kill"], 1, "the kill in the minute before the stop: {done:#}");
+    assert!(memory["window_ns"].as_f64().is_some_and(|w| w > 0.0 && w <= 60.0 * SECOND), "{memory}");
+    assert_eq!(memory["events"].get("high").is_some(), v2_memory);
+}
+
 #[test]
 fn exit_zero_is_a_completion_without_stop_signal() {
     let Some(mut h) = start_or_skip("exit_zero_is_a_completion_without_stop_signal") else { return };

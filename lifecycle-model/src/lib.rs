@@ -13,6 +13,7 @@ pub mod event;
 pub mod explain;
 pub mod identity;
 pub mod kubelet;
+pub mod memory;
 pub mod metadata;
 pub mod node;
 pub mod oom;

@@ -116,6 +116,8 @@ pub struct PodFacts {
     pub disruption: Option<Disruption>,
     /// Condition AllContainersRestarting (RestartAllContainers, 1.35 alpha).
     pub restarting_all_containers: bool,
+    /// `spec.priority` (from its PriorityClass): a graceful node shutdown's group.
+    pub priority: Option<i32>,
     pub containers: Vec<ContainerFacts>,
     /// `status.phase` as the kubelet reported it.
     pub reported_phase: Option<String>,
@@ -172,6 +174,17 @@ pub enum StopCause {
     Resize,
     /// The pod ran past its `activeDeadlineSeconds` (status reason `DeadlineExceeded`).
     DeadlineExceeded,
+    /// A native sidecar stopped because every main container of its pod exited and none will
+    /// be restarted: the kubelet stops the pod ("all other containers are dead",
+    /// `kuberuntime_manager.go`; sidecars "wait for all main containers to exit",
+    /// `kuberuntime_termination_order.go`). Neither the Pod nor an Event says so: the kernel's
+    /// exits and the spec's restart rules do.
+    MainContainersExited,
+    /// The kubelet found the container's definition changed (its spec hash differs from the
+    /// one it started it with: an image changed in the spec, or a kubelet whose hash of the
+    /// same spec differs after an upgrade) and restarts it: its `Killing` event says "Container
+    /// app definition changed, will be restarted" (`computePodActions`).
+    DefinitionChanged,
     /// The runtime stopped it, and neither the Pod nor its Events say why (or the API is not
     /// available).
     RuntimeOrUnknown,
@@ -187,6 +200,8 @@ crate::spelling::spelling!(StopCause {
     RestartAllContainers => "restart_all_containers",
     Resize => "resize",
     DeadlineExceeded => "deadline_exceeded",
+    MainContainersExited => "main_containers_exited",
+    DefinitionChanged => "definition_changed",
     RuntimeOrUnknown => "runtime_or_unknown",
 });
 
@@ -210,10 +225,12 @@ pub struct KillNotice {
 
 /// Reads the kubelet's `Killing` event message: "Container app failed liveness probe, will be
 /// restarted" (and the startup probe's), "Container app resize requires restart"
-/// (`computePodResizeAction` in `kuberuntime_manager.go`). Other kills (deletion) say nothing
-/// about a cause.
+/// (`computePodResizeAction` in `kuberuntime_manager.go`), "Container app definition changed,
+/// will be restarted", and the same of a sidecar as "Init container proxy ..."
+/// (`computeInitContainerActions`). Other kills (deletion, "Stopping container app") say
+/// nothing about a cause.
 pub fn kill_cause_from_message(message: &str) -> Option<(String, StopCause)> {
-    let rest = message.strip_prefix("Container ")?;
+    let rest = message.strip_prefix("Container ").or_else(|| message.strip_prefix("Init container "))?;
     let (container, tail) = rest.split_once(' ')?;
     let cause = if tail.starts_with("failed liveness probe") {
         StopCause::LivenessProbe
@@ -221,10 +238,36 @@ pub fn kill_cause_from_message(message: &str) -> Option<(String, StopCause)> {
         StopCause::StartupProbe
     } else if tail.starts_with("resize requires restart") {
         StopCause::Resize
+    } else if tail.starts_with("definition changed") {
+        StopCause::DefinitionChanged
     } else {
         return None;
     };
     Some((container.to_owned(), cause))
+}
+
+/// Whether an `Unhealthy` event's message reports a failed liveness probe: "Liveness probe
+/// failed: ..." or "Liveness probe errored and resulted in failure state: ..." (`prober.go`).
+/// The kubelet writes one per failed probe, killing at the `failureThreshold`th.
+pub fn is_liveness_failure(message: &str) -> bool {
+    message.starts_with("Liveness probe failed") || message.starts_with("Liveness probe errored")
+}
+
+/// The container an event's `involvedObject.fieldPath` names: `spec.containers{app}`,
+/// `spec.initContainers{proxy}`.
+pub fn container_of_field_path(field_path: &str) -> Option<&str> {
+    let inside = field_path
+        .strip_prefix("spec.containers{")
+        .or_else(|| field_path.strip_prefix("spec.initContainers{"))?
+        .strip_suffix('}')?;
+    (!inside.is_empty()).then_some(inside)
+}
+
+/// The kubelet reported a failed liveness probe of a container (its `Unhealthy` event).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LivenessFailure {
+    pub pod: PodRef,
+    pub container: String,
 }
 
 /// Where the facts a verdict used came from.
@@ -296,6 +339,7 @@ mod tests {
             deletion_grace_ns: None,
             disruption: None,
             restarting_all_containers: false,
+            priority: None,
             containers: vec![container()],
             reported_phase: None,
             reported: Vec::new(),
@@ -340,8 +384,28 @@ mod tests {
             kill_cause_from_message("Container app resize requires restart"),
             Some(("app".into(), StopCause::Resize))
         );
+        assert_eq!(
+            kill_cause_from_message("Container app definition changed, will be restarted"),
+            Some(("app".into(), StopCause::DefinitionChanged))
+        );
+        assert_eq!(
+            kill_cause_from_message("Init container proxy failed liveness probe"),
+            Some(("proxy".into(), StopCause::LivenessProbe))
+        );
         assert_eq!(kill_cause_from_message("Stopping container app"), None);
         assert_eq!(kill_cause_from_message(""), None);
+    }
+
+    #[test]
+    fn unhealthy_events_name_a_liveness_failure_and_its_container() {
+        assert!(is_liveness_failure("Liveness probe failed: HTTP probe failed with statuscode: 500"));
+        assert!(is_liveness_failure("Liveness probe errored and resulted in Failure state: timeout"));
+        assert!(!is_liveness_failure("Readiness probe failed: connection refused"));
+        assert!(!is_liveness_failure("Startup probe failed: x"));
+        assert_eq!(container_of_field_path("spec.containers{app}"), Some("app"));
+        assert_eq!(container_of_field_path("spec.initContainers{proxy}"), Some("proxy"));
+        assert_eq!(container_of_field_path("spec.containers{}"), None);
+        assert_eq!(container_of_field_path("spec.ephemeralContainers{x}"), None);
     }
 
     #[test]

@@ -99,6 +99,8 @@ pub fn termination_report(outcome: TerminationOutcome, exit_time: BootTime) -> T
         oom_victim: None,
         oom_limit: None,
         cause: None,
+        kubelet_started_before_ns: None,
+        memory: None,
         spec: SpecSource::default(),
         watched_since: None,
         scene: StopScene::default(),

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::owner::ModelHandle;
 use crate::{
-    discovery::clock::boottime_ns,
+    discovery::clock::{boottime_ns, wall_to_boottime},
     discovery::kube::{
         convert::pod_facts,
         watch::{KubeError, KubeSource, PodChange},
@@ -20,7 +20,7 @@ use crate::{
     },
     model::{
         node::{NoticeFor, Outcome},
-        spec::{KillNotice, PodRef},
+        spec::{KillNotice, LivenessFailure, PodRef},
     },
 };
 
@@ -175,6 +175,8 @@ pub(super) async fn pod_loop(
 enum KubeletNotice {
     Kill(KillNotice),
     Eviction(PodRef),
+    /// A failed liveness probe, and when the kubelet recorded it (wall clock).
+    LivenessFailure(LivenessFailure, Option<std::time::SystemTime>),
 }
 
 impl KubeletNotice {
@@ -182,11 +184,13 @@ impl KubeletNotice {
         match self {
             Self::Kill(notice) => &notice.pod,
             Self::Eviction(pod) => pod,
+            Self::LivenessFailure(failure, _) => &failure.pod,
         }
     }
 }
 
-/// Applies the kubelet's probe-kill and eviction notices to the tracker until shutdown.
+/// Applies the kubelet's probe-kill and eviction notices and its liveness failures to the
+/// tracker until shutdown.
 pub(super) async fn kill_loop(
     source: KubeSource,
     tracker: ModelHandle,
@@ -195,7 +199,9 @@ pub(super) async fn kill_loop(
 ) {
     let kills = source.kill_notices().map(|n| n.map(KubeletNotice::Kill));
     let evictions = source.eviction_notices().map(|n| n.map(KubeletNotice::Eviction));
-    let stream = futures::stream::select(kills, evictions);
+    let failures =
+        source.liveness_failures().map(|n| n.map(|(failure, at)| KubeletNotice::LivenessFailure(failure, at)));
+    let stream = futures::stream::select(futures::stream::select(kills, evictions), failures);
     let mut stream = std::pin::pin!(stream);
     loop {
         let notice = tokio::select! {
@@ -213,6 +219,14 @@ pub(super) async fn kill_loop(
                         NoticeFor::ThisPod => match notice {
                             KubeletNotice::Kill(notice) => tracker.apply_kill_notice(notice, boottime_ns()),
                             KubeletNotice::Eviction(pod) => tracker.apply_eviction_notice(&pod, boottime_ns()),
+                            KubeletNotice::LivenessFailure(failure, recorded) => {
+                                let now = boottime_ns();
+                                // The kubelet's time of the failure, on the kernel's clock (never
+                                // later than now: a clock ahead of ours is taken as now).
+                                let at = recorded
+                                    .map_or(now, |t| wall_to_boottime(t, std::time::SystemTime::now(), now).min(now));
+                                tracker.apply_liveness_failure(failure, at, now)
+                            }
                         },
                         NoticeFor::OtherPod => {
                             refused.inc();

@@ -9,6 +9,7 @@ pub mod http;
 mod kube;
 pub(crate) mod kubelet;
 pub mod logging;
+mod memory;
 pub(crate) mod owner;
 mod reader;
 mod routes;
@@ -213,6 +214,11 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     features.push(FeatureFlag { name: "kubernetes_api", enabled: kube.is_some() });
     let kernel_log = tasks::kernel_log_readable();
     features.push(FeatureFlag { name: "oom_log", enabled: kernel_log });
+    // Memory pressure as evidence: what this host's cgroups have of it, said once. Not a
+    // `lifecycle_feature_enabled` flag: a hybrid host lacks memory.events by its layout, which
+    // is no fault to alert on; the series say it by what they carry (docs/metrics.md).
+    let memory_layout = crate::discovery::memory::MemoryLayout::detect(&root);
+    log::info!("memory pressure: {}", memory_layout.describe());
     let mut metrics = Metrics::new(
         maps.clone(),
         &features,
@@ -337,6 +343,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     loops.spawn(systemd::systemd_loop(systemd_queue, model.clone(), systemd_counts, None, shutdown.clone()));
     loops.spawn(kubelet::kubelet_loop(kubelet_link, model.clone(), kubelet_queue, shutdown.clone()));
     loops.spawn(expiry_loop(model.clone(), config.series_retention, shutdown.clone()));
+    loops.spawn(memory::memory_loop(model.clone(), root.clone(), memory_layout, shutdown.clone()));
     loops.spawn(verdicts::verdict_log_loop(model.snapshots(), shutdown.clone()));
     loops.spawn(tasks::resync_loop(model.clone(), maps.clone(), root.clone(), repairs.clone(), shutdown.clone()));
 

@@ -9,6 +9,7 @@
 //! - [`sockdiag`]: listeners and backlogs of a network namespace over NETLINK_SOCK_DIAG.
 //! - [`netns`]: running a piece of work inside another network namespace.
 //! - [`clock`]: the boot-time clock the kernel stamps events with.
+//! - [`memory`]: a container's memory files (`memory.events`, PSI; v1's `oom_kill` on a hybrid host).
 //! - [`kmsg`]: the kernel log's account of OOM kills (which memory limit fired).
 //! - [`systemd`]: a systemd unit's stop and restart settings, over D-Bus.
 
@@ -18,6 +19,7 @@ pub mod cri;
 pub(crate) mod kmsg;
 pub mod kube;
 pub(crate) mod kubelet;
+pub(crate) mod memory;
 pub(crate) mod netns;
 pub mod proc;
 pub(crate) mod sockdiag;

@@ -113,6 +113,8 @@ families! {
         QueueDepth: "lifecycle_tcp_accept_queue_depth", Gauge, ["namespace", "pod", "container", "uid", "port"], "Connections established but not accepted yet (kernel counts).";
         ExecProcesses: "lifecycle_exec_probe_processes_total", Counter, ["namespace", "pod", "container", "uid"], "Processes the runtime started into the container outside its init's tree (exec probes, hooks, exec sessions).";
         ExecCpu: "lifecycle_exec_probe_cpu_seconds_total", Counter, ["namespace", "pod", "container", "uid"], "CPU time of those processes.";
+        MemoryEvents: "lifecycle_container_memory_events_total", Counter, ["namespace", "pod", "container", "uid", "event"], "The kernel's memory.events counts of the container's current cgroup, by event: high (times over memory.high, throttled), max (times at memory.max), oom, oom_kill. Only those this host has: on a cgroup v1 memory controller only oom_kill (v1's memory.oom_control).";
+        MemoryStall: "lifecycle_container_memory_pressure_seconds_total", Counter, ["namespace", "pod", "container", "uid", "kind"], "Time the container's tasks stalled on memory (PSI, memory.pressure of its current cgroup), by kind: some (at least one task), full (all at once). Includes the throttling at memory.high.";
     }
 }
 

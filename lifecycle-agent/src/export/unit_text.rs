@@ -14,6 +14,7 @@ pub(super) use super::families::PerContainer as F;
 use super::{families::PER_CONTAINER, histogram::Histogram};
 use crate::model::{
     container_state::{ContainerState, WaitingReason},
+    memory::MemorySample,
     node::{PortStats, Unit, UnitCounters, UnitLabels},
     termination::{SenderKind, TerminationOutcome},
     time::seconds,
@@ -40,6 +41,8 @@ pub(super) struct UnitView<'a> {
     /// The kernel's counters of the unit's departed instances plus its live one.
     kernel: CgroupCounters,
     tcp: &'a BTreeMap<u16, PortStats>,
+    /// The last reading of its memory files (`memory.events`, PSI), when read.
+    memory: Option<&'a MemorySample>,
 }
 
 impl UnitView<'_> {
@@ -92,6 +95,7 @@ impl UnitView<'_> {
                 .map(|b| (seconds(b.observed_delay_ns), b.expected_delay_ns.map(seconds))),
             kernel,
             tcp: unit.tcp(),
+            memory: unit.memory(),
         }
     }
 }
@@ -316,5 +320,15 @@ pub(super) fn write_unit(f: &mut Families, view: &UnitView<'_>) {
     if c.exec_sessions > 0 {
         f.sample(F::ExecProcesses, "", &with_uid, &[], c.exec_sessions as f64);
         f.sample(F::ExecCpu, "", &with_uid, &[], seconds(c.exec_session_cpu_ns));
+    }
+    // Counts of the current cgroup (a restart starts them over, as a counter reset).
+    if let Some(memory) = view.memory {
+        for (event, n) in memory.events.present() {
+            f.sample(F::MemoryEvents, "", &with_uid, &[("event", event)], n as f64);
+        }
+        if let Some(stalls) = memory.stalls {
+            f.sample(F::MemoryStall, "", &with_uid, &[("kind", "some")], seconds(stalls.some_ns));
+            f.sample(F::MemoryStall, "", &with_uid, &[("kind", "full")], seconds(stalls.full_ns));
+        }
     }
 }

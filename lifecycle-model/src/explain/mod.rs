@@ -14,9 +14,11 @@ use serde::Serialize;
 use crate::{
     backoff::Observation,
     container_state::ContainerState,
+    memory::MemoryAtStop,
     node::{ContainerView, Disagreement, PastStop, UnitLabels},
     oom::{OomLimit, OomScope},
     signal,
+    spec::StopCause,
     termination::{OomVictim, ProcessAtStop, SignalSender, StopRules, TerminationOutcome, TerminationReport, SIGKILL},
     time::{seconds as to_seconds, BootTime},
 };
@@ -406,6 +408,17 @@ fn story(subject: Subject<'_>) -> ContainerStory {
     if let Some(limit) = &report.oom_limit {
         lines.push(Line { offset_ms: None, source: "kernel", text: oom_limit(limit) });
     }
+    if let Some(memory) = report.memory.as_ref().filter(|m| m.under_pressure()) {
+        lines.push(Line { offset_ms: None, source: "kernel", text: memory_pressure(memory, report) });
+    }
+    if let Some(before) = report.kubelet_started_before_ns {
+        lines.push(Line {
+            // Counted back from the stop signal (or the exit), which is the origin.
+            offset_ms: Some(-(before as f64) / 1e6),
+            source: "kernel",
+            text: format!("the kubelet started {} before this stop (its exec: a new kubelet process)", seconds(before)),
+        });
+    }
     if let Some(ContainerState::Waiting { reason, .. }) = subject.state {
         lines.push(Line {
             offset_ms: None,
@@ -528,6 +541,42 @@ fn oom_limit(limit: &OomLimit) -> String {
             format!("a limit above the pod fired ({memcg}: the QoS class or the node's allocatable); victim {victim}")
         }
     }
+}
+
+/// A container's memory pressure before its stop, in words: the stall PSI measured (an upper
+/// bound of the throttling at `memory.high`, which the kernel accounts as a stall too) and the
+/// `memory.events` counts that grew, each said only where the layout has it (`memory.rs`).
+fn memory_pressure(memory: &MemoryAtStop, report: &TerminationReport) -> String {
+    let before = match (report.cause, &report.outcome, &report.stop_signal) {
+        (Some(StopCause::LivenessProbe), _, _) => "the liveness failure",
+        (Some(StopCause::StartupProbe), _, _) => "the startup failure",
+        (_, TerminationOutcome::OomKilled, _) => "the OOM kill",
+        (_, _, Some(_)) => "the stop signal",
+        _ => "the exit",
+    };
+    let window = seconds(memory.window_ns);
+    let events = memory.events;
+    let stalled = memory.stalls.filter(|s| s.some_ns > 0).map(|s| {
+        let full = if s.full_ns > 0 { format!("; every task at once {}", seconds(s.full_ns)) } else { String::new() };
+        format!("stalled on memory {} of the {window} before {before} (PSI some{full})", seconds(s.some_ns))
+    });
+    let mut said = match (events.high.filter(|n| *n > 0), stalled) {
+        (Some(high), Some(stalled)) => format!("throttled at memory.high ({high} times) and {stalled}"),
+        (Some(high), None) => format!("throttled at memory.high {high} times in the {window} before {before}"),
+        (None, Some(stalled)) => stalled,
+        (None, None) => format!("in the {window} before {before}"),
+    };
+    let counts: Vec<String> = [("memory.max reached", events.max), ("OOM", events.oom), ("OOM kills", events.oom_kill)]
+        .into_iter()
+        .filter_map(|(what, n)| n.filter(|n| *n > 0).map(|n| format!("{what} {n}")))
+        .collect();
+    if !counts.is_empty() {
+        let _ = write!(said, "; {}", counts.join(", "));
+    }
+    if events.high.is_none() {
+        said.push_str(" (no memory.events: the memory controller is cgroup v1's here)");
+    }
+    format!("memory: {said}")
 }
 
 /// The one line at the top.

@@ -204,6 +204,10 @@ pub struct KubeletConfig {
     pub shutdown_grace_period_ns: u64,
     /// `shutdownGracePeriodCriticalPods`: the part of it kept for critical pods.
     pub shutdown_grace_period_critical_pods_ns: u64,
+    /// `shutdownGracePeriodByPodPriority`: (priority, whole seconds) per group, replacing the
+    /// two fields above when set (GracefulNodeShutdownBasedOnPodPriority, beta and on from
+    /// 1.24). At most [`MAX_SHUTDOWN_GROUPS`].
+    pub shutdown_grace_period_by_pod_priority: Vec<(i32, i64)>,
     /// `memoryThrottlingFactor` (MemoryQoS: `memory.high` = factor x limit).
     pub memory_throttling_factor: f64,
     /// `evictionHard`: signal -> threshold.
@@ -239,6 +243,7 @@ struct Written {
     cgroups_per_qos: Option<bool>,
     shutdown_grace_period: Option<String>,
     shutdown_grace_period_critical_pods: Option<String>,
+    shutdown_grace_period_by_pod_priority: Option<Vec<ShutdownGroup>>,
     memory_throttling_factor: Option<f64>,
     eviction_hard: Option<BTreeMap<String, String>>,
     eviction_soft: Option<BTreeMap<String, String>>,
@@ -246,6 +251,19 @@ struct Written {
     eviction_max_pod_grace_period: Option<i64>,
     container_runtime_endpoint: Option<String>,
 }
+
+/// One entry of `shutdownGracePeriodByPodPriority`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ShutdownGroup {
+    #[serde(default)]
+    priority: i32,
+    #[serde(default)]
+    shutdown_grace_period_seconds: i64,
+}
+
+/// Priority groups of a graceful node shutdown kept: a kubelet's configuration has a handful.
+pub const MAX_SHUTDOWN_GROUPS: usize = 64;
 
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -314,6 +332,17 @@ pub fn effective(
             written.shutdown_grace_period_critical_pods,
         )?
         .unwrap_or(0),
+        shutdown_grace_period_by_pod_priority: match written.shutdown_grace_period_by_pod_priority {
+            Some(groups) if groups.len() > MAX_SHUTDOWN_GROUPS => {
+                return Err(ConfigError::Field {
+                    field: "shutdownGracePeriodByPodPriority",
+                    why: format!("{} groups", groups.len()),
+                })
+            }
+            groups => {
+                groups.unwrap_or_default().into_iter().map(|g| (g.priority, g.shutdown_grace_period_seconds)).collect()
+            }
+        },
         memory_throttling_factor,
         eviction_hard,
         eviction_soft: written.eviction_soft.unwrap_or_default(),

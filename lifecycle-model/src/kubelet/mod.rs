@@ -7,11 +7,13 @@
 //!
 //! Parts: `version` (the release), `gates` (upstream's gate stages and how one node's gate is
 //! decided), `config` (merging the files and flags as the kubelet does), `policy` (the back-off
-//! and gates derived from all that and the agent's flags).
+//! and gates derived from all that and the agent's flags), `shutdown` (the grace a graceful node
+//! shutdown gives each pod).
 
 pub mod config;
 pub mod gates;
 pub mod policy;
+pub mod shutdown;
 pub mod version;
 
 pub use config::{CommandLine, ConfigError, ConfigFile, KubeletConfig};

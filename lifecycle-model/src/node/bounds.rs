@@ -42,6 +42,10 @@ pub enum DroppedKind {
     /// The pod and container names of a cgroup under kubepods whose path follows no layout the
     /// kubelet makes (`identity.rs`): it is kept as a unit named by its path, as a host unit is.
     CgroupLayout,
+    /// A memory reading for a container the model no longer knows (`pressure.rs`).
+    MemoryReading,
+    /// A liveness failure the kubelet reported past the cap on kept failures (`pods.rs`).
+    LivenessFailure,
 }
 
 crate::spelling::spelling!(DroppedKind {
@@ -59,6 +63,8 @@ crate::spelling::spelling!(DroppedKind {
     OomLog => "oom_log",
     ProbeWatch => "probe_watch",
     CgroupLayout => "cgroup_layout",
+    MemoryReading => "memory_reading",
+    LivenessFailure => "liveness_failure",
 });
 
 /// Counts of what was dropped, by kind, since the agent started.

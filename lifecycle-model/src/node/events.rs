@@ -129,6 +129,7 @@ impl NodeTracker {
 
     /// A kubelet process started on the host: every container's back-off starts over.
     fn on_kubelet_started(&mut self, at: u64) {
+        self.kubelet_started_at = Some(BootTime::from_ns(at));
         for unit in self.units.values_mut() {
             if matches!(unit.key, UnitKey::Container { .. }) {
                 unit.backoff.on_kubelet_restart(BootTime::from_ns(at));

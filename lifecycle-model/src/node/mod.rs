@@ -30,6 +30,7 @@ mod oom;
 mod outcome;
 mod phase;
 mod pods;
+mod pressure;
 mod probed;
 mod processes;
 mod resync;
@@ -69,6 +70,7 @@ use instance::{ExecFacts, Instance, InstanceKind};
 pub use outcome::{Ended, Outcome};
 pub use phase::{PodConditions, PodPhase, PodView};
 pub use pods::NoticeFor;
+pub use pressure::{MemoryReading, MemoryTarget};
 pub use probed::{
     ListenerSample, PortSample, ProbeChanges, ProbeFacts, ProbeKey, ProbeSample, ProbeWatch, WatchKept,
     MAX_TRACKED_PORTS, MAX_WATCHES as MAX_PROBE_WATCHES,
@@ -182,6 +184,13 @@ pub struct NodeTracker {
     live_inits: std::sync::OnceLock<std::sync::Arc<[snapshot::LiveInit]>>,
     /// The facts the probes read, for the containers the probe layer watches (`probed.rs`).
     probed: probed::Probed,
+    /// When a kubelet last started on the host (the kernel's exec record): stops soon after
+    /// are told so (`TerminationReport::kubelet_started_before_ns`).
+    kubelet_started_at: Option<BootTime>,
+    /// (pod uid, container) -> when this node's kubelet last reported a failed liveness probe of
+    /// it (its `Unhealthy` event): the evidence for a kill its `Killing` event does not name
+    /// (`pods.rs`, `stop_cause`).
+    liveness_failures: BTreeMap<(String, String), BootTime>,
     /// Advanced by every call that may change the containers, their states, names or pods: all
     /// but an event that only counted and the probe layer's own calls (`NodeSnapshot::generation`).
     generation: u64,
@@ -210,6 +219,8 @@ impl NodeTracker {
             oom: oom::OomJoin::default(),
             live_inits: std::sync::OnceLock::new(),
             probed: probed::Probed::default(),
+            kubelet_started_at: None,
+            liveness_failures: BTreeMap::new(),
             generation: 0,
         }
     }
@@ -449,10 +460,14 @@ impl NodeTracker {
             unit.backoff.set_policy(backoff);
         }
         let gates_changed = policy.gates != self.config.kubelet.gates;
+        let shutdown =
+            |policy: &KubeletPolicy| policy.facts.config.as_ref().map(crate::kubelet::shutdown::shutdown_groups);
+        let shutdown_changed = shutdown(&policy) != shutdown(&self.config.kubelet);
         self.config.kubelet = policy;
-        // What the pods' specs mean depends on the kubelet's gates: read them again when those
-        // changed (a read that found the same kubelet copies no unit).
-        if gates_changed {
+        // What the pods' specs mean depends on the kubelet's gates, and a shutdown's grace on
+        // its shutdown settings: read them again when those changed (a read that found the same
+        // kubelet copies no unit).
+        if gates_changed || shutdown_changed {
             let pods: Vec<String> = self.pods.keys().cloned().collect();
             for pod_uid in pods {
                 self.apply_spec(&pod_uid);

@@ -7,11 +7,11 @@ use super::bounds::DroppedKind;
 use super::{unit::termination_settings, InstanceKind, NodeTracker, Unit, UnitKey};
 use crate::{
     container_state::{ContainerState, RestartRuleAction, RestartSpec},
-    kubelet::Gate,
+    kubelet::{shutdown::node_shutdown_grace_ns, Gate},
     metadata::{ContainerMeta, ContainerType},
     spec::{
-        grace_used_ns, pod_level_cause, ContainerFacts, ContainerKind, Disruption, KillNotice, PodFacts, PodRef,
-        SpecSource, StopCause,
+        grace_used_ns, pod_level_cause, ContainerFacts, ContainerKind, Disruption, KillNotice, LivenessFailure,
+        PodFacts, PodRef, SpecSource, StopCause,
     },
     termination::{TerminationOutcome, TerminationReport, TerminationSettings, SIGTERM},
     time::BootTime,
@@ -19,6 +19,17 @@ use crate::{
 
 /// How long after a stop a late kill notice still names its cause.
 pub(super) const LATE_NOTICE_NS: u64 = 10_000_000_000;
+/// An event's time has whole seconds (`lastTimestamp`): a failure recorded up to this long
+/// after the stop began may still be the one before it.
+const EVENT_TIME_SLACK_NS: u64 = 1_000_000_000;
+
+/// Whether a liveness failure the kubelet recorded at `failed_at` explains a stop that began at
+/// `stopped_at`: the kubelet kills at its next sync after the failure that reached the
+/// threshold, so the failure comes first, within [`LATE_NOTICE_NS`] (and the event's time is a
+/// second wide).
+fn liveness_failure_explains(failed_at: BootTime, stopped_at: BootTime) -> bool {
+    failed_at <= stopped_at.after(EVENT_TIME_SLACK_NS) && stopped_at.since(failed_at) <= LATE_NOTICE_NS
+}
 /// How long a deleted pod's facts outlive its object (see `pod_gone`): the kubelet's stops after
 /// a forced deletion take at most its 2 s floor and a second StopContainer call.
 const GONE_POD_KEPT_NS: u64 = 60_000_000_000;
@@ -226,6 +237,7 @@ impl NodeTracker {
         self.pods.remove(uid);
         self.pods_gone.retain(|(_, gone)| gone != uid);
         self.kill_notices.retain(|(pod, _), _| pod != uid);
+        self.liveness_failures.retain(|(pod, _), _| pod != uid);
     }
 
     /// Forgets the pods gone from the API more than [`GONE_POD_KEPT_NS`] before `now`.
@@ -238,6 +250,7 @@ impl NodeTracker {
             self.pods.remove(&uid);
             self.evicted_by_kubelet.remove(&uid);
             self.kill_notices.retain(|(pod, _), _| *pod != uid);
+            self.liveness_failures.retain(|(pod, _), _| *pod != uid);
         }
     }
 
@@ -356,8 +369,16 @@ impl NodeTracker {
         let Some((pod, container)) = self.spec_of(key) else { return base };
         let notice = self.kill_notices.get(&(pod.uid.clone(), container.name.clone())).copied();
         let reported_signal = pod.reported(&container.name).and_then(|r| r.stop_signal);
+        // A graceful node shutdown kills with its priority group's grace, whatever a later
+        // deletion says; without the kubelet's configuration the pod's own stands.
+        let shutdown_grace = (pod.disruption == Some(Disruption::NodeShutdown))
+            .then_some(self.config.kubelet.facts.config.as_ref())
+            .flatten()
+            .and_then(|config| node_shutdown_grace_ns(config, pod.priority, pod.grace_ns));
         TerminationSettings {
-            grace_period_ns: grace_used_ns(pod, container, notice).unwrap_or(base.grace_period_ns),
+            grace_period_ns: shutdown_grace
+                .or_else(|| grace_used_ns(pod, container, notice))
+                .unwrap_or(base.grace_period_ns),
             // grace_used_ns already chose the deletion's grace when there is one.
             deletion_grace_ns: None,
             pre_stop: container.pre_stop.clone().or(base.pre_stop),
@@ -455,6 +476,21 @@ impl NodeTracker {
         if self.restart_all_fired_before(&pod, stopped_at) {
             return Some(StopCause::RestartAllContainers);
         }
+        // A sidecar stopped once no main container is left to run: the kubelet's own rule,
+        // which neither the Pod nor an Event names (its `Killing` says "Stopping container").
+        let sidecar = self.spec_of(key).is_some_and(|(_, c)| c.kind == ContainerKind::Sidecar);
+        if sidecar && self.pods.get(&pod).is_some_and(|p| self.main_containers_done(p)) {
+            return Some(StopCause::MainContainersExited);
+        }
+        // A liveness failure under `restartPolicy: Never` stops the whole pod with a plain
+        // "Stopping container" (`computePodActions` sets KillPod when nothing is left to keep or
+        // start): the kubelet's `Unhealthy` event just before is the evidence.
+        if let UnitKey::Container { pod_uid, container } = key {
+            let failed = self.liveness_failures.get(&(pod_uid.clone(), container.clone()));
+            if failed.is_some_and(|&at| liveness_failure_explains(at, stopped_at)) {
+                return Some(StopCause::LivenessProbe);
+            }
+        }
         Some(StopCause::RuntimeOrUnknown)
     }
 
@@ -471,6 +507,47 @@ impl NodeTracker {
             };
         }
         pod_level_cause(pod)
+    }
+
+    /// This node's kubelet reported a failed liveness probe of a container (its `Unhealthy`
+    /// event), recorded at `at` (boot ns; the event's own time, a second wide), seen at `now`.
+    /// A stop of it judged in the last 10 s without a cause that the failure
+    /// explains takes the cause `liveness_probe`; otherwise the failure waits for a stop.
+    /// Ignored unless its pod is a pod of this node by namespace, name and uid
+    /// ([`Self::notice_for`]): anyone allowed to create Events in a namespace can write one.
+    #[must_use = "the outcome carries judgements and notices the caller routes"]
+    pub fn apply_liveness_failure(&mut self, failure: LivenessFailure, at: u64, now: u64) -> super::Outcome {
+        if self.notice_for(&failure.pod) == NoticeFor::ThisPod {
+            self.record_liveness_failure(failure, BootTime::from_ns(at), now);
+        }
+        self.outcome()
+    }
+
+    fn record_liveness_failure(&mut self, failure: LivenessFailure, at: BootTime, now: u64) {
+        let uid = failure.pod.uid;
+        let unit_key = UnitKey::Container { pod_uid: uid.clone(), container: failure.container.clone() };
+        if let Some(unit) = self.units.get_mut(&unit_key) {
+            let explained = unit.last_termination.as_ref().is_some_and(|report| {
+                let stopped_at = report.stop_signal.as_ref().map_or(report.exit_time, |stop| stop.time);
+                liveness_failure_explains(at, stopped_at)
+            });
+            if explained && name_a_recent_unknown_stop(unit, StopCause::LivenessProbe, BootTime::from_ns(now)) {
+                let exit_time = unit.last_termination.as_ref().map(|r| r.exit_time).unwrap_or_default();
+                std::sync::Arc::make_mut(&mut self.history).name_cause(
+                    &uid,
+                    &failure.container,
+                    exit_time,
+                    StopCause::LivenessProbe,
+                );
+                return;
+            }
+        }
+        let key = (uid, failure.container);
+        if !self.liveness_failures.contains_key(&key) && self.liveness_failures.len() >= MAX_PODS {
+            self.dropped.add(DroppedKind::LivenessFailure, 1);
+            return;
+        }
+        self.liveness_failures.insert(key, at);
     }
 
     /// Whether a container of pod `pod_uid` exited, in the [`LATE_NOTICE_NS`] up to `at`, with

@@ -18,12 +18,13 @@ use super::{
 use crate::{
     backoff::{BackoffTracker, Observation, Verdict},
     container_state::{ContainerState, ContainerStatus, ContainerStatusSnapshot, RestartSpec, TerminatedReason},
+    memory::{MemoryHistory, MemorySample},
     metadata::ContainerMeta,
     spec::{ContainerKind, StopCause},
     systemd::{MainEnd, RestartTracker, SystemdUnit},
     termination::{
         OutcomeKind, PreStopHandler, SenderKind, SignalSender, TerminationOutcome, TerminationReport,
-        TerminationSettings,
+        TerminationSettings, KUBELET_RESTART_WINDOW_NS,
     },
     time::{seconds, BootTime},
 };
@@ -173,6 +174,8 @@ pub struct Unit {
     /// A systemd unit's settings and its restarts, once systemd told them (host units only;
     /// boxed: most units are containers).
     pub(super) systemd: Option<Box<SystemdRules>>,
+    /// The memory readings of its current instance (`memory.rs`; `pressure.rs` records them).
+    pub(super) memory: MemoryHistory,
     /// Moves each time the tracker takes the unit to change it, and never comes back to an
     /// earlier value on this node (`shared.rs`): the same version is the same unit.
     pub(super) version: u64,
@@ -257,6 +260,11 @@ impl Unit {
     /// The cgroup it runs in now, if any.
     pub fn cgroup_id(&self) -> Option<u64> {
         self.cgroup_id
+    }
+
+    /// The last reading of its current instance's memory files (`memory.events`, PSI).
+    pub fn memory(&self) -> Option<&MemorySample> {
+        self.memory.latest()
     }
 
     /// The kernel's counters of its instances whose cgroups are gone.
@@ -381,6 +389,7 @@ impl NodeTracker {
             status_check: StatusCheck::default(),
             pending_warnings: Vec::new(),
             systemd: None,
+            memory: MemoryHistory::default(),
             version: 0,
         });
         unit.labels = labels;
@@ -404,6 +413,10 @@ impl NodeTracker {
         instance.termination.set_settings(settings);
         if let Some(meta) = &meta {
             instance.spec_hash = meta.kubelet.spec_hash.map(|h| format!("{h:x}"));
+        }
+        if unit.cgroup_id != Some(cgroup_id) {
+            // Another cgroup counts from zero: its readings start over.
+            unit.memory.restart(BootTime::from_ns(instance.created_at));
         }
         unit.cgroup_id = Some(cgroup_id);
         unit.container_id = match &instance.kind {
@@ -457,8 +470,15 @@ impl NodeTracker {
         }
         report.cause = self.stop_cause(&key, &report);
         report.spec = self.spec_source(&key);
+        let stopped_at = report.stop_signal.as_ref().map_or(report.exit_time, |stop| stop.time);
+        report.kubelet_started_before_ns = self
+            .kubelet_started_at
+            .filter(|started| report.cause.is_some() && *started <= stopped_at)
+            .map(|started| stopped_at.since(started))
+            .filter(|before| *before <= KUBELET_RESTART_WINDOW_NS);
         let tolerance = self.config.tolerance;
         let Some(unit) = self.units.get_mut(&key) else { return };
+        report.memory = unit.memory.before(stopped_at);
         let oom_killed = matches!(report.outcome, TerminationOutcome::OomKilled);
         unit.status.on_init_exited(BootTime::from_ns(exit.time), exit.exit_status, exit.signal, oom_killed);
         unit.backoff.on_finished(BootTime::from_ns(exit.time));

@@ -168,6 +168,25 @@ impl NodeSnapshot {
             .collect()
     }
 
+    /// The containers whose memory files the sampler reads: every Kubernetes container whose
+    /// init lives, at most `limit` (the rest are counted by the caller).
+    pub fn memory_targets(&self, limit: usize) -> (Vec<super::MemoryTarget>, usize) {
+        let main_pids = self.main_pids();
+        let mut targets = Vec::new();
+        let mut left_out = 0;
+        for unit in self.units().filter(|unit| matches!(unit.key, UnitKey::Container { .. })) {
+            let Some((cgroup_id, main_pid)) = unit.cgroup_id.and_then(|id| Some((id, *main_pids.get(&id)?))) else {
+                continue;
+            };
+            if targets.len() >= limit {
+                left_out += 1;
+                continue;
+            }
+            targets.push(super::MemoryTarget { key: unit.key.clone(), cgroup_id, main_pid });
+        }
+        (targets, left_out)
+    }
+
     /// Whether a container of the node declares probes: in its pod's annotation, or as an
     /// `httpGet` probe of its pod's spec aimed at `probe_port`. Reads without allocating, so a
     /// reader can skip the work of [`Self::running_containers`] on a node that probes nothing.

@@ -509,6 +509,8 @@ impl TerminationTracker {
             oom_limit: self.oom_limit.clone().filter(|_| oom_kills_before_exit > 0),
             // The node's tracker knows the pod: it names the cause and the facts' source.
             cause: None,
+            kubelet_started_before_ns: None,
+            memory: None,
             spec: SpecSource::default(),
             watched_since: self.watched_since.map(BootTime::from_ns),
             scene: self.scene.clone(),

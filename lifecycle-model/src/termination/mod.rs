@@ -26,7 +26,7 @@ mod tests;
 pub use judge::{Retention, SceneMoment, TerminationTracker, MAX_KEPT_RECORDS};
 pub use report::{
     OomVictim, OutcomeKind, PreStopSeen, ProcessAtStop, SenderKind, SidecarTurn, SignalSender, StopScene,
-    StopSignalSeen, TerminationOutcome, TerminationReport, MAX_SCENE_PROCESSES,
+    StopSignalSeen, TerminationOutcome, TerminationReport, KUBELET_RESTART_WINDOW_NS, MAX_SCENE_PROCESSES,
 };
 pub use settings::{
     PreStopHandler, StopRules, TerminationError, TerminationSettings, COMM_VISIBLE_LEN, DEFAULT_GRACE_NS,

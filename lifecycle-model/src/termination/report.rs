@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    memory::MemoryAtStop,
     oom::OomLimit,
     spec::{SpecSource, StopCause},
     time::{BootTime, SECOND},
@@ -282,6 +283,10 @@ pub enum OomVictim {
     Child,
 }
 
+/// How long after a kubelet's start a stop is said to follow it (a new kubelet's first syncs of
+/// every pod come within seconds; a minute leaves room for a node's slow start).
+pub const KUBELET_RESTART_WINDOW_NS: u64 = 60 * SECOND;
+
 /// The judged end of one container instance.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TerminationReport {
@@ -319,6 +324,16 @@ pub struct TerminationReport {
     pub oom_limit: Option<OomLimit>,
     /// Why it was stopped (None when nothing stopped it: it exited, or the OOM killer).
     pub cause: Option<StopCause>,
+    /// How long before the stop this node's kubelet (re)started, when it did within
+    /// [`KUBELET_RESTART_WINDOW_NS`] of a stop the kubelet asked for (the kernel saw its exec):
+    /// a stop that follows a kubelet's start is often its doing (a container whose definition
+    /// the new kubelet finds changed is restarted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_started_before_ns: Option<u64>,
+    /// The container's memory pressure in the minute before the stop (or the exit), when the
+    /// agent read it (`memory.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryAtStop>,
     /// Where the facts behind this verdict came from.
     pub spec: SpecSource,
     /// When the agent began watching this instance, if after it started (the agent itself
@@ -460,6 +475,8 @@ impl TerminationReport {
             oom_victim: None,
             oom_limit: None,
             cause: None,
+            kubelet_started_before_ns: None,
+            memory: None,
             spec: SpecSource::default(),
             watched_since: None,
             scene: StopScene::default(),

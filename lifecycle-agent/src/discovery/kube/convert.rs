@@ -106,6 +106,7 @@ pub fn pod_facts(pod: &Pod, problems: &mut Vec<SpecProblem>) -> Option<PodFacts>
             .map(|_| meta.deletion_grace_period_seconds.map(seconds_ns).unwrap_or(0)),
         disruption,
         restarting_all_containers: condition_true("AllContainersRestarting").is_some(),
+        priority: spec.and_then(|s| s.priority),
         containers,
         reported_phase: status.and_then(|s| s.phase.clone()),
         reported,

@@ -16,7 +16,9 @@ use kube::{
     Client, Config,
 };
 
-use crate::model::spec::{kill_cause_from_message, KillNotice, PodRef};
+use crate::model::spec::{
+    container_of_field_path, is_liveness_failure, kill_cause_from_message, KillNotice, LivenessFailure, PodRef,
+};
 
 /// How long the first contact may take before the agent goes on without the API.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -200,6 +202,48 @@ impl KubeSource {
     }
 }
 
+impl KubeSource {
+    /// The kubelet's `Unhealthy` events that report a failed liveness probe, with the time the
+    /// kubelet recorded the failure (the event's `lastTimestamp`, else its `eventTime`). Every
+    /// failed probe of the cluster is such an event (readiness ones are dropped here, after the
+    /// API sent them): the watch costs what the cluster's probe failures cost, which the
+    /// kubelets' event rate limits bound (docs/kubelet-behaviour.md).
+    pub(crate) fn liveness_failures(
+        &self,
+    ) -> impl Stream<Item = Result<(LivenessFailure, Option<std::time::SystemTime>), String>> + Send + 'static {
+        let api: Api<ApiEvent> = Api::all(self.client.clone());
+        let config = watcher::Config::default().fields("involvedObject.kind=Pod,reason=Unhealthy");
+        let node = self.node.clone();
+        watcher(api, config).default_backoff().applied_objects().filter_map(move |event| {
+            let failure = match event {
+                Ok(event) => liveness_failure(&event, &node).map(|failure| {
+                    let recorded = event
+                        .last_timestamp
+                        .as_ref()
+                        .map(|t| t.0)
+                        .or_else(|| event.event_time.as_ref().map(|t| t.0))
+                        .map(std::time::SystemTime::from);
+                    Ok((failure, recorded))
+                }),
+                Err(err) => Some(Err(super::words::ApiWords(&err).to_string())),
+            };
+            async move { failure }
+        })
+    }
+}
+
+/// The failed liveness probe in an `Unhealthy` event, if this node's kubelet reported it.
+pub(crate) fn liveness_failure(event: &ApiEvent, node: &str) -> Option<LivenessFailure> {
+    if !from_kubelet_of(event, node) || event.reason.as_deref() != Some("Unhealthy") {
+        return None;
+    }
+    if !is_liveness_failure(event.message.as_deref()?) {
+        return None;
+    }
+    let container = container_of_field_path(event.involved_object.field_path.as_deref()?)?;
+    Some(LivenessFailure { pod: involved_pod(event)?, container: container.to_owned() })
+}
+
 /// A client configuration from a kubeconfig file (its current context).
 async fn from_kubeconfig(path: PathBuf) -> Result<Config, KubeError> {
     let file = Kubeconfig::read_from(&path).map_err(|source| KubeError::Kubeconfig { path: path.clone(), source })?;
@@ -299,6 +343,29 @@ mod tests {
         reported.reporting_component = Some("kubelet".into());
         reported.reporting_instance = Some("node-a".into());
         assert!(kill_notice(&reported, "node-a").is_some(), "the events.k8s.io reporter fields count too");
+    }
+
+    #[test]
+    fn the_kubelets_liveness_failures_name_the_container() {
+        let event = |message: &str, host: &str| -> ApiEvent {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "e"},
+                "involvedObject": {"kind": "Pod", "namespace": "shop", "name": "web-1", "uid": "u1", "fieldPath": "spec.containers{app}"},
+                "reason": "Unhealthy",
+                "message": message,
+                "source": {"component": "kubelet", "host": host},
+            }))
+            .expect("event")
+        };
+        let pod = PodRef { namespace: "shop".into(), name: "web-1".into(), uid: "u1".into() };
+        let failure = LivenessFailure { pod, container: "app".into() };
+        assert_eq!(liveness_failure(&event("Liveness probe failed: HTTP 500", "node-a"), "node-a"), Some(failure));
+        assert_eq!(liveness_failure(&event("Readiness probe failed: HTTP 500", "node-a"), "node-a"), None);
+        assert_eq!(
+            liveness_failure(&event("Liveness probe failed: HTTP 500", "node-b"), "node-a"),
+            None,
+            "another kubelet"
+        );
     }
 
     #[test]

@@ -605,6 +605,7 @@ fn a_container_gone_before_its_metadata_arrived_is_still_judged() {
     assert_eq!(tracker.snapshot().containers(at(SECOND)).len(), 1);
 }
 
+mod causes;
 mod host;
 mod kubelet;
 mod restart_all;

@@ -17,6 +17,7 @@ pub(in crate::node) fn pod_facts(
         deletion_grace_ns: None,
         disruption: None,
         restarting_all_containers: false,
+        priority: None,
         containers: vec![ContainerFacts {
             name: "app".into(),
             kind: ContainerKind::Regular,
