@@ -183,6 +183,8 @@ fn history_json() -> Result<String> {
         oom_victim: None,
         oom_limit: None,
         cause: Some(StopCause::Deleted),
+        kubelet_started_before_ns: None,
+        memory: None,
         spec: SpecSource::default(),
         watched_since: None,
         scene: StopScene::default(),
