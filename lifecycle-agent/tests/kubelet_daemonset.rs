@@ -945,13 +945,26 @@ fn probe_answers_survive_two_agent_restarts() {
             log = agent_log(&kube, &guard.names[new]);
         }
         assert!(took(&log), "{} took the probed pod's listener from {}:\n{log}", guard.names[new], guard.names[old]);
-        // Both answer on the health port now (SO_REUSEPORT spreads connections over the two);
-        // the replaced one says so, so its ready answer cannot make the new pod Ready early.
-        let replaced = (0..40).any(|_| {
-            get(&format!("127.0.0.1:{}", ports.health), "/readyz")
-                .is_some_and(|(code, body)| code == 503 && body.contains("replaced"))
-        });
-        assert!(replaced, "{} answered /readyz as replaced", guard.names[old]);
+        // The health port went over with the rest (ports are exclusive, shared only through the
+        // handoff): every answer on it is the successor's, ready; none is the replaced agent's.
+        let health = format!("127.0.0.1:{}", ports.health);
+        let successors = |answer: &Option<(u16, String)>| {
+            answer.as_ref().is_some_and(|(code, body)| *code == 200 && !body.contains("replaced"))
+        };
+        // Until the old agent has heard the successor confirm (then it stops serving the port).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(0..10).all(|_| successors(&get(&health, "/readyz"))) {
+            assert!(Instant::now() < deadline, "{} never served the health port alone", guard.names[new]);
+        }
+        let answers: Vec<Option<(u16, String)>> = (0..40).map(|_| get(&health, "/readyz")).collect();
+        assert!(
+            answers
+                .iter()
+                .all(|answer| answer.as_ref().is_some_and(|(code, body)| *code == 200 && !body.contains("replaced"))),
+            "/readyz after {} took over from {}: {answers:?}",
+            guard.names[new],
+            guard.names[old]
+        );
         eprintln!("{} deleting {}", wall_clock(), guard.names[old]);
         logs.push_str(&format!(
             "--- {} (until its deletion)\n{}",
