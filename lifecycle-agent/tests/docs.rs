@@ -69,3 +69,43 @@ fn every_documented_command_is_one_the_binaries_take() {
     let failures = refused(AGENT, &agent);
     assert!(failures.is_empty(), "documented commands the binaries refuse:\n{}", failures.join("\n"));
 }
+
+/// The rules of the ClusterRole `name` in a manifest file: (resource, verbs) pairs, as written.
+fn cluster_role_rules(manifests: &str, name: &str) -> Vec<(String, Vec<String>)> {
+    let list = |line: &str| -> Vec<String> {
+        line.split_once('[')
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .map(|(inside, _)| inside.split(',').map(|item| item.trim().trim_matches('"').to_owned()).collect())
+            .unwrap_or_default()
+    };
+    let role = manifests
+        .split("\n---")
+        .find(|doc| doc.contains("kind: ClusterRole\n") && doc.contains(&format!("  name: {name}\n")))
+        .unwrap_or_else(|| panic!("no ClusterRole {name}"));
+    let mut rules = Vec::new();
+    let mut resources = Vec::new();
+    for line in role.lines().map(str::trim) {
+        if line.starts_with("resources:") {
+            resources = list(line);
+        } else if line.starts_with("verbs:") {
+            let verbs = list(line);
+            rules.extend(resources.drain(..).map(|resource| (resource, verbs.clone())));
+        }
+    }
+    rules
+}
+
+#[test]
+fn the_readme_names_every_permission_the_agent_is_granted() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifests = std::fs::read_to_string(root.join("deploy/rbac.yaml")).expect("deploy/rbac.yaml");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let line = readme.split("- **RBAC**").nth(1).and_then(|rest| rest.split("\n- ").next()).expect("the RBAC line");
+    let line = line.split_whitespace().collect::<Vec<_>>().join(" ");
+    let rules = cluster_role_rules(&manifests, "lifecycle-agent");
+    assert!(rules.len() >= 5, "the role's rules were read: {rules:?}");
+    for (resource, verbs) in rules {
+        let said = format!("{resource} {}", verbs.join("/"));
+        assert!(line.contains(&said), "README's RBAC line does not say `{said}`: {line}");
+    }
+}

@@ -425,6 +425,10 @@ mod tests {
             "{table}"
         );
         assert_eq!(render_table("not json"), None);
+        // The README shows this very table (issue 41: its sample had drifted from the output).
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).expect("README");
+        let shown = format!("```\n{}\n```", table.trim_end());
+        assert!(readme.contains(&shown), "README.md's sample status table is not the output; it is:\n{shown}");
     }
 
     #[test]
