@@ -25,28 +25,38 @@ fn toolchain_packages(arch: Arch) -> (&'static [&'static str], &'static str) {
     }
 }
 
-/// Builds `lifecycle-agent` for `arch` (release, or debug), installing the target's standard
-/// library and the cross toolchain first; returns the binary's path.
+/// Builds `lifecycle-agent` for `arch` (release, or debug); returns the binary's path.
 pub fn agent(arch: Arch, release: bool) -> Result<PathBuf> {
+    build(arch, "lifecycle-agent", "lifecycle-agent", release)
+}
+
+/// Builds the kubectl plugin for `arch` in release mode; returns the binary's path.
+pub fn plugin(arch: Arch) -> Result<PathBuf> {
+    build(arch, "kubectl-lifecycle", "kubectl-lifecycle", true)
+}
+
+/// Builds `bin` of `package` for `arch`, installing the target's standard library and the cross
+/// toolchain first; returns the binary's path.
+fn build(arch: Arch, package: &str, bin: &str, release: bool) -> Result<PathBuf> {
     let target = target(arch);
     let (debs, prefix) = toolchain_packages(arch);
     packages::ensure(debs)?;
     toolchain::ensure_stable_target(&target)?;
     let gcc = format!("{prefix}-gcc");
     let env_target = target.replace('-', "_");
-    let mut build = cargo();
-    build
-        .args(["build", "-p", "lifecycle-agent", "--bin", "lifecycle-agent", "--target", &target])
+    let mut command = cargo();
+    command
+        .args(["build", "-p", package, "--bin", bin, "--target", &target])
         .env(format!("CARGO_TARGET_{}_LINKER", env_target.to_uppercase()), &gcc)
         // Build scripts that compile C for the target (the cc crate: libdbus, ring).
         .env(format!("CC_{env_target}"), &gcc)
         .env(format!("AR_{env_target}"), format!("{prefix}-ar"));
     if release {
-        build.arg("--release");
+        command.arg("--release");
     }
-    run(&mut build)?;
+    run(&mut command)?;
     let profile = if release { "release" } else { "debug" };
-    let binary = workspace_root().join("target").join(&target).join(profile).join("lifecycle-agent");
+    let binary = workspace_root().join("target").join(&target).join(profile).join(bin);
     ensure!(binary.is_file(), "cargo built no {}", binary.display());
     Ok(binary)
 }

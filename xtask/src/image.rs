@@ -105,9 +105,13 @@ pub fn run(args: &ImageArgs) -> Result<()> {
     let began = Instant::now();
     let packed = build(&choice.arches(), &out)?;
     // The plugin is not in the image (it runs beside kubectl, not on nodes): built for this
-    // machine, for whoever installs the image from here.
+    // machine, for whoever installs the image from here, and for each other architecture asked.
     shell::run(cargo().args(["build", "--release", "-p", "kubectl-lifecycle"]))?;
     crate::plugin_built();
+    for arch in choice.arches().into_iter().filter(|&arch| Some(arch) != Arch::host()) {
+        let plugin = cross_linux::plugin(arch)?;
+        eprintln!("xtask: the kubectl plugin for {}: {}", arch.oci_name(), plugin.display());
+    }
     eprintln!(
         "xtask: {} ({}) in {} ({:.1} MiB, digest {}); {:.0?}",
         agent::release_name(),

@@ -92,6 +92,8 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
                 "doctor",
                 "--test",
                 "host_units",
+                "--test",
+                "readme",
             ])),
             Tier::Runtime => {
                 // The dashboards test runs its checker with the venv's Python when it exists, so

@@ -179,6 +179,13 @@ pub fn run() -> Result<()> {
     // loader as the image packs them.
     let arm64_image =
         crate::image::build(&[lifecycle_image::layout::Arch::Arm64], &work.join("lifecycle-agent-arm64.tar"))?;
+    // The plugin builds for arm64 too (it runs where kubectl does: arm64 laptops and hosts).
+    let arm64_plugin = crate::cross_linux::plugin(lifecycle_image::layout::Arch::Arm64)?;
+    anyhow::ensure!(
+        lifecycle_image::agent::elf_arch(&arm64_plugin).ok() == Some(lifecycle_image::layout::Arch::Arm64),
+        "{} is not an arm64 executable",
+        arm64_plugin.display()
+    );
     let rows = work.join("rows");
     if rows.exists() {
         fs::remove_dir_all(&rows).with_context(|| format!("removing {}", rows.display()))?;
