@@ -452,7 +452,9 @@ impl NodeTracker {
                     | TerminationOutcome::StopSignalNotObserved { sender: Some(sender) }
                     if sender.is_kubelet_side()
             );
-        if !stopped {
+        // A plain host's unit has no Kubernetes cause: its stop is told by its sender and, under
+        // systemd, the unit's own settings.
+        if !stopped || matches!(key, UnitKey::Host { .. }) {
             return None;
         }
         let Some((pod, container)) = self.spec_of(key).map(|(p, c)| (p.uid.clone(), c.name.clone())) else {
