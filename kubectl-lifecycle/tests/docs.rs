@@ -7,7 +7,6 @@ use std::{path::Path, process::Command};
 
 // The extraction is the testkit's (pure std); included by path so the plugin's dependency tree
 // stays free of the agent's Linux-only crates.
-#[allow(dead_code, reason = "only `commands` is used here")]
 #[path = "../../lifecycle-testkit/src/docs.rs"]
 mod docs;
 
@@ -16,20 +15,10 @@ const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-lifecycle");
 #[test]
 fn every_documented_plugin_command_is_one_it_takes() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut paths = vec![root.join("README.md"), root.join("deploy/README.md")];
-    let mut more: Vec<_> = std::fs::read_dir(root.join("docs"))
-        .expect("docs/")
-        .map(|entry| entry.expect("docs/ entry").path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+    let found: Vec<docs::DocCommand> = docs::documents(&root)
+        .iter()
+        .flat_map(|(name, text)| docs::commands(name, text, &["kubectl-lifecycle"]))
         .collect();
-    more.sort();
-    paths.extend(more);
-    let mut found = Vec::new();
-    for path in paths {
-        let name = path.strip_prefix(&root).unwrap_or(&path).display().to_string();
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{name}: {err}"));
-        found.extend(docs::commands(&name, &text, &["kubectl-lifecycle"]));
-    }
     for subcommand in ["explain", "status"] {
         assert!(
             found.iter().any(|c| c.args.first().is_some_and(|a| a == subcommand)),

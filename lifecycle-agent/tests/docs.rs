@@ -11,23 +11,7 @@ const AGENT: &str = env!("CARGO_BIN_EXE_lifecycle-agent");
 
 /// The documents people copy commands from.
 fn documents() -> Vec<(String, String)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut paths = vec![root.join("README.md"), root.join("deploy/README.md")];
-    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
-        .expect("docs/")
-        .map(|entry| entry.expect("docs/ entry").path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
-        .collect();
-    docs.sort();
-    paths.extend(docs);
-    paths
-        .into_iter()
-        .map(|path| {
-            let name = path.strip_prefix(&root).unwrap_or(&path).display().to_string();
-            let text = std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{name}: {err}"));
-            (name, text)
-        })
-        .collect()
+    lifecycle_testkit::docs::documents(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
 }
 
 /// Runs `binary` with the command's words and `--help`; the failures, one line each.

@@ -15,6 +15,27 @@ pub struct DocCommand {
     pub args: Vec<String>,
 }
 
+/// The documents people copy commands from, under the workspace `root`: the README, the deploy
+/// guide and every `docs/*.md`, sorted, each with its path relative to `root`.
+pub fn documents(root: &std::path::Path) -> Vec<(String, String)> {
+    let mut paths = vec![root.join("README.md"), root.join("deploy/README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|entry| entry.expect("docs/ entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    docs.sort();
+    paths.extend(docs);
+    paths
+        .into_iter()
+        .map(|path| {
+            let name = path.strip_prefix(root).unwrap_or(&path).display().to_string();
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{name}: {err}"));
+            (name, text)
+        })
+        .collect()
+}
+
 /// Every command in `text` (document `name`) whose program is one of `programs` (each matched
 /// as the last path component: `target/release/lifecycle-agent` is `lifecycle-agent`).
 pub fn commands(name: &str, text: &str, programs: &[&str]) -> Vec<DocCommand> {

@@ -193,22 +193,12 @@ mod tests {
     /// xtask takes: parsed with `--help` appended, clap shows help rather than an error.
     #[test]
     fn every_documented_task_is_one_xtask_takes() {
-        let root = workspace_root();
-        // BENCHMARKS.md is left out: its commands are a record of what ran then.
-        let mut paths = vec![root.join("README.md"), root.join("deploy/README.md")];
-        let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
-            .expect("docs/")
-            .map(|entry| entry.expect("docs/ entry").path())
-            .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        // BENCHMARKS.md is left out (not among the documents): its commands are a record of
+        // what ran then.
+        let found: Vec<lifecycle_testkit::docs::DocCommand> = lifecycle_testkit::docs::documents(&workspace_root())
+            .iter()
+            .flat_map(|(name, text)| lifecycle_testkit::docs::commands(name, text, &["x.sh"]))
             .collect();
-        docs.sort();
-        paths.extend(docs);
-        let mut found = Vec::new();
-        for path in paths {
-            let name = path.strip_prefix(&root).unwrap_or(&path).display().to_string();
-            let text = std::fs::read_to_string(&path).expect("a document");
-            found.extend(lifecycle_testkit::docs::commands(&name, &text, &["x.sh"]));
-        }
         for task in ["run", "test", "image", "bench"] {
             assert!(found.iter().any(|c| c.args.first().is_some_and(|a| a == task)), "no documented `x.sh {task}`");
         }
