@@ -1,7 +1,8 @@
 //! Privileged tier: every Grafana dashboard panel returns data from a real Prometheus that scraped
 //! the real `lifecycle-agent run` binary while real containers (containerd + runc, driven through
 //! the CRI the way the kubelet drives it) went through the end-to-end scenarios: a graceful stop,
-//! a grace-period violation, a crash loop restarted too early, an OOM kill, a completion, a
+//! a grace-period violation, a crash loop restarted too early, an OOM kill, a child OOM-killed
+//! under a living PID 1 (the memory events a container's cgroup counts), a completion, a
 //! listening server with connections, exec probes, and probe requests to the agent.
 //!
 //! Then `dashboards/check_dashboards.py --prometheus URL` runs every panel's queries against that
@@ -294,6 +295,31 @@ fn oom_kill(h: &mut Containerd, agent: &Agent) {
     }
 }
 
+/// A child OOM-killed at its container's 64 MiB limit while PID 1 lives on, until the agent has
+/// read the kill from the container's memory files (`memory.events`, or v1's `oom_control`); then
+/// the container is stopped.
+fn memory_pressure(h: &mut Containerd, agent: &Agent) {
+    let pod = h.new_pod("pressed").expect("pod");
+    let script = "trap 'exit 0' TERM; (a=xxxxxxxxxxxxxxxx; while true; do a=\"$a$a\"; done); \
+                  while true; do sleep 0.2; done";
+    let id =
+        h.run_container(&pod, "app", &["sh", "-c", script], &annotations(10, 0), Some(64 << 20)).expect("container");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let wanted = format!("lifecycle_container_memory_events_total{{namespace=\"{}\",pod=\"pressed\"", pod.namespace);
+    loop {
+        let metrics = agent.metrics();
+        let read = metrics
+            .lines()
+            .any(|line| line.starts_with(&wanted) && line.contains("event=\"oom_kill\"") && line.ends_with(" 1"));
+        if read {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no oom_kill count read within 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    h.stop_container(&id, 10).expect("stop");
+}
+
 /// A container that completes with exit 0.
 fn completion(h: &mut Containerd, agent: &Agent) {
     let pod = h.new_pod("job").expect("pod");
@@ -337,6 +363,7 @@ fn every_dashboard_panel_has_data_from_a_real_scrape() {
     violation(&mut h, &agent);
     crash_loop(&mut h, &agent);
     oom_kill(&mut h, &agent);
+    memory_pressure(&mut h, &agent);
     completion(&mut h, &agent);
     // Probe the web container once more so its request counters move in the last scrapes too.
     assert_eq!(agent.probe(&web, "web", "check=process").0, 200);
@@ -351,6 +378,7 @@ fn every_dashboard_panel_has_data_from_a_real_scrape() {
         "increase(lifecycle_probe_transitions_total{pod=\"graceful\"}[1m]) > 0".to_owned(),
         "lifecycle_container_waiting_reason{pod=\"crashloop\", reason=\"CrashLoopBackOff\"} == 1".to_owned(),
         "lifecycle_terminations_total{pod=\"job\", outcome=\"exited_without_stop_signal\"} > 0".to_owned(),
+        "lifecycle_container_memory_events_total{pod=\"pressed\", event=\"oom_kill\"} > 0".to_owned(),
     ];
     for proof in &proofs {
         prometheus.wait_for(proof);
