@@ -25,14 +25,16 @@
 //! links from public items to crate-private ones resolve.
 
 // Public docs link to crate-private items on purpose: see above.
-#![allow(rustdoc::private_intra_doc_links)]
+#![allow(rustdoc::private_intra_doc_links, reason = "public docs link to crate-private items on purpose")]
 
 pub mod agent;
 pub mod cli;
 pub mod discovery;
 pub mod export;
 pub mod handoff;
+pub(crate) mod heartbeats;
 pub mod kernel;
+pub(crate) mod owner;
 pub mod probe;
 pub(crate) mod sys;
 

@@ -11,9 +11,11 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
+
+use parking_lot::Mutex;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;

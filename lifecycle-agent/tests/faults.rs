@@ -27,7 +27,7 @@ const NO_RUNTIME: &str = "/nonexistent/lifecycle-test/cri.sock";
 
 /// Held by each test: every agent sees every cgroup of the machine, so one test's churn must not
 /// land in the other's ring.
-static MACHINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static MACHINE: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 /// The agent's unit for the host cgroup `path`.
 fn unit(agent: &Agent, path: &str) -> Option<Value> {
@@ -60,7 +60,7 @@ fn reap(mut child: Child) {
 #[test]
 fn a_ring_overflow_is_counted_and_the_state_it_hid_is_repaired_from_proc_and_cgroupfs() {
     require_privileges!();
-    let _machine = MACHINE.lock().unwrap_or_else(|poison| poison.into_inner());
+    let _machine = MACHINE.lock();
     // The smallest ring, and a reader stopped while the storm fills it: loss is certain.
     let agent =
         Agent::start_with_socket(AGENT, Path::new(NO_RUNTIME), &["--ring-bytes", "16384", "--wakeup-bytes", "8192"]);
@@ -122,7 +122,7 @@ fn a_ring_overflow_is_counted_and_the_state_it_hid_is_repaired_from_proc_and_cgr
 #[test]
 fn cgroup_churn_of_a_thousand_a_second_loses_nothing_and_leaves_nothing_behind() {
     require_privileges!();
-    let _machine = MACHINE.lock().unwrap_or_else(|poison| poison.into_inner());
+    let _machine = MACHINE.lock();
     let agent = Agent::start_with_socket(AGENT, Path::new(NO_RUNTIME), &[]);
     let used = || {
         agent
@@ -181,7 +181,7 @@ fn state_latencies(agent: &Agent) -> (f64, f64) {
 #[test]
 fn a_host_units_last_exit_wakes_the_agent_instead_of_waiting_for_its_poll() {
     require_privileges!();
-    let _machine = MACHINE.lock().unwrap_or_else(|poison| poison.into_inner());
+    let _machine = MACHINE.lock();
     // The ring is drained once a second unless the kernel wakes the agent: an exit applied within
     // a quarter of that, four times running, is one the kernel woke it for (polling alone would
     // manage it for all four one time in 256).

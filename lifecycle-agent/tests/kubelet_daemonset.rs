@@ -458,14 +458,14 @@ fn explained_from_anywhere_with_a_readers_own_rights(kube: &Kube, port: u16) {
 /// that keeps every bearer token sent to it.
 struct Capture {
     /// The tokens caught, and how many connections reached it.
-    caught: std::sync::Arc<std::sync::Mutex<(Vec<String>, usize)>>,
+    caught: std::sync::Arc<parking_lot::Mutex<(Vec<String>, usize)>>,
     /// Whether it could bind beside the agent at all.
     bound: bool,
 }
 
 impl Capture {
     fn beside(port: u16) -> Self {
-        let caught = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), 0)));
+        let caught = std::sync::Arc::new(parking_lot::Mutex::new((Vec::new(), 0)));
         let Some(listener) = reuse_port_listener(port) else {
             eprintln!("the agent's --listen cannot be shared: the capturing listener could not bind beside it");
             return Self { caught, bound: false };
@@ -494,7 +494,7 @@ impl Capture {
                     head.push(byte[0]);
                 }
                 let text = String::from_utf8_lossy(&head).into_owned();
-                let mut kept = keep.lock().unwrap_or_else(|poison| poison.into_inner());
+                let mut kept = keep.lock();
                 kept.1 += 1;
                 for line in text.lines() {
                     let lower = line.to_ascii_lowercase();
@@ -516,13 +516,13 @@ impl Capture {
 
     /// Connections that reached it.
     fn connections(&self) -> usize {
-        self.caught.lock().unwrap_or_else(|poison| poison.into_inner()).1
+        self.caught.lock().1
     }
 
     /// None of `credentials` (the users' own tokens) was caught; every token caught was minted for
     /// the agents' audience, for the reader account.
     fn assert_no_user_token(&self, credentials: &[&str]) {
-        let (caught, connections) = self.caught.lock().unwrap_or_else(|poison| poison.into_inner()).clone();
+        let (caught, connections) = self.caught.lock().clone();
         eprintln!(
             "the capturing listener (bound beside the agent: {}) took {connections} connections and caught {} tokens",
             self.bound,
@@ -911,7 +911,7 @@ fn probe_answers_survive_two_agent_restarts() {
 
     // From here the pod must stay Ready, watched on every change by a thread of its own.
     let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let unready = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let unready = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
     let watcher = {
         let (watching, unready) = (watching.clone(), unready.clone());
         let mut command = kube.kubectl_command();

@@ -6,7 +6,7 @@ use lifecycle_common::EventKind;
 use serde::Serialize;
 
 /// A decoded kernel record.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Event {
     /// `CLOCK_BOOTTIME` nanoseconds when the kernel saw it.
     pub time_ns: u64,
@@ -21,7 +21,7 @@ pub struct Event {
 }
 
 /// What happened.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Detail {
     Exec {
@@ -78,7 +78,7 @@ pub enum Detail {
 }
 
 /// Socket facts shared by the TCP events.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct TcpDetail {
     /// The cgroup the socket is charged to (its creator's), which is not always `cgroup_id`.
     pub socket_cgroup_id: u64,
@@ -92,7 +92,7 @@ pub struct TcpDetail {
 }
 
 /// A cgroup directory that appeared or went.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct CgroupDetail {
     pub id: u64,
     /// Path below the v2 mount, starting with `/`.
@@ -102,7 +102,7 @@ pub struct CgroupDetail {
 }
 
 /// The outcome the `signal_generate` tracepoint reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SignalResult {
     Delivered,

@@ -47,7 +47,7 @@ pub mod keys {
 }
 
 /// What the runtime reports a container is doing (CRI `ContainerState`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ContainerState {
     /// Created, not started yet.
     Created,
@@ -63,7 +63,7 @@ pub enum ContainerState {
 ///
 /// Sidecars (init containers with `restartPolicy: Always`) are reported as [`Self::Init`]: the
 /// kubelet does not pass the restart policy to the runtime.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ContainerType {
     /// `spec.initContainers` (including sidecars).
     Init,
@@ -88,7 +88,7 @@ impl ContainerType {
 ///
 /// Identity strings are empty when the label is absent (a container the kubelet did not
 /// create); every decoded annotation is `None` when absent or malformed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ContainerMeta {
     /// Full runtime container id (64 hex digits for containerd and CRI-O).
     pub container_id: String,
@@ -140,7 +140,7 @@ impl ContainerMeta {
 }
 
 /// An annotation the kubelet should have written in a known format but did not.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AnnotationProblem {
     /// Annotation key.
     pub key: &'static str,
@@ -173,7 +173,7 @@ pub fn probe_declaration(pod_annotations: &HashMap<String, String>) -> Result<Op
 }
 
 /// Who a container is, from the kubelet's labels.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PodIdentity {
     /// `io.kubernetes.pod.name`.
     pub pod_name: String,
@@ -204,7 +204,7 @@ impl PodIdentity {
 
 /// The kubelet's annotations on one container, decoded field by field; each is `None` when
 /// absent or malformed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KubeletAnnotations {
     /// `io.kubernetes.container.restartCount`.
     pub restart_count: Option<u32>,

@@ -13,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 /// What the kernel logged about one OOM kill.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KernelOomKill {
     /// The victim's thread-group id (the host's pid).
     pub pid: u32,

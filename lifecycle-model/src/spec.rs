@@ -27,7 +27,7 @@ pub enum ContainerKind {
 }
 
 /// One container's spec, as far as verdicts need it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ContainerFacts {
     pub name: String,
     pub kind: ContainerKind,
@@ -45,7 +45,7 @@ pub struct ContainerFacts {
 }
 
 /// An `httpGet` probe of a container.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HttpProbe {
     /// The numeric port (named ports are resolved against the container's ports).
     pub port: u16,
@@ -103,7 +103,7 @@ pub enum Disruption {
 }
 
 /// One pod as the API shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PodFacts {
     pub uid: String,
     pub namespace: String,
@@ -208,7 +208,7 @@ crate::spelling::spelling!(StopCause {
 /// The pod an Event is about, as its `involvedObject` names it. The API server checks only that
 /// an Event's namespace is its object's namespace, not that the uid is that object's: a notice
 /// counts for a pod only when all three are the pod's ([`crate::node::NodeTracker::notice_for`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PodRef {
     pub namespace: String,
     pub name: String,
@@ -216,7 +216,7 @@ pub struct PodRef {
 }
 
 /// A container-level kill the kubelet announced in an Event.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KillNotice {
     pub pod: PodRef,
     pub container: String,
@@ -264,7 +264,7 @@ pub fn container_of_field_path(field_path: &str) -> Option<&str> {
 }
 
 /// The kubelet reported a failed liveness probe of a container (its `Unhealthy` event).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LivenessFailure {
     pub pod: PodRef,
     pub container: String,

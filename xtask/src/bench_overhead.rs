@@ -131,7 +131,7 @@ struct Started {
 /// every agent the run compares is accounted alike, a baseline built before the agent held it
 /// itself included. Hand-written: a single bpf(2) command that no crate in xtask's tree wraps
 /// (aya does, but building aya into xtask would add it to every `x.sh` first build).
-struct KernelAccounting(#[allow(dead_code, reason = "held, not read: closing it ends the accounting")] OwnedFd);
+struct KernelAccounting(#[expect(dead_code, reason = "held, not read: closing it ends the accounting")] OwnedFd);
 
 impl KernelAccounting {
     fn enable() -> Result<Self> {

@@ -17,8 +17,9 @@ use crate::{cargo, packages, shell, toolchain, workspace_root};
 /// Every target (`fuzz/fuzz_targets/<name>.rs`) with its longest input (libFuzzer's -max_len):
 /// 4096 bytes covers a cgroup path, a query, a request head (the listener reads at most that), a
 /// ring record (560 bytes at most) and the /proc files read; annotation maps get twice that so
-/// the 4096-byte bound of the probe declaration is crossed; Pod JSON gets 16 KiB.
-pub const TARGETS: [(&str, usize); 7] = [
+/// the 4096-byte bound of the probe declaration is crossed; Pod JSON gets 16 KiB; a sequence of
+/// the model's commands takes a few bytes each (512 at most), 4096 bytes is hundreds of them.
+pub const TARGETS: [(&str, usize); 8] = [
     ("cgroup_identity", 4096),
     ("cri_annotations", 8192),
     ("probe_query", 4096),
@@ -26,6 +27,7 @@ pub const TARGETS: [(&str, usize); 7] = [
     ("ring_record", 4096),
     ("proc_parsers", 4096),
     ("pod_spec", 16384),
+    ("model_commands", 4096),
 ];
 
 /// Executions per target in the checks tier's smoke run.

@@ -22,10 +22,10 @@ use std::{
     future::Future,
     hash::BuildHasher as _,
     pin::Pin,
-    sync::Mutex,
     time::{Duration, Instant},
 };
 
+use parking_lot::Mutex;
 use prometheus::{IntCounterVec, Registry};
 use tokio::sync::Semaphore;
 
@@ -223,19 +223,19 @@ impl ApiGate {
     }
 
     fn cached(&self, key: &Key, now: Instant) -> Option<Access> {
-        let cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        let cache = self.cache.lock();
         let live =
             |entry: Option<&(Access, Instant)>| entry.filter(|(_, expires)| *expires > now).map(|(a, _)| a.clone());
         live(cache.allowed.get(key)).or_else(|| live(cache.refused.get(key)))
     }
 
     fn is_trusted(&self, token: TokenDigest, now: Instant) -> bool {
-        let cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        let cache = self.cache.lock();
         cache.trusted.get(&token).is_some_and(|until| *until > now)
     }
 
     fn remember(&self, key: Key, access: Access, now: Instant) {
-        let mut cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut cache = self.cache.lock();
         if matches!(access, Access::Allowed { .. }) {
             make_room(&mut cache.trusted, |until| *until, now);
             cache.trusted.insert(key.0, now + TRUSTED_MEMORY);
@@ -251,7 +251,7 @@ impl ApiGate {
 
     #[cfg(test)]
     fn cached_entries(&self) -> usize {
-        let cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        let cache = self.cache.lock();
         cache.allowed.len() + cache.refused.len()
     }
 }

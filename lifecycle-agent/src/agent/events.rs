@@ -12,15 +12,15 @@ use std::{
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use prometheus::{IntCounterVec, Registry};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::{
     discovery::kube::{watch::KubeSource, words::ApiWords},
-    model::node::{Outcome, PodWarning, WarningReason},
+    model::node::{Command, PodWarning, WarningReason},
     probe::metrics::ProbeMetrics,
 };
 
-/// How often warnings are taken from the tracker.
+/// How often the model is asked for the warnings it noted.
 const PERIOD: Duration = Duration::from_secs(1);
 /// Events a pod may get in a burst...
 const BURST: f64 = 5.0;
@@ -61,7 +61,8 @@ pub(super) fn register(registry: &Registry) -> Result<IntCounterVec, prometheus:
 /// Publishes the tracker's warnings as Events until shutdown.
 pub(super) async fn event_loop(
     source: KubeSource,
-    tracker: super::owner::ModelHandle,
+    model: crate::owner::ModelHandle,
+    mut noted: mpsc::UnboundedReceiver<Vec<PodWarning>>,
     probes: Arc<ProbeMetrics>,
     counts: IntCounterVec,
     mut shutdown: watch::Receiver<bool>,
@@ -75,10 +76,12 @@ pub(super) async fn event_loop(
             _ = ticker.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let Some(mut warnings) = tracker.update_with(|tracker| (tracker.take_warnings(), Outcome::default())).await
-        else {
-            return;
-        };
+        // The model hands its warnings to the notice sink, which queues them here.
+        model.update(Command::FlushWarnings).await;
+        let mut warnings = Vec::new();
+        while let Ok(noted) = noted.try_recv() {
+            warnings.extend(noted);
+        }
         warnings.extend(probes.take_stall_warnings());
         for warning in warnings {
             if !limit.allow(&warning.pod_uid, Instant::now()) {

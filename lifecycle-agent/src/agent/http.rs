@@ -46,10 +46,9 @@ use tokio::{net::TcpListener, sync::watch};
 
 use super::{
     auth::{ApiGate, Verdict},
-    health::Heartbeats,
     sources::{Busy, Places, Refused, Turns},
 };
-use crate::export::metrics::Metrics;
+use crate::{export::metrics::Metrics, heartbeats::Heartbeats};
 
 /// The making of an answer: the status and JSON body, made when the request's turn comes
 /// (`sources.rs`).

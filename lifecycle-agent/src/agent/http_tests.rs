@@ -2,7 +2,7 @@
 //! turns whole-node answers take.
 use super::*;
 use crate::agent::sources::Turns;
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     sync::Semaphore,
@@ -432,7 +432,7 @@ fn turn_of(
     let (turns, source, order, go) = (Arc::clone(turns), Arc::clone(source), Arc::clone(order), Arc::clone(go));
     tokio::spawn(async move {
         let _turn = turns.take(&source).await;
-        order.lock().expect("order").push(who);
+        order.lock().push(who);
         go.notified().await;
     })
 }
@@ -458,7 +458,7 @@ async fn one_sources_requests_take_their_turns_one_after_another_and_delay_anoth
         .map(|(who, source)| turn_of(&turns, source, who, &order, &go))
         .collect();
     settle().await;
-    assert_eq!(*order.lock().expect("order"), ["a1"], "one answer is made at a time");
+    assert_eq!(*order.lock(), ["a1"], "one answer is made at a time");
     for _ in 0..3 {
         go.notify_one();
         settle().await;
@@ -469,7 +469,7 @@ async fn one_sources_requests_take_their_turns_one_after_another_and_delay_anoth
         task.await.expect("turn");
     }
     // b asked after a2 and a3, and waited for a's answer in the making only.
-    assert_eq!(*order.lock().expect("order"), ["a1", "b1", "a2", "a3"]);
+    assert_eq!(*order.lock(), ["a1", "b1", "a2", "a3"]);
 }
 
 /// An API whose `/api/v1/containers` answers are made only as the test lets them (standing for
@@ -490,7 +490,7 @@ impl ApiHandler for SlowApi {
         }
         (path == "/api/v1/containers").then(|| {
             let _ = self.making.send(());
-            let _ = self.release.lock().expect("release").recv_timeout(Duration::from_secs(10));
+            let _ = self.release.lock().recv_timeout(Duration::from_secs(10));
             (StatusCode::OK, "{\"containers\":[]}".to_owned())
         })
     }

@@ -10,7 +10,7 @@ use futures::StreamExt as _;
 use prometheus::{IntCounter, IntGauge, Registry};
 use tokio::sync::watch;
 
-use super::owner::ModelHandle;
+use crate::owner::ModelHandle;
 use crate::{
     discovery::clock::{boottime_ns, wall_to_boottime},
     discovery::kube::{
@@ -19,8 +19,9 @@ use crate::{
         words::ApiWords,
     },
     model::{
-        node::{NoticeFor, Outcome},
+        node::Command,
         spec::{KillNotice, LivenessFailure, PodRef},
+        time::BootTime,
     },
 };
 
@@ -82,12 +83,17 @@ impl KubeMetrics {
         registry.register(Box::new(notices_refused.clone()))?;
         Ok(Self { up, errors, notices_refused })
     }
+
+    /// The count of forged notices, for the notice sink (the model refuses them).
+    pub(super) fn notices_refused(&self) -> IntCounter {
+        self.notices_refused.clone()
+    }
 }
 
 /// Applies pod changes to the tracker until shutdown.
 pub(super) async fn pod_loop(
     source: KubeSource,
-    tracker: ModelHandle,
+    model: ModelHandle,
     metrics: KubeMetrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -115,22 +121,12 @@ pub(super) async fn pod_loop(
                     // A new pod, or a changed declaration, reaches the probe supervisor in the
                     // snapshot this waits for: its listener is made before the kubelet's first
                     // probe, not at a tick.
-                    tracker.update(|tracker| tracker.apply_pod(facts, boottime_ns())).await;
+                    model.update(Command::Pod(facts)).await;
                 }
             }
             PodChange::Listed => {
-                let seen = relisted.take();
-                tracker
-                    .update(move |tracker| {
-                        if let Some(seen) = seen {
-                            for uid in tracker.pod_uids().into_iter().filter(|uid| !seen.contains(uid)) {
-                                tracker.forget_pod(&uid);
-                            }
-                        }
-                        tracker.set_api_reachable(true);
-                        Outcome::default()
-                    })
-                    .await;
+                let listed = relisted.take().map(|seen| seen.into_iter().collect());
+                model.update(Command::PodsListed { listed }).await;
                 metrics.up.set(1);
                 if !up {
                     log::info!("the Kubernetes API answers again");
@@ -140,26 +136,16 @@ pub(super) async fn pod_loop(
             PodChange::Gone(pod) => {
                 let mut problems = Vec::new();
                 match pod_facts(&pod, &mut problems) {
-                    Some(facts) => tracker.update(|tracker| tracker.pod_gone(facts, boottime_ns())).await,
+                    Some(facts) => model.update(Command::PodGone(facts)).await,
                     None => {
                         if let Some(uid) = pod.metadata.uid.clone() {
-                            tracker
-                                .update(move |tracker| {
-                                    tracker.forget_pod(&uid);
-                                    Outcome::default()
-                                })
-                                .await;
+                            model.update(Command::PodForgotten { uid }).await;
                         }
                     }
                 }
             }
             PodChange::Unreachable(why) => {
-                tracker
-                    .update(|tracker| {
-                        tracker.set_api_reachable(false);
-                        Outcome::default()
-                    })
-                    .await;
+                model.update(Command::ApiUnreachable).await;
                 metrics.up.set(0);
                 metrics.errors.inc();
                 if up {
@@ -179,21 +165,11 @@ enum KubeletNotice {
     LivenessFailure(LivenessFailure, Option<std::time::SystemTime>),
 }
 
-impl KubeletNotice {
-    fn pod(&self) -> &PodRef {
-        match self {
-            Self::Kill(notice) => &notice.pod,
-            Self::Eviction(pod) => pod,
-            Self::LivenessFailure(failure, _) => &failure.pod,
-        }
-    }
-}
-
 /// Applies the kubelet's probe-kill and eviction notices and its liveness failures to the
 /// tracker until shutdown.
 pub(super) async fn kill_loop(
     source: KubeSource,
-    tracker: ModelHandle,
+    model: ModelHandle,
     metrics: KubeMetrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -211,37 +187,21 @@ pub(super) async fn kill_loop(
         match notice {
             None => return,
             Some(Ok(notice)) => {
-                // Events are not selected by node: only pods of this node count, named by
-                // namespace, name and uid; a uid of this node's pod under other names is forged.
-                let refused = metrics.notices_refused.clone();
-                tracker
-                    .update(move |tracker| match tracker.notice_for(notice.pod()) {
-                        NoticeFor::ThisPod => match notice {
-                            KubeletNotice::Kill(notice) => tracker.apply_kill_notice(notice, boottime_ns()),
-                            KubeletNotice::Eviction(pod) => tracker.apply_eviction_notice(&pod, boottime_ns()),
-                            KubeletNotice::LivenessFailure(failure, recorded) => {
-                                let now = boottime_ns();
-                                // The kubelet's time of the failure, on the kernel's clock (never
-                                // later than now: a clock ahead of ours is taken as now).
-                                let at = recorded
-                                    .map_or(now, |t| wall_to_boottime(t, std::time::SystemTime::now(), now).min(now));
-                                tracker.apply_liveness_failure(failure, at, now)
-                            }
-                        },
-                        NoticeFor::OtherPod => {
-                            refused.inc();
-                            let pod = notice.pod();
-                            log::warn!(
-                                "an Event in namespace {:?} names pod {:?} by the uid of another pod of this node; \
-                                 ignored (forged?)",
-                                pod.namespace,
-                                pod.name
-                            );
-                            Outcome::default()
-                        }
-                        NoticeFor::UnknownPod => Outcome::default(),
-                    })
-                    .await;
+                // Events are not selected by node: the model applies only those naming a pod of
+                // this node by namespace, name and uid, and tells of a uid of this node's pod
+                // under other names (forged: `Notice::ForgedNotice`, counted by the notice sink).
+                let command = match notice {
+                    KubeletNotice::Kill(notice) => Command::KillNotice(notice),
+                    KubeletNotice::Eviction(pod) => Command::EvictionNotice(pod),
+                    KubeletNotice::LivenessFailure(failure, recorded) => {
+                        // The kubelet's time of the failure, on the kernel's clock (the model takes
+                        // one ahead of its own clock as now).
+                        let now = boottime_ns();
+                        let at = recorded.map_or(now, |t| wall_to_boottime(t, std::time::SystemTime::now(), now));
+                        Command::LivenessFailure { failure, at: BootTime::from_ns(at) }
+                    }
+                };
+                model.update(command).await;
             }
             Some(Err(why)) => {
                 metrics.errors.inc();

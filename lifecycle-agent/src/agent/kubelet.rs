@@ -16,7 +16,7 @@ use std::time::Duration;
 use prometheus::{IntCounterVec, IntGaugeVec, Registry};
 use tokio::sync::{mpsc, watch};
 
-use super::owner::ModelHandle;
+use crate::{model::node::Command, owner::ModelHandle};
 use crate::{
     discovery::{
         kube::watch::KubeSource,
@@ -283,6 +283,6 @@ pub(super) async fn kubelet_loop(
             _ = shutdown.changed() => return,
         }
         let policy = link.read().await;
-        model.update(move |tracker| tracker.set_kubelet(policy)).await;
+        model.update(Command::Kubelet(policy)).await;
     }
 }

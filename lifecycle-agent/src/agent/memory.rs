@@ -11,10 +11,13 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 
-use super::owner::ModelHandle;
+use crate::owner::ModelHandle;
 use crate::{
     discovery::{cgroupfs::CgroupRoot, clock::boottime_ns, memory},
-    model::{node::MemoryReading, time::BootTime},
+    model::{
+        node::{Command, MemoryReading},
+        time::BootTime,
+    },
 };
 
 /// How often the running containers' memory files are read: the evidence's edges are this wide.
@@ -56,6 +59,6 @@ pub(super) async fn memory_loop(
         })
         .await;
         let Ok(readings) = read else { continue };
-        model.tell(move |tracker| tracker.apply_memory_readings(readings, left_out)).await;
+        model.tell(Command::MemoryReadings { readings, left_out }).await;
     }
 }

@@ -10,7 +10,7 @@ mod kube;
 pub(crate) mod kubelet;
 pub mod logging;
 mod memory;
-pub(crate) mod owner;
+mod notices;
 mod reader;
 mod routes;
 mod runtime;
@@ -22,7 +22,7 @@ pub(crate) mod tls;
 mod verdicts;
 
 use crate::handoff::{self, registry::Registry, HandoffError, Serves, SocketFacts};
-use health::Heartbeats;
+use crate::{heartbeats::Heartbeats, owner};
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use lifecycle_common::{KindStats, EVENT_KIND_COUNT};
@@ -33,7 +33,7 @@ use crate::export::families::AgentFamily;
 use crate::{
     discovery::{
         cgroupfs::{CgroupFsError, CgroupRoot},
-        clock::unix_minus_boot_seconds,
+        clock::{boottime_ns, unix_minus_boot_seconds},
     },
     export::{
         metrics::{AgentCounters, FeatureFlag, KernelStats, Metrics, MetricsError, RuntimeMetrics},
@@ -42,7 +42,8 @@ use crate::{
     kernel::{Sensor, SensorConfig, SensorError, SensorMaps, StreamError},
     model::{
         kubelet::KubeletOverrides,
-        node::{NodeTracker, TrackerConfig},
+        node::{Command, NodeTracker, TrackerConfig},
+        time::BootTime,
     },
     probe::{
         feeds::ProbeFeeds,
@@ -57,6 +58,10 @@ use reader::Reader;
 use routes::{ContainersApi, Waits};
 use runtime::{runtime_loop, RuntimeLink};
 use tasks::{expiry_loop, seed};
+
+/// With this variable set to a file's path, the agent writes every command its model handles to
+/// that file, one JSON object a line (`owner.rs`): the sequence a replay test reads back.
+pub const RECORD_COMMANDS_ENV: &str = "LIFECYCLE_RECORD_COMMANDS";
 
 /// The sensor's counter map is where the exporters' kernel counters come from.
 impl KernelCounters for SensorMaps {
@@ -200,11 +205,12 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     // Until the runtime is first asked, containers wait for their names; the first refresh below
     // names them, or tells the tracker to name them by id.
     let tracker_config = TrackerConfig { cri_available: true, ..config.tracker.clone() };
-    let mut tracker = NodeTracker::new(tracker_config);
-    // Routed below, once the routes exist (the runtime is asked before the first batch anyway).
-    let mut seeded = seed(&mut tracker, &root);
+    let tracker = NodeTracker::new(tracker_config);
+    // Handed to the model once its owner exists, below (the runtime is asked before the first
+    // batch anyway).
+    let mut start_commands = vec![seed(&root)];
     if kube.is_some() {
-        tracker.set_api_configured();
+        start_commands.push(Command::ApiConfigured);
     }
     let snapshots = owner::snapshots_of(&tracker);
     let maps = sensor.maps();
@@ -253,22 +259,43 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let node_name = crate::discovery::kube::watch::KubeSource::node_name(config.node_name.clone());
     let mut kubelet_link =
         kubelet::KubeletLink::new(node_name, kube.clone(), config.kubelet_overrides, Some(kubelet_metrics));
-    let kubelet_policy = kubelet_link.read().await;
-    seeded.extend(tracker.set_kubelet(kubelet_policy));
+    start_commands.push(Command::Kubelet(kubelet_link.read().await));
     let (kubelet_starts, kubelet_queue) = kubelet::KubeletStarts::new();
-    let routes = owner::Routes {
-        units: units.clone(),
-        metadata_wanted: metadata_wanted.clone(),
-        root: root.clone(),
-        repairs: repairs.clone(),
-        kernel_log,
-        probe_feeds: probe_feeds.clone(),
-        systemd: systemd_requests,
-        kubelet: kubelet_starts,
+    let kube_metrics = match &kube {
+        Some(_) => Some(kube::KubeMetrics::register(metrics.registry()).map_err(MetricsError::from)?),
+        None => None,
+    };
+    let rescan_wanted = Arc::new(Notify::new());
+    let (oom_victims, oom_victims_queue) = tokio::sync::mpsc::unbounded_channel();
+    let (warnings, warnings_queue) = tokio::sync::mpsc::unbounded_channel();
+    let events_wanted = kube.is_some() && config.events;
+    // Where what the model's commands change goes (`owner.rs`, the doors).
+    let sinks = owner::Sinks {
+        judgements: units.clone(),
+        probes: probe_feeds.clone(),
+        notices: Box::new(notices::NoticeHandlers {
+            metadata_wanted: metadata_wanted.clone(),
+            rescan_wanted: rescan_wanted.clone(),
+            oom_victims: kernel_log.then_some(oom_victims),
+            systemd: systemd_requests,
+            kubelet: kubelet_starts,
+            repairs: repairs.clone(),
+            notices_refused: kube_metrics.as_ref().map(kube::KubeMetrics::notices_refused),
+            warnings: events_wanted.then_some(warnings),
+        }),
     };
     let (mut owner, model) =
-        owner::own(tracker, snapshots, routes).map_err(|err| AgentError::Stream(StreamError::Register(err)))?;
-    owner.change(|_| seeded);
+        owner::own(tracker, snapshots, sinks).map_err(|err| AgentError::Stream(StreamError::Register(err)))?;
+    let taken_maps = maps.clone();
+    owner.take_counters_with(Box::new(move |cgroup_id| taken_maps.take_counters(cgroup_id)));
+    if let Some(path) = std::env::var_os(RECORD_COMMANDS_ENV) {
+        let path = PathBuf::from(path);
+        match owner.record_to(path.clone()) {
+            Ok(()) => log::info!("recording the model's commands to {} ({RECORD_COMMANDS_ENV})", path.display()),
+            Err(err) => log::warn!("cannot record the model's commands to {}: {err}", path.display()),
+        }
+    }
+    owner.handle_all(start_commands, BootTime::from_ns(boottime_ns()));
 
     let sources = SourceFilter::new(&config.probe_allow_from);
     let probe_sources = sources.clone();
@@ -328,16 +355,18 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let mut runtime = RuntimeLink::new(config.cri_socket.clone(), runtime_metrics);
     // Before the first batch of events: containers seen at start are judged under their names.
     let answer = runtime.refresh().await;
-    owner.change(|tracker| answer.apply(tracker));
+    owner.handle_all([answer.command()], BootTime::from_ns(boottime_ns()));
+    // Readers that come before the reader's first pass see what the start found.
+    owner.publish();
     loops.spawn(runtime_loop(runtime, model.clone(), metadata_wanted.clone(), config.cri_refresh, shutdown.clone()));
     let review_client = kube.as_ref().filter(|_| config.api_auth).map(|source| source.client());
-    if let Some(source) = kube {
-        let kube_metrics = kube::KubeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
+    if let (Some(source), Some(kube_metrics)) = (kube, kube_metrics) {
         loops.spawn(kube::pod_loop(source.clone(), model.clone(), kube_metrics.clone(), shutdown.clone()));
         loops.spawn(kube::kill_loop(source.clone(), model.clone(), kube_metrics, shutdown.clone()));
-        if config.events {
+        if events_wanted {
             let counts = events::register(metrics.registry()).map_err(MetricsError::from)?;
-            loops.spawn(events::event_loop(source, model.clone(), probe_metrics, counts, shutdown.clone()));
+            let events = events::event_loop(source, model.clone(), warnings_queue, probe_metrics, counts, shutdown.clone());
+            loops.spawn(events);
         }
     }
     loops.spawn(systemd::systemd_loop(systemd_queue, model.clone(), systemd_counts, None, shutdown.clone()));
@@ -345,7 +374,11 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     loops.spawn(expiry_loop(model.clone(), config.series_retention, shutdown.clone()));
     loops.spawn(memory::memory_loop(model.clone(), root.clone(), memory_layout, shutdown.clone()));
     loops.spawn(verdicts::verdict_log_loop(model.snapshots(), shutdown.clone()));
-    loops.spawn(tasks::resync_loop(model.clone(), maps.clone(), root.clone(), repairs.clone(), shutdown.clone()));
+    loops.spawn(tasks::resync_loop(model.clone(), maps.clone(), root.clone(), shutdown.clone()));
+    loops.spawn(tasks::rescan_loop(model.clone(), root.clone(), rescan_wanted, shutdown.clone()));
+    if kernel_log {
+        loops.spawn(tasks::oom_log_loop(model.clone(), oom_victims_queue, shutdown.clone()));
+    }
 
     let gate = match config.api_auth {
         false => None,

@@ -1,6 +1,6 @@
 //! The ring reader: a thread of its own, the model's owner (`owner.rs`), that waits on the
-//! kernel's ring, the changes queued by the agent's loops, or the poll period; applies each
-//! batch and change to the tracker, and publishes a snapshot.
+//! kernel's ring, the commands queued by the agent's loops, or the poll period; hands each
+//! batch of events and each command to the model, and publishes a snapshot.
 //!
 //! Not a tokio task: a wake-up from the kernel reaches this thread directly. As a task it came
 //! through the runtime's I/O driver, which only a worker with nothing else to do polls, and then
@@ -18,19 +18,17 @@ use std::{
 use prometheus::Histogram;
 use tokio::sync::oneshot;
 
-use super::{
-    health::{Heartbeats, Loop},
-    owner::Owner,
-};
 use crate::{
     discovery::clock::boottime_ns,
     export::metrics::AgentCounters,
+    heartbeats::{Heartbeats, Loop},
     kernel::{EventStream, SensorMaps, StreamError},
     model::{
         event::{Detail, Event},
-        node::Outcome,
-        time::seconds,
+        node::Command,
+        time::{seconds, BootTime},
     },
+    owner::Owner,
 };
 
 /// Everything a batch of events feeds.
@@ -83,36 +81,33 @@ impl Reader {
             }
             self.owner.clear_wake();
             self.heartbeats.beat(Loop::RingReader);
-            // Changes first: a container's metadata or pod spec queued before its exit is there
-            // when the exit is judged.
-            self.owner.run_changes();
+            // Queued commands first: a container's metadata or pod spec queued before its exit
+            // is there when the exit is judged.
+            self.owner.run_queued();
             let mut ended = Vec::new();
             if stream.drain_into(&mut batch) > 0 {
                 self.counters.events_read.fetch_add(batch.len() as u64, Ordering::Relaxed);
                 self.counters.decode_errors.store(stream.decode_errors(), Ordering::Relaxed);
                 let maps = &self.maps;
-                ended = self.owner.change(|tracker| {
-                    let mut outcome = Outcome::default();
-                    for event in &batch {
-                        if let Detail::CgroupRmdir(c) = &event.detail {
-                            // The kernel's counts of a departing cgroup move to its unit before
-                            // its map entry is freed for reuse.
-                            if let Some(last) = maps.take_counters(c.id) {
-                                tracker.absorb_kernel_counters(c.id, last);
-                            }
-                        }
-                        outcome.extend(tracker.apply(event));
-                    }
-                    outcome
+                let commands = batch.drain(..).flat_map(|event| {
+                    // The kernel's counts of a departing cgroup move to its unit before its map
+                    // entry is freed for reuse.
+                    let departing = match &event.detail {
+                        Detail::CgroupRmdir(c) => maps
+                            .take_counters(c.id)
+                            .map(|counters| Command::DepartingCounters { cgroup_id: c.id, counters }),
+                        _ => None,
+                    };
+                    departing.into_iter().chain([Command::Event(event)])
                 });
-                batch.clear();
+                ended = self.owner.handle_all(commands, BootTime::from_ns(boottime_ns()));
             }
             publish_in = self.owner.publish();
             // The exits that ended a container (or a host unit's run): their state is in the
             // published snapshot now.
-            let now = boottime_ns();
+            let now = BootTime::from_ns(boottime_ns());
             for ended in &ended {
-                self.latency.observe(seconds(now.saturating_sub(ended.exit_ns)));
+                self.latency.observe(seconds(now.since(ended.exit)));
             }
         }
     }

@@ -460,8 +460,8 @@ fn forbidden((_, body): (u16, String)) -> (StatusCode, String) {
 }
 
 // The tests feed the tracker events for the state they then render; the outcomes (routed by the
-// agent, `agent/owner.rs`) are not what they examine.
+// agent, `owner.rs`) are not what they examine.
 #[cfg(test)]
-#[allow(unused_must_use)]
+#[expect(unused_must_use, reason = "the tests examine the state, not the outcomes")]
 #[path = "routes_tests.rs"]
 mod tests;

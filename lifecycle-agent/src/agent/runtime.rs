@@ -17,14 +17,11 @@ use std::{
 
 use tokio::sync::{watch, Notify};
 
-use super::owner::ModelHandle;
 use crate::{
     discovery::cri::{CriClient, CONTAINERD_SOCKET, CRIO_SOCKET},
     export::metrics::RuntimeMetrics,
-    model::{
-        metadata::ContainerMeta,
-        node::{NodeTracker, Outcome},
-    },
+    model::{metadata::ContainerMeta, node::Command},
+    owner::ModelHandle,
     ErrorChain,
 };
 
@@ -47,11 +44,11 @@ impl Answer {
         matches!(self, Answer::Listed(_))
     }
 
-    /// What it changes in the model.
-    pub(super) fn apply(self, tracker: &mut NodeTracker) -> Outcome {
+    /// The command that tells the model.
+    pub(super) fn command(self) -> Command {
         match self {
-            Answer::Listed(list) => tracker.set_metadata(list),
-            Answer::Unreachable => tracker.set_runtime_reachable(false),
+            Answer::Listed(containers) => Command::RuntimeListed { containers },
+            Answer::Unreachable => Command::RuntimeUnreachable,
         }
     }
 }
@@ -160,7 +157,7 @@ impl RuntimeLink {
 /// named reach the probe supervisor through the snapshot that shows them.
 pub(super) async fn runtime_loop(
     mut link: RuntimeLink,
-    tracker: ModelHandle,
+    model: ModelHandle,
     wanted: Arc<Notify>,
     period: Duration,
     mut shutdown: watch::Receiver<bool>,
@@ -188,7 +185,7 @@ pub(super) async fn runtime_loop(
         last_attempt = Instant::now();
         let answer = link.refresh().await;
         up = answer.answered();
-        tracker.update(move |tracker| answer.apply(tracker)).await;
+        model.update(answer.command()).await;
         retry = if up { MIN_RETRY } else { (retry * 2).min(MAX_RETRY) };
     }
 }
@@ -199,7 +196,8 @@ mod tests {
     use super::*;
     use crate::model::{
         event::{CgroupDetail, Detail, Event},
-        node::TrackerConfig,
+        node::{NodeTracker, TrackerConfig},
+        time::BootTime,
     };
 
     const POD_UID: &str = "00000000-0000-0000-0000-000000000007";
@@ -221,7 +219,7 @@ mod tests {
         let meta = lifecycle_testkit::fixtures::running_container(&"cd".repeat(32), POD_UID, "shop", "web-0", "app");
         let answer = Answer::Listed(vec![meta]);
         assert!(answer.answered());
-        let _ = answer.apply(&mut tracker);
+        let _ = tracker.handle(answer.command(), BootTime::from_ns(2));
         let names: Vec<String> = tracker.units().map(|u| u.labels().container.clone()).collect();
         assert_eq!(names, ["app"]);
     }
@@ -231,7 +229,7 @@ mod tests {
         let mut tracker = waiting_for_names();
         let answer = Answer::Unreachable;
         assert!(!answer.answered());
-        let _ = answer.apply(&mut tracker);
+        let _ = tracker.handle(answer.command(), BootTime::from_ns(2));
         let units: Vec<(String, bool)> = tracker.units().map(|u| (u.labels().uid.clone(), u.named_by_id())).collect();
         assert_eq!(units, [(POD_UID.to_owned(), true)]);
     }

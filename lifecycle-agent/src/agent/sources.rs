@@ -5,12 +5,11 @@
 use std::{
     collections::HashMap,
     net::IpAddr,
-    sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
-        Arc, Mutex,
-    },
+    sync::{atomic::{AtomicU64, AtomicUsize, Ordering}, Arc},
     time::Instant,
 };
+
+use parking_lot::Mutex;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -121,8 +120,8 @@ impl Places {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, PlacesState> {
-        self.state.lock().unwrap_or_else(|poison| poison.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, PlacesState> {
+        self.state.lock()
     }
 
     /// A place for a connection from `ip`, and whether an idle connection was closed for it.
@@ -146,7 +145,7 @@ impl Places {
                 .map(|(_, source, victim)| (source, victim))
                 .ok_or(Refused::Busy)?;
             let allowed = victim_ip == ip
-                || self.rates.lock().unwrap_or_else(|poison| poison.into_inner()).admit(ip, Instant::now());
+                || self.rates.lock().admit(ip, Instant::now());
             if !allowed {
                 return Err(Refused::Rate);
             }

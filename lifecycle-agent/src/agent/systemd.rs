@@ -19,7 +19,7 @@ use std::{
 use prometheus::{IntCounterVec, Registry};
 use tokio::sync::{mpsc, watch};
 
-use super::owner::ModelHandle;
+use crate::{model::node::Command, owner::ModelHandle};
 use crate::{discovery::systemd::SystemdClient, export::families::AgentFamily, ErrorChain};
 
 /// Requests waiting to be asked; a node starting a thousand units at once asks for each in turn.
@@ -143,7 +143,7 @@ pub(crate) async fn systemd_loop(
             match answer {
                 Ok(facts) => {
                     counts.count("read");
-                    model.update(move |tracker| tracker.set_systemd_unit(&path, facts)).await;
+                    model.update(Command::SystemdUnit { path, facts }).await;
                 }
                 Err(Some(_)) => counts.count("failed"),
                 // Not asked: the connection broke on an earlier unit of the batch.

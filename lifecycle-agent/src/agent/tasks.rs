@@ -1,55 +1,37 @@
-//! The agent's background work: seeding from cgroupfs and /proc at start, the runtime's
-//! metadata (connect, refresh on demand and on a timer), rescans on notices, repairs after lost
-//! records, and expiry.
+//! The agent's background work: seeding from cgroupfs and /proc at start, rescans on notices,
+//! the kernel log's OOM lines, repairs after lost records, and expiry. Each reads the node off
+//! the model owner's thread and sends what it found as a command.
 
 use crate::export::{families::AgentFamily, metrics::vec_of};
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::time::{Duration, Instant};
 
 use prometheus::IntCounterVec;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch, Notify};
 
-use super::owner::ModelHandle;
+use crate::owner::ModelHandle;
 use crate::{
-    discovery::{cgroupfs::CgroupRoot, clock::boottime_ns, proc},
-    kernel::SensorMaps,
-    model::node::{NodeTracker, Outcome, Resync, SeedProcess},
+    discovery::{cgroupfs::CgroupRoot, proc},
+    model::node::{Command, FoundCgroup, ResyncLook},
 };
 
-/// Cgroups and processes that existed before the programs were attached. What seeding changed
-/// is returned for routing once the model's owner exists (`owner.rs`).
-pub(super) fn seed(tracker: &mut NodeTracker, root: &CgroupRoot) -> Outcome {
-    let cgroups = root.scan();
-    let by_path: std::collections::HashMap<&str, u64> = cgroups.iter().map(|(id, path)| (path.as_str(), *id)).collect();
-    let now = boottime_ns();
-    let processes = proc::processes_at_start(&by_path);
-    let mut outcome = Outcome::default();
-    for (id, path) in &cgroups {
-        outcome.extend(tracker.seed_cgroup(*id, path, now));
-    }
-    outcome.extend(seed_processes(tracker, &processes));
+/// Cgroups and processes that existed before the programs were attached, as the command that
+/// seeds the model with them.
+pub(super) fn seed(root: &CgroupRoot) -> Command {
+    let (cgroups, processes) = look_at_node(root);
     log::info!("found {} cgroups at start", cgroups.len());
-    outcome
+    Command::Seed { cgroups, processes }
 }
 
-/// Hands processes found in /proc (oldest first) to the tracker; it skips those it knows.
-fn seed_processes(tracker: &mut NodeTracker, processes: &[proc::StartProcess]) -> Outcome {
-    let cgroup_of: std::collections::HashMap<u32, u64> = processes.iter().map(|p| (p.tgid, p.cgroup_id)).collect();
-    let mut outcome = Outcome::default();
-    for process in processes {
-        let parent_cgroup_id = cgroup_of.get(&process.ppid).copied().unwrap_or(0);
-        outcome.extend(tracker.seed_process(SeedProcess {
-            tgid: process.tgid,
-            cgroup_id: process.cgroup_id,
-            parent_cgroup_id,
-            child_pid_namespace: process.child_pid_namespace,
-            start_time_ns: process.start_time_ns,
-            comm: &process.comm,
-        }));
-    }
-    outcome
+/// Every cgroup on disk, and every process in one of them (oldest first).
+fn look_at_node(root: &CgroupRoot) -> (Vec<FoundCgroup>, Vec<crate::model::node::FoundProcess>) {
+    let on_disk = root.scan();
+    let by_path: std::collections::HashMap<&str, u64> = on_disk.iter().map(|(id, path)| (path.as_str(), *id)).collect();
+    let processes = proc::processes_at_start(&by_path);
+    let cgroups = on_disk.iter().map(|(id, path)| FoundCgroup { id: *id, path: path.clone() }).collect();
+    (cgroups, processes)
 }
 
-pub(super) async fn expiry_loop(tracker: ModelHandle, retention: Duration, mut shutdown: watch::Receiver<bool>) {
+pub(super) async fn expiry_loop(model: ModelHandle, retention: Duration, mut shutdown: watch::Receiver<bool>) {
     let mut ticker = tokio::time::interval(Duration::from_secs(30).min(retention.max(Duration::from_secs(1))));
     loop {
         tokio::select! {
@@ -57,7 +39,76 @@ pub(super) async fn expiry_loop(tracker: ModelHandle, retention: Duration, mut s
             _ = shutdown.changed() => return,
         }
         let retention_ns = u64::try_from(retention.as_nanos()).unwrap_or(u64::MAX);
-        tracker.update(move |tracker| tracker.expire(boottime_ns(), retention_ns)).await;
+        model.update(Command::Expire { retention_ns }).await;
+    }
+}
+
+/// A walk of cgroupfs costs milliseconds on a busy node: at most one a second, however many
+/// events name an unknown cgroup (a vanished one would otherwise trigger a walk per batch).
+const RESCAN_EVERY: Duration = Duration::from_secs(1);
+
+/// Walks cgroupfs when an event named a cgroup the model did not know (its mkdir record was
+/// lost: ring overflow, counted), at most once per [`RESCAN_EVERY`], and sends what is on disk.
+pub(super) async fn rescan_loop(
+    model: ModelHandle,
+    root: CgroupRoot,
+    wanted: std::sync::Arc<Notify>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut last: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            _ = wanted.notified() => {}
+            _ = shutdown.changed() => return,
+        }
+        if let Some(wait) = rescan_wait(last, Instant::now()) {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+        last = Some(Instant::now());
+        let root = root.clone();
+        let Ok(on_disk) = tokio::task::spawn_blocking(move || root.scan()).await else { continue };
+        let cgroups = on_disk.into_iter().map(|(id, path)| FoundCgroup { id, path }).collect();
+        model.update(Command::Rescan { cgroups }).await;
+    }
+}
+
+/// How long a rescan asked for at `now` waits, the last one having run at `last`.
+fn rescan_wait(last: Option<Instant>, now: Instant) -> Option<Duration> {
+    let since = now.saturating_duration_since(last?);
+    (since < RESCAN_EVERY).then(|| RESCAN_EVERY - since)
+}
+
+/// Reads the kernel log's `oom-kill:` lines for the OOM victims the model names (one read for
+/// all those waiting; it costs microseconds) and sends them: the model joins each with its
+/// victim, also after the stop was judged (`model::node::oom`).
+pub(super) async fn oom_log_loop(
+    model: ModelHandle,
+    mut victims: mpsc::UnboundedReceiver<u32>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let first = tokio::select! {
+            victim = victims.recv() => victim,
+            _ = shutdown.changed() => return,
+        };
+        let Some(first) = first else { return };
+        let mut pids = vec![first];
+        while let Ok(pid) = victims.try_recv() {
+            pids.push(pid);
+        }
+        let read = tokio::task::spawn_blocking(move || crate::discovery::kmsg::oom_kills_of(&pids)).await;
+        match read {
+            Ok(Ok(kills)) => {
+                for kill in kills {
+                    model.update(Command::OomLog(kill)).await;
+                }
+            }
+            Ok(Err(err)) => log::warn!("reading the kernel log for an OOM kill: {err}"),
+            Err(_) => {}
+        }
     }
 }
 
@@ -73,25 +124,24 @@ pub(super) fn kernel_log_readable() -> bool {
 }
 
 /// After the ring lost records, the state they would have changed is repaired from the node
-/// itself: every second the kernel's loss counters are read; when they grew, tracked processes
-/// are checked against /proc and tracked cgroups against cgroupfs. What looks gone is repaired
-/// only if it still looks gone a second later, so that a record still in the ring is applied
-/// first with its real facts (exit status, time); cgroups found are seeded at once.
+/// itself: every second the kernel's loss counters are read; when they grew, the node is looked
+/// at (/proc and cgroupfs, off the async workers) and the look sent to the model, which repairs
+/// what two looks in a row do not find (`model::node::ResyncLook`), so that a record still in the
+/// ring is applied first with its real facts; cgroups and processes found are seeded at once.
+/// Looks go on while the model suspects something (`NodeSnapshot::repair_pending`).
 pub(super) async fn resync_loop(
-    tracker: ModelHandle,
-    maps: Arc<SensorMaps>,
+    model: ModelHandle,
+    maps: std::sync::Arc<crate::kernel::SensorMaps>,
     root: CgroupRoot,
-    repairs: IntCounterVec,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let lost = || maps.kind_stats().iter().map(|k| k.lost).sum::<u64>();
     let mut seen_lost = lost();
-    // What looked gone at the last look: processes (tgid, start) and cgroups.
-    type Suspects = (HashSet<(u32, u64)>, HashSet<u64>);
-    let mut suspects: Option<Suspects> = None;
+    let snapshots = model.snapshots();
     let mut rounds_left = 0u32;
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let start_tolerance_ns = proc::start_tolerance_ns();
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -105,69 +155,16 @@ pub(super) async fn resync_loop(
             // exit record was applied before its seeding), the third confirms the rest.
             rounds_left = 3;
         }
-        if rounds_left == 0 && suspects.is_none() {
+        if rounds_left == 0 && !snapshots.borrow().repair_pending() {
             continue;
         }
         rounds_left = rounds_left.saturating_sub(1);
-        let Some((processes, cgroups)) = tracker
-            .update_with(|tracker| ((tracker.tracked_processes(), tracker.tracked_cgroups()), Outcome::default()))
-            .await
-        else {
-            return;
-        };
         let root = root.clone();
-        // /proc and cgroupfs reads block: off the async workers.
-        let looked = tokio::task::spawn_blocking(move || {
-            let dead: HashSet<(u32, u64)> =
-                processes.into_iter().filter(|&(tgid, start)| !proc::still_runs(tgid, start)).collect();
-            let on_disk = root.scan();
-            let present: HashSet<u64> = on_disk.keys().copied().collect();
-            let gone: HashSet<u64> = cgroups.into_iter().filter(|id| !present.contains(id)).collect();
-            let by_path: std::collections::HashMap<&str, u64> =
-                on_disk.iter().map(|(id, path)| (path.as_str(), *id)).collect();
-            let running = proc::processes_at_start(&by_path);
-            (dead, gone, on_disk, running)
-        })
-        .await;
-        let Ok((dead, gone, on_disk, running)) = looked else { continue };
-        let (confirmed_dead, confirmed_gone): (Vec<u32>, Vec<u64>) = match suspects.take() {
-            Some((was_dead, was_gone)) => (
-                dead.intersection(&was_dead).map(|&(tgid, _)| tgid).collect(),
-                gone.intersection(&was_gone).copied().collect(),
-            ),
-            None => (Vec::new(), Vec::new()),
+        let Ok((cgroups, processes)) = tokio::task::spawn_blocking(move || look_at_node(&root)).await else {
+            continue;
         };
-        if !dead.is_empty() || !gone.is_empty() {
-            suspects = Some((dead, gone));
-        }
-        let on_disk: Vec<(u64, String)> = on_disk.into_iter().collect();
-        let maps_now = maps.clone();
-        let repaired = tracker
-            .update_with(move |tracker| {
-                let (report, mut outcome) = tracker.resync(
-                    &confirmed_dead,
-                    &confirmed_gone,
-                    &on_disk,
-                    |id| maps_now.take_counters(id),
-                    boottime_ns(),
-                );
-                // Processes whose exec records were lost (in cgroups found now, or in known ones).
-                outcome.extend(seed_processes(tracker, &running));
-                (report, outcome)
-            })
-            .await;
-        let Some(report) = repaired else { return };
-        repairs.with_label_values(&["exit"]).inc_by(report.exits_unseen as u64);
-        repairs.with_label_values(&["cgroup_removed"]).inc_by(report.cgroups_removed_unseen as u64);
-        repairs.with_label_values(&["cgroup_created"]).inc_by(report.cgroups_created_unseen as u64);
-        if report != Resync::default() {
-            log::warn!(
-                "records were lost (lifecycle_events_lost_total): repaired from /proc and cgroupfs: {} exits, {} cgroups removed, {} created",
-                report.exits_unseen,
-                report.cgroups_removed_unseen,
-                report.cgroups_created_unseen
-            );
-        }
+        let look = ResyncLook { cgroups, processes, start_tolerance_ns, departing: Vec::new() };
+        model.update(Command::Resync(look)).await;
     }
 }
 
@@ -184,26 +181,13 @@ pub(super) fn register_repairs(registry: &prometheus::Registry) -> Result<IntCou
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::node::TrackerConfig;
-
-    fn process(tgid: u32, ppid: u32, cgroup_id: u64, start_time_ns: u64, comm: &str) -> proc::StartProcess {
-        proc::StartProcess { tgid, ppid, cgroup_id, child_pid_namespace: false, start_time_ns, comm: comm.into() }
-    }
 
     #[test]
-    fn processes_found_in_proc_seed_the_host_units_they_run_in_once() {
-        let mut tracker = NodeTracker::new(TrackerConfig::default());
-        let _ = tracker.seed_cgroup(50, "/system.slice/nginx.service", 1);
-        // Oldest first, as /proc is read: the first process of the cgroup is its init; its
-        // child (parent in the same cgroup) is not a second unit.
-        let found = [process(500, 1, 50, 10, "nginx"), process(501, 500, 50, 20, "nginx")];
-        let _ = seed_processes(&mut tracker, &found);
-        let units: Vec<String> = tracker.units().map(|u| u.labels().container.clone()).collect();
-        assert_eq!(units, ["/system.slice/nginx.service"]);
-        assert_eq!(tracker.tracked_processes().len(), 2);
-        // A repair finds the same processes again: nothing is added twice.
-        let _ = seed_processes(&mut tracker, &found);
-        assert_eq!(tracker.tracked_processes().len(), 2);
-        assert_eq!(tracker.units().count(), 1);
+    fn rescans_are_at_most_one_a_second() {
+        let start = Instant::now();
+        assert_eq!(rescan_wait(None, start), None, "the first runs at once");
+        let soon = start + Duration::from_millis(300);
+        assert_eq!(rescan_wait(Some(start), soon), Some(Duration::from_millis(700)), "a second notice waits");
+        assert_eq!(rescan_wait(Some(start), start + RESCAN_EVERY), None);
     }
 }

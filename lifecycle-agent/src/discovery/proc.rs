@@ -23,7 +23,10 @@ use super::{
     netns,
     sockdiag::{SockDiag, SockDiagError},
 };
-use crate::model::time::SECOND;
+use crate::model::{
+    node::FoundProcess,
+    time::{BootTime, SECOND},
+};
 
 pub use crate::model::probe::{ProcessSample, ProcessState};
 
@@ -41,23 +44,10 @@ pub(crate) fn effective_capabilities() -> Option<u64> {
     procfs::process::Process::myself().ok()?.status().ok().map(|status| status.capeff)
 }
 
-/// A process found in /proc when the agent starts.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct StartProcess {
-    pub tgid: u32,
-    pub ppid: u32,
-    pub cgroup_id: u64,
-    /// In a pid namespace below the host's (NSpid has more than one entry).
-    pub child_pid_namespace: bool,
-    /// Start time in boot ns.
-    pub start_time_ns: u64,
-    pub comm: String,
-}
-
 /// Every process whose cgroup v2 path is in `cgroup_ids`, oldest first (the order the tracker
 /// must see them in: the first process of a container becomes its init). Processes that vanish
 /// while being read are skipped.
-pub(crate) fn processes_at_start(cgroup_ids: &std::collections::HashMap<&str, u64>) -> Vec<StartProcess> {
+pub(crate) fn processes_at_start(cgroup_ids: &std::collections::HashMap<&str, u64>) -> Vec<FoundProcess> {
     let mut out = Vec::new();
     let Ok(all) = procfs::process::all_processes() else { return out };
     let ticks = procfs::ticks_per_second().max(1);
@@ -68,16 +58,17 @@ pub(crate) fn processes_at_start(cgroup_ids: &std::collections::HashMap<&str, u6
         // NSpid lists the pid in each namespace from the host's down: more than one entry
         // means the process lives in a container's pid namespace.
         let child_pid_namespace = process.status().ok().and_then(|s| s.nspid).is_some_and(|ids| ids.len() > 1);
-        out.push(StartProcess {
+        out.push(FoundProcess {
             tgid: stat.pid as u32,
             ppid: stat.ppid as u32,
             cgroup_id,
             child_pid_namespace,
-            start_time_ns: stat.starttime * (SECOND / ticks),
+            started_at: BootTime::from_ns(stat.starttime * (SECOND / ticks)),
+            zombie: stat.state == 'Z',
             comm: stat.comm,
         });
     }
-    out.sort_by_key(|p| p.start_time_ns);
+    out.sort_by_key(|p| p.started_at);
     out
 }
 
@@ -233,19 +224,10 @@ pub fn parse_netstat(text: &str) -> Result<ListenCounters, &'static str> {
     Ok(counters)
 }
 
-/// Whether the process `pid` that started at `start_time_ns` (boot clock) still runs: the pid
-/// exists, is not a zombie, and started then (within two clock ticks; a reused pid started
-/// later). An unreadable /proc entry counts as running: only a sure absence says it ended.
-pub(crate) fn still_runs(pid: u32, start_time_ns: u64) -> bool {
-    let tick_ns = SECOND / procfs::ticks_per_second().max(1);
-    match process_state(pid) {
-        Ok(Some(sample)) => {
-            let started_ns = sample.start_ticks * tick_ns;
-            sample.state != ProcessState::Zombie && started_ns.abs_diff(start_time_ns) <= 2 * tick_ns
-        }
-        Ok(None) => false,
-        Err(_) => true,
-    }
+/// How far a start time read from /proc (whole clock ticks) may be from the kernel's
+/// nanoseconds and still be the same process's: two ticks.
+pub(crate) fn start_tolerance_ns() -> u64 {
+    2 * (SECOND / procfs::ticks_per_second().max(1))
 }
 
 /// State and start time of `pid`; None when no such process exists.

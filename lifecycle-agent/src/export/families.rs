@@ -73,8 +73,7 @@ macro_rules! families {
         }),*];
 
         impl $ids {
-            // Generated for every list; not every list is read by id.
-            #[allow(dead_code)]
+            #[allow(dead_code, reason = "generated for every list; not every list is read by id")]
             pub(crate) fn family(self) -> &'static Family {
                 &$list[self as usize]
             }

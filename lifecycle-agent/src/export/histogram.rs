@@ -1,6 +1,6 @@
 //! Histograms kept as cumulative bucket counts, and the bucket bounds of the termination
 //! distributions. They are filled from the judgements every change of the model returns (routed
-//! by `agent/owner.rs`) and never shrink, so the exported `_bucket`/`_count`/`_sum` series are true counters even
+//! by `owner.rs`) and never shrink, so the exported `_bucket`/`_count`/`_sum` series are true counters even
 //! after the units that fed them expire.
 
 use std::collections::BTreeMap;

@@ -1,10 +1,9 @@
 //! Prometheus exposition: one registry, passed explicitly, and collectors that read kernel maps
 //! at scrape time (the kernel's counters are the source of truth; nothing is copied on a timer).
 
-use std::sync::{
-    atomic::{AtomicU64, Ordering},
-    Arc, Mutex,
-};
+use std::sync::{atomic::{AtomicU64, Ordering}, Arc};
+
+use parking_lot::Mutex;
 
 use bytes::Bytes;
 
@@ -171,7 +170,7 @@ impl Drop for ScrapeText {
         if let Some(home) = &self.home {
             let mut bytes = std::mem::take(&mut self.text).into_bytes();
             bytes.clear();
-            *home.lock().unwrap_or_else(|poison| poison.into_inner()) = Some(bytes);
+            *home.lock() = Some(bytes);
         }
         self.alive.fetch_sub(1, Ordering::AcqRel);
     }
@@ -261,7 +260,7 @@ impl Metrics {
 
     /// Text exposition format, version 0.0.4.
     pub(crate) fn render(&self) -> Bytes {
-        let mut newest = self.newest.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut newest = self.newest.lock();
         if self.bodies.load(Ordering::Acquire) >= MAX_BODIES_IN_FLIGHT {
             if let Some(shared) = newest.as_ref() {
                 return shared.clone();
@@ -273,7 +272,7 @@ impl Metrics {
         // A finished scrape's buffer once nothing holds it (sized by it), else a new one. The last
         // scrape's text is still kept by the per-container source, so two buffers take turns;
         // concurrent scrapes each get one, and the last to be let go is kept.
-        let spare = self.spare.lock().unwrap_or_else(|poison| poison.into_inner()).take();
+        let spare = self.spare.lock().take();
         let mut text =
             spare.map(String::from_utf8).and_then(Result::ok).unwrap_or_else(|| String::with_capacity(64 * 1024));
         // The text sources first: the per-container families read the kernel's counter map, and

@@ -21,8 +21,10 @@
 use std::{
     collections::HashMap,
     fmt::Write as _,
-    sync::{Arc, Mutex},
+    sync::Arc,
 };
+
+use parking_lot::Mutex;
 
 use tokio::sync::watch;
 
@@ -78,7 +80,7 @@ impl LiveCounters {
 
 /// Writes the per-container families; handed to [`crate::export::metrics::Metrics::add_text_source`].
 pub struct UnitMetrics {
-    /// The model's published snapshots (`agent/owner.rs`).
+    /// The model's published snapshots (`owner.rs`).
     snapshots: watch::Receiver<Arc<NodeSnapshot>>,
     kernel: Arc<dyn KernelCounters>,
     /// The offset that turns a boot time into a Unix time, read at each scrape.
@@ -272,12 +274,12 @@ impl UnitMetrics {
         self
     }
 
-    /// Adds judged terminations to the distributions: the model's owner routes every change's
-    /// judgements here (`agent/owner.rs`) before it publishes the snapshot that shows them, so a
-    /// scrape never sees a judged stop without its distributions.
+    /// Adds judged terminations to the distributions: the model's owner hands every command's
+    /// judgements here (`owner.rs`, a sink) before it publishes the snapshot that shows them, so
+    /// a scrape never sees a judged stop without its distributions.
     pub fn record_judgements(&self, judged: Vec<Judgement>) {
         if !judged.is_empty() {
-            self.histograms.lock().unwrap_or_else(|poison| poison.into_inner()).record(judged);
+            self.histograms.lock().record(judged);
         }
     }
 
@@ -307,7 +309,7 @@ impl UnitMetrics {
     /// units' samples from this one's only once the finished text is handed back
     /// ([`TextSource::written`]); without it, it writes every unit afresh.
     pub fn render(&self, out: &mut String) {
-        let mut cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut cache = self.cache.lock();
         if cache.pending.take().is_some() {
             // The last scrape's text never came back: its units' parts point into nothing kept.
             cache.forget();
@@ -365,7 +367,7 @@ impl UnitMetrics {
         cache.live = live;
 
         let mut shared = new_families();
-        let histograms = self.histograms.lock().unwrap_or_else(|poison| poison.into_inner());
+        let histograms = self.histograms.lock();
         for ((namespace, outcome), h) in &histograms.durations {
             let labels = Labels::new(&[("namespace", namespace)]);
             shared.histogram(F::Duration, &labels, &[("outcome", outcome.as_str())], &TERMINATION_BUCKETS, h);
@@ -409,7 +411,7 @@ impl TextSource for UnitMetrics {
     }
 
     fn written(&self, text: &Arc<ScrapeText>) {
-        let mut cache = self.cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut cache = self.cache.lock();
         let Some((start, end)) = cache.pending.take() else { return };
         if text.as_str().get(start..end).is_some() {
             cache.section = Some(KeptSection { text: text.clone(), start, end });
@@ -417,6 +419,14 @@ impl TextSource for UnitMetrics {
             // Not the text `render` wrote into: nothing of it can be reused.
             cache.forget();
         }
+    }
+}
+
+
+/// The sink of the model's judgements (`owner.rs`).
+impl crate::owner::JudgementSink for UnitMetrics {
+    fn record_judgements(&self, judged: Vec<Judgement>) {
+        UnitMetrics::record_judgements(self, judged);
     }
 }
 
@@ -453,8 +463,8 @@ fn stable_offset(kept: &mut Option<f64>, now: f64) -> f64 {
 }
 
 // The tests feed the tracker events for the state they then render; the outcomes (routed by the
-// agent, `agent/owner.rs`) are not what they examine.
+// agent, `owner.rs`) are not what they examine.
 #[cfg(test)]
-#[allow(unused_must_use)]
+#[expect(unused_must_use, reason = "the tests examine the text, not the outcomes")]
 #[path = "units_tests.rs"]
 mod tests;

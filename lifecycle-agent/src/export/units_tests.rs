@@ -84,7 +84,7 @@ struct Changing(Mutex<HashMap<u64, CgroupCounters>>);
 
 impl KernelCounters for Changing {
     fn read_all(&self, into: &mut LiveCounters) {
-        for (cgroup_id, counters) in self.0.lock().expect("lock").iter() {
+        for (cgroup_id, counters) in self.0.lock().iter() {
             into.insert(*cgroup_id, *counters);
         }
     }
@@ -121,7 +121,7 @@ fn a_scrape_shows_every_change_since_the_last_and_keeps_nothing_stale() {
 
     // a exits 3; b's kernel counters move; c's cgroup goes and its unit expires.
     let exit = main_exit(3, "a");
-    kernel.0.lock().expect("lock").insert(51, CgroupCounters { execs: 4, ..Default::default() });
+    kernel.0.lock().insert(51, CgroupCounters { execs: 4, ..Default::default() });
     tracker.apply(&event(3_000_000_000, 500, 50, exit));
     let rmdir = CgroupDetail { id: 52, path: "/system.slice/c.service".into(), truncated: false };
     tracker.apply(&event(3_000_000_001, 520, 52, Detail::CgroupRmdir(rmdir)));
@@ -189,7 +189,7 @@ fn scrape_after_scrape_the_kept_text_is_the_text_written_afresh() {
                 _ if !live.is_empty() => {
                     let (cgroup, _) = live[next(live.len() as u64) as usize];
                     let counters = CgroupCounters { execs: next(100) + 1, ..Default::default() };
-                    kernel.0.lock().expect("lock").insert(cgroup, counters);
+                    kernel.0.lock().insert(cgroup, counters);
                 }
                 _ => {}
             }
@@ -223,7 +223,7 @@ fn a_step_of_the_wall_clock_rewrites_the_kept_termination_times() {
     let metrics = UnitMetrics::new(
         published.subscribe(),
         Arc::new(Changing::default()),
-        Box::new(move || *clock.lock().expect("lock")),
+        Box::new(move || *clock.lock()),
     );
     let finished = |offset: f64| {
         let mut text = String::new();
@@ -236,9 +236,9 @@ fn a_step_of_the_wall_clock_rewrites_the_kept_termination_times() {
     };
     finished(1_700_000_000.0);
     // Microseconds of drift keep the offset (and the text) as it was.
-    *offset.lock().expect("lock") = 1_700_000_000.000_5;
+    *offset.lock() = 1_700_000_000.000_5;
     finished(1_700_000_000.0);
-    *offset.lock().expect("lock") = 1_700_000_060.0;
+    *offset.lock() = 1_700_000_060.0;
     finished(1_700_000_060.0);
 }
 
@@ -377,7 +377,7 @@ fn a_scrape_whose_text_never_came_back_is_followed_by_one_written_afresh() {
     let mut abandoned = String::new();
     kept.write(&mut abandoned);
     // b's counters move; a stays as the abandoned text wrote it.
-    kernel.0.lock().expect("lock").insert(51, CgroupCounters { execs: 4, ..Default::default() });
+    kernel.0.lock().insert(51, CgroupCounters { execs: 4, ..Default::default() });
     let (mut after, mut fresh) = (String::new(), String::new());
     kept.scrape_into(&mut after);
     make().scrape_into(&mut fresh);
@@ -401,7 +401,7 @@ fn the_registry_answers_with_the_kept_text_and_two_buffers_take_turns() {
     metrics.add_text_source(Box::new(Arc::new(make())));
     let mut buffers = Vec::new();
     for round in 0..6u64 {
-        kernel.0.lock().expect("lock").insert(100 + round, CgroupCounters { execs: round + 1, ..Default::default() });
+        kernel.0.lock().insert(100 + round, CgroupCounters { execs: round + 1, ..Default::default() });
         let body = metrics.render();
         let mut fresh = String::new();
         make().scrape_into(&mut fresh);

@@ -21,9 +21,11 @@ use std::{
     os::fd::{AsFd as _, BorrowedFd, OwnedFd},
     os::unix::{fs::PermissionsExt as _, net::UnixListener},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::Arc,
     time::Duration,
 };
+
+use parking_lot::{Mutex, MutexGuard};
 
 use super::{
     peer::Peer,
@@ -63,7 +65,7 @@ struct Keeper {
 
 impl Keeper {
     fn lock(&self) -> MutexGuard<'_, Kept> {
-        self.kept.lock().unwrap_or_else(|poison| poison.into_inner())
+        self.kept.lock()
     }
 }
 
@@ -241,7 +243,7 @@ impl KeeperLink {
     }
 
     fn send(&self, message: &Message, fd: Option<BorrowedFd<'_>>) {
-        let session = self.session.lock().unwrap_or_else(|poison| poison.into_inner());
+        let session = self.session.lock();
         if let Err(err) = wire::send(&session, message, fd) {
             log::warn!("the socket keeper at {} was not told: {err}", self.path.display());
         }

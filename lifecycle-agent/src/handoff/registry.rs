@@ -4,8 +4,10 @@
 use std::{
     collections::HashMap,
     os::fd::{AsFd, OwnedFd},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::Arc,
 };
+
+use parking_lot::{Mutex, MutexGuard};
 
 use super::{keeper::KeeperLink, SocketFacts, SocketKey};
 
@@ -42,7 +44,7 @@ impl Registry {
     }
 
     fn lock(&self) -> MutexGuard<'_, Entries> {
-        self.entries.lock().unwrap_or_else(|poison| poison.into_inner())
+        self.entries.lock()
     }
 
     /// Records `socket` (a duplicate is kept) until the registration is dropped.

@@ -19,9 +19,11 @@ use std::{
     io,
     os::fd::{AsFd as _, OwnedFd},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
+
+use parking_lot::Mutex;
 
 use aya::{
     maps::{HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray},
@@ -257,8 +259,8 @@ const ENTRIES_FRESH_FOR: Duration = Duration::from_secs(1);
 impl SensorMaps {
     /// Every cgroup's counters, as the kernel holds them now, handed to `each`; how they were read.
     pub fn each_cgroup_counters(&self, mut each: impl FnMut(u64, CgroupCounters)) -> MapRead {
-        let counters = self.counters.lock().unwrap_or_else(|poison| poison.into_inner());
-        let mut buffers = self.batch_buffers.lock().unwrap_or_else(|poison| poison.into_inner());
+        let counters = self.counters.lock();
+        let mut buffers = self.batch_buffers.lock();
         match batch::read_counters(counters.map().fd().as_fd(), &mut buffers, &mut each) {
             Ok(read) => {
                 self.note_read(read);
@@ -282,13 +284,13 @@ impl SensorMaps {
     }
 
     fn note_read(&self, entries: usize) {
-        *self.last_read.lock().unwrap_or_else(|poison| poison.into_inner()) = Some((Instant::now(), entries));
+        *self.last_read.lock() = Some((Instant::now(), entries));
     }
 
     /// Entries in use in the counter map: the count of a whole read made within
     /// [`ENTRIES_FRESH_FOR`] (a scrape's own, made a moment before), else of a new one.
     pub fn counter_entries(&self) -> usize {
-        let last = *self.last_read.lock().unwrap_or_else(|poison| poison.into_inner());
+        let last = *self.last_read.lock();
         match last {
             Some((at, entries)) if at.elapsed() < ENTRIES_FRESH_FOR => entries,
             _ => {
@@ -321,13 +323,13 @@ impl SensorMaps {
 
     /// Counters of one cgroup, if it has any.
     pub fn counters_of(&self, cgroup_id: u64) -> Option<CgroupCounters> {
-        let counters = self.counters.lock().unwrap_or_else(|poison| poison.into_inner());
+        let counters = self.counters.lock();
         counters.get(&cgroup_id, 0).ok()
     }
 
     /// Removes a departed cgroup's entry, returning its final counts.
     pub(crate) fn take_counters(&self, cgroup_id: u64) -> Option<CgroupCounters> {
-        let mut counters = self.counters.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut counters = self.counters.lock();
         let last = counters.get(&cgroup_id, 0).ok()?;
         let _ = counters.remove(&cgroup_id);
         Some(last)

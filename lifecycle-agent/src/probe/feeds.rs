@@ -1,13 +1,15 @@
 //! Where the model's facts of each probed container are published: one `watch` channel per
 //! container, so a change costs the containers it concerns and wakes only their probes. The
 //! probe supervisor opens a container's feed before the model watches it; the model's owner
-//! publishes into it each time a change names the container (`model::node::ProbeChanges`),
-//! before that change's caller is answered.
+//! publishes into it (a sink, `owner.rs`) each time a command names the container
+//! (`model::node::ProbeChanges`), before that command's sender is answered.
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::Arc,
 };
+
+use parking_lot::Mutex;
 
 use tokio::sync::watch;
 
@@ -31,13 +33,13 @@ impl ProbeFeeds {
     /// old one, whose readers then see it closed.
     pub fn open(&self, key: &ProbeKey) -> watch::Receiver<Arc<ProbeFacts>> {
         let (sender, receiver) = watch::channel(Arc::default());
-        self.senders.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), sender);
+        self.senders.lock().insert(key.clone(), sender);
         receiver
     }
 
     /// Closes `key`'s feed.
     pub(crate) fn close(&self, key: &ProbeKey) {
-        self.senders.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.senders.lock().remove(key);
     }
 
     /// Publishes the facts of the containers `changes` names, as `facts` tells them now, and
@@ -54,11 +56,18 @@ impl ProbeFeeds {
         let mut keys = changes.changed;
         keys.sort_unstable();
         keys.dedup();
-        let senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
+        let senders = self.senders.lock();
         for key in &keys {
             if let (Some(sender), Some(now)) = (senders.get(key), facts(key)) {
                 sender.send_replace(Arc::new(now));
             }
         }
+    }
+}
+
+/// The sink of the probed containers' facts (`owner.rs`).
+impl crate::owner::ProbeSink for ProbeFeeds {
+    fn publish(&self, changes: ProbeChanges, facts: &mut dyn FnMut(&ProbeKey) -> Option<ProbeFacts>) {
+        ProbeFeeds::publish(self, changes, facts);
     }
 }

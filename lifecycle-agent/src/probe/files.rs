@@ -19,12 +19,11 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc, Condvar, Mutex, MutexGuard,
-    },
+    sync::{atomic::{AtomicUsize, Ordering}, Arc},
     time::{Duration, Instant, SystemTime},
 };
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
 use tokio::sync::Notify;
@@ -97,7 +96,7 @@ impl FileReaders {
 
     /// A place for one more reader thread of pod `pod`, or why there is none.
     fn take(self: &Arc<Self>, pod: &str) -> Result<ReaderPlace, Skipped> {
-        let mut per_pod = self.per_pod.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut per_pod = self.per_pod.lock();
         let of_pod = per_pod.get(pod).copied().unwrap_or(0);
         if of_pod >= MAX_FILE_READERS_PER_POD {
             self.pod_cap.inc();
@@ -137,7 +136,7 @@ struct ReaderPlace {
 
 impl Drop for ReaderPlace {
     fn drop(&mut self) {
-        let mut per_pod = self.readers.per_pod.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut per_pod = self.readers.per_pod.lock();
         match per_pod.get_mut(&self.pod) {
             Some(alive) if *alive > 1 => *alive -= 1,
             _ => drop(per_pod.remove(&self.pod)),
@@ -323,7 +322,7 @@ impl DeclaredFiles {
             if left.is_zero() {
                 break;
             }
-            state = self.shared.returned.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+            self.shared.returned.wait_for(&mut state, left);
         }
         drop(state);
         self.overdue(pass);
@@ -332,7 +331,7 @@ impl DeclaredFiles {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, FilesState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 }
 

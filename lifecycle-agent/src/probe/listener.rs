@@ -24,13 +24,12 @@
 
 use std::{
     io::{self, Read as _},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        mpsc, Arc, Mutex,
-    },
+    sync::{atomic::{AtomicBool, Ordering}, mpsc, Arc},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
+
+use parking_lot::Mutex;
 
 use mio::{net::TcpStream, Events, Interest, Poll, Token, Waker};
 
@@ -100,7 +99,7 @@ struct Control {
 impl Control {
     /// Queues `command` for the loop; false if the loop has stopped.
     fn send(&self, command: Command) -> bool {
-        match self.commands.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        match self.commands.lock().as_mut() {
             Some(queue) => queue.push(command),
             None => return false,
         }
@@ -116,7 +115,7 @@ struct Stopped(Arc<Control>);
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        self.0.commands.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.0.commands.lock().take();
     }
 }
 
@@ -313,7 +312,7 @@ impl Loop {
     }
 
     fn run_commands(&mut self) {
-        let commands = match self.control.commands.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        let commands = match self.control.commands.lock().as_mut() {
             Some(queue) => std::mem::take(queue),
             None => return,
         };

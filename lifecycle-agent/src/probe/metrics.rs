@@ -11,8 +11,10 @@
 use crate::export::{families::AgentFamily, metrics::vec_of};
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::Arc,
 };
+
+use parking_lot::Mutex;
 
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Registry};
 
@@ -104,11 +106,11 @@ impl ProbeMetrics {
     /// Accept stalls noted since the last call (a declared tcp check that passed and now sees
     /// connections waiting unaccepted, or an overflowed queue).
     pub(crate) fn take_stall_warnings(&self) -> Vec<PodWarning> {
-        std::mem::take(&mut *self.stalls.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *self.stalls.lock())
     }
 
     fn note_stall(&self, target: &ProbeTarget, reason: &str) {
-        let mut stalls = self.stalls.lock().unwrap_or_else(|p| p.into_inner());
+        let mut stalls = self.stalls.lock();
         if stalls.len() < MAX_STALL_WARNINGS {
             stalls.push(PodWarning {
                 namespace: target.namespace.clone(),
@@ -174,7 +176,7 @@ impl ProbeMetrics {
         if last.keys().filter(|(t, _)| t.same_pod(target)).count() < MAX_CHECK_SERIES_PER_POD {
             return true;
         }
-        if self.dropped.lock().unwrap_or_else(|p| p.into_inner()).insert(key) {
+        if self.dropped.lock().insert(key) {
             self.series_dropped.inc();
         }
         false
@@ -183,7 +185,7 @@ impl ProbeMetrics {
     /// Records a verdict; counts and logs a transition when it differs from the last one.
     pub(crate) fn record_result(&self, target: &ProbeTarget, label: &str, verdict: &Verdict) {
         let previous = {
-            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            let mut last = self.last.lock();
             if !self.exported(&last, target, label) {
                 return;
             }
@@ -218,7 +220,7 @@ impl ProbeMetrics {
     /// Counts one answered request of a declared check and its duration.
     pub(crate) fn record_request(&self, target: &ProbeTarget, label: &str, kind: &str, code: u16, seconds: f64) {
         self.duration.with_label_values(&[kind]).observe(seconds);
-        if !self.last.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&(target.clone(), label.to_owned())) {
+        if !self.last.lock().contains_key(&(target.clone(), label.to_owned())) {
             return;
         }
         let code = code.to_string();
@@ -248,16 +250,16 @@ impl ProbeMetrics {
     /// Drops the series of one check of a container (no longer declared).
     pub(crate) fn forget_check(&self, target: &ProbeTarget, label: &str) {
         let key = (target.clone(), label.to_owned());
-        self.dropped.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
-        if self.last.lock().unwrap_or_else(|p| p.into_inner()).remove(&key).is_some() {
+        self.dropped.lock().remove(&key);
+        if self.last.lock().remove(&key).is_some() {
             self.remove_series(target, label);
         }
     }
 
     /// Drops every series of a container that went away.
     pub(crate) fn forget(&self, target: &ProbeTarget) {
-        self.dropped.lock().unwrap_or_else(|p| p.into_inner()).retain(|(t, _)| t != target);
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        self.dropped.lock().retain(|(t, _)| t != target);
+        let mut last = self.last.lock();
         last.retain(|(t, label), _| {
             if t != target {
                 return true;

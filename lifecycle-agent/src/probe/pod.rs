@@ -11,9 +11,11 @@
 use crate::ErrorChain;
 use std::{
     collections::{BTreeSet, HashSet},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::Arc,
     time::{Duration, Instant},
 };
+
+use parking_lot::{Mutex, MutexGuard};
 
 use tokio::sync::watch;
 
@@ -25,7 +27,6 @@ use super::{
     server::{forbidden, ProbeAnswer},
 };
 use crate::{
-    agent::owner::ModelHandle,
     discovery::{
         clock::boottime_ns,
         netns,
@@ -33,9 +34,10 @@ use crate::{
         sockdiag::SockDiag,
     },
     model::{
-        node::{ListenerSample, PortSample, ProbeFacts, ProbeKey, ProbeSample, ProbeWatch},
+        node::{Command, ListenerSample, PortSample, ProbeFacts, ProbeKey, ProbeSample, ProbeWatch},
         probe::ProcessState,
     },
+    owner::ModelHandle,
 };
 
 /// How often /proc is sampled when no deadline comes sooner.
@@ -145,7 +147,7 @@ impl PodProbe {
     }
 
     fn lock(&self) -> MutexGuard<'_, PodState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     /// What the model is to watch for this container: its netns, main pid and declared ports.
@@ -311,7 +313,7 @@ impl PodProbe {
                 match tokio::task::spawn_blocking(move || probe.sample(boottime_ns())).await {
                     Ok(Ok(sample)) => {
                         let key = self.key.clone();
-                        model.tell(move |tracker| tracker.sample_probe(&key, &sample)).await;
+                        model.tell(Command::SampleProbe { key, sample }).await;
                     }
                     Ok(Err(err)) => log::debug!(
                         "probe refresh of {}/{}: {}",

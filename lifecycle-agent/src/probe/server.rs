@@ -15,8 +15,10 @@ use std::{
     io,
     net::SocketAddr,
     path::{Path, PathBuf},
-    sync::{Arc, RwLock},
+    sync::Arc,
 };
+
+use parking_lot::RwLock;
 
 use super::{
     check::CheckSpec,
@@ -160,13 +162,13 @@ impl NodeProbes {
 
     /// Routes requests for `probe`'s container to it (replacing an earlier probe of that name).
     pub fn insert(&self, probe: Arc<PodProbe>) {
-        self.pods.write().unwrap_or_else(|p| p.into_inner()).insert(probe.target().clone(), probe);
+        self.pods.write().insert(probe.target().clone(), probe);
     }
 
     /// Stops routing to `target`'s probe if it is `key`'s (a pod recreated under the same name
     /// may already have the name).
     pub(crate) fn remove(&self, target: &ProbeTarget, key: &ProbeKey) -> Option<Arc<PodProbe>> {
-        let mut pods = self.pods.write().unwrap_or_else(|p| p.into_inner());
+        let mut pods = self.pods.write();
         if pods.get(target).is_some_and(|probe| probe.key() == key) {
             return pods.remove(target);
         }
@@ -174,14 +176,13 @@ impl NodeProbes {
     }
 
     pub(crate) fn get(&self, target: &ProbeTarget) -> Option<Arc<PodProbe>> {
-        self.pods.read().unwrap_or_else(|p| p.into_inner()).get(target).cloned()
+        self.pods.read().get(target).cloned()
     }
 
     /// Names of the containers of one pod that declared `spec`.
     pub(crate) fn declaring(&self, namespace: &str, pod: &str, spec: &CheckSpec) -> Vec<String> {
         self.pods
             .read()
-            .unwrap_or_else(|p| p.into_inner())
             .iter()
             .filter(|(t, probe)| t.namespace == namespace && t.pod == pod && probe.is_declared(spec))
             .map(|(t, _)| t.container.clone())

@@ -14,8 +14,10 @@ use std::{
     fmt,
     net::IpAddr,
     str::FromStr,
-    sync::{Arc, RwLock},
+    sync::Arc,
 };
+
+use parking_lot::RwLock;
 
 /// One `--probe-allow-from` value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +123,7 @@ impl SourceFilter {
         self.rules.iter().any(|rule| match rule {
             AllowFrom::Any => true,
             AllowFrom::Cidr(cidr) => cidr.contains(ip),
-            AllowFrom::Node => !ip.is_loopback() && self.node.read().unwrap_or_else(|p| p.into_inner()).contains(&ip),
+            AllowFrom::Node => !ip.is_loopback() && self.node.read().contains(&ip),
         })
     }
 
@@ -135,7 +137,7 @@ impl SourceFilter {
         addresses.retain(|ip| !ip.is_loopback());
         addresses.sort_unstable();
         addresses.dedup();
-        *self.node.write().unwrap_or_else(|p| p.into_inner()) = addresses;
+        *self.node.write() = addresses;
     }
 
     /// Reads this network namespace's addresses (the node's: the agent runs with hostNetwork)
@@ -146,7 +148,7 @@ impl SourceFilter {
         }
         let addresses: Vec<IpAddr> = if_addrs::get_if_addrs()?.into_iter().map(|i| i.ip()).collect();
         self.set_node_addresses(addresses);
-        Ok(self.node.read().unwrap_or_else(|p| p.into_inner()).len())
+        Ok(self.node.read().len())
     }
 }
 

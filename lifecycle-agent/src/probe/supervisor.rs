@@ -29,8 +29,8 @@ use std::{
 
 use tokio::sync::watch;
 
-use crate::agent::{
-    health::{Heartbeats, Loop},
+use crate::{
+    heartbeats::{Heartbeats, Loop},
     owner::ModelHandle,
 };
 use crate::handoff::{
@@ -40,7 +40,7 @@ use crate::handoff::{
 };
 use crate::{
     discovery::{clock::boottime_ns, netns},
-    model::node::{NodeSnapshot, NodeTracker, Outcome, ProbeKey, ProbeSample, ProbeWatch, RunningContainer, WatchKept},
+    model::node::{Command, NodeSnapshot, ProbeKey, ProbeSample, ProbeWatch, RunningContainer},
     probe::{
         bind_in_netns,
         feeds::ProbeFeeds,
@@ -73,40 +73,6 @@ struct Probed {
     stop: watch::Sender<bool>,
 }
 
-/// What the supervisor tells the model about the containers it probes.
-pub(crate) enum ProbeCommand {
-    /// Watch (or watch again, with other declared ports) a container, with the first sample
-    /// of a new probe.
-    Watch { key: ProbeKey, watch: ProbeWatch, first: Option<ProbeSample> },
-    /// Stop watching a container that is no longer probed.
-    Unwatch(ProbeKey),
-}
-
-impl ProbeCommand {
-    /// Runs `commands` on the model.
-    pub(crate) fn apply_all(tracker: &mut NodeTracker, commands: Vec<ProbeCommand>) -> Outcome {
-        let mut outcome = Outcome::default();
-        for command in commands {
-            match command {
-                ProbeCommand::Watch { key, watch, first } => {
-                    let (kept, changes) = tracker.watch_probe(key.clone(), watch, first.as_ref());
-                    if kept == WatchKept::Refused {
-                        log::warn!(
-                            "probes of container {} of pod {}: more than {} probed containers; not watched",
-                            key.container,
-                            key.uid,
-                            crate::model::node::MAX_PROBE_WATCHES
-                        );
-                    }
-                    outcome.extend(changes);
-                }
-                ProbeCommand::Unwatch(key) => outcome.extend(tracker.unwatch_probe(&key)),
-            }
-        }
-        outcome
-    }
-}
-
 /// A probe made in a pass, served once the model watches it.
 struct Fresh {
     key: ProbeKey,
@@ -137,7 +103,7 @@ pub(crate) struct ProbeSupervisor {
     listeners: HashMap<(String, String), PodListener>,
     running: HashMap<ProbeKey, Probed>,
     /// Commands for the model from this pass, sent at its end.
-    commands: Vec<ProbeCommand>,
+    commands: Vec<Command>,
     declarations: PodDeclarations,
     shutdown: watch::Receiver<bool>,
     /// Listening sockets taken from the previous agent, by netns inode, until their pods claim
@@ -212,7 +178,7 @@ impl ProbeSupervisor {
     /// Brings probes and listeners in line with the containers running now and what their pods
     /// declared; `commit` runs the pass's commands on the model and returns once their facts are
     /// published, before new probes are served.
-    pub(crate) fn reconcile(&mut self, model: &NodeSnapshot, commit: &dyn Fn(Vec<ProbeCommand>)) {
+    pub(crate) fn reconcile(&mut self, model: &NodeSnapshot, commit: &dyn Fn(Vec<Command>)) {
         // A new pod's sandbox can bring the node a new address (the CNI bridge's, made with the
         // first pod), and the kubelet probes from it as soon as the listener is bound: read
         // them before binding, not only at the next tick.
@@ -238,7 +204,7 @@ impl ProbeSupervisor {
                 if known.declared != declared && !declared.is_empty() {
                     known.probe.declare(declared.clone());
                     known.declared = declared;
-                    self.commands.push(ProbeCommand::Watch { key, watch: known.probe.watch(), first: None });
+                    self.commands.push(Command::WatchProbe { key, watch: known.probe.watch(), first: None });
                     let netns = known.probe.netns();
                     self.ensure_listener(&labels.namespace, &labels.pod, pid, netns);
                 } else if declared.is_empty() {
@@ -267,7 +233,7 @@ impl ProbeSupervisor {
                             None
                         }
                     };
-                    self.commands.push(ProbeCommand::Watch { key: key.clone(), watch: probe.watch(), first });
+                    self.commands.push(Command::WatchProbe { key: key.clone(), watch: probe.watch(), first });
                     fresh.push(Fresh { key, target, pid, declared, probe: Arc::new(probe) });
                 }
                 Err(err) => {
@@ -349,7 +315,7 @@ impl ProbeSupervisor {
         let Some(probed) = self.running.remove(key) else { return };
         let _ = probed.stop.send(true);
         self.feeds.close(key);
-        self.commands.push(ProbeCommand::Unwatch(key.clone()));
+        self.commands.push(Command::UnwatchProbe { key: key.clone() });
         if self.probes.remove(&probed.target, key).is_some() {
             self.metrics.forget(&probed.target);
         }
@@ -489,7 +455,6 @@ impl ProbeSupervisor {
                 reconciled = Some(snapshot.generation());
                 new = false;
             }
-            let handle = tokio::runtime::Handle::current();
             let model = model.clone();
             let pass_snapshot = snapshot.clone();
             let read_addresses = tick || !addresses_read;
@@ -503,9 +468,7 @@ impl ProbeSupervisor {
                     }
                 }
                 if new {
-                    let commit = |commands: Vec<ProbeCommand>| {
-                        handle.block_on(model.update(move |tracker| ProbeCommand::apply_all(tracker, commands)));
-                    };
+                    let commit = |commands: Vec<Command>| model.update_all_blocking(commands);
                     supervisor.reconcile(&pass_snapshot, &commit);
                 }
                 supervisor.settle_adoption();

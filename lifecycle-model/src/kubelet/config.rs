@@ -186,7 +186,7 @@ pub struct ConfigFile {
 }
 
 /// The settings of the kubelet the agent's rules read, effective (merged and defaulted).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct KubeletConfig {
     /// `crashLoopBackOff.maxContainerRestartPeriod`; None when not set (the kubelet then uses
     /// 300 s, when its KubeletCrashLoopBackOffMax gate is on).

@@ -59,7 +59,7 @@ crate::spelling::spelling!(Gate {
 });
 
 /// A gate's maturity from a release on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Maturity {
     Alpha,
@@ -109,7 +109,7 @@ impl Gate {
 }
 
 /// How a gate's state was decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GateBasis {
     /// The kubelet's configuration or command line names it.
@@ -132,7 +132,7 @@ pub enum GateBasis {
 }
 
 /// One gate's state on the node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct GateState {
     pub gate: Gate,
     /// On or off; None when the agent cannot tell.

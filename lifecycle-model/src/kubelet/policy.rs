@@ -45,7 +45,7 @@ crate::spelling::spelling!(KubeletSource {
 });
 
 /// What discovery read about the node's kubelet.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct KubeletFacts {
     pub source: KubeletSource,
     /// The kubelet's process, when one was found.
@@ -74,7 +74,7 @@ impl KubeletFacts {
 }
 
 /// The agent's flags that override what it read.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KubeletOverrides {
     /// `--reduced-backoff-decay[=bool]`: the ReduceDefaultCrashLoopBackOffDecay gate.
     pub reduced_decay: Option<bool>,
@@ -90,7 +90,7 @@ impl KubeletOverrides {
 }
 
 /// The back-off restarts are judged by, or why there is none.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum BackoffChoice {
     Known {
@@ -113,7 +113,7 @@ impl BackoffChoice {
 }
 
 /// What the agent expects of this node's kubelet.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct KubeletPolicy {
     pub facts: KubeletFacts,
     /// Every gate the agent models, decided.

@@ -240,7 +240,7 @@ impl NodeTracker {
         }
         instance.exit = Some(InitExit { time, exit_status, signal });
         self.live_inits.take();
-        self.staged.ended.push(super::Ended { cgroup_id, exit_ns: time });
+        self.staged.ended.push(super::Ended { cgroup_id, exit: BootTime::from_ns(time) });
         if instance.unit.is_some() {
             self.finish(cgroup_id);
         }

@@ -2,7 +2,8 @@
 //! its init, and what each instance's start, stop and exit mean under the kubelet's rules.
 //!
 //! Pure: events, runtime metadata and times go in; container views and counters come out. No
-//! I/O and no clock — the plumbing in the agent's `agent/owner.rs` feeds it and serves what it holds.
+//! I/O and no clock — the agent's `owner.rs` hands it commands (`command.rs`,
+//! [`NodeTracker::handle`]) and serves what it holds.
 //!
 //! One container *instance* is one container cgroup (runtimes create a fresh cgroup per container
 //! id). Instances are linked to a *unit* — (pod uid, container name) in Kubernetes, the cgroup path
@@ -20,6 +21,7 @@
 //! (repairs after lost records), `history` (past stops), `probed` (the probes' facts).
 
 mod bounds;
+mod command;
 mod disagree;
 mod events;
 mod history;
@@ -40,7 +42,7 @@ mod snapshot;
 // Tests apply events for their effect on the state they then examine; most have no use for
 // the outcome, and those about it read it.
 #[cfg(test)]
-#[allow(unused_must_use)]
+#[expect(unused_must_use, reason = "most tests examine the state, not the outcome")]
 mod tests;
 mod unit;
 mod view;
@@ -63,6 +65,7 @@ use crate::{
 };
 
 pub use bounds::{DroppedCounts, DroppedKind};
+pub use command::{Command, DepartingCounters, FoundCgroup, FoundProcess, ResyncLook};
 pub use disagree::{Disagreement, DisagreementKind};
 pub use history::{PastStop, MAX_BYTES as MAX_HISTORY_BYTES, MAX_STOPS as MAX_HISTORY_STOPS};
 pub use instance::SeedProcess;
@@ -125,6 +128,15 @@ pub enum Notice {
     /// release again (see [`NodeTracker::set_kubelet`]); a restarted kubelet may run with
     /// another.
     KubeletStarted { pid: u32 },
+    /// A repair after lost records, or a rescan, found what it reports (counted, and logged
+    /// when it repaired something).
+    Repaired(Resync),
+    /// A probed container could not be watched: past [`MAX_PROBE_WATCHES`] (counted as
+    /// `DroppedKind::ProbeWatch`).
+    ProbeWatchRefused { key: ProbeKey },
+    /// An Event named a pod of this node by its uid under another namespace or name: ignored
+    /// (forged?).
+    ForgedNotice { namespace: String, name: String },
 }
 
 /// Containers gone before the runtime named them, kept for the next metadata (a crash loop on a
@@ -194,6 +206,8 @@ pub struct NodeTracker {
     /// Advanced by every call that may change the containers, their states, names or pods: all
     /// but an event that only counted and the probe layer's own calls (`NodeSnapshot::generation`).
     generation: u64,
+    /// What the last repair's look did not find, for the next look to confirm (`command.rs`).
+    suspects: Option<command::Suspects>,
 }
 
 impl NodeTracker {
@@ -222,6 +236,7 @@ impl NodeTracker {
             kubelet_started_at: None,
             liveness_failures: BTreeMap::new(),
             generation: 0,
+            suspects: None,
         }
     }
 

@@ -4,14 +4,15 @@
 //! judged (the exporters' distributions) and the notices for the plumbing (rescan, ask the
 //! runtime, read the kernel's OOM line). Nothing waits in the tracker between calls.
 
-use super::{probed::ProbeChanges, Judgement, Notice};
+use super::{probed::ProbeChanges, Judgement, Notice, PodWarning};
+use crate::time::BootTime;
 
 /// A container instance (or a host unit's run) that its init's exit ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ended {
     pub cgroup_id: u64,
-    /// The exit's time (boot clock, ns): the kernel's, or the repair's for an exit it found.
-    pub exit_ns: u64,
+    /// The exit's time: the kernel's, or the repair's for an exit it found.
+    pub exit: BootTime,
 }
 
 /// The outcome of one call (see the module header).
@@ -25,6 +26,8 @@ pub struct Outcome {
     pub notices: Vec<Notice>,
     /// The probed containers whose facts changed (`probed.rs`): published at once.
     pub probes: ProbeChanges,
+    /// Warnings for Kubernetes Events, handed over by `Command::FlushWarnings`.
+    pub warnings: Vec<PodWarning>,
 }
 
 impl Outcome {
@@ -35,5 +38,6 @@ impl Outcome {
         self.judgements.extend(other.judgements);
         self.notices.extend(other.notices);
         self.probes.extend(other.probes);
+        self.warnings.extend(other.warnings);
     }
 }

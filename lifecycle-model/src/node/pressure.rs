@@ -7,7 +7,7 @@ use super::{bounds::DroppedKind, NodeTracker, Outcome, UnitKey};
 use crate::{memory::MemorySample, time::BootTime};
 
 /// One container's memory files as read at one moment.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MemoryReading {
     pub key: UnitKey,
     /// The v2 cgroup (its directory's inode) the files were read from.
@@ -18,7 +18,7 @@ pub struct MemoryReading {
 
 /// A container the sampler reads: its unit, cgroup and main process (whose
 /// `/proc/<pid>/cgroup` names its v1 memory cgroup on a hybrid host).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MemoryTarget {
     pub key: UnitKey,
     pub cgroup_id: u64,

@@ -25,14 +25,14 @@ use crate::{
 
 /// A probed container: its pod's uid and its name (a pod recreated under the same name is
 /// another pod, with other facts).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ProbeKey {
     pub uid: String,
     pub container: String,
 }
 
 /// What the probe layer watches for one container.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProbeWatch {
     /// Inode of the pod's network namespace (the `netns` of the kernel's TCP events); 0 when
     /// the main process had none left (it already exited): no TCP event matches it.
@@ -46,7 +46,7 @@ pub struct ProbeWatch {
 }
 
 /// The listeners of one port, as sampled from the kernel (sock_diag, else /proc).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PortSample {
     pub port: u16,
     /// Listening sockets on the port (v4 and v6, SO_REUSEPORT groups).
@@ -58,7 +58,7 @@ pub struct PortSample {
 }
 
 /// The listeners of a network namespace and its drop counter, sampled together.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ListenerSample {
     pub ports: Vec<PortSample>,
     /// TcpExt ListenDrops of the netns, cumulative.
@@ -66,7 +66,7 @@ pub struct ListenerSample {
 }
 
 /// What one /proc pass found for a probed container.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProbeSample {
     pub at_ns: u64,
     /// The main process's `stat`; None when the pid is gone.

@@ -23,6 +23,7 @@ pub struct NodeSnapshot {
     pub(super) history: Arc<History>,
     pub(super) dropped: DroppedCounts,
     pub(super) generation: u64,
+    pub(super) repair_pending: bool,
 }
 
 /// A container cgroup whose init is alive.
@@ -58,6 +59,12 @@ impl NodeSnapshot {
         self.generation
     }
 
+    /// Whether a repair's last look left something suspect, for the next look to confirm
+    /// (`command.rs`, `ResyncLook`): the repair loop looks again while it is so.
+    pub fn repair_pending(&self) -> bool {
+        self.repair_pending
+    }
+
     /// The init of each container cgroup that has a live one, by cgroup.
     pub(super) fn main_pids(&self) -> HashMap<u64, u32> {
         self.live_inits.iter().map(|init| (init.cgroup_id, init.tgid)).collect()
@@ -83,6 +90,7 @@ impl NodeTracker {
             history: self.history.clone(),
             dropped: self.dropped,
             generation: self.generation,
+            repair_pending: self.suspects.is_some(),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! when, from /proc samples the agent feeds back and from the kernel's exit of the process.
 
 /// Scheduler state of a process, from the state letter of `/proc/<pid>/stat`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ProcessState {
     Running,
     Sleeping,
@@ -19,7 +19,7 @@ pub enum ProcessState {
 }
 
 /// One sample of `/proc/<pid>/stat`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProcessSample {
     pub state: ProcessState,
     /// Start time in clock ticks after boot: differs when the pid was reused.

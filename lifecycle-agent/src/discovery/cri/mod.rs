@@ -143,11 +143,11 @@ pub struct CriClient {
     images: ImageServiceClient<Channel>,
     /// Image ref -> the stop signal its configuration names (None: none), as `ImageStatus`
     /// said; an image's configuration never changes under its ref.
-    image_stop_signals: Arc<std::sync::Mutex<HashMap<String, Option<u8>>>>,
+    image_stop_signals: Arc<parking_lot::Mutex<HashMap<String, Option<u8>>>>,
     version: RuntimeVersion,
     /// The probe declarations of the last `ListPodSandbox` that answered: used when one fails,
     /// so a sandbox listing that breaks does not take the containers' names with it.
-    last_declarations: Arc<std::sync::Mutex<HashMap<String, String>>>,
+    last_declarations: Arc<parking_lot::Mutex<HashMap<String, String>>>,
 }
 
 impl CriClient {
@@ -221,12 +221,12 @@ impl CriClient {
         let containers = self.list(None).await?;
         let declarations = match self.probe_declarations().await {
             Ok(declarations) => {
-                *self.last_declarations.lock().unwrap_or_else(|poison| poison.into_inner()) = declarations.clone();
+                *self.last_declarations.lock() = declarations.clone();
                 declarations
             }
             Err(err) => {
                 log::warn!("{}; probe declarations as of the last listing that answered", crate::ErrorChain(&err));
-                self.last_declarations.lock().unwrap_or_else(|poison| poison.into_inner()).clone()
+                self.last_declarations.lock().clone()
             }
         };
         let mut metas: Vec<ContainerMeta> = containers
@@ -249,7 +249,7 @@ impl CriClient {
     /// an image it could not tell about is asked again at the next listing).
     async fn image_stop_signals<'a>(&self, images: impl Iterator<Item = &'a str>) -> HashMap<String, Option<u8>> {
         let unknown: Vec<String> = {
-            let known = self.image_stop_signals.lock().unwrap_or_else(|poison| poison.into_inner());
+            let known = self.image_stop_signals.lock();
             let mut unknown: Vec<String> =
                 images.filter(|image| !image.is_empty() && !known.contains_key(*image)).map(str::to_owned).collect();
             unknown.sort();
@@ -264,7 +264,7 @@ impl CriClient {
             match self.call("ImageStatus", client.image_status(request)).await {
                 Ok(answer) => {
                     let signal = image_stop_signal(&answer.info);
-                    let mut known = self.image_stop_signals.lock().unwrap_or_else(|poison| poison.into_inner());
+                    let mut known = self.image_stop_signals.lock();
                     if known.len() >= MAX_IMAGES {
                         known.clear();
                     }
@@ -273,7 +273,7 @@ impl CriClient {
                 Err(err) => log::debug!("{}", crate::ErrorChain(&err)),
             }
         }
-        self.image_stop_signals.lock().unwrap_or_else(|poison| poison.into_inner()).clone()
+        self.image_stop_signals.lock().clone()
     }
 
     /// Sandbox id -> the pod's probe declaration, for the ready pods that have one (pod

@@ -3,22 +3,19 @@
 
 use futures::FutureExt as _;
 
+use tokio::sync::Notify;
+
 use super::*;
 use crate::{
-    discovery::cgroupfs::CgroupRoot,
-    export::units::{KernelCounters, LiveCounters},
+    export::units::{KernelCounters, LiveCounters, UnitMetrics},
     model::{
         event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
         metadata::{ContainerMeta, KubeletAnnotations},
-        node::{ProbeKey, ProbeWatch, TrackerConfig, Unit},
+        node::{ProbeWatch, TrackerConfig, Unit},
+        time::SECOND,
     },
+    probe::feeds::ProbeFeeds,
 };
-
-use crate::agent::{
-    kubelet::KubeletStarts,
-    systemd::{SystemdCounts, SystemdRequests},
-};
-use crate::model::time::SECOND;
 const CGROUP: u64 = 4242;
 const POD_UID: &str = "00000000-0000-0000-0000-000000000001";
 
@@ -43,24 +40,49 @@ fn meta() -> ContainerMeta {
     }
 }
 
-/// An owner with the routes the agent gives it, and the pieces a test looks at.
-fn owned() -> (Owner, ModelHandle, Arc<UnitMetrics>, Arc<Notify>) {
+/// Notices as a test sees them: a container waiting for its name wakes `wanted`.
+struct TestNotices {
+    wanted: Arc<Notify>,
+}
+
+impl NoticeSink for TestNotices {
+    fn notices(&mut self, notices: Vec<Notice>) {
+        if notices.iter().any(|notice| matches!(notice, Notice::MetadataNeeded { .. })) {
+            self.wanted.notify_one();
+        }
+    }
+
+    fn warnings(&mut self, _: Vec<PodWarning>) {}
+}
+
+/// An owner with the sinks the agent gives it, and the pieces a test looks at.
+struct Owned {
+    owner: Owner,
+    handle: ModelHandle,
+    units: Arc<UnitMetrics>,
+    feeds: Arc<ProbeFeeds>,
+    wanted: Arc<Notify>,
+}
+
+fn owned() -> Owned {
     let tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
     let snapshots = snapshots_of(&tracker);
     let units = Arc::new(UnitMetrics::new(snapshots.subscribe(), Arc::new(NoKernel), Box::new(|| 0.0)));
+    let feeds = Arc::new(ProbeFeeds::default());
     let wanted = Arc::new(Notify::new());
-    let routes = Routes {
-        units: units.clone(),
-        metadata_wanted: wanted.clone(),
-        root: CgroupRoot::at("/nonexistent-cgroupfs-for-a-test"),
-        repairs: IntCounterVec::new(prometheus::Opts::new("repairs", "test"), &["kind"]).expect("counter"),
-        kernel_log: false,
-        probe_feeds: Arc::default(),
-        systemd: SystemdRequests::new(SystemdCounts::register(&prometheus::Registry::new()).expect("counts")).0,
-        kubelet: KubeletStarts::new().0,
+    let sinks = Sinks {
+        judgements: units.clone(),
+        probes: feeds.clone(),
+        notices: Box::new(TestNotices { wanted: wanted.clone() }),
     };
-    let (owner, handle) = own(tracker, snapshots, routes).expect("eventfd");
-    (owner, handle, units, wanted)
+    let (owner, handle) = own(tracker, snapshots, sinks).expect("eventfd");
+    Owned { owner, handle, units, feeds, wanted }
+}
+
+/// Hands `event` to the owner as the reader does; the instances it ended.
+fn apply(owner: &mut Owner, event: Event) -> Vec<Ended> {
+    let at = BootTime::from_ns(event.time_ns);
+    owner.handle_all([Command::Event(event)], at)
 }
 
 fn duration_count(units: &UnitMetrics) -> Option<String> {
@@ -91,17 +113,17 @@ fn exec() -> Detail {
 fn running_container(owner: &mut Owner, wanted: &Notify) {
     let path = format!("/kubepods/burstable/pod{POD_UID}/{}", container_id());
     let mkdir = Detail::CgroupMkdir(CgroupDetail { id: CGROUP, path, truncated: false });
-    owner.change(|tracker| tracker.apply(&event(SECOND, 1, 1, mkdir)));
+    apply(owner, event(SECOND, 1, 1, mkdir));
     // A container the runtime has not named yet: the runtime is asked at once.
     assert!(wanted.notified().now_or_never().is_some(), "MetadataNeeded woke the runtime link");
-    owner.change(|tracker| tracker.set_metadata(vec![meta()]));
-    owner.change(|tracker| tracker.apply(&event(2 * SECOND, 100, CGROUP, exec())));
+    owner.handle_all([Command::RuntimeListed { containers: vec![meta()] }], BootTime::from_ns(SECOND));
+    apply(owner, event(2 * SECOND, 100, CGROUP, exec()));
     assert_eq!(owner.publish(), None);
 }
 
 #[test]
 fn judgements_reach_the_distributions_before_the_snapshot_that_shows_the_stop() {
-    let (mut owner, handle, units, wanted) = owned();
+    let Owned { mut owner, handle, units, wanted, .. } = owned();
     running_container(&mut owner, &wanted);
     let term = Detail::Signal {
         signal: 15,
@@ -114,7 +136,7 @@ fn judgements_reach_the_distributions_before_the_snapshot_that_shows_the_stop() 
         target_comm: "app".into(),
         from_kernel: false,
     };
-    owner.change(|tracker| tracker.apply(&event(3 * SECOND, 7, 7, term)));
+    apply(&mut owner, event(3 * SECOND, 7, 7, term));
     assert_eq!(duration_count(&units), None, "nothing judged yet");
     let exit = Detail::Exit {
         exit_status: Some(0),
@@ -126,7 +148,7 @@ fn judgements_reach_the_distributions_before_the_snapshot_that_shows_the_stop() 
         cpu_time_ns: 1,
         comm: "app".into(),
     };
-    let ended = owner.change(|tracker| tracker.apply(&event(4 * SECOND, 100, CGROUP, exit)));
+    let ended = apply(&mut owner, event(4 * SECOND, 100, CGROUP, exit));
     assert_eq!(ended.len(), 1, "the exit ended the container");
     let count = duration_count(&units).expect("the stop is in the distributions");
     assert!(count.contains("namespace=\"shop\"") && count.ends_with(" 1"), "{count}");
@@ -141,12 +163,12 @@ fn judgements_reach_the_distributions_before_the_snapshot_that_shows_the_stop() 
 
 #[test]
 fn a_pass_that_only_counted_publishes_within_the_counting_interval_and_a_state_change_at_once() {
-    let (mut owner, handle, _, wanted) = owned();
+    let Owned { mut owner, handle, wanted, .. } = owned();
     running_container(&mut owner, &wanted);
     let published = || handle.snapshots().borrow().clone();
     let before = published();
     // A process the runtime starts into the running container (an exec probe): counted only.
-    owner.change(|tracker| tracker.apply(&event(3 * SECOND, 101, CGROUP, exec())));
+    apply(&mut owner, event(3 * SECOND, 101, CGROUP, exec()));
     let due = owner.publish().expect("a publish is pending");
     assert!(due <= COUNTING_PUBLISH_EVERY, "{due:?}");
     assert!(Arc::ptr_eq(&published(), &before), "not published within the interval");
@@ -161,7 +183,7 @@ fn a_pass_that_only_counted_publishes_within_the_counting_interval_and_a_state_c
         cpu_time_ns: 1,
         comm: "app".into(),
     };
-    owner.change(|tracker| tracker.apply(&event(4 * SECOND, 100, CGROUP, exit)));
+    apply(&mut owner, event(4 * SECOND, 100, CGROUP, exit));
     assert_eq!(owner.publish(), None);
     let after = published();
     assert!(!Arc::ptr_eq(&after, &before), "published");
@@ -171,33 +193,22 @@ fn a_pass_that_only_counted_publishes_within_the_counting_interval_and_a_state_c
 }
 
 #[test]
-fn rescans_are_at_most_one_a_second() {
-    let (mut owner, ..) = owned();
-    assert!(owner.rescan_due());
-    assert!(!owner.rescan_due(), "a second notice within the second waits");
-}
-
-#[test]
-fn a_loops_change_is_run_by_the_owner_and_answered_once_its_snapshot_is_published() {
-    let (mut owner, handle, _, wanted) = owned();
+fn a_loops_command_is_run_by_the_owner_and_answered_once_its_snapshot_is_published() {
+    let Owned { mut owner, handle, wanted, .. } = owned();
     running_container(&mut owner, &wanted);
-    let mut answer = Box::pin(handle.update_with(|tracker| {
-        let outcome = tracker.set_runtime_reachable(false);
-        (tracker.units().count(), outcome)
-    }));
-    assert!((&mut answer).now_or_never().is_none(), "queued: the owner has not run it");
-    assert!(owner.run_changes(), "the owner ran it");
-    assert!((&mut answer).now_or_never().is_none(), "run, but its snapshot is not published yet");
-    assert_eq!(owner.publish(), None, "a pass that ran a change publishes at once");
-    assert_eq!(answer.now_or_never(), Some(Some(1)));
+    let mut answered = Box::pin(handle.update(Command::RuntimeUnreachable));
+    assert!((&mut answered).now_or_never().is_none(), "queued: the owner has not run it");
+    assert!(owner.run_queued(), "the owner ran it");
+    assert!((&mut answered).now_or_never().is_none(), "run, but its snapshot is not published yet");
+    assert_eq!(owner.publish(), None, "a pass that ran a command publishes at once");
+    assert_eq!(answered.now_or_never(), Some(()));
 }
 
 #[test]
-fn a_burst_of_changes_is_run_a_pass_at_a_time_and_the_owner_is_woken_for_the_rest() {
-    let (mut owner, handle, ..) = owned();
-    let burst = CHANGES_PER_PASS + 6;
-    let mut senders: Vec<_> =
-        (0..burst).map(|_| Box::pin(handle.update(|tracker| tracker.set_runtime_reachable(true)))).collect();
+fn a_burst_of_commands_is_run_a_pass_at_a_time_and_the_owner_is_woken_for_the_rest() {
+    let Owned { mut owner, handle, .. } = owned();
+    let burst = COMMANDS_PER_PASS + 6;
+    let mut senders: Vec<_> = (0..burst).map(|_| Box::pin(handle.update(Command::RuntimeUnreachable))).collect();
     for sender in &mut senders {
         assert!(sender.as_mut().now_or_never().is_none(), "queued");
     }
@@ -207,38 +218,38 @@ fn a_burst_of_changes_is_run_a_pass_at_a_time_and_the_owner_is_woken_for_the_res
         let mut fds = [PollFd::new(&*fd, PollFlags::IN)];
         poll(&mut fds, Some(&Timespec { tv_sec: 0, tv_nsec: 0 })).expect("poll") == 1
     };
-    assert!(woken(&owner), "the first change woke the owner");
+    assert!(woken(&owner), "the first command woke the owner");
     owner.clear_wake();
     assert!(!woken(&owner));
-    assert!(owner.run_changes());
-    assert!(woken(&owner), "changes are left: the next poll returns at once");
+    assert!(owner.run_queued());
+    assert!(woken(&owner), "commands are left: the next poll returns at once");
     owner.clear_wake();
-    assert!(owner.run_changes());
+    assert!(owner.run_queued());
     assert!(!woken(&owner), "the queue is empty");
-    assert!(!owner.run_changes());
+    assert!(!owner.run_queued());
     owner.publish();
     for sender in senders {
-        assert_eq!(sender.now_or_never(), Some(()), "every sender saw its change published");
+        assert_eq!(sender.now_or_never(), Some(()), "every sender saw its command published");
     }
 }
 
 #[test]
-fn a_probed_containers_facts_go_out_on_its_feed_as_a_change_runs_without_waiting_for_a_snapshot() {
-    let (mut owner, handle, _, wanted) = owned();
+fn a_probed_containers_facts_go_out_on_its_feed_as_a_command_runs_without_waiting_for_a_snapshot() {
+    let Owned { mut owner, handle, feeds, wanted, .. } = owned();
     running_container(&mut owner, &wanted);
     let before = handle.snapshots().borrow().clone();
     let key = ProbeKey { uid: POD_UID.into(), container: "app".into() };
-    let mut facts = owner.routes.probe_feeds.open(&key);
+    let mut facts = feeds.open(&key);
     let watch = ProbeWatch { netns: 77, main_pid: 100, since_ns: 2 * SECOND, ports: [8080].into() };
-    let told = handle.tell(move |tracker| tracker.watch_probe(key, watch, None).1);
+    let told = handle.tell(Command::WatchProbe { key, watch, first: None });
     assert_eq!(told.now_or_never(), Some(()), "told: queued, not waiting for a snapshot");
     assert!(!facts.has_changed().expect("open"), "not run yet");
-    assert!(owner.run_changes());
-    assert!(facts.has_changed().expect("open"), "published on the feed as the change ran");
+    assert!(owner.run_queued());
+    assert!(facts.has_changed().expect("open"), "published on the feed as the command ran");
     assert_eq!(facts.borrow_and_update().netns, 77);
     // A listener in the pod's netns: counted for the node, a fact for the probe at once.
     let tcp = TcpDetail { socket_cgroup_id: CGROUP, netns: 77, family: 2, local_port: 8080, remote_port: 0, fd: None };
-    owner.change(|tracker| tracker.apply(&event(3 * SECOND, 100, CGROUP, Detail::TcpListen(tcp))));
+    apply(&mut owner, event(3 * SECOND, 100, CGROUP, Detail::TcpListen(tcp)));
     assert!(facts.borrow_and_update().tcp[&8080].listening, "the probe sees the listener at once");
     assert!(owner.publish().is_some(), "the node's snapshot waits for the counting interval");
     assert!(Arc::ptr_eq(&handle.snapshots().borrow().clone(), &before), "no snapshot was forced");
