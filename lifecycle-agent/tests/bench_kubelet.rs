@@ -75,7 +75,7 @@ fn exit_to_agent_api_vs_exit_to_kubernetes_status() {
                 .is_some_and(|cs| cs.iter().any(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some())));
             if terminated {
                 let name = pod.metadata.name.clone().unwrap_or_default();
-                seen.lock().expect("lock").entry(name).or_insert(now);
+                seen.lock().entry(name).or_insert(now);
             }
         }
     });
@@ -115,10 +115,10 @@ fn exit_to_agent_api_vs_exit_to_kubernetes_status() {
     kube.apply(&list.to_string()).expect("apply");
     let agent_seen = poller.join().expect("poller");
     let api_deadline = Instant::now() + Duration::from_secs(60);
-    while api_seen.lock().expect("lock").len() < PODS && Instant::now() < api_deadline {
+    while api_seen.lock().len() < PODS && Instant::now() < api_deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let api_seen = api_seen.lock().expect("lock").clone();
+    let api_seen = api_seen.lock().clone();
     let mut to_agent = Vec::new();
     let mut to_api = Vec::new();
     for (name, (exit, agent_at)) in &agent_seen {

@@ -923,7 +923,7 @@ fn probe_answers_survive_two_agent_restarts() {
             use std::io::BufRead as _;
             for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
                 if watching.load(std::sync::atomic::Ordering::Acquire) && line.trim() != "True 0" {
-                    unready.lock().expect("lock").push(line);
+                    unready.lock().push(line);
                 }
             }
         });
@@ -976,7 +976,7 @@ fn probe_answers_survive_two_agent_restarts() {
         // A few probe periods served by the new agent alone.
         let settle = Instant::now();
         while settle.elapsed() < Duration::from_secs(3) {
-            assert!(unready.lock().expect("lock").is_empty(), "{:?}", unready.lock().expect("lock"));
+            assert!(unready.lock().is_empty(), "{:?}", unready.lock());
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -999,7 +999,7 @@ fn probe_answers_survive_two_agent_restarts() {
         .expect("events");
     logs.push_str(&format!("--- {}\n{}", guard.names[2], agent_log(&kube, &guard.names[2])));
     assert!(failures.trim().is_empty(), "the kubelet reported failed probes:\n{failures}\n{logs}");
-    let unready = unready.lock().expect("lock").clone();
+    let unready = unready.lock().clone();
     assert!(unready.is_empty(), "the probed pod left Ready or restarted: {unready:?}");
     let probed = kube.pod("default", "probed").expect("get").expect("probed");
     assert_eq!(kube::container_status(&probed, "app").map(|c| c["restartCount"].clone()), Some(0.into()));

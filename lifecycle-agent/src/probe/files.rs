@@ -395,7 +395,7 @@ mod tests {
         let (gate, wait) = std::sync::mpsc::sync_channel::<()>(0);
         let wait = Mutex::new(wait);
         let read = move |_: &str| {
-            let _ = wait.lock().map(|wait| wait.recv());
+            let _ = wait.lock().recv();
             FileFacts::Present { modified_ns: 1, head: b"ok".to_vec() }
         };
         (DeclaredFiles::read_by(Box::new(read), pod, Arc::clone(readers)), gate)

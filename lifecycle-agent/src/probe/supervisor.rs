@@ -40,7 +40,7 @@ use crate::handoff::{
 };
 use crate::{
     discovery::{clock::boottime_ns, netns},
-    model::node::{Command, NodeSnapshot, ProbeKey, ProbeSample, ProbeWatch, RunningContainer},
+    model::node::{Command, NodeSnapshot, ProbeKey, RunningContainer},
     probe::{
         bind_in_netns,
         feeds::ProbeFeeds,

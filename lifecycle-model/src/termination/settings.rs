@@ -18,7 +18,7 @@ pub const MINIMUM_GRACE_NS: u64 = 2 * SECOND;
 pub const COMM_VISIBLE_LEN: usize = 15;
 
 /// A container's preStop hook, from the `io.kubernetes.container.preStopHandler` annotation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum PreStopHandler {
     /// Runs in the container: visible to the kernel as an exec session.
