@@ -88,7 +88,8 @@ fn meta(id: u64, container: &str, grace_s: u8) -> ContainerMeta {
 }
 
 fn pod_facts(pod: usize, bytes: &mut Bytes) -> PodFacts {
-    let restart_policy = [RestartPolicy::Always, RestartPolicy::OnFailure, RestartPolicy::Never][usize::from(bytes.below(3))];
+    let restart_policy =
+        [RestartPolicy::Always, RestartPolicy::OnFailure, RestartPolicy::Never][usize::from(bytes.below(3))];
     PodFacts {
         uid: PODS[pod].into(),
         namespace: "fuzz".into(),
@@ -142,15 +143,13 @@ fn command(bytes: &mut Bytes, time: u64) -> Command {
     let pid = 100 + u32::from(bytes.below(16));
     let event = |detail| Command::Event(Event { time_ns: time, pid, tgid: pid, cgroup_id, detail });
     match bytes.below(20) {
-        0 | 1 => {
-            Command::Event(Event {
-                time_ns: time,
-                pid: 1,
-                tgid: 1,
-                cgroup_id: 1,
-                detail: Detail::CgroupMkdir(CgroupDetail { id: cgroup_id, path: cgroup_path(cgroup_id), truncated: false }),
-            })
-        }
+        0 | 1 => Command::Event(Event {
+            time_ns: time,
+            pid: 1,
+            tgid: 1,
+            cgroup_id: 1,
+            detail: Detail::CgroupMkdir(CgroupDetail { id: cgroup_id, path: cgroup_path(cgroup_id), truncated: false }),
+        }),
         2 => Command::Event(Event {
             time_ns: time,
             pid: 1,
@@ -207,10 +206,12 @@ fn command(bytes: &mut Bytes, time: u64) -> Command {
         }
         10 => {
             // The runtime lists some of the container cgroups, each as one of the two containers.
-            let listed = (1..=4u64)
-                .filter(|_| bytes.flag())
-                .map(|id| meta(id, CONTAINERS[usize::from(bytes.below(2))], bytes.below(40)))
-                .collect();
+            let mut listed = Vec::new();
+            for id in 1..=4u64 {
+                if bytes.flag() {
+                    listed.push(meta(id, CONTAINERS[usize::from(bytes.below(2))], bytes.below(40)));
+                }
+            }
             if bytes.below(4) == 0 {
                 Command::RuntimeUnreachable
             } else {
@@ -245,7 +246,10 @@ fn command(bytes: &mut Bytes, time: u64) -> Command {
         }),
         14 => Command::Expire { retention_ns: u64::from(bytes.next()) * SECOND },
         15 | 16 => {
-            let key = ProbeKey { uid: PODS[usize::from(bytes.below(2))].into(), container: CONTAINERS[usize::from(bytes.below(2))].into() };
+            let key = ProbeKey {
+                uid: PODS[usize::from(bytes.below(2))].into(),
+                container: CONTAINERS[usize::from(bytes.below(2))].into(),
+            };
             match bytes.below(3) {
                 0 => Command::WatchProbe {
                     key,
@@ -273,7 +277,8 @@ fn command(bytes: &mut Bytes, time: u64) -> Command {
         }
         17 => {
             // A look at the node after lost records: some cgroups on disk, some processes.
-            let cgroups = (1..=8u64).filter(|_| bytes.flag()).map(|id| FoundCgroup { id, path: cgroup_path(id) }).collect();
+            let cgroups =
+                (1..=8u64).filter(|_| bytes.flag()).map(|id| FoundCgroup { id, path: cgroup_path(id) }).collect();
             let processes = (0..bytes.below(4))
                 .map(|_| FoundProcess {
                     tgid: 100 + u32::from(bytes.below(16)),

@@ -282,7 +282,9 @@ impl Owner {
         let Some(take) = self.counters.as_mut() else { return Vec::new() };
         cgroups
             .into_iter()
-            .filter_map(|cgroup_id| take(cgroup_id).map(|counters| crate::model::node::DepartingCounters { cgroup_id, counters }))
+            .filter_map(|cgroup_id| {
+                take(cgroup_id).map(|counters| crate::model::node::DepartingCounters { cgroup_id, counters })
+            })
             .collect()
     }
 

@@ -28,8 +28,7 @@ fn replay(recording: &str) -> (NodeTracker, Outcome) {
     let mut tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
     let mut outcome = Outcome::default();
     for (n, line) in recording.lines().enumerate() {
-        let Recorded { at, command } =
-            serde_json::from_str(line).unwrap_or_else(|err| panic!("line {}: {err}", n + 1));
+        let Recorded { at, command } = serde_json::from_str(line).unwrap_or_else(|err| panic!("line {}: {err}", n + 1));
         outcome.extend(tracker.handle(command, at));
     }
     (tracker, outcome)

@@ -16,7 +16,6 @@ use std::time::Duration;
 use prometheus::{IntCounterVec, IntGaugeVec, Registry};
 use tokio::sync::{mpsc, watch};
 
-use crate::{model::node::Command, owner::ModelHandle};
 use crate::{
     discovery::{
         kube::watch::KubeSource,
@@ -29,6 +28,7 @@ use crate::{
     },
     ErrorChain,
 };
+use crate::{model::node::Command, owner::ModelHandle};
 
 /// How often the kubelet is read again without a start to tell of.
 const REFRESH: Duration = Duration::from_secs(300);

@@ -365,7 +365,8 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         loops.spawn(kube::kill_loop(source.clone(), model.clone(), kube_metrics, shutdown.clone()));
         if events_wanted {
             let counts = events::register(metrics.registry()).map_err(MetricsError::from)?;
-            let events = events::event_loop(source, model.clone(), warnings_queue, probe_metrics, counts, shutdown.clone());
+            let events =
+                events::event_loop(source, model.clone(), warnings_queue, probe_metrics, counts, shutdown.clone());
             loops.spawn(events);
         }
     }

@@ -5,7 +5,10 @@
 use std::{
     collections::HashMap,
     net::IpAddr,
-    sync::{atomic::{AtomicU64, AtomicUsize, Ordering}, Arc},
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc,
+    },
     time::Instant,
 };
 
@@ -144,8 +147,7 @@ impl Places {
                 .max_by_key(|(held, _, victim)| (*held, std::cmp::Reverse(victim.1)))
                 .map(|(_, source, victim)| (source, victim))
                 .ok_or(Refused::Busy)?;
-            let allowed = victim_ip == ip
-                || self.rates.lock().admit(ip, Instant::now());
+            let allowed = victim_ip == ip || self.rates.lock().admit(ip, Instant::now());
             if !allowed {
                 return Err(Refused::Rate);
             }

@@ -19,8 +19,8 @@ use std::{
 use prometheus::{IntCounterVec, Registry};
 use tokio::sync::{mpsc, watch};
 
-use crate::{model::node::Command, owner::ModelHandle};
 use crate::{discovery::systemd::SystemdClient, export::families::AgentFamily, ErrorChain};
+use crate::{model::node::Command, owner::ModelHandle};
 
 /// Requests waiting to be asked; a node starting a thousand units at once asks for each in turn.
 pub(crate) const QUEUED: usize = 1024;

@@ -1,7 +1,10 @@
 //! Prometheus exposition: one registry, passed explicitly, and collectors that read kernel maps
 //! at scrape time (the kernel's counters are the source of truth; nothing is copied on a timer).
 
-use std::sync::{atomic::{AtomicU64, Ordering}, Arc};
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc,
+};
 
 use parking_lot::Mutex;
 

@@ -18,11 +18,7 @@
 //! was a third of a scrape's CPU (BENCHMARKS.md). The kept samples are the last scrape's own
 //! text: unchanged neighbours are copied from it family by family, one copy per run of them.
 
-use std::{
-    collections::HashMap,
-    fmt::Write as _,
-    sync::Arc,
-};
+use std::{collections::HashMap, fmt::Write as _, sync::Arc};
 
 use parking_lot::Mutex;
 
@@ -421,7 +417,6 @@ impl TextSource for UnitMetrics {
         }
     }
 }
-
 
 /// The sink of the model's judgements (`owner.rs`).
 impl crate::owner::JudgementSink for UnitMetrics {

@@ -220,11 +220,8 @@ fn a_step_of_the_wall_clock_rewrites_the_kept_termination_times() {
     let published = publisher(&tracker);
     let offset = Arc::new(Mutex::new(1_700_000_000.0));
     let clock = offset.clone();
-    let metrics = UnitMetrics::new(
-        published.subscribe(),
-        Arc::new(Changing::default()),
-        Box::new(move || *clock.lock()),
-    );
+    let metrics =
+        UnitMetrics::new(published.subscribe(), Arc::new(Changing::default()), Box::new(move || *clock.lock()));
     let finished = |offset: f64| {
         let mut text = String::new();
         metrics.scrape_into(&mut text);

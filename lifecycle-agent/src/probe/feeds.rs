@@ -4,10 +4,7 @@
 //! publishes into it (a sink, `owner.rs`) each time a command names the container
 //! (`model::node::ProbeChanges`), before that command's sender is answered.
 
-use std::{
-    collections::HashMap,
-    sync::Arc,
-};
+use std::{collections::HashMap, sync::Arc};
 
 use parking_lot::Mutex;
 

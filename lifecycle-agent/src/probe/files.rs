@@ -19,7 +19,10 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{atomic::{AtomicUsize, Ordering}, Arc},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
     time::{Duration, Instant, SystemTime},
 };
 

@@ -24,7 +24,10 @@
 
 use std::{
     io::{self, Read as _},
-    sync::{atomic::{AtomicBool, Ordering}, mpsc, Arc},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc, Arc,
+    },
     thread::JoinHandle,
     time::{Duration, Instant},
 };

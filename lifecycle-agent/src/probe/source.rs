@@ -10,12 +10,7 @@
 //! This is a filter on addresses, not authentication: whatever shares the node's network
 //! namespace (hostNetwork pods) passes it too. Only declared checks answer either way.
 
-use std::{
-    fmt,
-    net::IpAddr,
-    str::FromStr,
-    sync::Arc,
-};
+use std::{fmt, net::IpAddr, str::FromStr, sync::Arc};
 
 use parking_lot::RwLock;
 

@@ -29,10 +29,6 @@ use std::{
 
 use tokio::sync::watch;
 
-use crate::{
-    heartbeats::{Heartbeats, Loop},
-    owner::ModelHandle,
-};
 use crate::handoff::{
     holder::holder_of,
     registry::{Registration, Registry},
@@ -53,6 +49,10 @@ use crate::{
         source::SourceFilter,
         CheckSpec, NodeProbes, PodProbe, ProbeAnswer,
     },
+};
+use crate::{
+    heartbeats::{Heartbeats, Loop},
+    owner::ModelHandle,
 };
 
 /// A running per-pod listener; dropping it closes it.

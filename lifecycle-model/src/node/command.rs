@@ -276,7 +276,7 @@ impl NodeTracker {
             .tracked_processes()
             .into_iter()
             .filter(|(tgid, start)| {
-                !running.get(tgid).is_some_and(|found| found.abs_diff(*start) <= look.start_tolerance_ns)
+                running.get(tgid).is_none_or(|found| found.abs_diff(*start) > look.start_tolerance_ns)
             })
             .collect();
         let on_disk: HashSet<u64> = look.cgroups.iter().map(|c| c.id).collect();
@@ -309,7 +309,8 @@ impl NodeTracker {
         }
         let dead: Vec<u32> = dead.into_iter().map(|(tgid, _)| tgid).collect();
         let ResyncLook { cgroups, processes, departing, .. } = look;
-        let departing: HashMap<u64, CgroupCounters> = departing.into_iter().map(|d| (d.cgroup_id, d.counters)).collect();
+        let departing: HashMap<u64, CgroupCounters> =
+            departing.into_iter().map(|d| (d.cgroup_id, d.counters)).collect();
         let on_disk: Vec<(u64, String)> = cgroups.into_iter().map(|c| (c.id, c.path)).collect();
         let (report, mut outcome) = self.resync(&dead, &gone, &on_disk, |id| departing.get(&id).copied(), now);
         // Processes whose exec records were lost (in cgroups found now, or in known ones).

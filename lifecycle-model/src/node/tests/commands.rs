@@ -127,7 +127,10 @@ fn commands_read_back_as_written() {
     let commands = vec![
         Command::Event(exec(SECOND, 10, 42, 1, "web")),
         Command::Event(mkdir(0, 42, "/system.slice/web.service")),
-        Command::DepartingCounters { cgroup_id: 42, counters: lifecycle_common::CgroupCounters { execs: 3, ..Default::default() } },
+        Command::DepartingCounters {
+            cgroup_id: 42,
+            counters: lifecycle_common::CgroupCounters { execs: 3, ..Default::default() },
+        },
         Command::RuntimeListed { containers: vec![meta(1, 30)] },
         Command::Pod(pod()),
         Command::Expire { retention_ns: 60 * SECOND },

@@ -450,7 +450,11 @@ fn host_cgroups_are_units_that_run_while_any_process_does() {
     let last_exit = tracker.apply(&exit(5 * SECOND, 11, 42, Some(2), None));
     let view = only_view(&tracker, 6 * SECOND);
     assert!(matches!(view.status.state, ContainerState::Terminated { exit_code: 2, .. }));
-    assert_eq!(last_exit.ended, [Ended { cgroup_id: 42, exit: BootTime::from_ns(5 * SECOND) }], "the last process's exit ends the run");
+    assert_eq!(
+        last_exit.ended,
+        [Ended { cgroup_id: 42, exit: BootTime::from_ns(5 * SECOND) }],
+        "the last process's exit ends the run"
+    );
     tracker.apply(&exec(7 * SECOND, 12, 42, 1, "web"));
     let view = only_view(&tracker, 8 * SECOND);
     assert!(matches!(view.status.state, ContainerState::Running { started_at } if started_at == at(7 * SECOND)));
@@ -634,7 +638,11 @@ fn a_resync_repairs_what_lost_records_would_have_changed() {
     );
     assert_eq!(report, Resync { exits_unseen: 1, cgroups_removed_unseen: 1, cgroups_created_unseen: 1 });
     assert_eq!(taken, [43], "a removed cgroup's kernel counts are taken first");
-    assert_eq!(repaired.ended, [Ended { cgroup_id: 42, exit: BootTime::from_ns(5 * SECOND) }], "the lost exit ended web's run");
+    assert_eq!(
+        repaired.ended,
+        [Ended { cgroup_id: 42, exit: BootTime::from_ns(5 * SECOND) }],
+        "the lost exit ended web's run"
+    );
     let web = tracker
         .snapshot()
         .containers(at(6 * SECOND))
