@@ -3,7 +3,7 @@
 //!
 //! - **In: commands.** The agent's loops (the runtime link, the Kubernetes watches, expiry,
 //!   repairs, the probes, systemd, the kubelet, the memory sampler) send a
-//!   [`Command`](crate::model::node::Command), data, through a [`ModelHandle`] on a bounded
+//!   [`Command`], data, through a [`ModelHandle`] on a bounded
 //!   channel that the owner drains beside the ring, woken by the same eventfd; the reader hands it
 //!   the ring's events as commands too. Each is applied by the model's one call,
 //!   `NodeTracker::handle`.
