@@ -102,13 +102,13 @@ fn listeners_round_trip(input: &mut Bytes) {
     for row in 0..usize::from(input.u8() % 8) {
         let (port, queue_depth, listening) = (input.u16(), input.u32(), input.u8() & 1 == 1);
         let state = if listening { "0A" } else { "01" };
+        let inode = 10_000 + row as u64;
         table.push_str(&format!(
             "{row:4}: {address}:{port:04X} {address}:0000 {state} 00000000:{queue_depth:08X} 00:00000000 00000000 \
-             0        0 {inode} 1 0000000000000000 100 0 0 10 0\n",
-            inode = 10_000 + row
+             0        0 {inode} 1 0000000000000000 100 0 0 10 0\n"
         ));
         if listening {
-            want.push(Listener { port, family, queue_depth, backlog: None });
+            want.push(Listener { port, family, queue_depth, backlog: None, inode });
         }
     }
     assert_eq!(parse_listeners(&table, family), Ok(want), "{table}");

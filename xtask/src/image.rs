@@ -103,10 +103,15 @@ pub fn run(args: &ImageArgs) -> Result<()> {
     });
     let out = if out.is_absolute() { out } else { std::env::current_dir().context("current dir")?.join(out) };
     let began = Instant::now();
-    let packed = build(&choice.arches(), &out)?;
     // The plugin is not in the image (it runs beside kubectl, not on nodes): built for this
-    // machine, for whoever installs the image from here, and for each other architecture asked.
-    shell::run(cargo().args(["build", "--release", "-p", "kubectl-lifecycle"]))?;
+    // machine, for whoever installs the image from here (with this machine's agent, in one cargo
+    // invocation), and for each other architecture asked.
+    if choice.arches().contains(&host) {
+        crate::build_agent_and_plugin()?;
+    } else {
+        shell::run(cargo().args(["build", "--release", "-p", "kubectl-lifecycle"]))?;
+    }
+    let packed = build(&choice.arches(), &out)?;
     crate::plugin_built();
     for arch in choice.arches().into_iter().filter(|&arch| Some(arch) != Arch::host()) {
         let plugin = cross_linux::plugin(arch)?;
