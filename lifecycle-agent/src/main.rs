@@ -342,7 +342,7 @@ fn main() -> ExitCode {
             Command::Events(args) => events(args).await,
             Command::Status(args) => client::status(args).await,
             Command::Explain(args) => client::explain(args).await,
-            Command::Doctor(args) => lifecycle_agent::cli::doctor::run(args).await.map_err(anyhow::Error::from),
+            Command::Doctor(args) => lifecycle_agent::cli::doctor::run_boxed(args).await.map_err(anyhow::Error::from),
             Command::KeepSockets(_) => Ok(()),
         }
     });
@@ -426,7 +426,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tracker: TrackerConfig { restart_policy, ..TrackerConfig::default() },
         kubelet_overrides,
     };
-    agent::run(config, shutdown).await?;
+    agent::run_boxed(config, shutdown).await?;
     Ok(())
 }
 

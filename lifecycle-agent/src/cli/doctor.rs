@@ -80,6 +80,12 @@ pub enum DoctorError {
     Json(#[source] serde_json::Error),
 }
 
+/// [`run`] as a boxed future made in this crate, for the binary to await (see
+/// `agent::run_boxed` for why).
+pub fn run_boxed(args: DoctorArgs) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DoctorError>>>> {
+    Box::pin(run(args))
+}
+
 /// Runs every check on this node, prints the report, and fails when something is missing.
 pub async fn run(args: DoctorArgs) -> Result<(), DoctorError> {
     let report = Report::new(node::examine(&args).await);
