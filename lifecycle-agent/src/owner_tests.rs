@@ -109,6 +109,20 @@ fn exec() -> Detail {
     }
 }
 
+/// The container init's exit with `status`, its whole group gone.
+fn init_exit(status: u8) -> Detail {
+    Detail::Exit {
+        exit_status: Some(status),
+        signal: None,
+        core_dumped: false,
+        group_dead: true,
+        parent_tgid: 1,
+        start_time_ns: 2 * SECOND,
+        cpu_time_ns: 1,
+        comm: "app".into(),
+    }
+}
+
 /// A running container `app` of shop/web-1, published.
 fn running_container(owner: &mut Owner, wanted: &Notify) {
     let path = format!("/kubepods/burstable/pod{POD_UID}/{}", container_id());
@@ -138,16 +152,7 @@ fn judgements_reach_the_distributions_before_the_snapshot_that_shows_the_stop() 
     };
     apply(&mut owner, event(3 * SECOND, 7, 7, term));
     assert_eq!(duration_count(&units), None, "nothing judged yet");
-    let exit = Detail::Exit {
-        exit_status: Some(0),
-        signal: None,
-        core_dumped: false,
-        group_dead: true,
-        parent_tgid: 1,
-        start_time_ns: 2 * SECOND,
-        cpu_time_ns: 1,
-        comm: "app".into(),
-    };
+    let exit = init_exit(0);
     let ended = apply(&mut owner, event(4 * SECOND, 100, CGROUP, exit));
     assert_eq!(ended.len(), 1, "the exit ended the container");
     let count = duration_count(&units).expect("the stop is in the distributions");
@@ -173,16 +178,7 @@ fn a_pass_that_only_counted_publishes_within_the_counting_interval_and_a_state_c
     assert!(due <= COUNTING_PUBLISH_EVERY, "{due:?}");
     assert!(Arc::ptr_eq(&published(), &before), "not published within the interval");
     // The container's init exits: its state changes, and everything pending goes out at once.
-    let exit = Detail::Exit {
-        exit_status: Some(1),
-        signal: None,
-        core_dumped: false,
-        group_dead: true,
-        parent_tgid: 1,
-        start_time_ns: 2 * SECOND,
-        cpu_time_ns: 1,
-        comm: "app".into(),
-    };
+    let exit = init_exit(1);
     apply(&mut owner, event(4 * SECOND, 100, CGROUP, exit));
     assert_eq!(owner.publish(), None);
     let after = published();
