@@ -135,20 +135,33 @@ pub struct ApiGate {
     reviews: IntCounterVec,
 }
 
+/// `lifecycle_api_auth_reviews_total{result}`, each result shown from the start.
+fn review_family() -> Result<IntCounterVec, prometheus::Error> {
+    let reviews = vec_of(AgentFamily::ApiAuthReviews, IntCounterVec::new)?;
+    for result in ["allowed", "denied", "unauthenticated", "error"] {
+        reviews.with_label_values(&[result]).inc_by(0);
+    }
+    Ok(reviews)
+}
+
+/// The reviews' family, registered in `registry` (`families::register_all`).
+pub(super) fn register_reviews(registry: &Registry) -> Result<IntCounterVec, prometheus::Error> {
+    let reviews = review_family()?;
+    registry.register(Box::new(reviews.clone()))?;
+    Ok(reviews)
+}
+
 impl ApiGate {
     /// A gate asking `reviewer` (None fails every request closed), counting reviews in
-    /// `lifecycle_api_auth_reviews_total{result}` when a registry is given.
+    /// `reviews` (registered by [`register_reviews`]), or in a family of its own when None.
     pub(crate) fn new(
         reviewer: Option<Box<dyn Reviewer>>,
-        registry: Option<&Registry>,
+        reviews: Option<IntCounterVec>,
     ) -> Result<Self, prometheus::Error> {
-        let reviews = vec_of(AgentFamily::ApiAuthReviews, IntCounterVec::new)?;
-        for result in ["allowed", "denied", "unauthenticated", "error"] {
-            reviews.with_label_values(&[result]).inc_by(0);
-        }
-        if let Some(registry) = registry {
-            registry.register(Box::new(reviews.clone()))?;
-        }
+        let reviews = match reviews {
+            Some(reviews) => reviews,
+            None => review_family()?,
+        };
         Ok(Self {
             reviewer,
             metrics: false,

@@ -4,6 +4,7 @@
 
 pub(crate) mod auth;
 mod events;
+mod families;
 pub(crate) mod health;
 pub mod http;
 mod kube;
@@ -26,17 +27,15 @@ use crate::{heartbeats::Heartbeats, owner};
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use lifecycle_common::{KindStats, EVENT_KIND_COUNT};
-use prometheus::Histogram;
 use tokio::sync::{watch, Notify};
 
-use crate::export::families::AgentFamily;
 use crate::{
     discovery::{
         cgroupfs::{CgroupFsError, CgroupRoot},
         clock::{boottime_ns, unix_minus_boot_seconds},
     },
     export::{
-        metrics::{AgentCounters, FeatureFlag, KernelStats, Metrics, MetricsError, RuntimeMetrics},
+        metrics::{AgentCounters, FeatureFlag, KernelStats, Metrics, MetricsError},
         units::{KernelCounters, LiveCounters, UnitMetrics},
     },
     kernel::{Sensor, SensorConfig, SensorError, SensorMaps, StreamError},
@@ -47,7 +46,6 @@ use crate::{
     },
     probe::{
         feeds::ProbeFeeds,
-        metrics::ProbeMetrics,
         source::{AllowFrom, SourceFilter},
         supervisor::ProbeSupervisor,
         NodeProbes,
@@ -55,7 +53,7 @@ use crate::{
 };
 use http::Routes;
 use reader::Reader;
-use routes::{ContainersApi, Waits};
+use routes::ContainersApi;
 use runtime::{runtime_loop, RuntimeLink};
 use tasks::{expiry_loop, seed};
 
@@ -245,14 +243,22 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
         config.sensor.ring_bytes,
         agent_counters.clone(),
     )?;
-    let latency = Histogram::with_opts(
-        AgentFamily::EventToState
-            .family()
-            .histogram_opts(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]),
-    )
-    .map_err(MetricsError::from)?;
-    metrics.registry().register(Box::new(latency.clone())).map_err(MetricsError::from)?;
-    let repairs = tasks::register_repairs(metrics.registry()).map_err(MetricsError::from)?;
+    let events_wanted = kube.is_some() && config.events;
+    let wanted = families::Wanted { kube: kube.is_some(), events: events_wanted, api_auth: config.api_auth };
+    let families::AgentMetrics {
+        event_to_state: latency,
+        repairs,
+        probes: probe_metrics,
+        file_readers: readers,
+        systemd: systemd_counts,
+        kubelet: kubelet_metrics,
+        runtime: runtime_metrics,
+        kube: kube_metrics,
+        events: event_counts,
+        api_reviews,
+        waits,
+        rejections: rejected,
+    } = families::register_all(metrics.registry(), wanted).map_err(MetricsError::from)?;
     metrics.set_family_filter(config.metric_families.clone());
     let units = UnitMetrics::new(snapshots.subscribe(), maps.clone(), Box::new(unix_minus_boot_seconds));
     let host_units = config.host_cgroups.unwrap_or(kube.is_none());
@@ -261,27 +267,19 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     }
     let units = Arc::new(if host_units { units } else { units.without_host_units() });
     metrics.add_text_source(Box::new(units.clone()));
-    let probe_metrics = ProbeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let node_probes = Arc::new(NodeProbes::new(Some(probe_metrics.clone())));
     let probe_feeds = Arc::new(ProbeFeeds::new(Some(probe_metrics.clone())));
     let metadata_wanted = Arc::new(Notify::new());
-    let systemd_counts = systemd::SystemdCounts::register(metrics.registry()).map_err(MetricsError::from)?;
     let (systemd_requests, systemd_queue) = systemd::SystemdRequests::new(systemd_counts.clone());
     // The node's kubelet, before the first event is judged: its back-off, release and gates.
-    let kubelet_metrics = kubelet::KubeletMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let node_name = crate::discovery::kube::watch::KubeSource::node_name(config.node_name.clone());
     let mut kubelet_link =
         kubelet::KubeletLink::new(node_name, kube.clone(), config.kubelet_overrides, Some(kubelet_metrics));
     start_commands.push(Command::Kubelet(kubelet_link.read().await));
     let (kubelet_starts, kubelet_queue) = kubelet::KubeletStarts::new();
-    let kube_metrics = match &kube {
-        Some(_) => Some(kube::KubeMetrics::register(metrics.registry()).map_err(MetricsError::from)?),
-        None => None,
-    };
     let rescan_wanted = Arc::new(Notify::new());
     let (oom_victims, oom_victims_queue) = tokio::sync::mpsc::unbounded_channel();
     let (warnings, warnings_queue) = tokio::sync::mpsc::unbounded_channel();
-    let events_wanted = kube.is_some() && config.events;
     // Where what the model's commands change goes (`owner.rs`, the doors).
     let sinks = owner::Sinks {
         judgements: units.clone(),
@@ -312,7 +310,6 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
 
     let sources = SourceFilter::new(&config.probe_allow_from);
     let probe_sources = sources.clone();
-    let readers = crate::probe::files::FileReaders::register(metrics.registry()).map_err(MetricsError::from)?;
     let supervisor = ProbeSupervisor::new(
         node_probes.clone(),
         probe_feeds,
@@ -364,7 +361,6 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let mut loops = tokio::task::JoinSet::new();
     loops.spawn(supervisor.run(model.clone(), Duration::from_secs(1), heartbeats.clone()));
 
-    let runtime_metrics = RuntimeMetrics::register(metrics.registry()).map_err(MetricsError::from)?;
     let mut runtime = RuntimeLink::new(config.cri_socket.clone(), runtime_metrics);
     // Before the first batch of events: containers seen at start are judged under their names.
     let answer = runtime.refresh().await;
@@ -376,8 +372,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     if let (Some(source), Some(kube_metrics)) = (kube, kube_metrics) {
         loops.spawn(kube::pod_loop(source.clone(), model.clone(), kube_metrics.clone(), shutdown.clone()));
         loops.spawn(kube::kill_loop(source.clone(), model.clone(), kube_metrics, shutdown.clone()));
-        if events_wanted {
-            let counts = events::register(metrics.registry()).map_err(MetricsError::from)?;
+        if let Some(counts) = event_counts {
             let events =
                 events::event_loop(source, model.clone(), warnings_queue, probe_metrics, counts, shutdown.clone());
             loops.spawn(events);
@@ -403,7 +398,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
             if reviewer.is_none() {
                 log::warn!("--api-auth kubernetes without a Kubernetes API: every /api/* request is refused (503)");
             }
-            let gate = auth::ApiGate::new(reviewer, Some(metrics.registry())).map_err(MetricsError::from)?;
+            let gate = auth::ApiGate::new(reviewer, api_reviews).map_err(MetricsError::from)?;
             Some(if config.metrics_auth { gate.with_metrics() } else { gate })
         }
     };
@@ -443,8 +438,6 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> Result
     let node = config.node_name.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
     });
-    let waits = Arc::new(Waits::new(Some(metrics.registry())).map_err(MetricsError::from)?);
-    let rejected = http::Rejections::register(metrics.registry()).map_err(MetricsError::from)?;
     let api = ContainersApi { snapshots: model.snapshots(), probes: node_probes.clone(), node, waits };
     let routes = Arc::new(Routes {
         metrics,

@@ -435,6 +435,10 @@ impl UnitMetrics {
     }
 }
 
+/// The agent's families (not per container) that the unit text writes itself, from the model's
+/// snapshot, instead of a registered collector.
+pub(crate) const AGENT_FAMILIES_WRITTEN: &[AgentFamily] = &[AgentFamily::StateDropped];
+
 /// `lifecycle_state_dropped_total{kind}`: what the model dropped to stay within its bounds,
 /// every kind from the start (a zero is an answer: nothing was dropped).
 fn write_dropped(out: &mut String, dropped: &DroppedCounts) {
