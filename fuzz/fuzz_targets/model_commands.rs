@@ -8,7 +8,10 @@
 
 #![no_main]
 
-use std::collections::{BTreeSet, HashSet};
+use std::{
+    collections::{BTreeSet, HashSet},
+    time::Duration,
+};
 
 use libfuzzer_sys::fuzz_target;
 use lifecycle_agent::model::{
@@ -141,17 +144,18 @@ fn tcp(bytes: &mut Bytes, cgroup_id: u64) -> TcpDetail {
 fn command(bytes: &mut Bytes, time: u64) -> Command {
     let cgroup_id = 1 + u64::from(bytes.below(8));
     let pid = 100 + u32::from(bytes.below(16));
-    let event = |detail| Command::Event(Event { time_ns: time, pid, tgid: pid, cgroup_id, detail });
+    let at = BootTime::from_ns(time);
+    let event = |detail| Command::Event(Event { at, pid, tgid: pid, cgroup_id, detail });
     match bytes.below(20) {
         0 | 1 => Command::Event(Event {
-            time_ns: time,
+            at,
             pid: 1,
             tgid: 1,
             cgroup_id: 1,
             detail: Detail::CgroupMkdir(CgroupDetail { id: cgroup_id, path: cgroup_path(cgroup_id), truncated: false }),
         }),
         2 => Command::Event(Event {
-            time_ns: time,
+            at,
             pid: 1,
             tgid: 1,
             cgroup_id: 1,
@@ -162,7 +166,7 @@ fn command(bytes: &mut Bytes, time: u64) -> Command {
             parent_cgroup_id: if bytes.flag() { 0 } else { cgroup_id },
             namespace_init: bytes.flag(),
             child_pid_namespace: cgroup_id <= 4,
-            start_time_ns: time,
+            started: at,
             comm: "proc".into(),
         }),
         5 | 6 => event(Detail::Exit {
@@ -171,8 +175,8 @@ fn command(bytes: &mut Bytes, time: u64) -> Command {
             core_dumped: false,
             group_dead: bytes.below(4) != 0,
             parent_tgid: 1,
-            start_time_ns: time.saturating_sub(u64::from(bytes.next()) * SECOND),
-            cpu_time_ns: 1,
+            started: BootTime::from_ns(time.saturating_sub(u64::from(bytes.next()) * SECOND)),
+            cpu_time: Duration::from_nanos(1),
             comm: "proc".into(),
         }),
         7 => {
@@ -244,7 +248,7 @@ fn command(bytes: &mut Bytes, time: u64) -> Command {
             oom_memcg: bytes.flag().then(|| cgroup_path(cgroup_id)),
             task_memcg: cgroup_path(cgroup_id),
         }),
-        14 => Command::Expire { retention_ns: u64::from(bytes.next()) * SECOND },
+        14 => Command::Expire { retention: Duration::from_secs(u64::from(bytes.next())) },
         15 | 16 => {
             let key = ProbeKey {
                 uid: PODS[usize::from(bytes.below(2))].into(),
@@ -290,7 +294,12 @@ fn command(bytes: &mut Bytes, time: u64) -> Command {
                     zombie: bytes.below(4) == 0,
                 })
                 .collect();
-            Command::Resync(ResyncLook { cgroups, processes, start_tolerance_ns: 20_000_000, departing: Vec::new() })
+            Command::Resync(ResyncLook {
+                cgroups,
+                processes,
+                start_tolerance: Duration::from_millis(20),
+                departing: Vec::new(),
+            })
         }
         18 => Command::Rescan {
             cgroups: (1..=8u64).filter(|_| bytes.flag()).map(|id| FoundCgroup { id, path: cgroup_path(id) }).collect(),

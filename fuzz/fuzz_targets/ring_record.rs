@@ -9,12 +9,15 @@
 
 #![no_main]
 
-use std::mem::size_of;
+use std::{mem::size_of, time::Duration};
 
 use libfuzzer_sys::fuzz_target;
 use lifecycle_agent::{
     kernel::decode::{decode, DecodeError},
-    model::event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
+    model::{
+        event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
+        time::BootTime,
+    },
 };
 use lifecycle_common::{
     CgroupEvent, EventHeader, EventKind, ExecEvent, ExitEvent, OomVictimEvent, SignalEvent, TcpEvent, CGROUP_PATH_LEN,
@@ -61,7 +64,7 @@ fn check_raw(data: &[u8]) {
             assert_eq!(event.kind(), kind);
             let header: EventHeader = record(data);
             assert_eq!(
-                (event.time_ns, event.pid, event.tgid, event.cgroup_id),
+                (event.at.ns(), event.pid, event.tgid, event.cgroup_id),
                 (header.time_ns, header.pid, header.tgid, header.cgroup_id)
             );
             check_names(&event);
@@ -124,7 +127,7 @@ fn check_built(kind: EventKind, fields: &[u8]) {
                 parent_cgroup_id: r.parent_cgroup_id,
                 namespace_init: r.flags & EXEC_FLAG_NAMESPACE_INIT != 0,
                 child_pid_namespace: r.flags & EXEC_FLAG_CHILD_PID_NAMESPACE != 0,
-                start_time_ns: r.start_time_ns,
+                started: BootTime::from_ns(r.start_time_ns),
                 comm: name(&r.comm),
             }
         }
@@ -143,8 +146,8 @@ fn check_built(kind: EventKind, fields: &[u8]) {
                 core_dumped,
                 group_dead: r.group_dead != 0,
                 parent_tgid: r.parent_tgid,
-                start_time_ns: r.start_time_ns,
-                cpu_time_ns: r.cpu_time_ns,
+                started: BootTime::from_ns(r.start_time_ns),
+                cpu_time: Duration::from_nanos(r.cpu_time_ns),
                 comm: name(&r.comm),
             }
         }
@@ -198,7 +201,12 @@ fn check_built(kind: EventKind, fields: &[u8]) {
             }
         }
     };
-    let want =
-        Event { time_ns: header.time_ns, pid: header.pid, tgid: header.tgid, cgroup_id: header.cgroup_id, detail };
+    let want = Event {
+        at: BootTime::from_ns(header.time_ns),
+        pid: header.pid,
+        tgid: header.tgid,
+        cgroup_id: header.cgroup_id,
+        detail,
+    };
     assert_eq!(event, want, "{kind:?} record {bytes:?}");
 }

@@ -30,7 +30,7 @@ fn container_id() -> String {
 }
 
 fn event(time_ns: u64, tgid: u32, cgroup_id: u64, detail: Detail) -> Event {
-    Event { time_ns, pid: tgid, tgid, cgroup_id, detail }
+    Event { at: BootTime::from_ns(time_ns), pid: tgid, tgid, cgroup_id, detail }
 }
 
 fn meta() -> ContainerMeta {
@@ -81,7 +81,7 @@ fn owned() -> Owned {
 
 /// Hands `event` to the owner as the reader does; the instances it ended.
 fn apply(owner: &mut Owner, event: Event) -> Vec<Ended> {
-    let at = BootTime::from_ns(event.time_ns);
+    let at = event.at;
     owner.handle_all([Command::Event(event)], at)
 }
 
@@ -104,7 +104,7 @@ fn exec() -> Detail {
         parent_cgroup_id: 1,
         namespace_init: true,
         child_pid_namespace: true,
-        start_time_ns: 2 * SECOND,
+        started: BootTime::from_ns(2 * SECOND),
         comm: "app".into(),
     }
 }
@@ -117,8 +117,8 @@ fn init_exit(status: u8) -> Detail {
         core_dumped: false,
         group_dead: true,
         parent_tgid: 1,
-        start_time_ns: 2 * SECOND,
-        cpu_time_ns: 1,
+        started: BootTime::from_ns(2 * SECOND),
+        cpu_time: std::time::Duration::from_nanos(1),
         comm: "app".into(),
     }
 }

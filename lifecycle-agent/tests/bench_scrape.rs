@@ -15,7 +15,7 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Arc,
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use lifecycle_agent::{
@@ -25,6 +25,7 @@ use lifecycle_agent::{
     model::event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
     model::metadata::{ContainerMeta, ContainerState, ContainerType, KubeletAnnotations},
     model::node::{Judgement, NodeTracker, Outcome, TrackerConfig},
+    model::time::BootTime,
 };
 use lifecycle_common::CgroupCounters;
 
@@ -57,7 +58,7 @@ impl TextSource for Floor {
 }
 
 fn event(time: u64, tgid: u32, cgroup_id: u64, detail: Detail) -> Event {
-    Event { time_ns: time, pid: tgid, tgid, cgroup_id, detail }
+    Event { at: BootTime::from_ns(time), pid: tgid, tgid, cgroup_id, detail }
 }
 
 /// A node with `n` containers: each ran once, exited with a varying code, restarted, received a
@@ -122,7 +123,7 @@ fn node(n: u64) -> (NodeTracker, Vec<Judgement>) {
                 parent_cgroup_id: 1,
                 namespace_init: true,
                 child_pid_namespace: true,
-                start_time_ns: t + 1,
+                started: BootTime::from_ns(t + 1),
                 comm: "app".into(),
             };
             outcome.extend(tracker.apply(&event(t + 1, pid, cgroup, exec)));
@@ -148,8 +149,8 @@ fn node(n: u64) -> (NodeTracker, Vec<Judgement>) {
                     core_dumped: false,
                     group_dead: true,
                     parent_tgid: 1,
-                    start_time_ns: t + 1,
-                    cpu_time_ns: 1,
+                    started: BootTime::from_ns(t + 1),
+                    cpu_time: Duration::from_nanos(1),
                     comm: "app".into(),
                 };
                 outcome.extend(tracker.apply(&event(t + 2 * second, pid, cgroup, exit)));

@@ -52,7 +52,7 @@ fn process_exiting_3_reports_exec_and_exit_fields_exactly() {
     let (exec, exit) = exec_and_exit(hub, &cg, pid);
     let me = std::process::id();
 
-    let Detail::Exec { parent_tgid, parent_cgroup_id, start_time_ns, comm, namespace_init, child_pid_namespace } =
+    let Detail::Exec { parent_tgid, parent_cgroup_id, started, comm, namespace_init, child_pid_namespace } =
         &exec.detail
     else {
         unreachable!()
@@ -61,20 +61,20 @@ fn process_exiting_3_reports_exec_and_exit_fields_exactly() {
     assert_eq!((*namespace_init, *child_pid_namespace), (false, false));
     assert_eq!((exec.pid, exec.tgid, exec.cgroup_id), (pid, pid, cg.id));
     assert_eq!((*parent_tgid, *parent_cgroup_id, comm.as_str()), (me, own_cgroup_id(), "sh"));
-    let exec_start = *start_time_ns;
-    assert!(exec_start > 0 && exec_start <= exec.time_ns, "start {exec_start} <= exec {}", exec.time_ns);
+    let exec_start = *started;
+    assert!(exec_start.ns() > 0 && exec_start <= exec.at, "start {exec_start:?} <= exec {:?}", exec.at);
 
-    let Detail::Exit { exit_status, signal, core_dumped, group_dead, parent_tgid, start_time_ns, cpu_time_ns, comm } =
+    let Detail::Exit { exit_status, signal, core_dumped, group_dead, parent_tgid, started, cpu_time, comm } =
         &exit.detail
     else {
         unreachable!()
     };
     assert_eq!((*exit_status, *signal, *core_dumped, *group_dead), (Some(3), None, false, true));
-    assert_eq!((*parent_tgid, *start_time_ns, comm.as_str()), (me, exec_start, "sh"));
+    assert_eq!((*parent_tgid, *started, comm.as_str()), (me, exec_start, "sh"));
     // A shell that only exits runs for well under a second of CPU.
-    assert!(*cpu_time_ns < 1_000_000_000, "cpu {cpu_time_ns}");
+    assert!(*cpu_time < std::time::Duration::from_secs(1), "cpu {cpu_time:?}");
     assert_eq!((exit.pid, exit.tgid, exit.cgroup_id), (pid, pid, cg.id));
-    assert!(exit.time_ns > exec.time_ns);
+    assert!(exit.at > exec.at);
 
     let counters = hub.maps.counters_of(cg.id).expect("kernel counters for the cgroup");
     assert_eq!((counters.execs, counters.process_exits), (1, 1));

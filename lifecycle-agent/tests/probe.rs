@@ -186,7 +186,7 @@ impl Feeder {
         let (netns, since) = (probe.netns(), probe.created_ns());
         let events = Hub::get().wait_for(
             what,
-            |e| e.time_ns >= since && tcp_of(e).is_some_and(|(n, port)| n == netns && port == APP_PORT),
+            |e| e.at.ns() >= since && tcp_of(e).is_some_and(|(n, port)| n == netns && port == APP_PORT),
             done,
         );
         for event in &events[self.fed..] {
@@ -319,7 +319,7 @@ fn a_listener_that_never_accepts_fails_after_the_stall_while_connects_still_succ
     let events =
         feeder.feed_until(&probe, "established", |m| count(m, |d| matches!(d, Detail::TcpEstablished(_))) == N);
     assert_eq!(count(&events, |d| matches!(d, Detail::TcpAccept(_))), 0);
-    let first_established = events.iter().find(|e| matches!(e.detail, Detail::TcpEstablished(_))).expect("one").time_ns;
+    let first_established = events.iter().find(|e| matches!(e.detail, Detail::TcpEstablished(_))).expect("one").at.ns();
 
     let spec = tcp_check("1s");
     // Declared, so the pod re-evaluates this check at its deadline.
@@ -366,7 +366,7 @@ fn a_closed_listener_flips_the_check_at_the_close_event() {
     assert_eq!(app.read_line(), "closed");
     let events =
         feeder.feed_until(&probe, "listen close", |m| count(m, |d| matches!(d, Detail::TcpListenClose(_))) == 1);
-    let closed_at = events.iter().find(|e| matches!(e.detail, Detail::TcpListenClose(_))).expect("close").time_ns;
+    let closed_at = events.iter().find(|e| matches!(e.detail, Detail::TcpListenClose(_))).expect("close").at.ns();
     let seen_after = boottime_ns() - closed_at;
     // No /proc refresh happened: the event alone flipped it, effective at the event's own time.
     let verdict = probe.evaluate(&spec, closed_at);

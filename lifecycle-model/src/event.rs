@@ -1,15 +1,23 @@
 //! What the kernel saw, as the model consumes it: one [`Event`] per kernel record, with raw
-//! encodings already unpacked (exit status vs signal, NUL-padded names, big-endian ports) by
-//! `kernel::decode`, so nothing in the model needs to know the kernel's formats.
+//! encodings already unpacked (exit status vs signal, NUL-padded names, big-endian ports,
+//! nanoseconds as [`BootTime`] points and [`Duration`]s) by `kernel::decode`, so nothing in the
+//! model needs to know the kernel's formats. On the wire (`lifecycle-agent events`, recorded
+//! commands) the times keep the kernel's names and nanoseconds (`time_ns`, `start_time_ns`,
+//! `cpu_time_ns`).
+
+use std::time::Duration;
 
 use lifecycle_common::EventKind;
 use serde::Serialize;
 
+use crate::time::BootTime;
+
 /// A decoded kernel record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Event {
-    /// `CLOCK_BOOTTIME` nanoseconds when the kernel saw it.
-    pub time_ns: u64,
+    /// When the kernel saw it (`CLOCK_BOOTTIME`).
+    #[serde(rename = "time_ns")]
+    pub at: BootTime,
     /// Thread id of the task running when it fired.
     pub pid: u32,
     /// Process id of the task running when it fired.
@@ -32,7 +40,9 @@ pub enum Detail {
         namespace_init: bool,
         /// Lives in a pid namespace below the host's (a container's, unless it shares the host's).
         child_pid_namespace: bool,
-        start_time_ns: u64,
+        /// The process's start (the kernel's `start_boottime`).
+        #[serde(rename = "start_time_ns")]
+        started: BootTime,
         comm: String,
     },
     Exit {
@@ -44,8 +54,13 @@ pub enum Detail {
         /// Whether this was the process's last thread.
         group_dead: bool,
         parent_tgid: u32,
-        start_time_ns: u64,
-        cpu_time_ns: u64,
+        /// The process's start (the kernel's `start_boottime`).
+        #[serde(rename = "start_time_ns")]
+        started: BootTime,
+        /// User plus system CPU time: this thread's, plus its group's already-exited threads'
+        /// when `group_dead`.
+        #[serde(rename = "cpu_time_ns", with = "crate::time::duration_ns")]
+        cpu_time: Duration,
         comm: String,
     },
     Signal {

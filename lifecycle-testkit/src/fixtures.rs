@@ -115,7 +115,7 @@ pub fn main_exec(comm: &str) -> Detail {
         parent_cgroup_id: 1,
         namespace_init: true,
         child_pid_namespace: true,
-        start_time_ns: 2,
+        started: BootTime::from_ns(2),
         comm: comm.into(),
     }
 }
@@ -129,8 +129,8 @@ pub fn main_exit(status: u8, comm: &str) -> Detail {
         core_dumped: false,
         group_dead: true,
         parent_tgid: 1,
-        start_time_ns: 2,
-        cpu_time_ns: 1,
+        started: BootTime::from_ns(2),
+        cpu_time: std::time::Duration::from_nanos(1),
         comm: comm.into(),
     }
 }

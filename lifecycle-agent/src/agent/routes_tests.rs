@@ -45,7 +45,8 @@ fn node_of(containers: &[(&str, &str, u64, &str)]) -> NodeTracker {
     for (i, (digit, _, n, _)) in containers.iter().enumerate() {
         let cgroup = 101 + i as u64;
         let path = format!("/kubepods/besteffort/pod00000000-0000-0000-0000-{n:012}/{}", digit.repeat(64));
-        let event = |time, tgid, cgroup_id, detail| Event { time_ns: time, pid: tgid, tgid, cgroup_id, detail };
+        let event =
+            |time, tgid, cgroup_id, detail| Event { at: BootTime::from_ns(time), pid: tgid, tgid, cgroup_id, detail };
         tracker.apply(&event(1, 1, 1, Detail::CgroupMkdir(CgroupDetail { id: cgroup, path, truncated: false })));
         let exec = main_exec("app");
         tracker.apply(&event(2, 1001 + i as u32, cgroup, exec));
@@ -174,7 +175,7 @@ fn a_probe_query_past_its_bounds_is_refused_before_it_is_parsed() {
 /// the snapshot is published.
 fn exits_and_publishes(tracker: &mut NodeTracker, publish: &watch::Sender<Arc<NodeSnapshot>>, which: u32, status: u8) {
     let (tgid, cgroup_id) = (1001 + which, 101 + u64::from(which));
-    tracker.apply(&Event { time_ns: 10, pid: tgid, tgid, cgroup_id, detail: main_exit(status, "app") });
+    tracker.apply(&Event { at: BootTime::from_ns(10), pid: tgid, tgid, cgroup_id, detail: main_exit(status, "app") });
     publish.send_replace(Arc::new(tracker.snapshot()));
 }
 

@@ -207,7 +207,7 @@ mod tests {
         let mut tracker = NodeTracker::new(TrackerConfig { cri_available: true, ..TrackerConfig::default() });
         let path = format!("/kubepods/besteffort/pod{POD_UID}/{}", "cd".repeat(32));
         let mkdir = Detail::CgroupMkdir(CgroupDetail { id: 77, path, truncated: false });
-        let outcome = tracker.apply(&Event { time_ns: 1, pid: 1, tgid: 1, cgroup_id: 1, detail: mkdir });
+        let outcome = tracker.apply(&Event { at: BootTime::from_ns(1), pid: 1, tgid: 1, cgroup_id: 1, detail: mkdir });
         assert!(!outcome.notices.is_empty(), "it asks for the runtime's metadata");
         assert_eq!(tracker.units().count(), 0, "not named yet");
         tracker

@@ -38,8 +38,7 @@ pub(super) async fn expiry_loop(model: ModelHandle, retention: Duration, mut shu
             _ = ticker.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let retention_ns = u64::try_from(retention.as_nanos()).unwrap_or(u64::MAX);
-        model.update(Command::Expire { retention_ns }).await;
+        model.update(Command::Expire { retention }).await;
     }
 }
 
@@ -141,7 +140,7 @@ pub(super) async fn resync_loop(
     let mut rounds_left = 0u32;
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let start_tolerance_ns = proc::start_tolerance_ns();
+    let start_tolerance = proc::start_tolerance();
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -163,7 +162,7 @@ pub(super) async fn resync_loop(
         let Ok((cgroups, processes)) = tokio::task::spawn_blocking(move || look_at_node(&root)).await else {
             continue;
         };
-        let look = ResyncLook { cgroups, processes, start_tolerance_ns, departing: Vec::new() };
+        let look = ResyncLook { cgroups, processes, start_tolerance, departing: Vec::new() };
         model.update(Command::Resync(look)).await;
     }
 }

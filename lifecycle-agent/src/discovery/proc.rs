@@ -16,7 +16,7 @@ use std::{
     io::{self, Read as _},
     os::{fd::AsRawFd as _, unix::fs::OpenOptionsExt as _},
     path::PathBuf,
-    time::SystemTime,
+    time::{Duration, SystemTime},
 };
 
 use super::{
@@ -226,8 +226,8 @@ pub fn parse_netstat(text: &str) -> Result<ListenCounters, &'static str> {
 
 /// How far a start time read from /proc (whole clock ticks) may be from the kernel's
 /// nanoseconds and still be the same process's: two ticks.
-pub(crate) fn start_tolerance_ns() -> u64 {
-    2 * (SECOND / procfs::ticks_per_second().max(1))
+pub(crate) fn start_tolerance() -> Duration {
+    Duration::from_nanos(2 * (SECOND / procfs::ticks_per_second().max(1)))
 }
 
 /// State and start time of `pid`; None when no such process exists.

@@ -3,6 +3,7 @@
 use super::*;
 use crate::model::event::{CgroupDetail, Detail, Event, SignalResult};
 use crate::model::node::{NodeTracker, TrackerConfig};
+use crate::model::time::BootTime;
 use lifecycle_testkit::fixtures::{main_exec, main_exit};
 
 /// The channel a tracker's snapshots are published on, as the model's owner does.
@@ -24,7 +25,7 @@ impl KernelCounters for Kernel {
 }
 
 fn event(time: u64, tgid: u32, cgroup_id: u64, detail: Detail) -> Event {
-    Event { time_ns: time, pid: tgid, tgid, cgroup_id, detail }
+    Event { at: BootTime::from_ns(time), pid: tgid, tgid, cgroup_id, detail }
 }
 
 /// The cgroup `/system.slice/<name>.service` appears (1 ns) and `pid` starts in it (2 ns).
@@ -36,7 +37,7 @@ fn start_host_unit(tracker: &mut NodeTracker, cgroup: u64, pid: u32, name: &str)
         parent_cgroup_id: 1,
         namespace_init: false,
         child_pid_namespace: false,
-        start_time_ns: 2,
+        started: BootTime::from_ns(2),
         comm: name.into(),
     };
     tracker.apply(&event(2, pid, cgroup, exec));

@@ -1,13 +1,19 @@
 //! Kernel records decoded into [`Event`]s.
 //!
 //! Pure: bytes in, [`Event`] out. Raw encodings are unpacked here once (exit status vs signal,
-//! NUL-padded names, big-endian ports), so nothing downstream needs to know the kernel's formats.
+//! NUL-padded names, big-endian ports, nanoseconds as points in time and durations), so nothing
+//! downstream needs to know the kernel's formats.
+
+use std::time::Duration;
 
 use lifecycle_common::{
     CgroupEvent, EventHeader, EventKind, ExecEvent, ExitEvent, OomVictimEvent, SignalEvent, TcpEvent,
 };
 
-use crate::model::event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail};
+use crate::model::{
+    event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
+    time::BootTime,
+};
 
 /// Why a record could not be decoded.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -37,7 +43,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                     parent_cgroup_id: r.parent_cgroup_id,
                     namespace_init: r.flags & lifecycle_common::EXEC_FLAG_NAMESPACE_INIT != 0,
                     child_pid_namespace: r.flags & lifecycle_common::EXEC_FLAG_CHILD_PID_NAMESPACE != 0,
-                    start_time_ns: r.start_time_ns,
+                    started: BootTime::from_ns(r.start_time_ns),
                     comm: c_string(&r.comm),
                 },
             )
@@ -53,8 +59,8 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                     core_dumped,
                     group_dead: r.group_dead != 0,
                     parent_tgid: r.parent_tgid,
-                    start_time_ns: r.start_time_ns,
-                    cpu_time_ns: r.cpu_time_ns,
+                    started: BootTime::from_ns(r.start_time_ns),
+                    cpu_time: Duration::from_nanos(r.cpu_time_ns),
                     comm: c_string(&r.comm),
                 },
             )
@@ -128,7 +134,13 @@ pub(crate) fn split_exit_code(code: u32) -> (Option<u8>, Option<u8>, bool) {
 }
 
 fn with_header(header: &EventHeader, detail: Detail) -> Event {
-    Event { time_ns: header.time_ns, pid: header.pid, tgid: header.tgid, cgroup_id: header.cgroup_id, detail }
+    Event {
+        at: BootTime::from_ns(header.time_ns),
+        pid: header.pid,
+        tgid: header.tgid,
+        cgroup_id: header.cgroup_id,
+        detail,
+    }
 }
 
 /// Copies a `T` out of a record after checking the length. Only called with the plain-integer
@@ -198,7 +210,7 @@ mod tests {
         assert_eq!(
             event,
             Event {
-                time_ns: 99,
+                at: BootTime::from_ns(99),
                 pid: 11,
                 tgid: 10,
                 cgroup_id: 7,
@@ -208,8 +220,8 @@ mod tests {
                     core_dumped: true,
                     group_dead: true,
                     parent_tgid: 4,
-                    start_time_ns: 5,
-                    cpu_time_ns: 6,
+                    started: BootTime::from_ns(5),
+                    cpu_time: Duration::from_nanos(6),
                     comm: "sh".into(),
                 },
             }

@@ -8,7 +8,10 @@
 //! makes up others (`fuzz/fuzz_targets/model_commands.rs`). Nothing reads the model through this
 //! door: readers take the owner's snapshots (`snapshot.rs`).
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
 
 use lifecycle_common::CgroupCounters;
 use serde::{Deserialize, Serialize};
@@ -24,7 +27,7 @@ use crate::{
     oom::KernelOomKill,
     spec::{KillNotice, LivenessFailure, PodFacts, PodRef},
     systemd::SystemdUnit,
-    time::BootTime,
+    time::{ns_of, BootTime},
 };
 
 /// One change to the node model (see the module header).
@@ -73,8 +76,11 @@ pub enum Command {
     LivenessFailure { failure: LivenessFailure, at: BootTime },
     /// The kernel's `oom-kill:` log line of a kill.
     OomLog(KernelOomKill),
-    /// Forget units idle for longer than `retention_ns` (and gone pods, stale notices).
-    Expire { retention_ns: u64 },
+    /// Forget units idle for longer than `retention` (and gone pods, stale notices).
+    Expire {
+        #[serde(rename = "retention_ns", with = "crate::time::duration_ns")]
+        retention: Duration,
+    },
     /// Watch a container for its probes, replacing an earlier watch; `first` is the sample taken
     /// when probing began.
     WatchProbe { key: ProbeKey, watch: ProbeWatch, first: Option<ProbeSample> },
@@ -126,7 +132,8 @@ pub struct ResyncLook {
     /// Every process in one of them, oldest first (those the model does not know are seeded).
     pub processes: Vec<FoundProcess>,
     /// How far a start time read from /proc may be from the kernel's (it is rounded to ticks).
-    pub start_tolerance_ns: u64,
+    #[serde(rename = "start_tolerance_ns", with = "crate::time::duration_ns")]
+    pub start_tolerance: Duration,
     /// The kernel's last counts of the cgroups this look removes, filled in by the model's owner
     /// from the kernel's map before the look is handled ([`NodeTracker::cgroups_a_look_removes`]).
     #[serde(default)]
@@ -216,7 +223,7 @@ impl NodeTracker {
                 None => self.apply_liveness_failure(failure, failed_at.min(now).ns(), at),
             },
             Command::OomLog(kill) => self.apply_oom_log(kill, at),
-            Command::Expire { retention_ns } => self.expire(at, retention_ns),
+            Command::Expire { retention } => self.expire(at, ns_of(retention)),
             Command::WatchProbe { key, watch, first } => {
                 let (kept, mut outcome) = self.watch_probe(key.clone(), watch, first.as_ref());
                 if kept == WatchKept::Refused {
@@ -276,7 +283,7 @@ impl NodeTracker {
             .tracked_processes()
             .into_iter()
             .filter(|(tgid, start)| {
-                running.get(tgid).is_none_or(|found| found.abs_diff(*start) > look.start_tolerance_ns)
+                running.get(tgid).is_none_or(|found| found.abs_diff(*start) > ns_of(look.start_tolerance))
             })
             .collect();
         let on_disk: HashSet<u64> = look.cgroups.iter().map(|c| c.id).collect();

@@ -13,16 +13,16 @@ impl NodeTracker {
             // Ids are never reused within a boot: a cgroup already known was found by a scan
             // before its record arrived, and what was learned about it since is kept.
             Detail::CgroupMkdir(c) if !self.cgroups.contains_key(&c.id) => {
-                self.on_cgroup_created(c.id, &c.path, event.time_ns)
+                self.on_cgroup_created(c.id, &c.path, event.at.ns())
             }
             Detail::CgroupMkdir(_) => {}
             Detail::CgroupRmdir(c) => {
                 self.cgroups.remove(&c.id);
                 self.on_instance_gone(c.id);
             }
-            Detail::Exec { parent_tgid, parent_cgroup_id, start_time_ns, comm, child_pid_namespace, .. } => {
+            Detail::Exec { parent_tgid, parent_cgroup_id, started, comm, child_pid_namespace, .. } => {
                 if comm == KUBELET_COMM && !self.is_container_cgroup(event.cgroup_id) {
-                    self.on_kubelet_started(event.time_ns);
+                    self.on_kubelet_started(event.at);
                     self.staged.notices.push(Notice::KubeletStarted { pid: event.tgid });
                 }
                 if self.known_cgroup(event.cgroup_id) {
@@ -32,15 +32,15 @@ impl NodeTracker {
                         cgroup_id: event.cgroup_id,
                         parent_cgroup_id: *parent_cgroup_id,
                         child_pid_namespace: *child_pid_namespace,
-                        exec_time: Some(event.time_ns),
-                        start_time_ns: *start_time_ns,
+                        exec_time: Some(event.at.ns()),
+                        start_time_ns: started.ns(),
                     };
-                    self.exec(exec, event.time_ns, comm);
+                    self.exec(exec, event.at.ns(), comm);
                 }
             }
-            Detail::Exit { exit_status, signal, group_dead, cpu_time_ns, .. } => {
+            Detail::Exit { exit_status, signal, group_dead, cpu_time, .. } => {
                 if *group_dead {
-                    self.exit(event.tgid, event.cgroup_id, event.time_ns, *exit_status, *signal, *cpu_time_ns);
+                    self.exit(event.tgid, event.cgroup_id, event.at.ns(), *exit_status, *signal, *cpu_time);
                 }
             }
             Detail::Signal { signal, target_tgid, target_cgroup_id, sender_comm, from_kernel, .. } => {
@@ -59,7 +59,7 @@ impl NodeTracker {
                 let kind = sender.kind();
                 if let Some(instance) = self.instances.get_mut(*target_cgroup_id) {
                     let to_init = instance.init.is_some_and(|i| i.tgid == *target_tgid);
-                    let kept = instance.termination.on_signal(event.time_ns, *signal as u8, sender, to_init);
+                    let kept = instance.termination.on_signal(event.at.ns(), *signal as u8, sender, to_init);
                     self.dropped.note(DroppedKind::Signal, kept);
                     let init = instance.init.map(|i| i.tgid);
                     // The stop signal or the SIGKILL just came: who runs now (once each).
@@ -73,11 +73,11 @@ impl NodeTracker {
                     let mut turn_wanted = false;
                     if let Some(instance) = self.instances.get_mut(*target_cgroup_id) {
                         instance.termination.on_signal_to(*target_tgid, *signal as u8);
-                        turn_wanted = stop_now && instance.termination.kubelet_stop_time() == Some(event.time_ns);
+                        turn_wanted = stop_now && instance.termination.kubelet_stop_time() == Some(event.at.ns());
                     }
                     // A sidecar's stop signal: how long the kubelet held it for its turn.
                     if turn_wanted {
-                        self.note_sidecar_turn(*target_cgroup_id, event.time_ns);
+                        self.note_sidecar_turn(*target_cgroup_id, event.at.ns());
                     }
                 }
                 if let Some((counters, _)) = self.counters_of(*target_cgroup_id) {
@@ -87,16 +87,16 @@ impl NodeTracker {
             Detail::OomVictim { victim_tgid, victim_cgroup_id, .. } => {
                 if let Some(instance) = self.instances.get_mut(*victim_cgroup_id) {
                     let is_init = instance.init.is_some_and(|i| i.tgid == *victim_tgid);
-                    let kept = instance.termination.on_oom_kill(event.time_ns, is_init);
+                    let kept = instance.termination.on_oom_kill(event.at.ns(), is_init);
                     self.dropped.note(DroppedKind::OomKill, kept);
                 }
-                self.oom_victim_seen(event.time_ns, *victim_tgid, *victim_cgroup_id);
+                self.oom_victim_seen(event.at.ns(), *victim_tgid, *victim_cgroup_id);
                 if let Some((counters, _)) = self.counters_of(*victim_cgroup_id) {
                     counters.oom_kills += 1;
                 }
             }
             Detail::TcpListen(t) | Detail::TcpListenClose(t) | Detail::TcpEstablished(t) | Detail::TcpAccept(t) => {
-                let time = event.time_ns;
+                let time = event.at.ns();
                 if let Some(instance) = self.instances.get_mut(t.socket_cgroup_id) {
                     let termination = &mut instance.termination;
                     let (kind, kept) = match event.detail {
@@ -128,11 +128,11 @@ impl NodeTracker {
     }
 
     /// A kubelet process started on the host: every container's back-off starts over.
-    fn on_kubelet_started(&mut self, at: u64) {
-        self.kubelet_started_at = Some(BootTime::from_ns(at));
+    fn on_kubelet_started(&mut self, at: BootTime) {
+        self.kubelet_started_at = Some(at);
         for unit in self.units.values_mut() {
             if matches!(unit.key, UnitKey::Container { .. }) {
-                unit.backoff.on_kubelet_restart(BootTime::from_ns(at));
+                unit.backoff.on_kubelet_restart(at);
             }
         }
     }

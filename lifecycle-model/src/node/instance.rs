@@ -2,7 +2,7 @@
 //! init, which were started into it by the runtime (exec sessions), and when it ended. Starts
 //! and ends are handed to the unit (see `unit.rs`).
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use super::{
     bounds::DroppedKind,
@@ -13,7 +13,7 @@ use super::{
 use crate::{
     identity::{classify, CgroupIdentity},
     termination::{TerminationSettings, TerminationTracker},
-    time::BootTime,
+    time::{ns_of, BootTime},
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -200,7 +200,7 @@ impl NodeTracker {
         time: u64,
         exit_status: Option<u8>,
         signal: Option<u8>,
-        cpu_time_ns: u64,
+        cpu_time: Duration,
     ) {
         let process = self.processes.remove(tgid);
         let Some(instance) = self.instances.get_mut(cgroup_id) else { return };
@@ -209,7 +209,7 @@ impl NodeTracker {
                 let kept = instance.termination.on_exec_session(process.start_time_ns, Some(time), &process.comm);
                 self.dropped.note(DroppedKind::ExecSession, kept);
                 if let Some((counters, _)) = self.counters_of(cgroup_id) {
-                    counters.exec_session_cpu_ns += cpu_time_ns;
+                    counters.exec_session_cpu_ns += ns_of(cpu_time);
                 }
             }
         }

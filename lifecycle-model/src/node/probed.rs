@@ -277,7 +277,7 @@ impl Probed {
     /// Applies one kernel event: TCP events of a watched netns, the exit of a watched main
     /// process.
     pub(super) fn apply(&mut self, event: &Event, changes: &mut ProbeChanges) {
-        let t = event.time_ns;
+        let t = event.at.ns();
         match &event.detail {
             Detail::TcpListen(tcp)
             | Detail::TcpListenClose(tcp)
@@ -346,7 +346,7 @@ impl Watched {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::TcpDetail;
+    use crate::{event::TcpDetail, time::BootTime};
 
     const S: u64 = 1_000_000_000;
 
@@ -360,7 +360,7 @@ mod tests {
 
     fn tcp(netns: u32, port: u16, t: u64, detail: fn(TcpDetail) -> Detail) -> Event {
         let tcp = TcpDetail { socket_cgroup_id: 1, netns, family: 2, local_port: port, remote_port: 0, fd: None };
-        Event { time_ns: t, pid: 1, tgid: 1, cgroup_id: 1, detail: detail(tcp) }
+        Event { at: BootTime::from_ns(t), pid: 1, tgid: 1, cgroup_id: 1, detail: detail(tcp) }
     }
 
     fn exit(tgid: u32, t: u64) -> Event {
@@ -370,11 +370,11 @@ mod tests {
             core_dumped: false,
             group_dead: true,
             parent_tgid: 1,
-            start_time_ns: 0,
-            cpu_time_ns: 0,
+            started: BootTime::from_ns(0),
+            cpu_time: std::time::Duration::ZERO,
             comm: "app".into(),
         };
-        Event { time_ns: t, pid: tgid, tgid, cgroup_id: 1, detail }
+        Event { at: BootTime::from_ns(t), pid: tgid, tgid, cgroup_id: 1, detail }
     }
 
     #[test]

@@ -38,7 +38,8 @@ impl NodeTracker {
         let mut report = Resync::default();
         for tgid in dead {
             if let Some(cgroup_id) = self.processes.get(*tgid).map(|p| p.cgroup_id) {
-                self.exit(*tgid, cgroup_id, now, None, None, 0);
+                // Its exit record was lost, and with it the CPU time it used: none is counted.
+                self.exit(*tgid, cgroup_id, now, None, None, std::time::Duration::ZERO);
                 report.exits_unseen += 1;
             }
         }

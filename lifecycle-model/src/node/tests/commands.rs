@@ -42,7 +42,7 @@ fn look(cgroups: &[(u64, &str)], processes: &[FoundProcess]) -> Command {
     Command::Resync(ResyncLook {
         cgroups: cgroups.iter().map(|(id, path)| cgroup(*id, path)).collect(),
         processes: processes.to_vec(),
-        start_tolerance_ns: 20 * crate::time::MILLISECOND,
+        start_tolerance: std::time::Duration::from_millis(20),
         departing: Vec::new(),
     })
 }
@@ -133,7 +133,7 @@ fn commands_read_back_as_written() {
         },
         Command::RuntimeListed { containers: vec![meta(1, 30)] },
         Command::Pod(pod()),
-        Command::Expire { retention_ns: 60 * SECOND },
+        Command::Expire { retention: std::time::Duration::from_secs(60) },
         Command::FlushWarnings,
     ];
     for command in commands {
@@ -141,4 +141,20 @@ fn commands_read_back_as_written() {
         let read: Command = serde_json::from_str(&written).expect("reads back");
         assert_eq!(read, command, "{written}");
     }
+}
+
+#[test]
+fn commands_write_their_times_under_the_recorded_names_in_nanoseconds() {
+    // Recordings made before the times were typed (`tests/fixtures/crash_loop.jsonl`) must
+    // still replay: the names and the numbers on the wire are the ones the `u64`s had.
+    let written = |command: Command| serde_json::to_value(&command).expect("serializes");
+    let started = written(Command::Event(exec(3 * SECOND, 10, 42, 1, "web")));
+    assert_eq!((started["time_ns"].as_u64(), started["start_time_ns"].as_u64()), (Some(3 * SECOND), Some(3 * SECOND)));
+    let exited = written(Command::Event(exit(4 * SECOND, 10, 42, Some(0), None)));
+    assert_eq!(exited["time_ns"].as_u64(), Some(4 * SECOND));
+    assert_eq!(exited["cpu_time_ns"].as_u64(), Some(5 * crate::time::MILLISECOND));
+    let expire = written(Command::Expire { retention: std::time::Duration::from_secs(60) });
+    assert_eq!(expire, serde_json::json!({ "command": "expire", "retention_ns": 60 * SECOND }));
+    let resync = written(look(&[], &[]));
+    assert_eq!(resync["start_tolerance_ns"].as_u64(), Some(20 * crate::time::MILLISECOND));
 }

@@ -56,7 +56,7 @@ fn meta(n: u64, grace_s: u64) -> ContainerMeta {
 }
 
 fn event(time: u64, tgid: u32, cgroup_id: u64, detail: Detail) -> Event {
-    Event { time_ns: time, pid: tgid, tgid, cgroup_id, detail }
+    Event { at: at(time), pid: tgid, tgid, cgroup_id, detail }
 }
 
 fn mkdir(time: u64, id: u64, path: &str) -> Event {
@@ -75,7 +75,7 @@ fn exec(time: u64, tgid: u32, cgroup_id: u64, parent_cgroup_id: u64, comm: &str)
         parent_cgroup_id,
         namespace_init: parent_cgroup_id != cgroup_id,
         child_pid_namespace: true,
-        start_time_ns: time,
+        started: at(time),
         comm: comm.into(),
     };
     event(time, tgid, cgroup_id, detail)
@@ -88,8 +88,8 @@ fn exit(time: u64, tgid: u32, cgroup_id: u64, status: Option<u8>, signal: Option
         core_dumped: false,
         group_dead: true,
         parent_tgid: 1,
-        start_time_ns: 0,
-        cpu_time_ns: 5_000_000,
+        started: at(0),
+        cpu_time: std::time::Duration::from_millis(5),
         comm: "app".into(),
     };
     event(time, tgid, cgroup_id, detail)
