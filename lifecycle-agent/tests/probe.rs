@@ -598,7 +598,9 @@ fn the_file_content_oracle_gets_403_and_leaves_no_series() {
     let results: Vec<&str> = text.lines().filter(|l| l.starts_with("lifecycle_probe_result{")).collect();
     assert_eq!(
         results,
-        vec![r#"lifecycle_probe_result{check="process",container="app",namespace="default",pod="oracle"} 1"#]
+        vec![
+            r#"lifecycle_probe_result{check="process",container="app",namespace="default",pod="oracle",uid="uid-of-oracle"} 1"#
+        ]
     );
     for leaked in ["environ", "cmdline", "file:", "tcp:22"] {
         assert!(!text.contains(leaked), "{leaked} in\n{text}");

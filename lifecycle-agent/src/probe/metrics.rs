@@ -4,12 +4,14 @@
 //!
 //! Label values are bounded: `check` is the canonical text of a *declared* check (`tcp:8080`,
 //! `process`, `file:/tmp/healthy`, `all:...`) — requests never mint series, they are answered
-//! only for declared checks — and a pod gets at most [`MAX_CHECK_SERIES_PER_POD`] (container,
-//! check) series; past that, results are not exported and `lifecycle_probe_series_dropped_total`
-//! counts the checks left out. Every other label comes from a fixed set.
+//! only for declared checks — and a pod (by its uid) gets at most [`MAX_CHECK_SERIES_PER_POD`]
+//! (container, check) series; past that, results are not exported and
+//! `lifecycle_probe_series_dropped_total` counts the checks left out. Every other label comes
+//! from a fixed set.
 //!
-//! The per-check series are kept by container key ([`ProbedContainer::key`]), with the labels
-//! they were exported under.
+//! The per-check series are kept by container key ([`ProbedContainer::key`]) and carry its
+//! labels with `uid`, as every per-container family does: a pod recreated under its name has
+//! series of its own beside the departing pod's, never the same series twice.
 
 use crate::export::{families::AgentFamily, metrics::vec_of};
 use std::{
@@ -203,7 +205,7 @@ impl ProbeMetrics {
                 }
             }
         };
-        let values = [labels.namespace.as_str(), &labels.pod, &labels.container, label];
+        let values = [labels.namespace.as_str(), &labels.pod, &labels.container, &labels.uid, label];
         self.result.with_label_values(&values).set(i64::from(verdict.pass));
         match previous {
             Some(before) if before != verdict.pass => {
@@ -234,9 +236,9 @@ impl ProbeMetrics {
         let Some(container) = series.get(key).filter(|container| container.last.contains_key(label)) else {
             return;
         };
-        let UnitLabels { namespace, pod, container, .. } = &container.labels;
+        let UnitLabels { namespace, pod, container, uid } = &container.labels;
         let code = code.to_string();
-        self.requests.with_label_values(&[namespace, pod, container, label, &code]).inc();
+        self.requests.with_label_values(&[namespace, pod, container, uid, label, &code]).inc();
     }
 
     /// Counts one request answered 403.
@@ -281,13 +283,13 @@ impl ProbeMetrics {
     }
 
     fn remove_series(&self, labels: &UnitLabels, label: &str) {
-        let UnitLabels { namespace, pod, container, .. } = labels;
-        let values = [namespace.as_str(), pod, container, label];
+        let UnitLabels { namespace, pod, container, uid } = labels;
+        let values = [namespace.as_str(), pod, container, uid, label];
         let _ = self.result.remove_label_values(&values);
         let _ = self.transitions.remove_label_values(&values);
         // Requests are only counted for declared checks, answered 200 or 503.
         for code in ["200", "503"] {
-            let _ = self.requests.remove_label_values(&[namespace, pod, container, label, code]);
+            let _ = self.requests.remove_label_values(&[namespace, pod, container, uid, label, code]);
         }
     }
 }
@@ -350,13 +352,14 @@ mod tests {
         metrics.record_request(target.key(), "tcp:80", "tcp", 503, 0.00001);
         let text = render(&registry);
         assert!(
-            text.contains(r#"lifecycle_probe_result{check="tcp:80",container="c",namespace="ns",pod="p"} 0"#),
+            text.contains(r#"lifecycle_probe_result{check="tcp:80",container="c",namespace="ns",pod="p",uid="u"} 0"#),
             "{text}"
         );
-        assert!(text
-            .contains(r#"lifecycle_probe_transitions_total{check="tcp:80",container="c",namespace="ns",pod="p"} 1"#));
         assert!(text.contains(
-            r#"lifecycle_probe_requests_total{check="tcp:80",code="503",container="c",namespace="ns",pod="p"} 1"#
+            r#"lifecycle_probe_transitions_total{check="tcp:80",container="c",namespace="ns",pod="p",uid="u"} 1"#
+        ));
+        assert!(text.contains(
+            r#"lifecycle_probe_requests_total{check="tcp:80",code="503",container="c",namespace="ns",pod="p",uid="u"} 1"#
         ));
         assert!(text.contains(r#"lifecycle_probe_duration_seconds_count{check="tcp"} 1"#));
         // The cap is per pod, across its containers; what it leaves out is counted once each.
@@ -379,6 +382,33 @@ mod tests {
         let text = render(&registry);
         assert!(!text.contains("lifecycle_probe_result{"), "{text}");
         assert!(!text.contains("lifecycle_probe_requests_total{"), "{text}");
+    }
+
+    #[test]
+    fn a_pod_recreated_under_its_name_has_series_and_a_cap_of_its_own() {
+        let registry = Registry::new();
+        let metrics = ProbeMetrics::register(&registry).expect("register");
+        let (old, new) = (container("ns", "db-0", "db", "u-old"), container("ns", "db-0", "db", "u-new"));
+        for port in 0..MAX_CHECK_SERIES_PER_POD {
+            metrics.record_result(&old, &format!("tcp:{port}"), &Verdict::fail("closed"));
+        }
+        // The old pod is at its cap; the new one, under the same name, is not.
+        metrics.record_result(&new, "tcp:0", &Verdict::pass("ok"));
+        metrics.record_request(new.key(), "tcp:0", "tcp", 200, 0.00001);
+        let text = render(&registry);
+        assert!(text.contains("lifecycle_probe_series_dropped_total 0\n"), "{text}");
+        let old_series =
+            r#"lifecycle_probe_result{check="tcp:0",container="db",namespace="ns",pod="db-0",uid="u-old"} 0"#;
+        let new_series =
+            r#"lifecycle_probe_result{check="tcp:0",container="db",namespace="ns",pod="db-0",uid="u-new"} 1"#;
+        assert!(text.contains(old_series) && text.contains(new_series), "{text}");
+        // The old pod going takes its series only.
+        metrics.forget(old.key());
+        let text = render(&registry);
+        assert!(!text.contains("u-old") && text.contains(new_series), "{text}");
+        assert!(text.contains(
+            r#"lifecycle_probe_requests_total{check="tcp:0",code="200",container="db",namespace="ns",pod="db-0",uid="u-new"} 1"#
+        ));
     }
 
     #[test]
