@@ -159,7 +159,7 @@ def render() -> str:
     e.family("lifecycle_probe_result", "gauge", "1 when the check passes.")
     e.family("lifecycle_probe_transitions_total", "counter", "Pass/fail transitions.")
     e.family("lifecycle_probe_requests_total", "counter", "Probe-listener requests.")
-    for l in short[:2]:
+    for l in per[:2]:
         for check in ("tcp:8080", "process", "file:/tmp/healthy"):
             e.sample("lifecycle_probe_result", int(check != "file:/tmp/healthy"), **l, check=check)
             e.sample("lifecycle_probe_transitions_total", tick // 4, **l, check=check)

@@ -23,15 +23,16 @@ use lifecycle_agent::{
     },
     model::{
         event::{Detail, Event},
-        node::{NodeTracker, ProbeKey, TrackerConfig},
+        node::{NodeTracker, TrackerConfig, UnitLabels},
     },
     probe::{
         check::CheckSpec,
+        container::ProbedContainer,
         declaration::{Declaration, RefusalReason},
         feeds::ProbeFeeds,
         files::FileReaders,
         listener::{ListenerLimits, ProbeListener},
-        metrics::{ConnectionCounters, ProbeMetrics, ProbeTarget},
+        metrics::{ConnectionCounters, ProbeMetrics},
         server::{bind_in_netns, PodRouter, ProbeAnswer},
         source::{AllowFrom, SourceFilter},
         NodeProbes, PodProbe,
@@ -94,8 +95,19 @@ macro_rules! require {
     };
 }
 
-fn target(name: &str) -> ProbeTarget {
-    ProbeTarget { namespace: "default".into(), pod: name.into(), container: "app".into() }
+/// Container `container` of pod `default/<pod>`, whose uid is `uid-of-<pod>`.
+fn labels_of(pod: &str, container: &str) -> UnitLabels {
+    UnitLabels {
+        namespace: "default".into(),
+        pod: pod.into(),
+        container: container.into(),
+        uid: format!("uid-of-{pod}"),
+    }
+}
+
+/// Container `app` of pod `default/<name>`.
+fn app_of(name: &str) -> UnitLabels {
+    labels_of(name, "app")
 }
 
 /// One container's probe with a node model of its own, as the agent runs it: the model applies
@@ -122,14 +134,14 @@ impl ProbeAnswer for Probe {
 }
 
 impl Probe {
-    /// Probes the container `target` whose main process is `pid`: the model watches it, with a
-    /// first sample, as the supervisor does.
-    fn new(target: ProbeTarget, pid: u32, metrics: Option<Arc<ProbeMetrics>>) -> Result<Self, ObserveError> {
-        let key = ProbeKey { uid: format!("uid-of-{}", target.pod), container: target.container.clone() };
+    /// Probes the container the model labels `labels` whose main process is `pid`: the model
+    /// watches it, with a first sample, as the supervisor does.
+    fn new(labels: UnitLabels, pid: u32, metrics: Option<Arc<ProbeMetrics>>) -> Result<Self, ObserveError> {
+        let container = ProbedContainer::new(labels);
         let feeds = ProbeFeeds::new(metrics.clone());
-        let facts = feeds.open(&key);
+        let facts = feeds.open(container.key());
         let readers = FileReaders::unregistered(lifecycle_agent::probe::files::MAX_FILE_READERS);
-        let probe = Arc::new(PodProbe::new(target, key, pid, metrics, facts, readers)?);
+        let probe = Arc::new(PodProbe::new(container, pid, metrics, facts, readers)?);
         let first = probe.sample(boottime_ns())?;
         let this = Self { probe, model: Mutex::new(NodeTracker::new(TrackerConfig::default())), feeds };
         this.commit(|tracker, probe| tracker.watch_probe(probe.key().clone(), probe.watch(), Some(&first)).1);
@@ -218,7 +230,7 @@ fn pod_in_netns(name: &str) -> (TestNetns, Proc, Probe) {
     let mut netns = TestNetns::new();
     let mut holder = netns.spawn(PYTHON, &["-c", "import sys; print('up', flush=True); sys.stdin.read()"]);
     assert_eq!(holder.read_line(), "up");
-    let probe = Probe::new(target(name), holder.pid, None).expect("probe");
+    let probe = Probe::new(app_of(name), holder.pid, None).expect("probe");
     assert_eq!(probe.netns(), netns.inode);
     (netns, holder, probe)
 }
@@ -231,7 +243,7 @@ fn tcp_check(stall: &str) -> CheckSpec {
 fn declare(probe: &Probe, entries: &[&str]) {
     let (declaration, refusals) = Declaration::from_annotation(&entries.join("\n"));
     assert_eq!(refusals, vec![], "the test declares only valid checks");
-    probe.declare(declaration.checks_for(&probe.target().container));
+    probe.declare(declaration.checks_for(&probe.key().container));
 }
 
 /// A listener serving `answer` inside `netns`, on `port`, letting in what `sources` allows.
@@ -437,7 +449,7 @@ fn file_checks_in_a_runc_container_stay_inside_its_root() {
     let host_hostname = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
     assert_ne!(host_hostname, "inside-the-container\n");
 
-    let probe = Probe::new(target("files"), container.pid, None).expect("probe");
+    let probe = Probe::new(app_of("files"), container.pid, None).expect("probe");
     declare(
         &probe,
         &[
@@ -496,7 +508,7 @@ fn process_checks_see_running_stopped_and_zombie() {
         return;
     }
     let container = RuncContainer::start("process");
-    let probe = Probe::new(target("process"), container.pid, None).expect("probe");
+    let probe = Probe::new(app_of("process"), container.pid, None).expect("probe");
     declare(&probe, &["/probe/process"]);
     let ask = || probe.answer("/probe/process", None);
     assert_eq!(ask(), (200, "ok\n".into()));
@@ -514,7 +526,7 @@ fn process_checks_see_running_stopped_and_zombie() {
     // A zombie: our own child, exited and not yet reaped.
     let mut child = std::process::Command::new("/bin/true").spawn().expect("spawn true");
     wait_state(child.id(), 'Z');
-    let zombie = Probe::new(target("zombie"), child.id(), None).expect("probe");
+    let zombie = Probe::new(app_of("zombie"), child.id(), None).expect("probe");
     declare(&zombie, &["/probe/process"]);
     assert_eq!(zombie.answer("/probe/process", None), (503, format!("main process {} is a zombie\n", child.id())));
     child.wait().expect("reap");
@@ -559,7 +571,7 @@ fn the_file_content_oracle_gets_403_and_leaves_no_series() {
     let registry = prometheus::Registry::new();
     let metrics = ProbeMetrics::register(&registry).expect("metrics");
     let (mut netns, holder, _) = pod_in_netns("oracle");
-    let probe = Arc::new(Probe::new(target("oracle"), holder.pid, Some(metrics)).expect("probe"));
+    let probe = Arc::new(Probe::new(app_of("oracle"), holder.pid, Some(metrics)).expect("probe"));
     // The pod declares a process check, and tries to declare the oracle itself: refused.
     let (declaration, refusals) =
         Declaration::from_annotation("/probe/process\n/probe/file?path=/proc/1/environ&contains=X\n");
@@ -586,7 +598,9 @@ fn the_file_content_oracle_gets_403_and_leaves_no_series() {
     let results: Vec<&str> = text.lines().filter(|l| l.starts_with("lifecycle_probe_result{")).collect();
     assert_eq!(
         results,
-        vec![r#"lifecycle_probe_result{check="process",container="app",namespace="default",pod="oracle"} 1"#]
+        vec![
+            r#"lifecycle_probe_result{check="process",container="app",namespace="default",pod="oracle",uid="uid-of-oracle"} 1"#
+        ]
     );
     for leaked in ["environ", "cmdline", "file:", "tcp:22"] {
         assert!(!text.contains(leaked), "{leaked} in\n{text}");
@@ -743,12 +757,7 @@ fn connections_from_inside_the_pod_are_refused() {
 fn a_pod_listener_routes_each_request_to_the_one_container_that_declared_it() {
     require!();
     let (mut netns, holder, app) = pod_in_netns("routed");
-    let sidecar = Probe::new(
-        ProbeTarget { namespace: "default".into(), pod: "routed".into(), container: "sidecar".into() },
-        holder.pid,
-        None,
-    )
-    .expect("probe");
+    let sidecar = Probe::new(labels_of("routed", "sidecar"), holder.pid, None).expect("probe");
     // One declaration for the pod: a pod-wide tcp check, a process check of `app` only, a
     // max_d_state process check of `sidecar` only.
     let (declaration, refusals) = Declaration::from_annotation(
@@ -787,7 +796,7 @@ fn a_pod_listener_routes_each_request_to_the_one_container_that_declared_it() {
 fn bench_probe_server() {
     let pid: u32 = std::env::var("LIFECYCLE_BENCH_PID").expect("LIFECYCLE_BENCH_PID").parse().expect("pid");
     let declared = std::env::var("LIFECYCLE_BENCH_PROBES").expect("LIFECYCLE_BENCH_PROBES: the declared probe paths");
-    let probe = Arc::new(Probe::new(target("bench"), pid, None).expect("probe"));
+    let probe = Arc::new(Probe::new(app_of("bench"), pid, None).expect("probe"));
     let (declaration, refusals) = Declaration::from_annotation(&declared);
     assert_eq!(refusals, vec![]);
     probe.declare(declaration.checks_for("app"));

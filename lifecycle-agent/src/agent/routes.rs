@@ -34,7 +34,7 @@ use crate::{
         time::BootTime,
         wire::{at::WallClock, ContainersResponse, HistoryResponse},
     },
-    probe::{check::ParseError, metrics::ProbeTarget, query::Query, CheckSpec, NodeProbes},
+    probe::{check::ParseError, query::Query, CheckSpec, NodeProbes},
 };
 
 /// Requests that may wait for a change at once. Each also holds one of the API listener's
@@ -442,8 +442,7 @@ impl ContainersApi {
             return forbidden(self.probes.forbidden());
         };
         let Ok(spec) = CheckSpec::from_query(&check, &query) else { return forbidden(self.probes.forbidden()) };
-        let target = ProbeTarget { namespace: namespace.into(), pod: pod.into(), container: container.into() };
-        let (code, body) = self.probes.answer_check(&target, &spec);
+        let (code, body) = self.probes.answer_check(namespace, pod, container, &spec);
         (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body)
     }
 }

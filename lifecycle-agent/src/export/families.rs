@@ -154,9 +154,9 @@ families! {
         HttpConnectionsRejected: "lifecycle_http_connections_rejected_total", Counter, ["listener", "reason"], "Connections to the agent's own listeners closed without an answer, by listener (listen: --listen; health: --health-listen) and reason: evicted (an idle connection gave its place to a newcomer), source (32 open from that address, none idle), busy (128 open, none idle; 64 waiting on health: the oldest is closed), rate (its source took places too often), timeout (no whole request head within 10 s; 1 s on health), lifetime (cut at the connection's 60 s life).";
         ApiWaits: "lifecycle_api_waits_total", Counter, ["result"], "Requests to /api/v1/containers that asked to wait for a change (wait_seconds), by how the wait ended: changed, timeout, behind (the resource_version given was not the current one: answered at once), busy (64 were waiting already: answered at once).";
         ApiAuthReviews: "lifecycle_api_auth_reviews_total", Counter, ["result"], "Token and access reviews the API server answered for requests to /api/* (--api-auth kubernetes), by result: allowed, denied, unauthenticated, error. Cached answers are not counted.";
-        ProbeResult: "lifecycle_probe_result", Gauge, ["namespace", "pod", "container", "check"], "Last result of a declared agent probe check: 1 pass, 0 fail.";
-        ProbeTransitions: "lifecycle_probe_transitions_total", Counter, ["namespace", "pod", "container", "check"], "Times a declared agent probe check changed between pass and fail.";
-        ProbeRequests: "lifecycle_probe_requests_total", Counter, ["namespace", "pod", "container", "check", "code"], "Probe HTTP requests for declared checks answered, by HTTP status code.";
+        ProbeResult: "lifecycle_probe_result", Gauge, ["namespace", "pod", "container", "uid", "check"], "Last result of a declared agent probe check: 1 pass, 0 fail.";
+        ProbeTransitions: "lifecycle_probe_transitions_total", Counter, ["namespace", "pod", "container", "uid", "check"], "Times a declared agent probe check changed between pass and fail.";
+        ProbeRequests: "lifecycle_probe_requests_total", Counter, ["namespace", "pod", "container", "uid", "check", "code"], "Probe HTTP requests for declared checks answered, by HTTP status code.";
         ProbeDuration: "lifecycle_probe_duration_seconds", Histogram, ["check"], "Time to answer a probe request from cached state.";
         ProbeDeclarationsRefused: "lifecycle_probe_declarations_refused_total", Counter, ["reason"], "Entries of pods' probe declarations refused, by reason (unparsable, forbidden_path, too_many).";
         ProbeConnectionsRejected: "lifecycle_probe_connections_rejected_total", Counter, ["reason"], "Connections to pod probe listeners closed without an answer, by reason: source (address not allowed), busy (connection bound reached: the one kept longest is closed), timeout (request head too slow), rate (its source had connections kept waiting more than 16 a second, bursts of 32).";
@@ -194,9 +194,13 @@ mod tests {
     #[test]
     fn per_container_families_carry_the_kube_state_metrics_labels_and_uid() {
         // Issue 17: a recreated pod keeps its name; without `uid` its two containers would be
-        // the same series. The distributions are per namespace, bounded whatever the pods.
-        for family in PER_CONTAINER.iter().filter(|f| f.kind != Kind::Histogram) {
+        // the same series. The rule holds for every family with series per container, the
+        // probes' checks as well; the distributions are per namespace, bounded whatever the pods.
+        for family in all().filter(|f| f.labels.contains(&"container")) {
             assert_eq!(&family.labels[..4], ["namespace", "pod", "container", "uid"], "{}", family.name);
+        }
+        for family in PER_CONTAINER.iter().filter(|f| f.kind != Kind::Histogram) {
+            assert!(family.labels.contains(&"container"), "{}", family.name);
         }
     }
 

@@ -4,9 +4,14 @@
 //!
 //! Label values are bounded: `check` is the canonical text of a *declared* check (`tcp:8080`,
 //! `process`, `file:/tmp/healthy`, `all:...`) — requests never mint series, they are answered
-//! only for declared checks — and a pod gets at most [`MAX_CHECK_SERIES_PER_POD`] (container,
-//! check) series; past that, results are not exported and `lifecycle_probe_series_dropped_total`
-//! counts the checks left out. Every other label comes from a fixed set.
+//! only for declared checks — and a pod (by its uid) gets at most [`MAX_CHECK_SERIES_PER_POD`]
+//! (container, check) series; past that, results are not exported and
+//! `lifecycle_probe_series_dropped_total` counts the checks left out. Every other label comes
+//! from a fixed set.
+//!
+//! The per-check series are kept by container key ([`ProbedContainer::key`]) and carry its
+//! labels with `uid`, as every per-container family does: a pod recreated under its name has
+//! series of its own beside the departing pod's, never the same series twice.
 
 use crate::export::{families::AgentFamily, metrics::vec_of};
 use std::{
@@ -18,25 +23,18 @@ use parking_lot::Mutex;
 
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Registry};
 
-use crate::model::node::{PodWarning, WarningReason};
+use crate::model::node::{PodWarning, ProbeKey, UnitLabels, WarningReason};
 
-use super::{check::Verdict, declaration::RefusalReason};
+use super::{check::Verdict, container::ProbedContainer, declaration::RefusalReason};
 
 /// (container, check) series a pod may have; checks past it answer but are not exported.
 pub(crate) const MAX_CHECK_SERIES_PER_POD: usize = 32;
 
-/// Which container a probe speaks for (the kube-state-metrics label names).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ProbeTarget {
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
-}
-
-impl ProbeTarget {
-    fn same_pod(&self, other: &ProbeTarget) -> bool {
-        self.namespace == other.namespace && self.pod == other.pod
-    }
+/// The exported checks of one container: the labels their series carry, and each check's last
+/// result (to count transitions).
+struct ContainerSeries {
+    labels: UnitLabels,
+    last: HashMap<String, bool>,
 }
 
 /// Connections a pod listener closed without reading a request (the `reason` label of
@@ -86,10 +84,10 @@ pub struct ProbeMetrics {
     forbidden: IntCounter,
     series_dropped: IntCounter,
     ports_untracked: IntCounter,
-    /// Last result per exported (target, check label), to count transitions.
-    last: Mutex<HashMap<(ProbeTarget, String), bool>>,
-    /// (target, check label) left out by the per-pod cap, so each is counted once.
-    dropped: Mutex<HashSet<(ProbeTarget, String)>>,
+    /// The containers with exported checks, by key.
+    series: Mutex<HashMap<ProbeKey, ContainerSeries>>,
+    /// (container, check label) left out by the per-pod cap, so each is counted once.
+    dropped: Mutex<HashSet<(ProbeKey, String)>>,
     /// Accept stalls seen by tcp checks (a pass turning into a stall), for Kubernetes Events.
     stalls: Mutex<Vec<PodWarning>>,
 }
@@ -109,14 +107,14 @@ impl ProbeMetrics {
         std::mem::take(&mut *self.stalls.lock())
     }
 
-    fn note_stall(&self, target: &ProbeTarget, reason: &str) {
+    fn note_stall(&self, labels: &UnitLabels, reason: &str) {
         let mut stalls = self.stalls.lock();
         if stalls.len() < MAX_STALL_WARNINGS {
             stalls.push(PodWarning {
-                namespace: target.namespace.clone(),
-                pod: target.pod.clone(),
-                pod_uid: String::new(),
-                container: target.container.clone(),
+                namespace: labels.namespace.clone(),
+                pod: labels.pod.clone(),
+                pod_uid: labels.uid.clone(),
+                container: labels.container.clone(),
                 reason: WarningReason::AcceptStall,
                 note: reason.to_owned(),
             });
@@ -161,49 +159,62 @@ impl ProbeMetrics {
             forbidden,
             series_dropped,
             ports_untracked,
-            last: Mutex::new(HashMap::new()),
+            series: Mutex::new(HashMap::new()),
             dropped: Mutex::new(HashSet::new()),
         }))
     }
 
-    /// Whether (`target`, `label`) has, or may now get, series; counts it once when the pod's
-    /// cap leaves it out.
-    fn exported(&self, last: &HashMap<(ProbeTarget, String), bool>, target: &ProbeTarget, label: &str) -> bool {
-        let key = (target.clone(), label.to_owned());
-        if last.contains_key(&key) {
+    /// Whether `key`'s check `label` has, or may now get, series; counts it once when its
+    /// pod's cap (per pod uid) leaves it out.
+    fn exported(&self, series: &HashMap<ProbeKey, ContainerSeries>, key: &ProbeKey, label: &str) -> bool {
+        if series.get(key).is_some_and(|container| container.last.contains_key(label)) {
             return true;
         }
-        if last.keys().filter(|(t, _)| t.same_pod(target)).count() < MAX_CHECK_SERIES_PER_POD {
+        let pod_series: usize =
+            series.iter().filter(|(other, _)| other.uid == key.uid).map(|(_, container)| container.last.len()).sum();
+        if pod_series < MAX_CHECK_SERIES_PER_POD {
             return true;
         }
-        if self.dropped.lock().insert(key) {
+        if self.dropped.lock().insert((key.clone(), label.to_owned())) {
             self.series_dropped.inc();
         }
         false
     }
 
     /// Records a verdict; counts and logs a transition when it differs from the last one.
-    pub(crate) fn record_result(&self, target: &ProbeTarget, label: &str, verdict: &Verdict) {
+    pub(crate) fn record_result(&self, container: &ProbedContainer, label: &str, verdict: &Verdict) {
+        let (key, labels) = (container.key(), container.labels());
         let previous = {
-            let mut last = self.last.lock();
-            if !self.exported(&last, target, label) {
+            let mut series = self.series.lock();
+            // A container now known under other names starts afresh: its series under the old
+            // ones would otherwise never be removed.
+            if series.get(key).is_some_and(|known| known.labels != *labels) {
+                if let Some(stale) = series.remove(key) {
+                    stale.last.keys().for_each(|check| self.remove_series(&stale.labels, check));
+                }
+            }
+            if !self.exported(&series, key, label) {
                 return;
             }
-            last.insert((target.clone(), label.to_owned()), verdict.pass)
+            match series.get_mut(key) {
+                Some(known) => known.last.insert(label.to_owned(), verdict.pass),
+                None => {
+                    let last = HashMap::from([(label.to_owned(), verdict.pass)]);
+                    series.insert(key.clone(), ContainerSeries { labels: labels.clone(), last });
+                    None
+                }
+            }
         };
-        let values = [target.namespace.as_str(), &target.pod, &target.container, label];
+        let values = [labels.namespace.as_str(), &labels.pod, &labels.container, &labels.uid, label];
         self.result.with_label_values(&values).set(i64::from(verdict.pass));
         match previous {
             Some(before) if before != verdict.pass => {
                 self.transitions.with_label_values(&values).inc();
                 if before && is_accept_stall(label, &verdict.reason) {
-                    self.note_stall(target, &verdict.reason);
+                    self.note_stall(labels, &verdict.reason);
                 }
                 log::info!(
-                    "probe {}/{}/{} {label}: {} -> {}: {}",
-                    target.namespace,
-                    target.pod,
-                    target.container,
+                    "probe {container} {label}: {} -> {}: {}",
                     pass_word(before),
                     pass_word(verdict.pass),
                     verdict.reason
@@ -218,13 +229,16 @@ impl ProbeMetrics {
     }
 
     /// Counts one answered request of a declared check and its duration.
-    pub(crate) fn record_request(&self, target: &ProbeTarget, label: &str, kind: &str, code: u16, seconds: f64) {
+    pub(crate) fn record_request(&self, key: &ProbeKey, label: &str, kind: &str, code: u16, seconds: f64) {
         self.duration.with_label_values(&[kind]).observe(seconds);
-        if !self.last.lock().contains_key(&(target.clone(), label.to_owned())) {
+        let series = self.series.lock();
+        // Counted under the labels its results are exported with, so they go together.
+        let Some(container) = series.get(key).filter(|container| container.last.contains_key(label)) else {
             return;
-        }
+        };
+        let UnitLabels { namespace, pod, container, uid } = &container.labels;
         let code = code.to_string();
-        self.requests.with_label_values(&[&target.namespace, &target.pod, &target.container, label, &code]).inc();
+        self.requests.with_label_values(&[namespace, pod, container, uid, label, &code]).inc();
     }
 
     /// Counts one request answered 403.
@@ -248,34 +262,34 @@ impl ProbeMetrics {
     }
 
     /// Drops the series of one check of a container (no longer declared).
-    pub(crate) fn forget_check(&self, target: &ProbeTarget, label: &str) {
-        let key = (target.clone(), label.to_owned());
-        self.dropped.lock().remove(&key);
-        if self.last.lock().remove(&key).is_some() {
-            self.remove_series(target, label);
+    pub(crate) fn forget_check(&self, key: &ProbeKey, label: &str) {
+        self.dropped.lock().remove(&(key.clone(), label.to_owned()));
+        let mut series = self.series.lock();
+        let Some(container) = series.get_mut(key) else { return };
+        if container.last.remove(label).is_some() {
+            self.remove_series(&container.labels, label);
+        }
+        if container.last.is_empty() {
+            series.remove(key);
         }
     }
 
     /// Drops every series of a container that went away.
-    pub(crate) fn forget(&self, target: &ProbeTarget) {
-        self.dropped.lock().retain(|(t, _)| t != target);
-        let mut last = self.last.lock();
-        last.retain(|(t, label), _| {
-            if t != target {
-                return true;
-            }
-            self.remove_series(t, label);
-            false
-        });
+    pub(crate) fn forget(&self, key: &ProbeKey) {
+        self.dropped.lock().retain(|(dropped, _)| dropped != key);
+        if let Some(container) = self.series.lock().remove(key) {
+            container.last.keys().for_each(|label| self.remove_series(&container.labels, label));
+        }
     }
 
-    fn remove_series(&self, t: &ProbeTarget, label: &str) {
-        let values = [t.namespace.as_str(), &t.pod, &t.container, label];
+    fn remove_series(&self, labels: &UnitLabels, label: &str) {
+        let UnitLabels { namespace, pod, container, uid } = labels;
+        let values = [namespace.as_str(), pod, container, uid, label];
         let _ = self.result.remove_label_values(&values);
         let _ = self.transitions.remove_label_values(&values);
         // Requests are only counted for declared checks, answered 200 or 503.
         for code in ["200", "503"] {
-            let _ = self.requests.remove_label_values(&[&t.namespace, &t.pod, &t.container, label, code]);
+            let _ = self.requests.remove_label_values(&[namespace, pod, container, uid, label, code]);
         }
     }
 }
@@ -299,11 +313,20 @@ mod tests {
         String::from_utf8(out).expect("utf8")
     }
 
+    fn container(namespace: &str, pod: &str, container: &str, uid: &str) -> ProbedContainer {
+        ProbedContainer::new(UnitLabels {
+            namespace: namespace.into(),
+            pod: pod.into(),
+            container: container.into(),
+            uid: uid.into(),
+        })
+    }
+
     #[test]
     fn a_tcp_check_turning_to_a_stall_is_a_warning_once() {
         let registry = Registry::new();
         let metrics = ProbeMetrics::register(&registry).expect("register");
-        let target = ProbeTarget { namespace: "shop".into(), pod: "web-1".into(), container: "app".into() };
+        let target = container("shop", "web-1", "app", "u-web-1");
         let stall = Verdict::fail("port 8080: 3 connections waiting unaccepted for 7.2s (stall limit 5s)");
         metrics.record_result(&target, "tcp:8080", &Verdict::pass("ok"));
         metrics.record_result(&target, "tcp:8080", &stall);
@@ -311,6 +334,8 @@ mod tests {
         let warnings = metrics.take_stall_warnings();
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert_eq!((warnings[0].reason, warnings[0].pod.as_str()), (WarningReason::AcceptStall, "web-1"));
+        // The pod's uid: the Event names this pod, not another one under its name.
+        assert_eq!((warnings[0].pod_uid.as_str(), warnings[0].container.as_str()), ("u-web-1", "app"));
         metrics.record_result(&target, "tcp:8080", &Verdict::pass("ok"));
         metrics.record_result(&target, "tcp:8080", &Verdict::fail("listener on 8080 closed"));
         assert!(metrics.take_stall_warnings().is_empty(), "a closed listener is not a stall");
@@ -320,29 +345,30 @@ mod tests {
     fn results_transitions_requests_and_bounded_labels() {
         let registry = Registry::new();
         let metrics = ProbeMetrics::register(&registry).expect("register");
-        let target = ProbeTarget { namespace: "ns".into(), pod: "p".into(), container: "c".into() };
+        let target = container("ns", "p", "c", "u");
         metrics.record_result(&target, "tcp:80", &Verdict::pass("ok"));
         metrics.record_result(&target, "tcp:80", &Verdict::fail("closed"));
         metrics.record_result(&target, "tcp:80", &Verdict::fail("closed"));
-        metrics.record_request(&target, "tcp:80", "tcp", 503, 0.00001);
+        metrics.record_request(target.key(), "tcp:80", "tcp", 503, 0.00001);
         let text = render(&registry);
         assert!(
-            text.contains(r#"lifecycle_probe_result{check="tcp:80",container="c",namespace="ns",pod="p"} 0"#),
+            text.contains(r#"lifecycle_probe_result{check="tcp:80",container="c",namespace="ns",pod="p",uid="u"} 0"#),
             "{text}"
         );
-        assert!(text
-            .contains(r#"lifecycle_probe_transitions_total{check="tcp:80",container="c",namespace="ns",pod="p"} 1"#));
         assert!(text.contains(
-            r#"lifecycle_probe_requests_total{check="tcp:80",code="503",container="c",namespace="ns",pod="p"} 1"#
+            r#"lifecycle_probe_transitions_total{check="tcp:80",container="c",namespace="ns",pod="p",uid="u"} 1"#
+        ));
+        assert!(text.contains(
+            r#"lifecycle_probe_requests_total{check="tcp:80",code="503",container="c",namespace="ns",pod="p",uid="u"} 1"#
         ));
         assert!(text.contains(r#"lifecycle_probe_duration_seconds_count{check="tcp"} 1"#));
         // The cap is per pod, across its containers; what it leaves out is counted once each.
-        let sidecar = ProbeTarget { container: "sidecar".into(), ..target.clone() };
+        let sidecar = container("ns", "p", "sidecar", "u");
         for round in 0..2 {
             for port in 0..40 {
                 let who = if port % 2 == 0 { &target } else { &sidecar };
                 metrics.record_result(who, &format!("tcp:{port}"), &Verdict::pass("ok"));
-                metrics.record_request(who, &format!("tcp:{port}"), "tcp", 200, 0.00001);
+                metrics.record_request(who.key(), &format!("tcp:{port}"), "tcp", 200, 0.00001);
             }
             let text = render(&registry);
             let series = |family: &str| text.lines().filter(|l| l.starts_with(family)).count();
@@ -351,11 +377,52 @@ mod tests {
             assert!(text.contains("lifecycle_probe_series_dropped_total 9\n"), "41 checks, 32 kept\n{text}");
         }
         assert!(!text.contains("other"));
-        metrics.forget(&target);
-        metrics.forget(&sidecar);
+        metrics.forget(target.key());
+        metrics.forget(sidecar.key());
         let text = render(&registry);
         assert!(!text.contains("lifecycle_probe_result{"), "{text}");
         assert!(!text.contains("lifecycle_probe_requests_total{"), "{text}");
+    }
+
+    #[test]
+    fn a_pod_recreated_under_its_name_has_series_and_a_cap_of_its_own() {
+        let registry = Registry::new();
+        let metrics = ProbeMetrics::register(&registry).expect("register");
+        let (old, new) = (container("ns", "db-0", "db", "u-old"), container("ns", "db-0", "db", "u-new"));
+        for port in 0..MAX_CHECK_SERIES_PER_POD {
+            metrics.record_result(&old, &format!("tcp:{port}"), &Verdict::fail("closed"));
+        }
+        // The old pod is at its cap; the new one, under the same name, is not.
+        metrics.record_result(&new, "tcp:0", &Verdict::pass("ok"));
+        metrics.record_request(new.key(), "tcp:0", "tcp", 200, 0.00001);
+        let text = render(&registry);
+        assert!(text.contains("lifecycle_probe_series_dropped_total 0\n"), "{text}");
+        let old_series =
+            r#"lifecycle_probe_result{check="tcp:0",container="db",namespace="ns",pod="db-0",uid="u-old"} 0"#;
+        let new_series =
+            r#"lifecycle_probe_result{check="tcp:0",container="db",namespace="ns",pod="db-0",uid="u-new"} 1"#;
+        assert!(text.contains(old_series) && text.contains(new_series), "{text}");
+        // The old pod going takes its series only.
+        metrics.forget(old.key());
+        let text = render(&registry);
+        assert!(!text.contains("u-old") && text.contains(new_series), "{text}");
+        assert!(text.contains(
+            r#"lifecycle_probe_requests_total{check="tcp:0",code="200",container="db",namespace="ns",pod="db-0",uid="u-new"} 1"#
+        ));
+    }
+
+    #[test]
+    fn a_container_probed_again_under_other_names_keeps_no_stale_series() {
+        let registry = Registry::new();
+        let metrics = ProbeMetrics::register(&registry).expect("register");
+        let by_id = container("ns", "3f2a9c81d0e4", "app", "u");
+        let named = container("ns", "web-0", "app", "u");
+        metrics.record_result(&by_id, "process", &Verdict::pass("ok"));
+        metrics.record_result(&named, "process", &Verdict::pass("ok"));
+        let text = render(&registry);
+        assert!(!text.contains("3f2a9c81d0e4") && text.contains(r#"pod="web-0""#), "{text}");
+        metrics.forget(named.key());
+        assert!(!render(&registry).contains("lifecycle_probe_result{"));
     }
 
     #[test]
@@ -384,10 +451,10 @@ mod tests {
     fn a_check_no_longer_declared_loses_its_series() {
         let registry = Registry::new();
         let metrics = ProbeMetrics::register(&registry).expect("register");
-        let target = ProbeTarget { namespace: "ns".into(), pod: "p".into(), container: "c".into() };
+        let target = container("ns", "p", "c", "u");
         metrics.record_result(&target, "process", &Verdict::pass("ok"));
         metrics.record_result(&target, "tcp:80", &Verdict::pass("ok"));
-        metrics.forget_check(&target, "tcp:80");
+        metrics.forget_check(target.key(), "tcp:80");
         let text = render(&registry);
         assert!(text.contains(r#"check="process""#) && !text.contains(r#"check="tcp:80""#), "{text}");
     }

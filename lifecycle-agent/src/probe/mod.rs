@@ -9,6 +9,8 @@
 //! - the facts, kept by the node model from the same kernel events as everything else
 //!   (`lifecycle-model/src/node/probed.rs`): accept progress per port of each watched netns, the
 //!   main process's state; published per container on its feed ([`feeds`]) by the model's owner.
+//! - [`container`]: who a probe speaks for — the model's key (pod uid, container name), which
+//!   everything here is kept by, and the names beside it for labels, logs and routing.
 //! - [`check`] (pure): probe URLs -> [`check::CheckSpec`]; facts + time -> [`check::Verdict`].
 //! - [`tcp`] (pure): a port's accept facts -> verdict, with exact deadlines for stall detection.
 //! - `discovery::proc` and `discovery::sockdiag` (plumbing) sample listeners, drop counters,
@@ -47,6 +49,7 @@
 //! checks see every listener of the node netns on that port (ports are node-wide there anyway).
 
 pub mod check;
+pub mod container;
 pub mod declaration;
 pub mod feeds;
 pub mod files;

@@ -21,9 +21,10 @@ use tokio::sync::watch;
 
 use super::{
     check::{CheckSpec, Observed, Verdict},
+    container::ProbedContainer,
     declaration::parse_request,
     files::{DeclaredFiles, FileReaders, FILE_READ_TIMEOUT},
-    metrics::{ProbeMetrics, ProbeTarget},
+    metrics::ProbeMetrics,
     server::{forbidden, ProbeAnswer},
 };
 use crate::{
@@ -45,8 +46,7 @@ pub(crate) const DEFAULT_REFRESH: Duration = Duration::from_secs(2);
 
 /// The probe state of one container.
 pub struct PodProbe {
-    target: ProbeTarget,
-    key: ProbeKey,
+    container: ProbedContainer,
     netns: u32,
     main_pid: u32,
     /// The declared files and what was last read of them, inside the container's root, held
@@ -76,13 +76,11 @@ struct PodState {
 }
 
 impl PodProbe {
-    /// Starts probing the container `key` (exported as `target`) whose main process is
-    /// `main_pid`: reads its netns and holds its root open. Its facts come from `facts` once
-    /// the model watches it ([`Self::watch`], with a first [`Self::sample`]); its declared
-    /// files are read by threads of `readers`.
+    /// Starts probing `container` whose main process is `main_pid`: reads its netns and holds
+    /// its root open. Its facts come from `facts` once the model watches it ([`Self::watch`],
+    /// with a first [`Self::sample`]); its declared files are read by threads of `readers`.
     pub fn new(
-        target: ProbeTarget,
-        key: ProbeKey,
+        container: ProbedContainer,
         main_pid: u32,
         metrics: Option<Arc<ProbeMetrics>>,
         facts: watch::Receiver<Arc<ProbeFacts>>,
@@ -101,21 +99,15 @@ impl PodProbe {
         let diag = match SockDiag::open_in(&netns::of_pid(main_pid)) {
             Ok(diag) => Some(diag),
             Err(err) => {
-                log::warn!(
-                    "probes of {}/{}: {}; reading /proc/{main_pid}/net/tcp instead",
-                    target.namespace,
-                    target.pod,
-                    ErrorChain(&err)
-                );
+                log::warn!("probes of {container}: {}; reading /proc/{main_pid}/net/tcp instead", ErrorChain(&err));
                 None
             }
         };
         let created_ns = boottime_ns();
         let root = proc::pin_root(main_pid).ok().map(Arc::new);
-        let files = DeclaredFiles::new(root, main_pid, &key.uid, readers);
+        let files = DeclaredFiles::new(root, main_pid, &container.key().uid, readers);
         Ok(Self {
-            target,
-            key,
+            container,
             netns,
             main_pid,
             files,
@@ -127,13 +119,14 @@ impl PodProbe {
         })
     }
 
-    pub fn target(&self) -> &ProbeTarget {
-        &self.target
+    /// The container it probes: its key and its names.
+    pub fn container(&self) -> &ProbedContainer {
+        &self.container
     }
 
     /// The container in the model: its pod's uid and its name.
     pub fn key(&self) -> &ProbeKey {
-        &self.key
+        self.container.key()
     }
 
     /// Inode of the pod's network namespace (the `netns` of the kernel's TCP events).
@@ -219,7 +212,7 @@ impl PodProbe {
                 if let Some(label) =
                     label.as_deref().filter(|l| !labelled.iter().any(|(n, _)| n.as_deref() == Some(*l)))
                 {
-                    metrics.forget_check(&self.target, label);
+                    metrics.forget_check(self.key(), label);
                 }
             }
         }
@@ -266,7 +259,7 @@ impl PodProbe {
             let observed = self.observed(state);
             for (label, spec) in &state.checks {
                 if let Some(label) = label {
-                    metrics.record_result(&self.target, label, &spec.evaluate(&observed, now));
+                    metrics.record_result(&self.container, label, &spec.evaluate(&observed, now));
                 }
             }
         }
@@ -312,18 +305,11 @@ impl PodProbe {
                 let probe = Arc::clone(&self);
                 match tokio::task::spawn_blocking(move || probe.sample(boottime_ns())).await {
                     Ok(Ok(sample)) => {
-                        let key = self.key.clone();
+                        let key = self.key().clone();
                         model.tell(Command::SampleProbe { key, sample }).await;
                     }
-                    Ok(Err(err)) => log::debug!(
-                        "probe refresh of {}/{}: {}",
-                        self.target.namespace,
-                        self.target.pod,
-                        ErrorChain(&err)
-                    ),
-                    Err(err) => {
-                        log::warn!("probe refresh of {}/{} panicked: {err}", self.target.namespace, self.target.pod)
-                    }
+                    Ok(Err(err)) => log::debug!("probe refresh of {}: {}", self.container, ErrorChain(&err)),
+                    Err(err) => log::warn!("probe refresh of {} panicked: {err}", self.container),
                 }
             }
             let now = boottime_ns();
@@ -376,13 +362,13 @@ impl PodProbe {
             };
             let verdict = spec.evaluate(&self.observed(&state), now);
             if let (Some(metrics), Some(label)) = (&self.metrics, label) {
-                metrics.record_result(&self.target, label, &verdict);
+                metrics.record_result(&self.container, label, &verdict);
             }
             (verdict, label.clone())
         };
         let (code, body) = if verdict.pass { (200, "ok\n".to_owned()) } else { (503, format!("{}\n", verdict.reason)) };
         if let (Some(metrics), Some(label)) = (&self.metrics, label) {
-            metrics.record_request(&self.target, &label, spec.kind(), code, started.elapsed().as_secs_f64());
+            metrics.record_request(self.key(), &label, spec.kind(), code, started.elapsed().as_secs_f64());
         }
         (code, body)
     }
@@ -393,7 +379,7 @@ impl PodProbe {
 impl ProbeAnswer for PodProbe {
     fn answer(&self, path: &str, query: Option<&str>) -> (u16, String) {
         match parse_request(path, query) {
-            Ok((container, spec)) if container.as_deref().is_none_or(|c| c == self.target.container) => {
+            Ok((container, spec)) if container.as_deref().is_none_or(|c| c == self.key().container) => {
                 self.answer_check(&spec)
             }
             _ => {

@@ -1,16 +1,17 @@
 //! What each pod declared for its probes, from both of its sources: the `lifecycle.dev/probes`
 //! annotation (from the CRI) and the `httpGet` probes of its spec aimed at the probe port (from
 //! the Kubernetes API): the kubelet will send exactly those paths. Each pod's declaration is
-//! parsed once per text it has: refused entries are logged then, once, and counted.
+//! parsed once per text it has: refused entries are logged then, once, and counted. Pods are
+//! told apart by uid: one recreated under its name has a declaration of its own.
 
 use std::collections::HashMap;
 
 use super::{
     declaration::{Declaration, Refusal, RefusalReason, MAX_ENTRIES_PER_POD},
-    metrics::{ProbeMetrics, ProbeTarget},
+    metrics::ProbeMetrics,
     CheckSpec,
 };
-use crate::model::node::RunningContainer;
+use crate::model::node::{RunningContainer, UnitLabels};
 
 /// A pod's declaration, as parsed from its sources.
 struct PodDeclaration {
@@ -58,16 +59,17 @@ impl DeclarationSources {
     }
 }
 
-/// The pods' parsed declarations, by (namespace, pod), each with the sources it was parsed from.
+/// The pods' parsed declarations, by pod uid, each with the sources it was parsed from.
 #[derive(Default)]
-pub(super) struct PodDeclarations(HashMap<(String, String), PodDeclaration>);
+pub(super) struct PodDeclarations(HashMap<String, PodDeclaration>);
 
 impl PodDeclarations {
-    /// The checks `target`'s pod declared for it, parsing (and reporting on, in `metrics` and
-    /// the log) the pod's declaration the first time these sources are seen.
+    /// The checks the pod of the container labelled `labels` declared for it, parsing (and
+    /// reporting on, in `metrics` and the log) the pod's declaration the first time these
+    /// sources are seen.
     pub(super) fn checks_for(
         &mut self,
-        target: &ProbeTarget,
+        labels: &UnitLabels,
         sources: DeclarationSources,
         metrics: &ProbeMetrics,
     ) -> Vec<CheckSpec> {
@@ -75,32 +77,30 @@ impl PodDeclarations {
         if sources.is_empty() {
             return Vec::new();
         }
-        let pod = (target.namespace.clone(), target.pod.clone());
-        if self.0.get(&pod).is_none_or(|known| known.sources != sources) {
+        let UnitLabels { namespace, pod, uid, .. } = labels;
+        if self.0.get(uid).is_none_or(|known| known.sources != sources) {
             let (parsed, refusals) = sources.parse();
             let mut too_many = 0;
             for refusal in &refusals {
                 metrics.record_refusal(refusal.reason);
                 match refusal.reason {
                     RefusalReason::TooMany => too_many += 1,
-                    _ => log::warn!("probe declaration of {}/{}: {refusal}", pod.0, pod.1),
+                    _ => log::warn!("probe declaration of {namespace}/{pod}: {refusal}"),
                 }
             }
             if too_many > 0 {
                 log::warn!(
-                    "probe declaration of {}/{}: {too_many} entries past the first {MAX_ENTRIES_PER_POD} refused",
-                    pod.0,
-                    pod.1,
+                    "probe declaration of {namespace}/{pod}: {too_many} entries past the first {MAX_ENTRIES_PER_POD} refused"
                 );
             }
-            self.0.insert(pod.clone(), PodDeclaration { sources, parsed });
+            self.0.insert(uid.clone(), PodDeclaration { sources, parsed });
         }
-        self.0.get(&pod).map(|d| d.parsed.checks_for(&target.container)).unwrap_or_default()
+        self.0.get(uid).map(|d| d.parsed.checks_for(&labels.container)).unwrap_or_default()
     }
 
-    /// Keeps the declarations of the pods (namespace, pod) `keep` holds to.
-    pub(super) fn retain(&mut self, mut keep: impl FnMut(&(String, String)) -> bool) {
-        self.0.retain(|pod, _| keep(pod));
+    /// Keeps the declarations of the pods whose uid `keep` holds to.
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.0.retain(|uid, _| keep(uid));
     }
 }
 

@@ -3,6 +3,11 @@
 //! the host-network fallback `/probe/<namespace>/<pod>/<container>/<kind>`; [`PodRouter`] serves
 //! one pod's listener. The per-pod listeners' serving loop is `listener.rs`.
 //!
+//! Probes are kept by container key (pod uid and container name); requests name containers, as
+//! the kubelet knows them, and reach them through an index of names beside the probes: a name
+//! belongs to the pod registered under it last (a pod recreated under its name takes it from
+//! the departing one), and only that pod's removal frees it.
+//!
 //! Only declared checks answer (issue 10): anything else — undeclared, unparsable, an unknown
 //! container — gets 403 with the body [`FORBIDDEN_BODY`] and creates no state and no series.
 //!
@@ -20,15 +25,10 @@ use std::{
 
 use parking_lot::RwLock;
 
-use super::{
-    check::CheckSpec,
-    declaration::parse_request,
-    metrics::{ProbeMetrics, ProbeTarget},
-    pod::PodProbe,
-};
+use super::{check::CheckSpec, declaration::parse_request, metrics::ProbeMetrics, pod::PodProbe};
 use crate::{
     discovery::netns::{self, NetnsError},
-    model::node::ProbeKey,
+    model::node::{ProbeKey, UnitLabels},
 };
 
 /// Port of the per-pod probe listener unless configured otherwise.
@@ -150,8 +150,39 @@ fn reason_phrase(status: u16) -> &'static str {
 /// `httpGet` at that path with `port:` set to the agent's probe port (the pod IP is the node IP).
 #[derive(Default)]
 pub struct NodeProbes {
-    pods: RwLock<BTreeMap<ProbeTarget, Arc<PodProbe>>>,
+    routes: RwLock<Routes>,
     metrics: Option<Arc<ProbeMetrics>>,
+}
+
+/// The probes by key, and the index of names requests reach them by.
+#[derive(Default)]
+struct Routes {
+    probes: BTreeMap<ProbeKey, Arc<PodProbe>>,
+    /// Per pod name (namespace, pod), the key each container name resolves to: the one
+    /// registered last under it.
+    names: BTreeMap<(String, String), BTreeMap<String, ProbeKey>>,
+}
+
+impl Routes {
+    /// Stops resolving `probe`'s names, if they still resolve to it (a pod registered later
+    /// under them keeps them).
+    fn unname(&mut self, probe: &PodProbe) {
+        let UnitLabels { namespace, pod, container, .. } = probe.container().labels();
+        let pod_name = (namespace.clone(), pod.clone());
+        let Some(containers) = self.names.get_mut(&pod_name) else { return };
+        if containers.get(container) == Some(probe.key()) {
+            containers.remove(container);
+        }
+        if containers.is_empty() {
+            self.names.remove(&pod_name);
+        }
+    }
+
+    /// The probe `namespace/pod/container` resolves to.
+    fn by_name(&self, namespace: &str, pod: &str, container: &str) -> Option<&Arc<PodProbe>> {
+        let key = self.names.get(&(namespace.to_owned(), pod.to_owned()))?.get(container)?;
+        self.probes.get(key)
+    }
 }
 
 impl NodeProbes {
@@ -160,39 +191,47 @@ impl NodeProbes {
         Self { metrics, ..Self::default() }
     }
 
-    /// Routes requests for `probe`'s container to it (replacing an earlier probe of that name).
+    /// Serves `probe`'s container: replaces an earlier probe of its key, and takes its names
+    /// from whichever pod had them (see the module header).
     pub fn insert(&self, probe: Arc<PodProbe>) {
-        self.pods.write().insert(probe.target().clone(), probe);
-    }
-
-    /// Stops routing to `target`'s probe if it is `key`'s (a pod recreated under the same name
-    /// may already have the name).
-    pub(crate) fn remove(&self, target: &ProbeTarget, key: &ProbeKey) -> Option<Arc<PodProbe>> {
-        let mut pods = self.pods.write();
-        if pods.get(target).is_some_and(|probe| probe.key() == key) {
-            return pods.remove(target);
+        let mut routes = self.routes.write();
+        if let Some(earlier) = routes.probes.insert(probe.key().clone(), probe.clone()) {
+            routes.unname(&earlier);
         }
-        None
+        let UnitLabels { namespace, pod, container, .. } = probe.container().labels();
+        let containers = routes.names.entry((namespace.clone(), pod.clone())).or_default();
+        containers.insert(container.clone(), probe.key().clone());
     }
 
-    pub(crate) fn get(&self, target: &ProbeTarget) -> Option<Arc<PodProbe>> {
-        self.pods.read().get(target).cloned()
+    /// Stops serving `key`'s container; its names stop resolving unless a pod registered later
+    /// under them holds them.
+    pub(crate) fn remove(&self, key: &ProbeKey) -> Option<Arc<PodProbe>> {
+        let mut routes = self.routes.write();
+        let probe = routes.probes.remove(key)?;
+        routes.unname(&probe);
+        Some(probe)
     }
 
-    /// Names of the containers of one pod that declared `spec`.
+    /// The probe the container `namespace/pod/container` resolves to.
+    pub(crate) fn by_name(&self, namespace: &str, pod: &str, container: &str) -> Option<Arc<PodProbe>> {
+        self.routes.read().by_name(namespace, pod, container).cloned()
+    }
+
+    /// Names of the containers of one pod (by name) that declared `spec`.
     pub(crate) fn declaring(&self, namespace: &str, pod: &str, spec: &CheckSpec) -> Vec<String> {
-        self.pods
-            .read()
+        let routes = self.routes.read();
+        let Some(containers) = routes.names.get(&(namespace.to_owned(), pod.to_owned())) else { return Vec::new() };
+        containers
             .iter()
-            .filter(|(t, probe)| t.namespace == namespace && t.pod == pod && probe.is_declared(spec))
-            .map(|(t, _)| t.container.clone())
+            .filter(|(_, key)| routes.probes.get(*key).is_some_and(|probe| probe.is_declared(spec)))
+            .map(|(name, _)| name.clone())
             .collect()
     }
 
-    /// Judges `spec` for the container `target`: 403 unless that container is tracked here and
-    /// declared exactly this check.
-    pub(crate) fn answer_check(&self, target: &ProbeTarget, spec: &CheckSpec) -> (u16, String) {
-        match self.get(target) {
+    /// Judges `spec` for the container `namespace/pod/container`: 403 unless that container is
+    /// tracked here and declared exactly this check.
+    pub(crate) fn answer_check(&self, namespace: &str, pod: &str, container: &str, spec: &CheckSpec) -> (u16, String) {
+        match self.by_name(namespace, pod, container) {
             Some(probe) => probe.answer_check(spec),
             None => self.forbidden(),
         }
@@ -215,9 +254,8 @@ impl ProbeAnswer for NodeProbes {
         else {
             return self.forbidden();
         };
-        let target = ProbeTarget { namespace: namespace.into(), pod: pod.into(), container: container.into() };
         match parse_request(&format!("/probe/{kind}"), query) {
-            Ok((None, spec)) => self.answer_check(&target, &spec),
+            Ok((None, spec)) => self.answer_check(namespace, pod, container, &spec),
             // The container is in the path; another one in the query is not a declared check.
             Ok((Some(_), _)) | Err(_) => self.forbidden(),
         }
@@ -249,8 +287,7 @@ impl ProbeAnswer for PodRouter {
                 Err(_) => return self.probes.forbidden(),
             },
         };
-        let target = ProbeTarget { namespace: self.namespace.clone(), pod: self.pod.clone(), container };
-        self.probes.answer_check(&target, &spec)
+        self.probes.answer_check(&self.namespace, &self.pod, &container, &spec)
     }
 }
 
@@ -311,5 +348,72 @@ mod request_tests {
         }
         let head = b"GET /probe/default/web/app/process HTTP/1.1\r\n\r\n";
         assert_eq!(response(head, &probes), "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 10\r\nConnection: close\r\n\r\nforbidden\n");
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+    use crate::model::{
+        node::{ProbeChanges, ProbeFacts},
+        probe::{ProcessFacts, ProcessState},
+    };
+    use crate::probe::{
+        container::ProbedContainer,
+        feeds::ProbeFeeds,
+        files::{FileReaders, MAX_FILE_READERS},
+    };
+
+    /// A probe of this test's own process as container `db` of pod `shop/db-0` with the pod
+    /// uid `uid`, declaring the process check; when `alive`, the model's facts say its main
+    /// process runs (it answers 200), else it has none yet (503).
+    fn db_0(feeds: &ProbeFeeds, uid: &str, alive: bool) -> Arc<PodProbe> {
+        let labels =
+            UnitLabels { namespace: "shop".into(), pod: "db-0".into(), container: "db".into(), uid: uid.into() };
+        let container = ProbedContainer::new(labels);
+        let key = container.key().clone();
+        let facts = feeds.open(&key);
+        let pid = std::process::id();
+        let readers = FileReaders::unregistered(MAX_FILE_READERS);
+        let probe = PodProbe::new(container, pid, None, facts, readers).expect("a probe of this process");
+        probe.declare(vec![CheckSpec::Process { max_uninterruptible_ns: None }]);
+        if alive {
+            let process = Some(ProcessFacts { pid, state: ProcessState::Running, state_since_ns: 0 });
+            let changes = ProbeChanges { changed: vec![key], untracked_ports: 0 };
+            feeds.publish(changes, |_| Some(ProbeFacts { process: process.clone(), ..ProbeFacts::default() }));
+        }
+        Arc::new(probe)
+    }
+
+    #[test]
+    fn a_name_belongs_to_the_pod_registered_last_and_only_its_removal_frees_it() {
+        let feeds = ProbeFeeds::new(None);
+        let probes = Arc::new(NodeProbes::default());
+        let pod_router = PodRouter::new(probes.clone(), "shop", "db-0");
+        let by_node = || probes.answer("/probe/shop/db-0/db/process", None);
+        let by_pod = || pod_router.answer("/probe/process", None);
+        let not_yet = (503, "main process not observed yet\n".to_owned());
+        let ok = (200, "ok\n".to_owned());
+        // The departing pod, then the pod recreated under its name: the newer answers.
+        let (old, new) = (db_0(&feeds, "u-old", false), db_0(&feeds, "u-new", true));
+        probes.insert(old.clone());
+        assert_eq!((by_node(), by_pod()), (not_yet.clone(), not_yet));
+        probes.insert(new.clone());
+        assert_eq!((by_node(), by_pod()), (ok.clone(), ok.clone()));
+        // The old pod goes: the new one still answers, by either route.
+        assert!(probes.remove(old.key()).is_some_and(|gone| Arc::ptr_eq(&gone, &old)));
+        assert_eq!((by_node(), by_pod()), (ok.clone(), ok.clone()));
+        assert_eq!(probes.by_name("shop", "db-0", "db").map(|probe| probe.key().uid.clone()).as_deref(), Some("u-new"));
+        // The new one goes: the name is gone.
+        assert!(probes.remove(new.key()).is_some());
+        assert_eq!((by_node(), by_pod()), (forbidden(), forbidden()));
+        assert!(probes.routes.read().names.is_empty(), "no name is left behind");
+        // A name freed by the newer pod's removal does not fall back to an older pod still kept.
+        probes.insert(old.clone());
+        probes.insert(new.clone());
+        assert!(probes.remove(new.key()).is_some());
+        assert_eq!(by_node(), forbidden());
+        assert!(probes.remove(old.key()).is_some() && probes.remove(old.key()).is_none());
+        assert!(probes.routes.read().names.is_empty() && probes.routes.read().probes.is_empty());
     }
 }

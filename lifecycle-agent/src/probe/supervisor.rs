@@ -39,10 +39,11 @@ use crate::{
     model::node::{Command, NodeSnapshot, ProbeKey, RunningContainer},
     probe::{
         bind_in_netns,
+        container::ProbedContainer,
         feeds::ProbeFeeds,
         files::FileReaders,
         listener::{ListenerLimits, ProbeListener, ProbeListeners},
-        metrics::{ProbeMetrics, ProbeTarget},
+        metrics::ProbeMetrics,
         pod::DEFAULT_REFRESH,
         pod_declarations::{DeclarationSources, PodDeclarations},
         server::{PodRouter, ServerError},
@@ -63,9 +64,8 @@ struct PodListener {
     _handoff: Option<Registration>,
 }
 
-/// A container with a probe.
+/// A container with a probe (its key and names are the probe's).
 struct Probed {
-    target: ProbeTarget,
     pid: u32,
     declared: Vec<CheckSpec>,
     probe: Arc<PodProbe>,
@@ -75,8 +75,6 @@ struct Probed {
 
 /// A probe made in a pass, served once the model watches it.
 struct Fresh {
-    key: ProbeKey,
-    target: ProbeTarget,
     pid: u32,
     declared: Vec<CheckSpec>,
     probe: Arc<PodProbe>,
@@ -186,26 +184,22 @@ impl ProbeSupervisor {
             log::warn!("cannot read the node's addresses (probe listeners keep the last ones): {err}");
         }
         let running = model.running_containers();
-        let mut seen = Vec::new();
+        let mut seen = HashSet::new();
         let mut fresh = Vec::new();
         for container in running {
             self.beat();
             let sources = DeclarationSources::of(&container, self.pod_port);
             let RunningContainer { labels, main_pid: pid, .. } = container;
-            let target = ProbeTarget {
-                namespace: labels.namespace.clone(),
-                pod: labels.pod.clone(),
-                container: labels.container.clone(),
-            };
-            let key = ProbeKey { uid: labels.uid.clone(), container: labels.container.clone() };
-            seen.push(key.clone());
-            let declared = self.declarations.checks_for(&target, sources, &self.metrics);
+            let declared = self.declarations.checks_for(&labels, sources, &self.metrics);
+            let container = ProbedContainer::new(labels);
+            let key = container.key().clone();
+            seen.insert(key.clone());
             if let Some(known) = self.running.get_mut(&key).filter(|known| known.pid == pid) {
                 if known.declared != declared && !declared.is_empty() {
                     known.probe.declare(declared.clone());
                     known.declared = declared;
                     self.commands.push(Command::WatchProbe { key, watch: known.probe.watch(), first: None });
-                    let netns = known.probe.netns();
+                    let (labels, netns) = (container.labels(), known.probe.netns());
                     self.ensure_listener(&labels.namespace, &labels.pod, pid, netns);
                 } else if declared.is_empty() {
                     self.drop_probe(&key);
@@ -218,53 +212,32 @@ impl ProbeSupervisor {
             }
             let facts = self.feeds.open(&key);
             let readers = Arc::clone(&self.readers);
-            match PodProbe::new(target.clone(), key.clone(), pid, Some(self.metrics.clone()), facts, readers) {
+            let names = container.to_string();
+            match PodProbe::new(container, pid, Some(self.metrics.clone()), facts, readers) {
                 Ok(probe) => {
                     probe.declare(declared.clone());
                     let first = match probe.sample(boottime_ns()) {
                         Ok(sample) => Some(sample),
                         Err(err) => {
-                            log::debug!(
-                                "first probe sample of {}/{}: {}",
-                                target.namespace,
-                                target.pod,
-                                ErrorChain(&err)
-                            );
+                            log::debug!("first probe sample of {names}: {}", ErrorChain(&err));
                             None
                         }
                     };
-                    self.commands.push(Command::WatchProbe { key: key.clone(), watch: probe.watch(), first });
-                    fresh.push(Fresh { key, target, pid, declared, probe: Arc::new(probe) });
+                    self.commands.push(Command::WatchProbe { key, watch: probe.watch(), first });
+                    fresh.push(Fresh { pid, declared, probe: Arc::new(probe) });
                 }
                 Err(err) => {
                     self.feeds.close(&key);
-                    log::debug!(
-                        "no probes for {}/{}/{} yet: {}",
-                        target.namespace,
-                        target.pod,
-                        target.container,
-                        ErrorChain(&err)
-                    )
+                    log::debug!("no probes for {names} yet: {}", ErrorChain(&err))
                 }
             }
         }
         // Containers that stopped running keep their probe (it answers "gone") until their unit
         // expires from the tracker; then everything about them goes.
         let unseen = self.running.keys().any(|key| !seen.contains(key));
-        let units = if unseen { model.unit_targets() } else { Default::default() };
-        let gone: Vec<ProbeKey> = self
-            .running
-            .iter()
-            .filter(|(key, probed)| {
-                !seen.contains(key)
-                    && !units.contains(&(
-                        probed.target.namespace.clone(),
-                        probed.target.pod.clone(),
-                        probed.target.container.clone(),
-                    ))
-            })
-            .map(|(key, _)| key.clone())
-            .collect();
+        let units = if unseen { model.tracked_probe_keys() } else { HashSet::new() };
+        let gone: Vec<ProbeKey> =
+            self.running.keys().filter(|key| !seen.contains(*key) && !units.contains(*key)).cloned().collect();
         for key in gone {
             self.drop_probe(&key);
         }
@@ -273,29 +246,31 @@ impl ProbeSupervisor {
         if !commands.is_empty() {
             commit(commands);
         }
-        for Fresh { key, target, pid, declared, probe } in fresh {
+        for Fresh { pid, declared, probe } in fresh {
             self.probes.insert(probe.clone());
             let (stop, stopped) = watch::channel(false);
             if let Some(model) = &self.model {
                 tokio::spawn(probe.clone().run_refresher(DEFAULT_REFRESH, model.clone(), stopped));
             }
-            let (namespace, pod, netns) = (target.namespace.clone(), target.pod.clone(), probe.netns());
-            if let Some(old) = self.running.insert(key, Probed { target, pid, declared, probe, stop }) {
+            let (key, labels, netns) = (probe.key().clone(), probe.container().labels().clone(), probe.netns());
+            if let Some(old) = self.running.insert(key, Probed { pid, declared, probe, stop }) {
                 let _ = old.stop.send(true);
             }
-            self.ensure_listener(&namespace, &pod, pid, netns);
+            self.ensure_listener(&labels.namespace, &labels.pod, pid, netns);
         }
-        let pods_alive: HashSet<(String, String)> =
-            self.running.values().map(|p| (p.target.namespace.clone(), p.target.pod.clone())).collect();
-        let pods_seen: HashSet<(String, String)> = self
+        // Listeners are kept per pod name, which their router resolves requests by: one goes,
+        // and so stops, once no probe of a pod under its name is left.
+        let pods_alive: HashSet<(&str, &str)> = self
             .running
-            .iter()
-            .filter(|(key, _)| seen.contains(key))
-            .map(|(_, p)| (p.target.namespace.clone(), p.target.pod.clone()))
+            .values()
+            .map(|probed| probed.probe.container().labels())
+            .map(|labels| (labels.namespace.as_str(), labels.pod.as_str()))
             .collect();
-        // Listeners of pods that are gone are dropped, which stops them.
-        self.listeners.retain(|pod, _| pods_alive.contains(pod));
-        self.declarations.retain(|pod| pods_alive.contains(pod) || pods_seen.contains(pod));
+        self.listeners.retain(|(namespace, pod), _| pods_alive.contains(&(namespace.as_str(), pod.as_str())));
+        // Declarations are kept, by pod uid, for pods running or probed: each is parsed (and
+        // its refusals told) once per text, not once per pass.
+        let pods_kept: HashSet<&str> = self.running.keys().chain(&seen).map(|key| key.uid.as_str()).collect();
+        self.declarations.retain(|uid| pods_kept.contains(uid));
     }
 
     /// Closes sockets taken from the previous agent that no pod claimed within the window.
@@ -316,9 +291,9 @@ impl ProbeSupervisor {
         let _ = probed.stop.send(true);
         self.feeds.close(key);
         self.commands.push(Command::UnwatchProbe { key: key.clone() });
-        if self.probes.remove(&probed.target, key).is_some() {
-            self.metrics.forget(&probed.target);
-        }
+        // Its series and its route go with it; a pod recreated under its name keeps its own.
+        self.probes.remove(key);
+        self.metrics.forget(key);
     }
 
     /// This loop made progress (see [`Self::heartbeats`]).

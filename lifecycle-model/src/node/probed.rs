@@ -18,6 +18,7 @@ use std::{
     sync::Arc,
 };
 
+use super::UnitLabels;
 use crate::{
     event::{Detail, Event},
     probe::{AcceptFacts, AcceptProgress, ProcessFacts, ProcessSample, ProcessState, QueueSample},
@@ -29,6 +30,13 @@ use crate::{
 pub struct ProbeKey {
     pub uid: String,
     pub container: String,
+}
+
+impl ProbeKey {
+    /// The key of the container the model labels `labels`.
+    pub fn of(labels: &UnitLabels) -> Self {
+        Self { uid: labels.uid.clone(), container: labels.container.clone() }
+    }
 }
 
 /// What the probe layer watches for one container.

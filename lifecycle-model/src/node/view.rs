@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Disagreement, NodeSnapshot, NodeTracker, PortStats, Unit, UnitKey, UnitLabels};
+use super::{Disagreement, NodeSnapshot, NodeTracker, PortStats, ProbeKey, Unit, UnitKey, UnitLabels};
 use crate::{
     backoff::Observation,
     container_state::ContainerStatusSnapshot,
@@ -201,8 +201,13 @@ impl NodeSnapshot {
         })
     }
 
-    /// (namespace, pod, container) of every unit still tracked.
-    pub fn unit_targets(&self) -> Vec<(String, String, String)> {
-        self.units().map(|u| (u.labels.namespace.clone(), u.labels.pod.clone(), u.labels.container.clone())).collect()
+    /// The probe key (pod uid, container name) of every Kubernetes container still tracked,
+    /// running or not: a probe lives as long as its own container's unit, whoever else has its
+    /// pod's name meanwhile.
+    pub fn tracked_probe_keys(&self) -> HashSet<ProbeKey> {
+        self.units()
+            .filter(|unit| matches!(unit.key, UnitKey::Container { .. }))
+            .map(|unit| ProbeKey::of(&unit.labels))
+            .collect()
     }
 }
