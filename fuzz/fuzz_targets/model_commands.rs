@@ -17,7 +17,7 @@ use libfuzzer_sys::fuzz_target;
 use lifecycle_agent::model::{
     container_state::RestartPolicy,
     event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
-    metadata::{ContainerMeta, ContainerState, KubeletAnnotations},
+    metadata::{ContainerMeta, KubeletAnnotations},
     node::{
         Command, FoundCgroup, FoundProcess, NodeTracker, ProbeKey, ProbeSample, ProbeWatch, ResyncLook, TrackerConfig,
         MAX_DEPARTED_UNITS, MAX_HISTORY_STOPS, MAX_PORTS_PER_UNIT,
@@ -65,28 +65,13 @@ fn container_id(id: u64) -> String {
 
 fn meta(id: u64, container: &str, grace_s: u8) -> ContainerMeta {
     let pod = (id % 2) as usize;
+    let (sandbox, name) = (format!("sandbox-{pod}"), format!("pod-{pod}"));
     ContainerMeta {
-        container_id: container_id(id),
-        pod_sandbox_id: format!("sandbox-{pod}"),
-        pod_name: format!("pod-{pod}"),
-        pod_namespace: "fuzz".into(),
-        pod_uid: PODS[pod].into(),
-        container_name: container.into(),
-        attempt: 0,
         kubelet: KubeletAnnotations {
             termination_grace_period_ns: Some(u64::from(grace_s) * SECOND),
             ..KubeletAnnotations::default()
         },
-        probe_declaration: None,
-        state: ContainerState::Running,
-        exit_code: None,
-        reason: None,
-        message: None,
-        created_ns: 0,
-        started_ns: None,
-        finished_ns: None,
-        image_ref: String::new(),
-        image_stop_signal: None,
+        ..ContainerMeta::running(container_id(id), sandbox, "fuzz", &name, PODS[pod], container)
     }
 }
 

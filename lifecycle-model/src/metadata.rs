@@ -133,6 +133,40 @@ pub struct ContainerMeta {
 }
 
 impl ContainerMeta {
+    /// A container `container` of pod `namespace/pod` (uid `pod_uid`, sandbox `pod_sandbox_id`)
+    /// as the runtime lists a running one: first attempt, no kubelet annotations, no probe
+    /// declaration, no status-call fields, created at the epoch. Tests and fuzz targets start
+    /// from it and change what they are about.
+    pub fn running(
+        container_id: String,
+        pod_sandbox_id: String,
+        namespace: &str,
+        pod: &str,
+        pod_uid: &str,
+        container: &str,
+    ) -> Self {
+        ContainerMeta {
+            container_id,
+            pod_sandbox_id,
+            pod_name: pod.into(),
+            pod_namespace: namespace.into(),
+            pod_uid: pod_uid.into(),
+            container_name: container.into(),
+            attempt: 0,
+            kubelet: KubeletAnnotations::default(),
+            probe_declaration: None,
+            state: ContainerState::Running,
+            exit_code: None,
+            reason: None,
+            message: None,
+            created_ns: 0,
+            started_ns: None,
+            finished_ns: None,
+            image_ref: String::new(),
+            image_stop_signal: None,
+        }
+    }
+
     /// Whether the kubelet created this container (it carries the pod UID label).
     pub fn is_kubelet_managed(&self) -> bool {
         !self.pod_uid.is_empty()

@@ -5,7 +5,7 @@
 use lifecycle_agent::model::{
     container_state::{ContainerState as ApiState, ContainerStatusSnapshot},
     event::Detail,
-    metadata::{ContainerMeta, ContainerState, KubeletAnnotations},
+    metadata::ContainerMeta,
     node::{ContainerView, UnitLabels},
     spec::SpecSource,
     termination::{StopScene, TerminationOutcome, TerminationReport},
@@ -21,26 +21,7 @@ pub fn running_container(
     pod: &str,
     container: &str,
 ) -> ContainerMeta {
-    ContainerMeta {
-        container_id: container_id.into(),
-        pod_sandbox_id: format!("sandbox-{pod}"),
-        pod_name: pod.into(),
-        pod_namespace: namespace.into(),
-        pod_uid: pod_uid.into(),
-        container_name: container.into(),
-        attempt: 0,
-        kubelet: KubeletAnnotations::default(),
-        probe_declaration: None,
-        state: ContainerState::Running,
-        exit_code: None,
-        reason: None,
-        message: None,
-        created_ns: 0,
-        started_ns: None,
-        finished_ns: None,
-        image_ref: String::new(),
-        image_stop_signal: None,
-    }
+    ContainerMeta::running(container_id.into(), format!("sandbox-{pod}"), namespace, pod, pod_uid, container)
 }
 
 /// Container `container` of pod `namespace/pod` (uid `uid-<pod>`) as `/api/v1/containers` shows

@@ -26,32 +26,13 @@ fn container_id(n: u64) -> String {
 
 fn meta(n: u64, grace_s: u64) -> ContainerMeta {
     ContainerMeta {
-        container_id: container_id(n),
-        pod_sandbox_id: "sandbox".into(),
-        pod_name: "web-1".into(),
-        pod_namespace: "shop".into(),
-        pod_uid: POD_UID.into(),
-        container_name: "app".into(),
-        attempt: 0,
         kubelet: KubeletAnnotations {
-            restart_count: None,
             container_type: Some(ContainerType::Regular),
             spec_hash: Some(0xabc),
             termination_grace_period_ns: Some(grace_s * SECOND),
-            deletion_grace_period_ns: None,
-            pre_stop_handler: None,
-            ports: None,
+            ..KubeletAnnotations::default()
         },
-        probe_declaration: None,
-        state: CriState::Running,
-        exit_code: None,
-        reason: None,
-        message: None,
-        created_ns: 0,
-        started_ns: None,
-        finished_ns: None,
-        image_ref: String::new(),
-        image_stop_signal: None,
+        ..ContainerMeta::running(container_id(n), "sandbox".into(), "shop", "web-1", POD_UID, "app")
     }
 }
 
