@@ -1,17 +1,28 @@
-//! A recorded run replayed: the commands an agent handled during the runtime tier's crash-loop
-//! test (`lifecycle-agent/tests/e2e.rs`, `crash_loop_delays_are_judged_against_the_kubelet_back_off`:
-//! a container that exits 1, restarted by the harness after no delay, 1 s, then 0.2 s where the
-//! kubelet's reduced-decay back-off wants 2 s), recorded with `LIFECYCLE_RECORD_COMMANDS` into
-//! `fixtures/crash_loop.jsonl` (one `{"at", "command"}` a line) and handed to a fresh model in
-//! order, at the times they were handled. The verdicts are the ones the agent served then.
+//! Recorded runs replayed: the commands an agent handled, recorded with
+//! `LIFECYCLE_RECORD_COMMANDS` (one `{"at", "command"}` a line), handed to a fresh model in
+//! order at the times they were handled; the verdicts must be the ones the agent served then.
 //!
-//! To record it again: `LIFECYCLE_RECORD_COMMANDS=/tmp/crash_loop.jsonl cargo test -p
-//! lifecycle-agent --test e2e crash_loop` (root, containerd), then keep the lines of the test's
-//! own run.
+//! - `fixtures/crash_loop.jsonl`: the runtime tier's crash-loop test
+//!   (`lifecycle-agent/tests/e2e.rs`, `crash_loop_delays_are_judged_against_the_kubelet_back_off`:
+//!   a container that exits 1, restarted by the harness after no delay, 1 s, then 0.2 s where the
+//!   kubelet's reduced-decay back-off wants 2 s), the lines of the test's own run. Again:
+//!   `LIFECYCLE_RECORD_COMMANDS=/tmp/crash_loop.jsonl cargo test -p lifecycle-agent --test e2e
+//!   crash_loop` (root, containerd).
+//! - `fixtures/kubelet_stops.jsonl`: the kubelet tier's stop test against a real 1.20 kubelet
+//!   (`lifecycle-agent/tests/kubelet_verdicts.rs`,
+//!   `stops_are_judged_with_the_grace_and_the_cause_the_kubelet_used`: four pods deleted, one
+//!   exiting on SIGTERM, two ignoring it (one deleted with a shorter grace than its spec's), one
+//!   with a preStop hook longer than its grace), the whole node's commands (1,284). Again:
+//!   `LIFECYCLE_KUBE_BIN=/var/cache/lifecycle/kubernetes/bin LIFECYCLE_RECORD_COMMANDS=<file>
+//!   cargo test -p lifecycle-agent --test kubelet_verdicts -- --exact
+//!   stops_are_judged_with_the_grace_and_the_cause_the_kubelet_used` (root, after
+//!   `xtask/x.sh kubernetes`).
 
 use lifecycle_model::{
     backoff::Verdict,
     node::{Command, NodeTracker, Outcome, TrackerConfig, UnitKey},
+    spec::{SpecSource, StopCause},
+    termination::{SignalSender, TerminationOutcome, TerminationReport},
     time::{BootTime, SECOND},
 };
 
@@ -54,5 +65,50 @@ fn a_recorded_crash_loop_replays_to_the_verdicts_the_agent_served() {
     assert!(last.observed_delay_ns < SECOND, "restarted {} ns after the exit", last.observed_delay_ns);
     let crash_namespace = crash.labels().namespace.clone();
     let judged = outcome.judgements.iter().filter(|j| j.namespace == crash_namespace).count();
+    assert_eq!(judged, 4, "one judgement per stop");
+}
+
+/// The last termination of the container of pod `pod` after `tracker`'s commands.
+fn last_stop<'t>(tracker: &'t NodeTracker, pod: &str) -> &'t TerminationReport {
+    let unit = tracker
+        .units()
+        .find(|unit| matches!(unit.key(), UnitKey::Container { .. }) && unit.labels().pod == pod)
+        .unwrap_or_else(|| panic!("pod {pod}'s container is a unit"));
+    unit.last_termination().unwrap_or_else(|| panic!("pod {pod}'s stop was judged"))
+}
+
+#[test]
+fn a_recorded_kubelet_node_replays_to_the_stop_verdicts_the_kubelet_tier_asserted() {
+    let (tracker, outcome) = replay(include_str!("fixtures/kubelet_stops.jsonl"));
+
+    let graceful = last_stop(&tracker, "graceful");
+    assert!(matches!(graceful.outcome, TerminationOutcome::ExitedWithinGrace { .. }), "{graceful:?}");
+    assert_eq!(
+        (graceful.cause, graceful.spec, graceful.exit_status),
+        (Some(StopCause::Deleted), SpecSource::Api, Some(0))
+    );
+
+    let stubborn = last_stop(&tracker, "stubborn");
+    let TerminationOutcome::SigkilledAfterGrace { grace_ns, sender, .. } = &stubborn.outcome else {
+        panic!("stubborn: {stubborn:?}");
+    };
+    assert_eq!((*grace_ns, sender), (2 * SECOND, &Some(SignalSender::Runtime)));
+    assert_eq!((stubborn.exit_status, stubborn.exit_signal), (None, Some(9)));
+
+    // Deleted with --grace-period=3 while its spec says 30: the deletion's grace is the one used.
+    let shortened = last_stop(&tracker, "shortened");
+    let TerminationOutcome::SigkilledAfterGrace { grace_ns, sender, .. } = &shortened.outcome else {
+        panic!("shortened: {shortened:?}");
+    };
+    assert_eq!((*grace_ns, sender), (3 * SECOND, &Some(SignalSender::Runtime)));
+    assert_eq!(shortened.cause, Some(StopCause::Deleted));
+
+    // preStop `sleep 8` within a grace of 5 s: still running when the stop signal came.
+    let prestop = last_stop(&tracker, "prestop");
+    let hook = prestop.pre_stop.as_ref().unwrap_or_else(|| panic!("prestop's hook was seen: {prestop:?}"));
+    assert!(hook.overran_grace, "{prestop:?}");
+    assert_eq!(prestop.cause, Some(StopCause::Deleted));
+
+    let judged = outcome.judgements.iter().filter(|j| j.namespace == "default").count();
     assert_eq!(judged, 4, "one judgement per stop");
 }
