@@ -72,10 +72,21 @@ pub fn run(chosen: &[Tier]) -> Result<()> {
         }
         eprintln!("xtask: ==== tier {tier:?} ====");
         let result = match tier {
-            // With the documents' commands checked against both binaries' parsers.
-            Tier::Unit => shell::run(cargo().args(["test", "--lib", "--bins"])).and_then(|()| {
-                shell::run(cargo().args(["test", "-p", "lifecycle-agent", "-p", "kubectl-lifecycle", "--test", "docs"]))
-            }),
+            // With the documents' commands checked against both binaries' parsers, and the
+            // model's recorded runs replayed (pure: no root, no kernel).
+            Tier::Unit => shell::run(cargo().args(["test", "--lib", "--bins"]))
+                .and_then(|()| {
+                    shell::run(cargo().args([
+                        "test",
+                        "-p",
+                        "lifecycle-agent",
+                        "-p",
+                        "kubectl-lifecycle",
+                        "--test",
+                        "docs",
+                    ]))
+                })
+                .and_then(|()| shell::run(cargo().args(["test", "-p", "lifecycle-model", "--test", "replay"]))),
             Tier::Kernel => shell::run(cargo().args([
                 "test",
                 "-p",
