@@ -6,7 +6,8 @@
 //! every container of the spec (init, regular, ephemeral) becomes one fact of the right kind, a
 //! sidecar being an init container with `restartPolicy: Always`; stop signals are Linux numbers
 //! 1-64, from any decoder; grace periods are the spec's seconds (negative ones as 0); problems
-//! say why in one line; a kill cause names the container the message names.
+//! say why in one line; a kill cause names the container the message names (a container's or a
+//! sidecar's: "Init container ...").
 
 #![no_main]
 
@@ -24,7 +25,10 @@ fuzz_target!(|data: &[u8]| {
         assert!((1..=64).contains(&number), "{text:?} -> {number}");
     }
     if let Some((container, _cause)) = kill_cause_from_message(&text) {
-        assert!(text.starts_with(&format!("Container {container} failed ")), "{text:?} -> {container:?}");
+        // A container's message, or a sidecar's ("Init container proxy failed startup probe").
+        let named =
+            ["Container", "Init container"].iter().any(|kind| text.starts_with(&format!("{kind} {container} ")));
+        assert!(named && !container.contains(' '), "{text:?} -> {container:?}");
     }
 
     let Ok(pod) = serde_json::from_slice::<Pod>(data) else { return };
