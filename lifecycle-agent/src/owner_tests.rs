@@ -2,6 +2,7 @@
 //! it on the ring reader's.
 
 use futures::FutureExt as _;
+use lifecycle_testkit::fixtures::{main_exec, main_exit};
 
 use tokio::sync::Notify;
 
@@ -98,32 +99,6 @@ fn published_state(handle: &ModelHandle) -> Option<String> {
     state
 }
 
-fn exec() -> Detail {
-    Detail::Exec {
-        parent_tgid: 1,
-        parent_cgroup_id: 1,
-        namespace_init: true,
-        child_pid_namespace: true,
-        started: BootTime::from_ns(2 * SECOND),
-        comm: "app".into(),
-    }
-}
-
-/// The container init's exit with `status`, its whole group gone.
-fn init_exit(status: u8) -> Detail {
-    Detail::Exit {
-        exit_status: Some(status),
-        signal: None,
-        core_dumped: false,
-        group_dead: true,
-        parent_tgid: 1,
-        started: BootTime::from_ns(2 * SECOND),
-        cpu_time: std::time::Duration::from_nanos(1),
-        comm: "app".into(),
-    }
-}
-
-/// A running container `app` of shop/web-1, published.
 fn running_container(owner: &mut Owner, wanted: &Notify) {
     let path = format!("/kubepods/burstable/pod{POD_UID}/{}", container_id());
     let mkdir = Detail::CgroupMkdir(CgroupDetail { id: CGROUP, path, truncated: false });
@@ -131,7 +106,7 @@ fn running_container(owner: &mut Owner, wanted: &Notify) {
     // A container the runtime has not named yet: the runtime is asked at once.
     assert!(wanted.notified().now_or_never().is_some(), "MetadataNeeded woke the runtime link");
     owner.handle_all([Command::RuntimeListed { containers: vec![meta()] }], BootTime::from_ns(SECOND));
-    apply(owner, event(2 * SECOND, 100, CGROUP, exec()));
+    apply(owner, event(2 * SECOND, 100, CGROUP, main_exec("app")));
     assert_eq!(owner.publish(), None);
 }
 
@@ -152,7 +127,7 @@ fn judgements_reach_the_distributions_before_the_snapshot_that_shows_the_stop() 
     };
     apply(&mut owner, event(3 * SECOND, 7, 7, term));
     assert_eq!(duration_count(&units), None, "nothing judged yet");
-    let exit = init_exit(0);
+    let exit = main_exit(0, "app");
     let ended = apply(&mut owner, event(4 * SECOND, 100, CGROUP, exit));
     assert_eq!(ended.len(), 1, "the exit ended the container");
     let count = duration_count(&units).expect("the stop is in the distributions");
@@ -173,12 +148,12 @@ fn a_pass_that_only_counted_publishes_within_the_counting_interval_and_a_state_c
     let published = || handle.snapshots().borrow().clone();
     let before = published();
     // A process the runtime starts into the running container (an exec probe): counted only.
-    apply(&mut owner, event(3 * SECOND, 101, CGROUP, exec()));
+    apply(&mut owner, event(3 * SECOND, 101, CGROUP, main_exec("app")));
     let due = owner.publish().expect("a publish is pending");
     assert!(due <= COUNTING_PUBLISH_EVERY, "{due:?}");
     assert!(Arc::ptr_eq(&published(), &before), "not published within the interval");
     // The container's init exits: its state changes, and everything pending goes out at once.
-    let exit = init_exit(1);
+    let exit = main_exit(1, "app");
     apply(&mut owner, event(4 * SECOND, 100, CGROUP, exit));
     assert_eq!(owner.publish(), None);
     let after = published();

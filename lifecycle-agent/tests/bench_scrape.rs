@@ -23,7 +23,7 @@ use lifecycle_agent::{
     export::metrics::{Metrics, TextSource},
     export::units::{KernelCounters, LiveCounters, UnitMetrics},
     model::event::{CgroupDetail, Detail, Event, SignalResult, TcpDetail},
-    model::metadata::{ContainerMeta, ContainerState, ContainerType, KubeletAnnotations},
+    model::metadata::{ContainerMeta, ContainerType, KubeletAnnotations},
     model::node::{Judgement, NodeTracker, Outcome, TrackerConfig},
     model::time::BootTime,
 };
@@ -73,33 +73,17 @@ fn node(n: u64) -> (NodeTracker, Vec<Judgement>) {
         let uid = format!("00000000-0000-0000-0000-{i:012x}");
         for attempt in 0..2u64 {
             let id = format!("{:064x}", i * 2 + attempt);
+            let (sandbox, pod, namespace) = (format!("sandbox-{i}"), format!("pod-{i}"), format!("ns-{}", i % 20));
             metas.push(ContainerMeta {
-                container_id: id,
-                pod_sandbox_id: format!("sandbox-{i}"),
-                pod_name: format!("pod-{i}"),
-                pod_namespace: format!("ns-{}", i % 20),
-                pod_uid: uid.clone(),
-                container_name: "app".into(),
                 attempt: attempt as u32,
                 kubelet: KubeletAnnotations {
                     restart_count: Some(attempt as u32),
                     container_type: Some(ContainerType::Regular),
                     spec_hash: Some(1),
                     termination_grace_period_ns: Some(30_000_000_000),
-                    deletion_grace_period_ns: None,
-                    pre_stop_handler: None,
-                    ports: None,
+                    ..KubeletAnnotations::default()
                 },
-                probe_declaration: None,
-                state: ContainerState::Running,
-                exit_code: None,
-                reason: None,
-                message: None,
-                created_ns: 0,
-                started_ns: None,
-                finished_ns: None,
-                image_ref: String::new(),
-                image_stop_signal: None,
+                ..ContainerMeta::running(id, sandbox, &namespace, &pod, &uid, "app")
             });
         }
     }
