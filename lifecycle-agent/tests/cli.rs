@@ -217,10 +217,29 @@ fn the_kernel_accounts_each_programs_runs_and_the_agent_exports_them() {
 }
 
 fn one_sentence_failure(args: &[&str], expected: &str) {
-    let output = Command::new(AGENT).args(args).output().expect("run agent");
+    let mut agent = Command::new(AGENT);
+    agent.args(args);
+    command_fails_with(agent, expected);
+}
+
+fn command_fails_with(mut command: Command, expected: &str) {
+    let output = command.output().expect("run agent");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains(expected), "expected {expected:?} in:\n{stderr}");
+}
+
+/// The agent binary with `args`, in a mount namespace of its own whose `/run` is an empty tmpfs:
+/// what a client finds there by default (the CA an agent on this host made,
+/// `/run/lifecycle-agent/serving-ca.crt`) is not this host's. The namespace ends with the process.
+fn with_empty_run(args: &[&str]) -> Command {
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg("mount -t tmpfs lifecycle-test /run && exec \"$0\" \"$@\"")
+        .arg(AGENT)
+        .args(args);
+    command
 }
 
 #[test]
@@ -257,15 +276,45 @@ fn unknown_cgroup_filter_is_refused() {
 #[test]
 fn status_never_sends_a_token_in_clear_to_another_host_unless_told() {
     // Issue 18: `status` sent the service-account token over plain HTTP to any --server.
-    let token = std::env::temp_dir().join(format!("lifecycle-cli-token-{}", std::process::id()));
+    require_privileges!();
+    let dir = TempDir::new("token");
+    let token = dir.join("token");
     std::fs::write(&token, "secret-token\n").expect("token file");
     let token_path = token.to_string_lossy().into_owned();
-    // 192.0.2.1 (TEST-NET-1) is never reached: the refusal comes before any connection.
-    one_sentence_failure(
-        &["status", "--server", "192.0.2.1:9890", "--token-file", &token_path],
+    // 192.0.2.1 (TEST-NET-1) is never reached: the refusal comes before any connection. Without
+    // an agent's CA at the default path (the host's /run hidden: a DaemonSet's agent on this
+    // host would have written one, and a client trusting it speaks TLS), plain HTTP is all
+    // there is.
+    command_fails_with(
+        with_empty_run(&["status", "--server", "192.0.2.1:9890", "--token-file", &token_path]),
         "refusing to send the token to 192.0.2.1:9890 over plain HTTP",
     );
-    let _ = std::fs::remove_file(&token);
+}
+
+/// A fresh directory for one test's files under the temporary directory, removed when dropped
+/// (after a failed assertion too).
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("lifecycle-cli-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("test directory");
+        Self(dir)
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A self-signed certificate for 127.0.0.1 and its key, made with openssl in `dir`.
@@ -290,8 +339,7 @@ fn self_signed(dir: &std::path::Path, name: &str) -> (String, String) {
 fn status_reads_an_agent_serving_tls_and_trusts_only_its_ca() {
     // Issue 18: with --api-auth kubernetes, bearer tokens crossed the node network in clear.
     require_privileges!();
-    let dir = std::env::temp_dir().join(format!("lifecycle-cli-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = TempDir::new("tls");
     let (cert, key) = self_signed(&dir, "agent");
     let (other, _) = self_signed(&dir, "other");
     let (addr, health) = ("127.0.0.1:19894", "127.0.0.1:19895");
@@ -330,7 +378,6 @@ fn status_reads_an_agent_serving_tls_and_trusts_only_its_ca() {
     // credentials from off the host must come over TLS (agent/http.rs tests that rule).
     assert!(http_get(addr, "/metrics").is_some_and(|answer| answer.contains(" 200 OK")));
     drop(agent);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A kubeconfig whose cluster is `server`, in `dir`.
@@ -399,7 +446,7 @@ fn a_kubeconfig_named_on_the_command_line_that_cannot_be_read_stops_the_start() 
 #[test]
 fn an_unreachable_api_server_is_retried_without_flooding_the_log() {
     require_privileges!();
-    let dir = tempfile_dir("unreachable-api");
+    let dir = TempDir::new("unreachable-api");
     // A port nothing listens on: every retry of every watch is refused at once.
     let port = lifecycle_testkit::agent::free_port();
     let kubeconfig = kubeconfig_for(&dir, &format!("http://127.0.0.1:{port}"));
@@ -434,13 +481,12 @@ fn an_unreachable_api_server_is_retried_without_flooding_the_log() {
         );
         assert!(text.contains("units are named by cgroup path"), "{text}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_server_that_is_not_the_api_is_named_in_one_line() {
     require_privileges!();
-    let dir = tempfile_dir("html-api");
+    let dir = TempDir::new("html-api");
     // A web server answering every request with an HTML error page, as a proxy or a wrong port
     // does.
     let server = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -471,15 +517,6 @@ fn a_server_that_is_not_the_api_is_named_in_one_line() {
     assert!(line.contains("HTTP 404 with an HTML page that is not the Kubernetes API's"), "{line}");
     assert!(!line.contains("Status {"), "no Debug text: {line}");
     assert!(!text.lines().any(|l| l.trim_start().starts_with('<')), "the page's markup is not in the log:\n{text}");
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A fresh directory for one test's files.
-fn tempfile_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("lifecycle-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    dir
 }
 
 /// A stand-in for an agent's `--listen` on loopback: answers every request with `status` and
@@ -519,7 +556,10 @@ impl FakeAgent {
 
 /// `/api/v1/containers`' body with these containers, as the agent writes it.
 fn containers_body(containers: Vec<lifecycle_agent::model::node::ContainerView>) -> String {
-    use lifecycle_agent::model::{time::BootTime, wire::at::WallClock, wire::ContainersResponse};
+    use lifecycle_agent::model::{
+        time::BootTime,
+        wire::{at::WallClock, with_clock::WithClock, ContainersResponse},
+    };
     let body = ContainersResponse {
         boot_to_unix_seconds: 0.0,
         now: BootTime::from_ns(100_000_000_000),
@@ -527,7 +567,7 @@ fn containers_body(containers: Vec<lifecycle_agent::model::node::ContainerView>)
         containers,
         pods: vec![],
     };
-    WallClock::from_offset_seconds(0.0).writing(|| serde_json::to_string(&body)).expect("serializes")
+    serde_json::to_string(&WithClock::new(&body, WallClock::from_offset_seconds(0.0))).expect("serializes")
 }
 
 fn running(namespace: &str, pod: &str, container: &str) -> lifecycle_agent::model::node::ContainerView {

@@ -341,7 +341,7 @@ mod tests {
         spec::StopCause,
         termination::TerminationReport,
         time::SECOND,
-        wire::at::WallClock,
+        wire::{at::WallClock, with_clock::WithClock},
     };
 
     /// An agent's answer at `now_s` seconds after boot, as the agent writes it.
@@ -353,7 +353,7 @@ mod tests {
             containers,
             pods,
         };
-        WallClock::from_offset_seconds(0.0).writing(|| serde_json::to_value(body)).expect("serializes")
+        serde_json::to_value(WithClock::new(&body, WallClock::from_offset_seconds(0.0))).expect("serializes")
     }
 
     fn terminated(exit_code: i32, signal: Option<u8>, finished_s: u64) -> ContainerState {

@@ -24,6 +24,7 @@ use lifecycle_model::{
     spec::{SpecSource, StopCause},
     termination::{SignalSender, TerminationOutcome, TerminationReport},
     time::{BootTime, SECOND},
+    wire::{at::WallClock, with_clock::WithClock, ContainersResponse, HistoryResponse},
 };
 
 /// One line of a recording.
@@ -111,4 +112,60 @@ fn a_recorded_kubelet_node_replays_to_the_stop_verdicts_the_kubelet_tier_asserte
 
     let judged = outcome.judgements.iter().filter(|j| j.namespace == "default").count();
     assert_eq!(judged, 4, "one judgement per stop");
+}
+
+/// Every `<field>_boot_ns` in `value` (at any depth) with its text beside it: each must be the
+/// RFC 3339 of its boot-clock value in `clock`. Returns how many there were.
+fn times_written_in(value: &serde_json::Value, clock: WallClock) -> usize {
+    match value {
+        serde_json::Value::Object(fields) => {
+            let mut checked = 0;
+            for (key, boot_ns) in fields {
+                let Some(field) = key.strip_suffix("_boot_ns") else { continue };
+                let boot_ns = BootTime::from_ns(boot_ns.as_u64().unwrap_or_else(|| panic!("{key}: {boot_ns}")));
+                assert_eq!(
+                    fields.get(field).and_then(|text| text.as_str()),
+                    clock.rfc3339(boot_ns).as_deref(),
+                    "{field} in {value}"
+                );
+                checked += 1;
+            }
+            checked + fields.values().map(|v| times_written_in(v, clock)).sum::<usize>()
+        }
+        serde_json::Value::Array(items) => items.iter().map(|v| times_written_in(v, clock)).sum(),
+        _ => 0,
+    }
+}
+
+#[test]
+fn a_replayed_nodes_answers_carry_every_time_in_the_writers_clock() {
+    // The whole API of a real node, states, pods and judged stops: each time field, however
+    // deep (an Option, an internally tagged state, a list of processes), gets its text from the
+    // clock its writer passed.
+    let (tracker, _) = replay(include_str!("fixtures/kubelet_stops.jsonl"));
+    let snapshot = tracker.snapshot();
+    let now = BootTime::from_ns(2_779 * SECOND);
+    let clock = WallClock::from_offset_seconds(1_764_000_000.25);
+    let containers = ContainersResponse {
+        boot_to_unix_seconds: clock.offset_seconds(),
+        now,
+        resource_version: String::new(),
+        containers: snapshot.containers(now),
+        pods: snapshot.pods(now),
+    };
+    let stops = ["graceful", "stubborn", "shortened", "prestop"]
+        .iter()
+        .flat_map(|pod| snapshot.history_of_pod("default", pod))
+        .collect::<Vec<_>>();
+    assert_eq!(stops.len(), 4, "one kept stop per deleted pod");
+    let history = HistoryResponse { boot_to_unix_seconds: clock.offset_seconds(), stops };
+    let times =
+        times_written_in(&written(&containers, clock), clock) + times_written_in(&written(&history, clock), clock);
+    // A start, an exit, a stop signal, a watch start, processes at the stop...: many per stop.
+    assert!(times > 40, "only {times} times written");
+}
+
+/// `body` as a writer with `clock` writes it, read back as JSON.
+fn written(body: &impl serde::Serialize, clock: WallClock) -> serde_json::Value {
+    serde_json::from_str(&serde_json::to_string(&WithClock::new(body, clock)).expect("serializes")).expect("JSON")
 }

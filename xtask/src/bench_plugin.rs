@@ -151,7 +151,7 @@ fn history_json() -> Result<String> {
         spec::{SpecSource, StopCause},
         termination::{SignalSender, StopRules, StopScene, StopSignalSeen, TerminationOutcome, TerminationReport},
         time::{BootTime, SECOND},
-        wire::{at::WallClock, HistoryResponse},
+        wire::{at::WallClock, with_clock::WithClock, HistoryResponse},
     };
     let stop = BootTime::from_ns(100 * SECOND);
     let report = TerminationReport {
@@ -200,7 +200,7 @@ fn history_json() -> Result<String> {
         last_termination: report,
     };
     let body = HistoryResponse { boot_to_unix_seconds: 0.0, stops: vec![past] };
-    Ok(WallClock::from_offset_seconds(0.0).writing(|| serde_json::to_string(&body))?)
+    Ok(serde_json::to_string(&WithClock::new(&body, WallClock::from_offset_seconds(0.0)))?)
 }
 
 /// A request's line and headers, its body read and dropped.

@@ -32,7 +32,7 @@ use crate::{
     model::{
         node::{ContainerView, NodeSnapshot, PodView, Unit},
         time::BootTime,
-        wire::{at::WallClock, ContainersResponse, HistoryResponse},
+        wire::{at::WallClock, with_clock::WithClock, ContainersResponse, HistoryResponse},
     },
     probe::{check::ParseError, query::Query, CheckSpec, NodeProbes},
 };
@@ -234,7 +234,7 @@ async fn changed_within(
 
 /// `body` as the API writes it (times in `clock`), or the error that kept it from being written.
 fn answer(clock: WallClock, body: &impl Serialize) -> (StatusCode, String) {
-    match clock.writing(|| serde_json::to_string(body)) {
+    match serde_json::to_string(&WithClock::new(body, clock)) {
         Ok(json) => (StatusCode::OK, json),
         Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, serde_json::json!({ "error": err.to_string() }).to_string()),
     }

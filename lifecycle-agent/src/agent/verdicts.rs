@@ -10,7 +10,7 @@ use std::{io::Write as _, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 
-use lifecycle_model::explain;
+use lifecycle_model::{explain, wire::with_clock::WithClock};
 
 use crate::{
     discovery::clock::{boottime, wall_clock},
@@ -53,7 +53,7 @@ fn write_lines(stops: Vec<crate::model::node::PastStop>) {
     let mut out = std::io::stdout().lock();
     for stop in stops {
         let verdict = explain::of_stop(&stop).verdict;
-        let Ok(mut line) = clock.writing(|| serde_json::to_value(&stop)) else { continue };
+        let Ok(mut line) = serde_json::to_value(WithClock::new(&stop, clock)) else { continue };
         if let Some(fields) = line.as_object_mut() {
             fields.insert("msg".into(), "verdict".into());
             fields.insert("verdict".into(), verdict.into());

@@ -4,11 +4,12 @@
 //! times). A field opts in by its type and one attribute,
 //! `#[serde(flatten, with = "crate::wire::at::started_at")]`: nothing walks the output afterwards.
 //!
-//! The wall clock's offset is the writer's to give ([`WallClock::writing`]): the model has no
-//! clock. Written without one, the RFC 3339 field is `null` and the boot-clock value stays.
-//! Reading takes `<field>_boot_ns` (the text is derived from it).
+//! The wall clock is the writer's to give, at the call that writes
+//! ([`super::with_clock::WithClock`]): the model has no clock. Written without one, the RFC 3339
+//! field is `null` and the boot-clock value stays. Reading takes `<field>_boot_ns` (the text is
+//! derived from it).
 
-use std::{cell::Cell, fmt};
+use std::fmt;
 
 use serde::{
     de::{self, IgnoredAny, MapAccess, Visitor},
@@ -16,12 +17,8 @@ use serde::{
     Deserializer, Serializer,
 };
 
+use super::with_clock::Text;
 use crate::time::{BootTime, SECOND};
-
-thread_local! {
-    /// The clock of the serialization running on this thread, if its writer gave one.
-    static WRITING_WITH: Cell<Option<WallClock>> = const { Cell::new(None) };
-}
 
 /// How the wall clock relates to the boot clock: Unix time minus boot time.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,19 +44,6 @@ impl WallClock {
         let offset_ns = (self.boot_to_unix_seconds * SECOND as f64) as i128;
         let unix_ns = i128::from(time.ns()) + offset_ns;
         jiff::Timestamp::from_nanosecond(unix_ns).ok().map(|t| t.to_string())
-    }
-
-    /// Runs `write` (a serialization) with this clock: the time fields it writes on this thread
-    /// get their RFC 3339 text from it. The clock before is back afterwards, a panic included.
-    pub fn writing<R>(self, write: impl FnOnce() -> R) -> R {
-        struct Restore(Option<WallClock>);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                WRITING_WITH.with(|clock| clock.set(self.0));
-            }
-        }
-        let _restore = Restore(WRITING_WITH.with(|clock| clock.replace(Some(self))));
-        write()
     }
 }
 
@@ -107,8 +91,8 @@ fn write<S: Serializer>(
     match time {
         None => map.serialize_entry(fields[0], &None::<String>)?,
         Some(time) => {
-            let text = WRITING_WITH.with(Cell::get).and_then(|clock| clock.rfc3339(time));
-            map.serialize_entry(fields[0], &text)?;
+            // The text in the writer's clock (`WithClock`); null from a writer without one.
+            map.serialize_entry(fields[0], &Text(time))?;
             map.serialize_entry(fields[1], &time.ns())?;
         }
     }
@@ -180,7 +164,10 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::container_state::{ContainerState, TerminatedReason};
+    use crate::{
+        container_state::{ContainerState, TerminatedReason},
+        wire::with_clock::WithClock,
+    };
 
     const CLOCK: f64 = 1_700_000_000.0;
 
@@ -197,7 +184,8 @@ mod tests {
     #[test]
     fn a_time_is_written_in_rfc3339_with_its_boot_ns_beside_and_read_back_exactly() {
         let state = terminated(Some(SECOND));
-        let json = WallClock::from_offset_seconds(CLOCK).writing(|| serde_json::to_value(&state)).expect("serializes");
+        let json =
+            serde_json::to_value(WithClock::new(&state, WallClock::from_offset_seconds(CLOCK))).expect("serializes");
         assert_eq!(
             json,
             json!({
@@ -212,7 +200,8 @@ mod tests {
     #[test]
     fn a_time_not_known_is_null_without_boot_ns_and_reads_back_as_none() {
         let state = terminated(None);
-        let json = WallClock::from_offset_seconds(CLOCK).writing(|| serde_json::to_value(&state)).expect("serializes");
+        let json =
+            serde_json::to_value(WithClock::new(&state, WallClock::from_offset_seconds(CLOCK))).expect("serializes");
         assert_eq!(json["started_at"], serde_json::Value::Null);
         assert!(json.get("started_at_boot_ns").is_none(), "{json}");
         assert_eq!(serde_json::from_value::<ContainerState>(json).expect("reads back"), state);
@@ -233,14 +222,35 @@ mod tests {
     }
 
     #[test]
-    fn the_clock_before_is_back_after_a_writer_panics() {
-        let outer = WallClock::from_offset_seconds(CLOCK);
-        outer.writing(|| {
-            let inner = WallClock::from_offset_seconds(0.0);
-            let panicked = std::panic::catch_unwind(|| inner.writing(|| panic!("a writer's bug")));
-            assert!(panicked.is_err());
-            assert_eq!(WRITING_WITH.with(Cell::get), Some(outer));
+    fn each_writer_has_its_own_clock_at_every_depth() {
+        // Two clocks a second apart, written into one document: each value's times are in the
+        // clock it was given, a list's elements, an Option's content and a map's values too.
+        let states = vec![terminated(Some(SECOND)), terminated(None)];
+        let nested = json!({
+            "early": serde_json::to_value(WithClock::new(&states, WallClock::from_offset_seconds(CLOCK))).expect("early"),
+            "late": serde_json::to_value(WithClock::new(&Some(&states[0]), WallClock::from_offset_seconds(CLOCK + 1.0)))
+                .expect("late"),
         });
-        assert_eq!(WRITING_WITH.with(Cell::get), None);
+        assert_eq!(nested["early"][0]["started_at"], "2023-11-14T22:13:21Z");
+        assert_eq!(nested["early"][1]["finished_at"], "2023-11-14T22:13:22.000000001Z");
+        assert_eq!(nested["late"]["started_at"], "2023-11-14T22:13:22Z");
+        let by_name = std::collections::BTreeMap::from([("web", &states[0])]);
+        let text =
+            serde_json::to_string(&WithClock::new(&by_name, WallClock::from_offset_seconds(CLOCK))).expect("map");
+        assert!(text.contains(r#""started_at":"2023-11-14T22:13:21Z""#), "{text}");
+    }
+
+    #[test]
+    fn a_clock_changes_only_the_time_fields_text() {
+        // Everything else is written as a writer without a clock writes it.
+        let state = terminated(Some(SECOND));
+        let mut with =
+            serde_json::to_value(WithClock::new(&state, WallClock::from_offset_seconds(CLOCK))).expect("with");
+        let without = serde_json::to_value(&state).expect("without");
+        for field in ["started_at", "finished_at"] {
+            assert!(with[field].is_string(), "{with}");
+            with[field] = serde_json::Value::Null;
+        }
+        assert_eq!(with, without);
     }
 }

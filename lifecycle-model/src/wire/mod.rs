@@ -1,9 +1,10 @@
 //! The agent's JSON API as types: what it answers, written by the agent and read back by its
 //! clients (`lifecycle-agent status`, the kubectl plugin) with the same definitions. Points in
 //! time go out as RFC 3339 with their boot-clock value beside ([`at`]), in the wall clock the
-//! writer gives ([`at::WallClock::writing`]).
+//! writer gives ([`with_clock::WithClock`]).
 
 pub mod at;
+pub mod with_clock;
 
 use serde::{Deserialize, Serialize};
 
