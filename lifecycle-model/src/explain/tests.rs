@@ -5,7 +5,7 @@ use super::*;
 use crate::{
     node::PastStop,
     spec::StopCause,
-    termination::{StopSignalSeen, SIGTERM},
+    termination::{SignalSender, StopSignalSeen, SIGTERM},
     time::SECOND,
 };
 

@@ -13,7 +13,8 @@
 //! evidence is kept and replayed into the unit on linking, so nothing is judged with defaults.
 //!
 //! Submodules: `events` (what each kernel record changes, and a container cgroup's life),
-//! `unit` (a unit and its counters, linking and judging), `instance` (one container cgroup and
+//! `unit` (a unit and its counters, linking), `finish` (judging an exited instance and applying
+//! the verdict to its unit), `causes` (why a stop happened), `instance` (one container cgroup and
 //! what its processes mean for it), `instances` (every instance, by cgroup, and the questions
 //! asked of them all), `processes` (the node's processes, by pid and by cgroup), `sidecar`
 //! (sidecars and their stop order), `view` (the read-only views exporters and the API use),
@@ -21,9 +22,11 @@
 //! (repairs after lost records), `history` (past stops), `probed` (the probes' facts).
 
 mod bounds;
+mod causes;
 mod command;
 mod disagree;
 mod events;
+mod finish;
 mod history;
 mod instance;
 mod instances;
