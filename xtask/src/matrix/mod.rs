@@ -207,5 +207,8 @@ pub fn run() -> Result<()> {
         Err(err) => eprintln!("xtask: matrix: could not write {}: {err:#}", table.display()),
     }
     eprintln!("xtask: matrix tier took {:.0?}", began.elapsed());
+    for failure in table::failures(&rows) {
+        eprintln!("xtask: matrix: FAILED {failure}");
+    }
     tests
 }

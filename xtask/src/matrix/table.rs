@@ -55,22 +55,43 @@ impl Row {
 /// Renders every row in `rows` into `out`; returns how many rows there were (none: nothing is
 /// written).
 pub fn write(rows: &Path, out: &Path, command: &str) -> Result<usize> {
-    let mut boots = Vec::new();
-    for entry in fs::read_dir(rows).with_context(|| format!("reading {}", rows.display()))?.flatten() {
-        if entry.path().extension().is_some_and(|e| e == "row") {
-            boots.push(Row::parse(&fs::read_to_string(entry.path())?));
-        }
-    }
+    let boots = read(rows)?;
     if boots.is_empty() {
         return Ok(0);
     }
-    boots.sort_by_key(|b| b.get("order").parse::<u32>().unwrap_or(u32::MAX));
     let date = capture(Command::new("date").args(["-u", "+%Y-%m-%d"])).unwrap_or_default();
     let commit =
         capture(Command::new("git").args(["rev-parse", "--short", "HEAD"]).current_dir(rows)).unwrap_or_default();
     fs::write(out, render(&boots, date.trim(), commit.trim(), command))
         .with_context(|| format!("writing {}", out.display()))?;
     Ok(boots.len())
+}
+
+/// Every row in `rows`, in the matrix's order.
+fn read(rows: &Path) -> Result<Vec<Row>> {
+    let mut boots = Vec::new();
+    for entry in fs::read_dir(rows).with_context(|| format!("reading {}", rows.display()))?.flatten() {
+        if entry.path().extension().is_some_and(|e| e == "row") {
+            boots.push(Row::parse(&fs::read_to_string(entry.path())?));
+        }
+    }
+    boots.sort_by_key(|b| b.get("order").parse::<u32>().unwrap_or(u32::MAX));
+    Ok(boots)
+}
+
+/// `<boot>: <check>: <detail>` for each failed check in `rows`: what the tier prints last, so
+/// the end of a long log says what failed (a test's panic ends in its backtrace).
+pub fn failures(rows: &Path) -> Vec<String> {
+    let boots = read(rows).unwrap_or_default();
+    boots
+        .iter()
+        .flat_map(|boot| {
+            boot.checks
+                .iter()
+                .filter(|(_, passed, _)| !passed)
+                .map(|(name, _, detail)| format!("{}: {name}: {detail}", boot.get("boot")))
+        })
+        .collect()
 }
 
 fn render(boots: &[Row], date: &str, commit: &str, command: &str) -> String {
