@@ -17,13 +17,15 @@
 //! - `sidecar`: the order in which a pod's sidecars were stopped.
 
 mod judge;
+mod records;
 mod report;
 mod settings;
 mod sidecar;
 #[cfg(test)]
 mod tests;
 
-pub use judge::{Retention, SceneMoment, TerminationTracker, MAX_KEPT_RECORDS};
+pub use judge::{SceneMoment, TerminationTracker};
+pub use records::{Retention, MAX_KEPT_RECORDS};
 pub use report::{
     OomVictim, OutcomeKind, PreStopSeen, ProcessAtStop, SenderKind, SidecarTurn, SignalSender, StopScene,
     StopSignalSeen, TerminationOutcome, TerminationReport, KUBELET_RESTART_WINDOW_NS, MAX_SCENE_PROCESSES,
