@@ -4,11 +4,11 @@
 //! is ambient.
 //!
 //! A time field ([`super::at`]) writes its RFC 3339 text as a newtype struct of a name only this
-//! module knows ([`TEXT`]), as `serde_json::value::RawValue` does: the serializer here turns it
+//! module knows (`TEXT`), as `serde_json::value::RawValue` does: the serializer here turns it
 //! into the text for its clock; any other serializer writes what the newtype holds, `null` for a
 //! human-readable format (the field's boot-clock value beside it is written either way). The
 //! newtype's content gives the boot-clock value only to a serializer that is not human-readable,
-//! as [`Capture`] is.
+//! as `Capture` is.
 //!
 //! Hand-written (a pass-through of serde's `Serializer` and its seven compound traits): serde
 //! has no serialization state, and no crate of serde's ecosystem adapts a serializer.
