@@ -5,13 +5,17 @@
 //! The model names a unit when it starts a run (`Notice::SystemdUnitWanted`); the owner queues
 //! the request here without waiting (no D-Bus call runs on the ring thread). Requests are
 //! bounded ([`QUEUED`]; past it they are dropped and counted, and the unit's next run asks
-//! again), one at a time, and a unit asked for again while queued is asked once. Without systemd
-//! (a container host with another init, or `/run/systemd` not mounted into the pod) the first
-//! failure is logged and connecting is retried at most every [`RETRY`]: host units are judged by
-//! no grace meanwhile, which is what they are without a manager.
+//! again), one at a time, and a unit asked for again while queued is asked once. A call the link
+//! lost (systemd did not answer within its timeout, or re-executed) is asked again on a new
+//! connection, up to [`ATTEMPTS`] times, and so are the units behind it in the batch: a systemd
+//! busy for a few seconds (a node starting many units at once) must not leave a unit's first run
+//! judged without its `TimeoutStopSec=`. Without systemd (a container host with another init, or
+//! `/run/systemd` not mounted into the pod) the first failure is logged and connecting is retried
+//! at most every [`RETRY`]: host units are judged by no grace meanwhile, which is what they are
+//! without a manager.
 
 use std::{
-    collections::HashSet,
+    collections::{HashSet, VecDeque},
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -19,13 +23,20 @@ use std::{
 use prometheus::{IntCounterVec, Registry};
 use tokio::sync::{mpsc, watch};
 
-use crate::{discovery::systemd::SystemdClient, export::families::AgentFamily, ErrorChain};
+use crate::{
+    discovery::systemd::{SystemdClient, SystemdError},
+    export::families::AgentFamily,
+    model::systemd::SystemdUnit,
+    ErrorChain,
+};
 use crate::{model::node::Command, owner::ModelHandle};
 
 /// Requests waiting to be asked; a node starting a thousand units at once asks for each in turn.
 pub(crate) const QUEUED: usize = 1024;
 /// Shortest gap between two attempts to connect while systemd does not answer.
 const RETRY: Duration = Duration::from_secs(30);
+/// Times one unit is asked when the link fails under its call, each on a new connection.
+const ATTEMPTS: u8 = 3;
 
 /// A unit to ask for: its cgroup path (the model's key) and its name.
 pub(crate) type Request = (String, String);
@@ -83,18 +94,24 @@ pub(crate) async fn systemd_loop(
     let mut client: Option<SystemdClient> = None;
     let mut last_attempt: Option<Instant> = None;
     let mut said_unreachable = false;
+    // Units the link failed under, with the attempts they had: asked before anything new.
+    let mut again: VecDeque<(Request, u8)> = VecDeque::new();
     loop {
-        let first = tokio::select! {
-            request = requests.recv() => match request { Some(request) => request, None => return },
-            _ = shutdown.changed() => return,
+        let first = match again.pop_front() {
+            Some(retry) => retry,
+            None => tokio::select! {
+                request = requests.recv() => match request { Some(request) => (request, 0), None => return },
+                _ = shutdown.changed() => return,
+            },
         };
         // Whatever else waits now, each unit once.
         let mut batch = vec![first];
+        batch.extend(again.drain(..));
         while let Ok(request) = requests.try_recv() {
-            batch.push(request);
+            batch.push((request, 0));
         }
         let mut seen = HashSet::new();
-        batch.retain(|(path, _)| seen.insert(path.clone()));
+        batch.retain(|((path, _), _)| seen.insert(path.clone()));
         if client.is_none() && last_attempt.is_none_or(|at| at.elapsed() >= RETRY) {
             last_attempt = Some(Instant::now());
             let root = root.clone();
@@ -116,44 +133,139 @@ pub(crate) async fn systemd_loop(
             batch.iter().for_each(|_| counts.count("unreachable"));
             continue;
         };
-        let asked = tokio::task::spawn_blocking(move || {
-            let mut answers = Vec::with_capacity(batch.len());
-            let mut broken = false;
-            for (path, unit) in batch {
-                if broken {
-                    answers.push((path, Err(None)));
-                    continue;
-                }
-                let answer = connected.unit(&unit);
-                if let Err(err) = &answer {
-                    log::debug!("{}", ErrorChain(err));
-                    broken = !err.keeps_connection();
-                }
-                answers.push((path, answer.map_err(Some)));
-            }
-            (answers, (!broken).then_some(connected))
-        })
-        .await;
+        let asked = tokio::task::spawn_blocking(move || ask_batch(connected, batch)).await;
         let Ok((answers, kept)) = asked else {
             log::warn!("asking systemd for unit settings stopped");
             continue;
         };
         client = kept;
-        for (path, answer) in answers {
+        for answer in answers {
             match answer {
-                Ok(facts) => {
+                Answer::Read { path, facts } => {
                     counts.count("read");
                     model.update(Command::SystemdUnit { path, facts }).await;
                 }
-                Err(Some(_)) => counts.count("failed"),
-                // Not asked: the connection broke on an earlier unit of the batch.
-                Err(None) => counts.count("unreachable"),
+                Answer::Refused => counts.count("failed"),
+                Answer::LinkLost { request, attempts } if attempts < ATTEMPTS => again.push_back((request, attempts)),
+                Answer::LinkLost { .. } => counts.count("failed"),
             }
         }
         if client.is_none() {
-            // A broken connection is tried again at the next request, not after RETRY: systemd
-            // re-executing (`daemon-reexec`) drops every client.
+            // A broken connection is tried again at once, not after RETRY: systemd re-executing
+            // (`daemon-reexec`) drops every client.
             last_attempt = None;
         }
+    }
+}
+
+/// What asking for one unit came to.
+enum Answer {
+    Read {
+        path: String,
+        facts: SystemdUnit,
+    },
+    /// systemd answered with an error (the unit is gone, or it refused): not asked again.
+    Refused,
+    /// The link failed under this call, or before it: asked again on a new connection, with the
+    /// attempts it has had.
+    LinkLost {
+        request: Request,
+        attempts: u8,
+    },
+}
+
+/// What answers for a unit's settings: systemd over D-Bus ([`SystemdClient`]), or a test's
+/// stand-in.
+trait UnitSettings {
+    fn unit(&self, name: &str) -> Result<SystemdUnit, SystemdError>;
+}
+
+impl UnitSettings for SystemdClient {
+    fn unit(&self, name: &str) -> Result<SystemdUnit, SystemdError> {
+        SystemdClient::unit(self, name)
+    }
+}
+
+/// Asks for each unit of `batch` in turn on `connected` (blocking); the connection comes back
+/// unless the link failed. A call that lost the link counts an attempt of its unit; the units
+/// after it are not asked on this connection and keep theirs.
+fn ask_batch<C: UnitSettings>(connected: C, batch: Vec<(Request, u8)>) -> (Vec<Answer>, Option<C>) {
+    let mut answers = Vec::with_capacity(batch.len());
+    let mut broken = false;
+    for ((path, unit), attempts) in batch {
+        if broken {
+            answers.push(Answer::LinkLost { request: (path, unit), attempts });
+            continue;
+        }
+        match connected.unit(&unit) {
+            Ok(facts) => answers.push(Answer::Read { path, facts }),
+            Err(err) => {
+                log::debug!("{}", ErrorChain(&err));
+                if err.keeps_connection() {
+                    answers.push(Answer::Refused);
+                } else {
+                    broken = true;
+                    answers.push(Answer::LinkLost { request: (path, unit), attempts: attempts + 1 });
+                }
+            }
+        }
+    }
+    (answers, (!broken).then_some(connected))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    /// Answers from a script, one per call, in order.
+    struct Scripted(RefCell<VecDeque<Result<(), &'static str>>>);
+
+    impl UnitSettings for Scripted {
+        fn unit(&self, name: &str) -> Result<SystemdUnit, SystemdError> {
+            let source = |error: &str| dbus::Error::new_custom(error, "scripted");
+            match self.0.borrow_mut().pop_front().expect("a scripted answer") {
+                Ok(()) => Ok(SystemdUnit { name: name.to_owned(), ..SystemdUnit::default() }),
+                Err(error) if error.starts_with("org.freedesktop.DBus.") => {
+                    Err(SystemdError::Broken { call: "GetAll", unit: name.to_owned(), source: source(error) })
+                }
+                Err(error) => Err(SystemdError::Call { call: "GetUnit", unit: name.to_owned(), source: source(error) }),
+            }
+        }
+    }
+
+    fn request(name: &str, attempts: u8) -> (Request, u8) {
+        ((format!("/system.slice/{name}"), name.to_owned()), attempts)
+    }
+
+    fn summary(answers: &[Answer]) -> Vec<String> {
+        answers
+            .iter()
+            .map(|answer| match answer {
+                Answer::Read { facts, .. } => format!("read {}", facts.name),
+                Answer::Refused => "refused".to_owned(),
+                Answer::LinkLost { request: (_, unit), attempts } => format!("again {unit} after {attempts}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_lost_link_sends_its_unit_and_those_behind_it_round_again() {
+        // systemd too slow for the second call: that unit has had one attempt, the third none,
+        // and the connection is not kept.
+        let script = Scripted(RefCell::new(VecDeque::from([Ok(()), Err("org.freedesktop.DBus.Error.NoReply")])));
+        let batch = vec![request("a.service", 0), request("stop.service", 0), request("c.service", 2)];
+        let (answers, kept) = ask_batch(script, batch);
+        assert_eq!(summary(&answers), ["read a.service", "again stop.service after 1", "again c.service after 2"]);
+        assert!(kept.is_none());
+    }
+
+    #[test]
+    fn systemds_refusal_keeps_the_connection_and_is_not_asked_again() {
+        let script = Scripted(RefCell::new(VecDeque::from([Err("org.freedesktop.systemd1.NoSuchUnit"), Ok(())])));
+        let (answers, kept) = ask_batch(script, vec![request("gone.service", 0), request("web.service", 0)]);
+        assert_eq!(summary(&answers), ["refused", "read web.service"]);
+        assert!(kept.is_some());
     }
 }
