@@ -56,6 +56,7 @@ pub fn container_view(namespace: &str, pod: &str, container: &str, state: ApiSta
         named_by_id: false,
         disagreements: Vec::new(),
         sidecar_order: None,
+        systemd: None,
     }
 }
 

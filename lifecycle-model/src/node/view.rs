@@ -10,6 +10,7 @@ use crate::{
     backoff::Observation,
     container_state::ContainerStatusSnapshot,
     spec::{HttpProbe, ReportedPodStatus},
+    systemd::SystemdUnit,
     termination::{SidecarOrder, TerminationReport},
     time::BootTime,
 };
@@ -35,6 +36,11 @@ pub struct ContainerView {
     pub disagreements: Vec<Disagreement>,
     /// For a sidecar whose pod terminated: whether it was stopped in its turn.
     pub sidecar_order: Option<SidecarOrder>,
+    /// For a host unit under systemd, once read: the settings its stops and restarts are
+    /// judged by (`KillSignal=`, `TimeoutStopSec=`, `Restart=`, ...). Absent before the agent
+    /// has read them: a stop judged then has no grace (`rules: none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub systemd: Option<SystemdUnit>,
 }
 
 /// A container running now, as the probe supervisor needs it.
@@ -142,6 +148,7 @@ impl NodeSnapshot {
             named_by_id: unit.named_by_id,
             disagreements: unit.status_check.recent.iter().cloned().collect(),
             sidecar_order: None,
+            systemd: unit.systemd.as_deref().map(|rules| rules.unit.clone()),
         }
     }
 

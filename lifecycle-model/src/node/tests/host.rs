@@ -88,7 +88,11 @@ fn systemctl_stop_escalated_to_sigkill_is_judged_against_timeout_stop_sec() {
         "{:?}",
         first.notices
     );
+    // The view says which settings will judge its stops, once they are read.
+    assert_eq!(only_view(&tracker, 2 * SECOND).systemd, None);
     let _ = tracker.set_systemd_unit(path, service(2, RestartPolicy::No));
+    let shown = only_view(&tracker, 3 * SECOND).systemd.expect("the settings read");
+    assert_eq!((shown.name.as_str(), shown.timeout_stop_ns), ("web.service", Some(2 * SECOND)));
     tracker.apply(&signal(5 * SECOND, (1, 1, "systemd"), (100, 42), u32::from(SIGTERM)));
     tracker.apply(&signal(7 * SECOND, (1, 1, "systemd"), (100, 42), u32::from(SIGKILL)));
     tracker.apply(&exit(7 * SECOND, 100, 42, None, Some(SIGKILL)));
